@@ -1,0 +1,359 @@
+// `pulse`: the one binary. Subcommands: serve, plugins, config check, model, version.
+//
+// Exit codes (documented in docs/OPERATIONS.md and `pulse --help`):
+//   0 success
+//   1 runtime failure (cannot listen, I/O error, ...)
+//   2 usage error (unknown command or option)
+//   3 configuration error
+//   4 plugin error (a required plugin or component is missing or failed)
+#include <pulse/plugin.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/log.h"
+#include "config/config.h"
+#include "gateway/gateway.h"
+#include "plugin/plugin_manager.h"
+#include "server/http_server.h"
+
+#ifndef PULSE_VERSION
+#define PULSE_VERSION "0.0.0"
+#endif
+#ifndef PULSE_PLUGIN_DIR
+#define PULSE_PLUGIN_DIR "/usr/local/lib/pulse/plugins"
+#endif
+#ifndef PULSE_SYSCONF_DIR
+#define PULSE_SYSCONF_DIR "/usr/local/etc/pulse"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace pulse;
+
+constexpr int kExitOk = 0, kExitRuntime = 1, kExitUsage = 2, kExitConfig = 3, kExitPlugin = 4;
+
+const char* kMainHelp =
+    "usage: pulse <command> [options]\n"
+    "\n"
+    "Pulse: a Responses API gateway that lets the Codex CLI work against local models.\n"
+    "\n"
+    "commands:\n"
+    "  serve [--config FILE] [--log-level L]   run the gateway\n"
+    "  plugins [--config FILE]                 list plugins found, with status or rejection reason\n"
+    "  config check FILE                       validate a config file and exit\n"
+    "  model ...                               runtime controller commands (provided by a plugin)\n"
+    "  version                                 print version and plugin ABI\n"
+    "\n"
+    "Every command takes --help. The config file defaults to $PULSE_CONFIG, else\n" PULSE_SYSCONF_DIR
+    "/pulse.toml.\n"
+    "\n"
+    "exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 config error, 4 plugin error\n";
+
+const char* kServeHelp =
+    "usage: pulse serve [--config FILE] [--log-level trace|debug|info|warn|error]\n"
+    "\n"
+    "Loads the config and every plugin, then serves HTTP on server.listen (default\n"
+    "127.0.0.1:8800): POST /v1/responses, GET /v1/models, /health, /metrics.\n"
+    "SIGTERM/SIGINT drain and stop.\n"
+    "\n"
+    "environment overrides: PULSE_QWEN_BACKENDS=name=url,... PULSE_GATEWAY_API_KEY\n"
+    "PULSE_GATEWAY_TRACE_FILE PULSE_GATEWAY_WARMUP_STATE_FILE PULSE_PLUGIN_DIRS=dir:dir\n";
+
+const char* kPluginsHelp =
+    "usage: pulse plugins [--config FILE]\n"
+    "\n"
+    "Scans the plugin directories of the config (or the built-in defaults when no config\n"
+    "exists), loads each plugin and prints one row per file: id, kind, version, ABI and\n"
+    "status or the reason it was rejected. Exit 4 if a required plugin did not load.\n";
+
+const char* kConfigHelp =
+    "usage: pulse config check FILE\n"
+    "\n"
+    "Parses and validates FILE (with the environment overrides applied) and exits 0 when it\n"
+    "is valid, 3 with FILE:LINE:COL messages when it is not. Loads no plugin.\n";
+
+const char* kModelHelp =
+    "usage: pulse model [--config FILE] <subcommand> ...\n"
+    "\n"
+    "Runtime controller commands. They are implemented by the runtime controller plugin;\n"
+    "run `pulse model help` to see what the installed controller offers.\n";
+
+struct Args {
+    std::vector<std::string> rest;
+    std::optional<std::string> config;
+    std::optional<std::string> log_level;
+    bool help = false;
+};
+
+// Parses the options every command shares; leaves positional args (and, after "--", all args)
+// in `rest`. Returns an error message for an unknown option.
+std::string parse_common(int argc, char** argv, int start, Args& a, bool pass_unknown = false) {
+    bool positional_only = false;
+    for (int i = start; i < argc; ++i) {
+        std::string s = argv[i];
+        if (positional_only) {
+            a.rest.push_back(s);
+        } else if (s == "--") {
+            positional_only = true;
+        } else if (s == "--help" || s == "-h") {
+            a.help = true;
+        } else if (s == "--config" || s == "-c" || s == "--log-level") {
+            if (i + 1 >= argc) return "option " + s + " needs a value";
+            (s == "--log-level" ? a.log_level : a.config) = argv[++i];
+        } else if (s.rfind("--config=", 0) == 0) {
+            a.config = s.substr(9);
+        } else if (s.rfind("--log-level=", 0) == 0) {
+            a.log_level = s.substr(12);
+        } else if (!s.empty() && s[0] == '-' && !pass_unknown) {
+            return "unknown option " + s;
+        } else {
+            a.rest.push_back(s);
+        }
+    }
+    return {};
+}
+
+int usage_error(const std::string& msg, const char* help) {
+    std::fprintf(stderr, "pulse: %s\n\n%s", msg.c_str(), help);
+    return kExitUsage;
+}
+
+std::optional<fs::path> default_config() {
+    if (const char* env = std::getenv("PULSE_CONFIG"); env && *env) return fs::path(env);
+    fs::path p = fs::path(PULSE_SYSCONF_DIR) / "pulse.toml";
+    if (fs::exists(p)) return p;
+    return std::nullopt;
+}
+
+// Loads the config the command asked for. With `required` false and no file anywhere, returns
+// the built-in defaults.
+config::Config load_config(const Args& a, bool required) {
+    std::optional<fs::path> path = a.config ? std::optional<fs::path>(*a.config) : default_config();
+    config::Config cfg;
+    if (path) {
+        cfg = config::load_file(*path);
+    } else if (required) {
+        throw config::ConfigError("no config file: pass --config FILE or set PULSE_CONFIG (looked for " +
+                                  std::string(PULSE_SYSCONF_DIR) + "/pulse.toml)");
+    }
+    config::apply_env(cfg, [](const char* n) -> const char* { return std::getenv(n); });
+    if (cfg.plugins.dirs.empty()) cfg.plugins.dirs.push_back(PULSE_PLUGIN_DIR);
+    if (cfg.plugins.dropin_dirs.empty() && cfg.source.empty())
+        cfg.plugins.dropin_dirs.push_back(fs::path(PULSE_SYSCONF_DIR) / "plugins.d");
+    config::validate(cfg);
+    return cfg;
+}
+
+plugin::Options plugin_options(const config::Config& cfg) {
+    plugin::Options o;
+    o.dirs = cfg.plugins.dirs;
+    o.dropin_dirs = cfg.plugins.dropin_dirs;
+    o.require = cfg.plugins.require;
+    return o;
+}
+
+void apply_log_level(const Args& a, const config::Config& cfg) {
+    log::Level l = log::Level::info;
+    const std::string& text = a.log_level ? *a.log_level : cfg.log_level;
+    if (!log::parse_level(text, l)) throw config::ConfigError("log level '" + text + "' is not one of trace, debug, info, warn, error, off");
+    log::set_level(l);
+}
+
+int cmd_version() {
+    std::printf("pulse %s (plugin ABI %d.%d)\n", PULSE_VERSION, PULSE_ABI_MAJOR, PULSE_ABI_MINOR);
+    return kExitOk;
+}
+
+int cmd_config(const Args& a) {
+    if (a.help) return std::fputs(kConfigHelp, stdout), kExitOk;
+    if (a.rest.size() != 2 || a.rest[0] != "check")
+        return usage_error(a.rest.empty() ? "config: missing subcommand" : "config: expected `check FILE`", kConfigHelp);
+    Args b = a;
+    b.config = a.rest[1];
+    config::Config cfg = load_config(b, true);
+    std::printf("%s: ok (%zu model%s, listen %s:%u)\n", a.rest[1].c_str(), cfg.models.size(),
+                cfg.models.size() == 1 ? "" : "s", cfg.server.listen.host.c_str(), cfg.server.listen.port);
+    return kExitOk;
+}
+
+int cmd_plugins(const Args& a) {
+    if (a.help) return std::fputs(kPluginsHelp, stdout), kExitOk;
+    if (!a.rest.empty()) return usage_error("plugins: unexpected argument " + a.rest[0], kPluginsHelp);
+    config::Config cfg = load_config(a, false);
+    if (!a.log_level) log::set_level(log::Level::error);  // the table says it all
+    else apply_log_level(a, cfg);
+    plugin::PluginManager pm(plugin_options(cfg));
+    pm.load_all();
+    std::printf("%-32s %-22s %-10s %-5s %s\n", "ID", "KIND", "VERSION", "ABI", "STATUS");
+    for (const auto& s : pm.statuses()) {
+        std::string abi = s.abi_major ? std::to_string(s.abi_major) + "." + std::to_string(s.abi_minor_built) : "-";
+        std::string status = plugin::state_name(s.state);
+        if (s.state == plugin::State::loaded) {
+            std::string comps;
+            for (const auto& c : s.components) comps += (comps.empty() ? "" : ", ") + c;
+            status += " (" + s.path.string() + (comps.empty() ? "" : "; " + comps) + ")";
+        } else {
+            status += ": " + s.path.string() + ": " + s.reason;
+        }
+        if (s.required) status += " [required]";
+        std::printf("%-32s %-22s %-10s %-5s %s\n", s.id.empty() ? "-" : s.id.c_str(),
+                    plugin::kinds_text(s.kinds).c_str(), s.version.empty() ? "-" : s.version.c_str(), abi.c_str(),
+                    status.c_str());
+    }
+    if (pm.statuses().empty()) {
+        std::string dirs;
+        for (const auto& d : cfg.plugins.dirs) dirs += " " + d.string();
+        for (const auto& d : cfg.plugins.dropin_dirs) dirs += " " + d.string();
+        std::printf("(no plugin files found in:%s)\n", dirs.c_str());
+    }
+    auto fatal = pm.fatal_problems();
+    for (const auto& f : fatal) std::fprintf(stderr, "pulse: %s\n", f.c_str());
+    return fatal.empty() ? kExitOk : kExitPlugin;
+}
+
+int cmd_model(int argc, char** argv) {
+    Args a;
+    // Everything after `model` belongs to the controller except --config/--log-level.
+    if (std::string err = parse_common(argc, argv, 2, a, /*pass_unknown=*/true); !err.empty())
+        return usage_error(err, kModelHelp);
+    if (a.help && a.rest.empty()) return std::fputs(kModelHelp, stdout), kExitOk;
+    if (a.help) a.rest.push_back("--help");
+    config::Config cfg = load_config(a, false);
+    if (!a.log_level) log::set_level(log::Level::warn);
+    else apply_log_level(a, cfg);
+    plugin::PluginManager pm(plugin_options(cfg));
+    pm.load_all();
+    auto names = pm.component_names(PULSE_KIND_CONTROLLER);
+    if (names.empty()) {
+        std::fprintf(stderr,
+                     "pulse: no runtime controller plugin is loaded, so `pulse model` is not available "
+                     "(run `pulse plugins` to see what was found)\n");
+        return kExitPlugin;
+    }
+    if (names.size() > 1) {
+        std::fprintf(stderr, "pulse: more than one runtime controller is loaded (%s, %s); keep exactly one\n",
+                     names[0].c_str(), names[1].c_str());
+        return kExitPlugin;
+    }
+    auto lease = pm.controller(names[0]);
+    const auto& vt = lease->registration.controller;
+    pulse_call call;
+    void* ctl = nullptr;
+    pulse_status_t rc = vt.create(lease->registration.user, &call, nullptr, &ctl);
+    if (rc != PULSE_OK) {
+        std::fprintf(stderr, "pulse: controller %s: create failed: %s\n", names[0].c_str(),
+                     host::call_error(call, rc, lease->plugin_id()).c_str());
+        return kExitPlugin;
+    }
+    struct StdOut : pulse_output {
+        void write(std::string_view t) override { std::fwrite(t.data(), 1, t.size(), stdout); }
+    } out;
+    std::vector<pulse_str_t> av;
+    for (const auto& s : a.rest) av.push_back({s.data(), s.size()});
+    int32_t exit_code = 0;
+    call.clear_error();
+    rc = vt.command(ctl, &call, av.size(), av.data(), &out, &exit_code);
+    std::fflush(stdout);
+    if (vt.destroy) vt.destroy(ctl);
+    if (rc != PULSE_OK) {
+        std::fprintf(stderr, "pulse: model: %s\n", host::call_error(call, rc, lease->plugin_id()).c_str());
+        return kExitRuntime;
+    }
+    return exit_code;
+}
+
+int cmd_serve(const Args& a) {
+    if (a.help) return std::fputs(kServeHelp, stdout), kExitOk;
+    if (!a.rest.empty()) return usage_error("serve: unexpected argument " + a.rest[0], kServeHelp);
+    config::Config cfg = load_config(a, true);
+    apply_log_level(a, cfg);
+
+    // Process-wide: POCO masks SIGPIPE per thread; ignore it for all. Block the control signals
+    // before any thread starts so only sigwait() below sees them.
+    ::signal(SIGPIPE, SIG_IGN);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+    // Plugins load before the server starts, so a startup failure never serves partial traffic.
+    plugin::PluginManager pm(plugin_options(cfg));
+    pm.load_all();
+    auto fatal = pm.fatal_problems();
+    gateway::Gateway gw(cfg, pm);
+    auto missing = gw.check_components();
+    fatal.insert(fatal.end(), missing.begin(), missing.end());
+    if (!fatal.empty()) {
+        for (const auto& f : fatal) log::error("serve", f);
+        for (const auto& s : pm.statuses())
+            if (s.state != plugin::State::loaded && !s.required) log::error("serve", "  (possibly related) " + s.describe());
+        std::fprintf(stderr, "pulse: cannot start: %zu plugin problem%s (see above)\n", fatal.size(),
+                     fatal.size() == 1 ? "" : "s");
+        return kExitPlugin;
+    }
+
+    server::HttpServer http(cfg.server, [&gw](auto& req, auto& resp) { gw.handle(req, resp); });
+    try {
+        http.start();
+    } catch (const std::exception& e) {
+        log::error("serve", e.what());
+        return kExitRuntime;
+    }
+    log::info("serve", "pulse " + std::string(PULSE_VERSION) + " listening on http://" + cfg.server.listen.host + ":" +
+                           std::to_string(http.port()) + " (" + std::to_string(cfg.models.size()) + " models)");
+
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) != 0) continue;
+        if (sig == SIGHUP) {
+            log::warn("serve", "SIGHUP: configuration reload is not implemented in this version; restart to apply changes");
+            continue;
+        }
+        log::info("serve", std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ": draining");
+        gw.set_draining(true);
+        http.stop(static_cast<long>(cfg.server.drain_timeout_s * 1000));
+        break;
+    }
+    pm.shutdown();
+    log::info("serve", "stopped");
+    return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) return usage_error("missing command", kMainHelp);
+    std::string cmd = argv[1];
+    try {
+        if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kMainHelp, stdout), kExitOk;
+        if (cmd == "version" || cmd == "--version") return cmd_version();
+        if (cmd == "model") return cmd_model(argc, argv);
+        Args a;
+        const char* help = cmd == "serve" ? kServeHelp : cmd == "plugins" ? kPluginsHelp : cmd == "config" ? kConfigHelp : kMainHelp;
+        if (cmd != "serve" && cmd != "plugins" && cmd != "config")
+            return usage_error("unknown command '" + cmd + "'", kMainHelp);
+        if (std::string err = parse_common(argc, argv, 2, a); !err.empty()) return usage_error(err, help);
+        if (cmd == "serve") return cmd_serve(a);
+        if (cmd == "plugins") return cmd_plugins(a);
+        return cmd_config(a);
+    } catch (const config::ConfigError& e) {
+        std::fprintf(stderr, "pulse: config error:\n%s\n", e.what());
+        return kExitConfig;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse: %s\n", e.what());
+        return kExitRuntime;
+    }
+}

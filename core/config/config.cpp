@@ -1,0 +1,500 @@
+#include "config/config.h"
+
+#include <arpa/inet.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+namespace pulse::config {
+namespace {
+
+std::string where(const std::string& file, const toml::source_region& r) {
+    std::ostringstream o;
+    o << file << ':' << r.begin.line << ':' << r.begin.column;
+    return o.str();
+}
+
+// Walks one TOML table, consuming known keys; anything left over is an error that lists what
+// is allowed. Type errors name the key, the expected type and what was found.
+class Table {
+public:
+    Table(const toml::table& t, std::string path, const std::string& file)
+        : t_(t), path_(std::move(path)), file_(file) {}
+
+    ~Table() = default;
+
+    const std::string& file() const { return file_; }
+    const std::string& path() const { return path_; }
+
+    [[noreturn]] void fail(const toml::node& n, const std::string& msg) const {
+        throw ConfigError(where(file_, n.source()) + ": " + msg);
+    }
+    [[noreturn]] void fail_here(const std::string& msg) const {
+        throw ConfigError(where(file_, t_.source()) + ": " + msg);
+    }
+
+    const toml::node* take(std::string_view key) {
+        allowed_.emplace_back(key);
+        return t_.get(key);
+    }
+
+    std::string qualified(std::string_view key) const {
+        return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
+    }
+
+    void str(std::string_view key, std::string& out) {
+        if (auto* n = take(key)) {
+            if (!n->is_string()) fail(*n, "'" + qualified(key) + "' must be a string, found " + type_name(*n));
+            out = n->as_string()->get();
+        }
+    }
+    void boolean(std::string_view key, bool& out) {
+        if (auto* n = take(key)) {
+            if (!n->is_boolean()) fail(*n, "'" + qualified(key) + "' must be true or false, found " + type_name(*n));
+            out = n->as_boolean()->get();
+        }
+    }
+    void integer(std::string_view key, int64_t& out, int64_t lo, int64_t hi) {
+        if (auto* n = take(key)) {
+            if (!n->is_integer()) fail(*n, "'" + qualified(key) + "' must be an integer, found " + type_name(*n));
+            int64_t v = n->as_integer()->get();
+            if (v < lo || v > hi)
+                fail(*n, "'" + qualified(key) + "' = " + std::to_string(v) + " is out of range; allowed " +
+                             std::to_string(lo) + " to " + std::to_string(hi));
+            out = v;
+        }
+    }
+    void integer(std::string_view key, std::optional<int64_t>& out, int64_t lo, int64_t hi) {
+        if (t_.get(key)) {
+            int64_t v = 0;
+            integer(key, v, lo, hi);
+            out = v;
+        } else {
+            allowed_.emplace_back(key);
+        }
+    }
+    void number(std::string_view key, double& out, double lo, double hi) {
+        if (auto* n = take(key)) {
+            double v;
+            if (n->is_integer()) v = static_cast<double>(n->as_integer()->get());
+            else if (n->is_floating_point()) v = n->as_floating_point()->get();
+            else fail(*n, "'" + qualified(key) + "' must be a number, found " + type_name(*n));
+            if (!(v >= lo && v <= hi)) {
+                std::ostringstream o;
+                o << "'" << qualified(key) << "' = " << v << " is out of range; allowed " << lo << " to " << hi;
+                fail(*n, o.str());
+            }
+            out = v;
+        }
+    }
+    void number(std::string_view key, std::optional<double>& out, double lo, double hi) {
+        if (t_.get(key)) {
+            double v = 0;
+            number(key, v, lo, hi);
+            out = v;
+        } else {
+            allowed_.emplace_back(key);
+        }
+    }
+    void strings(std::string_view key, std::vector<std::string>& out) {
+        if (auto* n = take(key)) {
+            const toml::array* a = n->as_array();
+            if (!a) fail(*n, "'" + qualified(key) + "' must be an array of strings, found " + type_name(*n));
+            out.clear();
+            for (const auto& e : *a) {
+                if (!e.is_string()) fail(e, "'" + qualified(key) + "' must contain only strings, found " + type_name(e));
+                out.push_back(e.as_string()->get());
+            }
+        }
+    }
+    const toml::table* subtable(std::string_view key) {
+        if (auto* n = take(key)) {
+            if (!n->is_table()) fail(*n, "'" + qualified(key) + "' must be a table, found " + type_name(*n));
+            return n->as_table();
+        }
+        return nullptr;
+    }
+    const toml::array* array(std::string_view key) {
+        if (auto* n = take(key)) {
+            if (!n->is_array()) fail(*n, "'" + qualified(key) + "' must be an array, found " + type_name(*n));
+            return n->as_array();
+        }
+        return nullptr;
+    }
+
+    // Call once every key has been taken.
+    void reject_unknown() const {
+        for (const auto& [k, v] : t_) {
+            bool known = false;
+            for (const auto& a : allowed_) known = known || a == k.str();
+            if (!known) {
+                std::string list;
+                for (const auto& a : allowed_) list += (list.empty() ? "" : ", ") + a;
+                throw ConfigError(where(file_, k.source()) + ": unknown key '" + qualified(k.str()) +
+                                  "'; allowed here: " + list);
+            }
+        }
+    }
+
+    static std::string type_name(const toml::node& n) {
+        switch (n.type()) {
+            case toml::node_type::string: return "a string";
+            case toml::node_type::integer: return "an integer";
+            case toml::node_type::floating_point: return "a float";
+            case toml::node_type::boolean: return "a boolean";
+            case toml::node_type::array: return "an array";
+            case toml::node_type::table: return "a table";
+            default: return "a date/time";
+        }
+    }
+
+private:
+    const toml::table& t_;
+    std::string path_;
+    const std::string& file_;
+    std::vector<std::string> allowed_;
+};
+
+std::filesystem::path resolve(const std::filesystem::path& base, const std::string& p) {
+    std::filesystem::path path(p);
+    return path.is_relative() ? (base / path).lexically_normal() : path;
+}
+
+// Converts a TOML node to JSON text, for plugin option tables (the host hands plugins JSON).
+void to_json(const toml::node& n, std::string& out);
+
+void json_string(std::string_view s, std::string& out) {
+    out += '"';
+    for (unsigned char c : s) {
+        switch (c) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            default:
+                if (c < 0x20) {
+                    char b[8];
+                    std::snprintf(b, sizeof b, "\\u%04x", c);
+                    out += b;
+                } else {
+                    out += static_cast<char>(c);
+                }
+        }
+    }
+    out += '"';
+}
+
+void to_json(const toml::node& n, std::string& out) {
+    if (auto* t = n.as_table()) {
+        out += '{';
+        bool first = true;
+        for (const auto& [k, v] : *t) {
+            if (!first) out += ',';
+            first = false;
+            json_string(k.str(), out);
+            out += ':';
+            to_json(v, out);
+        }
+        out += '}';
+    } else if (auto* a = n.as_array()) {
+        out += '[';
+        for (size_t i = 0; i < a->size(); ++i) {
+            if (i) out += ',';
+            to_json(*a->get(i), out);
+        }
+        out += ']';
+    } else if (auto* s = n.as_string()) {
+        json_string(s->get(), out);
+    } else if (auto* i = n.as_integer()) {
+        out += std::to_string(i->get());
+    } else if (auto* f = n.as_floating_point()) {
+        double v = f->get();
+        if (!std::isfinite(v)) throw ConfigError("non-finite numbers cannot be passed to plugins");
+        std::ostringstream o;
+        o.precision(17);
+        o << v;
+        out += o.str();
+    } else if (auto* b = n.as_boolean()) {
+        out += b->get() ? "true" : "false";
+    } else {
+        throw ConfigError(where(n.source().path ? *n.source().path : std::string("config"), n.source()) + ": dates and times cannot be passed to plugins; use a string");
+    }
+}
+
+void check_url(const Table& t, const toml::node& n, const std::string& url) {
+    bool http = url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0;
+    bool plugin = url.rfind("plugin://", 0) == 0 && url.size() > 9;
+    if (!http && !plugin)
+        t.fail(n, "endpoint url '" + url + "' must start with http:// or plugin://NAME");
+    if (url.rfind("https://", 0) == 0)
+        t.fail(n, "endpoint url '" + url + "': https upstreams are not supported; Pulse talks to local "
+                  "backends over plain HTTP on loopback or a private network");
+}
+
+Endpoint parse_endpoint(const toml::node& node, const std::string& path, const std::string& file, size_t idx) {
+    const toml::table* et = node.as_table();
+    if (!et) throw ConfigError(where(file, node.source()) + ": '" + path + "' entries must be tables {name, url}");
+    Table t(*et, path + "[" + std::to_string(idx) + "]", file);
+    Endpoint e;
+    t.str("name", e.name);
+    t.str("url", e.url);
+    if (const toml::table* o = t.subtable("options")) {
+        e.options_json.clear();
+        to_json(*o, e.options_json);
+    }
+    t.reject_unknown();
+    if (e.url.empty()) t.fail_here("'" + t.qualified("url") + "' is required");
+    check_url(t, *et->get("url"), e.url);
+    if (e.name.empty()) e.name = "ep" + std::to_string(idx);
+    return e;
+}
+
+Model parse_model(const std::string& id, const toml::table& mt, const std::string& file) {
+    Table t(mt, "models." + id, file);
+    Model m;
+    m.id = id;
+    t.str("profile", m.profile);
+    t.str("upstream_model", m.upstream_model);
+    t.integer("context_window", m.context_window, 0, int64_t(1) << 32);
+    if (const toml::array* eps = t.array("endpoints")) {
+        for (size_t i = 0; i < eps->size(); ++i)
+            m.endpoints.push_back(parse_endpoint(*eps->get(i), t.qualified("endpoints"), file, i));
+    }
+    if (const toml::table* st = t.subtable("sampling")) {
+        Table s(*st, t.qualified("sampling"), file);
+        s.number("temperature", m.sampling.temperature, 0, 10);
+        s.number("top_p", m.sampling.top_p, 0, 1);
+        s.number("min_p", m.sampling.min_p, 0, 1);
+        s.number("presence_penalty", m.sampling.presence_penalty, -2, 2);
+        s.number("repetition_penalty", m.sampling.repetition_penalty, 0, 10);
+        s.integer("top_k", m.sampling.top_k, -1, 1000000);
+        s.integer("max_output_tokens", m.sampling.max_output_tokens, 1, int64_t(1) << 32);
+        s.reject_unknown();
+    }
+    if (const toml::table* po = t.subtable("profile_options")) {
+        m.profile_options_json.clear();
+        to_json(*po, m.profile_options_json);
+    }
+    t.reject_unknown();
+    if (m.profile.empty()) t.fail_here("'" + t.qualified("profile") + "' is required (e.g. \"qwen38\")");
+    if (m.endpoints.empty())
+        t.fail_here("model '" + id + "' has no endpoints; add [[" + t.qualified("endpoints") + "]] with a url");
+    std::set<std::string> names;
+    for (const auto& e : m.endpoints)
+        if (!names.insert(e.name).second)
+            t.fail_here("model '" + id + "': endpoint name '" + e.name + "' is used twice");
+    if (m.upstream_model.empty()) m.upstream_model = id;
+    return m;
+}
+
+Config parse(const toml::table& root, const std::string& file, const std::filesystem::path& base) {
+    Config cfg;
+    Table top(root, "", file);
+    top.str("log_level", cfg.log_level);
+    if (const toml::table* st = top.subtable("server")) {
+        Table t(*st, "server", file);
+        std::string listen;
+        t.str("listen", listen);
+        if (!listen.empty()) cfg.server.listen = parse_listen(listen, where(file, st->get("listen")->source()));
+        t.str("api_key", cfg.server.api_key);
+        t.boolean("protect_status", cfg.server.protect_status);
+        t.boolean("allow_public_without_key", cfg.server.allow_public_without_key);
+        t.integer("max_body_bytes", cfg.server.max_body_bytes, 1024, int64_t(1) << 31);
+        t.integer("max_streams", cfg.server.max_streams, 1, 65536);
+        t.integer("queue", cfg.server.queue, 0, 65536);
+        t.number("send_timeout_s", cfg.server.send_timeout_s, 0.1, 3600);
+        t.number("drain_timeout_s", cfg.server.drain_timeout_s, 0, 86400);
+        std::string trace;
+        t.str("trace_file", trace);
+        if (!trace.empty()) cfg.server.trace_file = resolve(base, trace).string();
+        t.reject_unknown();
+    }
+    if (const toml::table* pt = top.subtable("plugins")) {
+        Table t(*pt, "plugins", file);
+        std::vector<std::string> dirs, dropins;
+        t.strings("dirs", dirs);
+        t.strings("dropin_dirs", dropins);
+        t.strings("require", cfg.plugins.require);
+        std::string runtime;
+        t.str("runtime_dir", runtime);
+        t.reject_unknown();
+        for (auto& d : dirs) cfg.plugins.dirs.push_back(resolve(base, d));
+        for (auto& d : dropins) cfg.plugins.dropin_dirs.push_back(resolve(base, d));
+        if (!runtime.empty()) cfg.plugins.runtime_dir = resolve(base, runtime);
+    }
+    if (const toml::table* ut = top.subtable("upstream")) {
+        Table t(*ut, "upstream", file);
+        t.number("connect_timeout_s", cfg.upstream.connect_timeout_s, 0.05, 600);
+        t.number("retry_window_s", cfg.upstream.retry_window_s, 0, 86400);
+        t.number("keepalive_s", cfg.upstream.keepalive_s, 0.05, 3600);
+        t.number("idle_timeout_s", cfg.upstream.idle_timeout_s, 1, 86400);
+        t.number("health_interval_s", cfg.upstream.health_interval_s, 0.05, 3600);
+        t.reject_unknown();
+    }
+    if (const toml::table* wt = top.subtable("warmup")) {
+        Table t(*wt, "warmup", file);
+        t.boolean("enabled", cfg.warmup.enabled);
+        std::string state;
+        t.str("state_file", state);
+        if (!state.empty()) cfg.warmup.state_file = resolve(base, state).string();
+        t.integer("max_prefixes", cfg.warmup.max_prefixes, 0, 100000);
+        t.reject_unknown();
+    }
+    if (const toml::table* mt = top.subtable("models")) {
+        for (const auto& [id, node] : *mt) {
+            if (!node.is_table())
+                throw ConfigError(where(file, node.source()) + ": 'models." + std::string(id.str()) +
+                                  "' must be a table: [models.\"" + std::string(id.str()) + "\"]");
+            cfg.models.push_back(parse_model(std::string(id.str()), *node.as_table(), file));
+        }
+    }
+    top.reject_unknown();
+    static const std::set<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};
+    if (!levels.count(cfg.log_level))
+        throw ConfigError(file + ": log_level '" + cfg.log_level + "' is not one of trace, debug, info, warn, error, off");
+    return cfg;
+}
+
+}  // namespace
+
+bool Listen::is_loopback() const {
+    if (host == "localhost" || host == "::1") return true;
+    in_addr a{};
+    if (inet_pton(AF_INET, host.c_str(), &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
+    return false;
+}
+
+Listen parse_listen(std::string_view text, const std::string& context) {
+    Listen l;
+    std::string_view host, port;
+    if (!text.empty() && text.front() == '[') {
+        auto close = text.find(']');
+        if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':')
+            throw ConfigError(context + ": listen address '" + std::string(text) + "' must look like [::1]:8800");
+        host = text.substr(1, close - 1);
+        port = text.substr(close + 2);
+    } else {
+        auto colon = text.rfind(':');
+        if (colon == std::string_view::npos || text.find(':') != colon)
+            throw ConfigError(context + ": listen address '" + std::string(text) +
+                              "' must be HOST:PORT (IPv6 in brackets: [::1]:8800)");
+        host = text.substr(0, colon);
+        port = text.substr(colon + 1);
+    }
+    if (host.empty()) throw ConfigError(context + ": listen address '" + std::string(text) + "' has no host");
+    int p = 0;
+    for (char c : port) {
+        if (c < '0' || c > '9' || p > 65535) {
+            p = -1;
+            break;
+        }
+        p = p * 10 + (c - '0');
+    }
+    // Port 0 asks the OS for a free port (tests); the log line then names the real one.
+    if (port.empty() || p < 0 || p > 65535)
+        throw ConfigError(context + ": listen port '" + std::string(port) + "' must be 0-65535");
+    l.host = std::string(host);
+    l.port = static_cast<uint16_t>(p);
+    return l;
+}
+
+const Model* Config::find_model(std::string_view id) const {
+    for (const auto& m : models)
+        if (m.id == id) return &m;
+    return nullptr;
+}
+
+Config load_string(std::string_view text, const std::string& name, const std::filesystem::path& base_dir) {
+    toml::table root;
+    try {
+        root = toml::parse(text, name);
+    } catch (const toml::parse_error& e) {
+        throw ConfigError(where(name, e.source()) + ": " + std::string(e.description()));
+    }
+    Config cfg = parse(root, name, base_dir);
+    return cfg;
+}
+
+Config load_file(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw ConfigError(path.string() + ": cannot read the config file (" + std::strerror(errno) + ")");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    auto abs = std::filesystem::absolute(path);
+    Config cfg = load_string(ss.str(), path.string(), abs.parent_path());
+    cfg.source = abs;
+    return cfg;
+}
+
+void apply_env(Config& cfg, Getenv getenv_fn) {
+    if (const char* v = getenv_fn("PULSE_QWEN_BACKENDS"); v && *v) {
+        std::vector<Endpoint> eps;
+        std::string_view rest(v);
+        size_t idx = 0;
+        while (!rest.empty()) {
+            auto comma = rest.find(',');
+            std::string_view item = rest.substr(0, comma);
+            rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+            if (item.empty()) continue;
+            Endpoint e;
+            auto eq = item.find('=');
+            // "name=url"; a bare url gets a generated name. '=' inside a URL query is not used.
+            if (eq != std::string_view::npos && item.substr(0, eq).find("://") == std::string_view::npos) {
+                e.name = std::string(item.substr(0, eq));
+                e.url = std::string(item.substr(eq + 1));
+            } else {
+                e.url = std::string(item);
+            }
+            if (e.name.empty()) e.name = "ep" + std::to_string(idx);
+            bool ok = e.url.rfind("http://", 0) == 0 || (e.url.rfind("plugin://", 0) == 0 && e.url.size() > 9);
+            if (!ok)
+                throw ConfigError("PULSE_QWEN_BACKENDS: '" + std::string(item) +
+                                  "' must be name=http://host:port/v1 (comma-separated, failover order)");
+            eps.push_back(std::move(e));
+            ++idx;
+        }
+        if (eps.empty()) throw ConfigError("PULSE_QWEN_BACKENDS is set but lists no endpoint");
+        bool any = false;
+        for (auto& m : cfg.models)
+            if (m.profile == "qwen38") {
+                m.endpoints = eps;
+                any = true;
+            }
+        if (!any)
+            throw ConfigError("PULSE_QWEN_BACKENDS is set but no model uses profile \"qwen38\" in " +
+                              cfg.source.string());
+    }
+    if (const char* v = getenv_fn("PULSE_GATEWAY_API_KEY"); v && *v) cfg.server.api_key = v;
+    if (const char* v = getenv_fn("PULSE_GATEWAY_TRACE_FILE"); v && *v) cfg.server.trace_file = v;
+    if (const char* v = getenv_fn("PULSE_GATEWAY_WARMUP_STATE_FILE"); v && *v) cfg.warmup.state_file = v;
+    if (const char* v = getenv_fn("PULSE_PLUGIN_DIRS"); v && *v) {
+        cfg.plugins.dirs.clear();
+        std::string_view rest(v);
+        while (!rest.empty()) {
+            auto colon = rest.find(':');
+            std::string_view d = rest.substr(0, colon);
+            rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+            if (!d.empty()) cfg.plugins.dirs.push_back(std::filesystem::absolute(std::string(d)).lexically_normal());
+        }
+    }
+}
+
+void validate(const Config& cfg) {
+    const std::string file = cfg.source.empty() ? std::string("config") : cfg.source.string();
+    if (!cfg.server.listen.is_loopback() && cfg.server.api_key.empty() && !cfg.server.allow_public_without_key)
+        throw ConfigError(file + ": server.listen = " + cfg.server.listen.host + ":" +
+                          std::to_string(cfg.server.listen.port) +
+                          " is not a loopback address and no API key is set; set server.api_key (or "
+                          "PULSE_GATEWAY_API_KEY), or set server.allow_public_without_key = true to accept the risk");
+    std::set<std::string> ids;
+    for (const auto& m : cfg.models)
+        if (!ids.insert(m.id).second) throw ConfigError(file + ": model '" + m.id + "' is defined twice");
+}
+
+}  // namespace pulse::config

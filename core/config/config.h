@@ -1,0 +1,121 @@
+// Pulse configuration: the TOML schema as C++ values, its loader and validation.
+// The schema is documented key by key in config/pulse.toml (the shipped default).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pulse::config {
+
+// Thrown for any invalid configuration. what() is one or more lines, each
+// "FILE:LINE:COL: problem; what is allowed".
+class ConfigError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+struct Endpoint {
+    std::string name;  // for logs, metrics and /health
+    std::string url;   // "http://host:port/v1" or "plugin://backend-name"
+    std::string options_json = "null";  // [models.X.endpoints.options] as JSON (backends)
+
+    bool is_plugin() const { return url.rfind("plugin://", 0) == 0; }
+    std::string plugin_name() const { return is_plugin() ? url.substr(9) : std::string(); }
+};
+
+struct Sampling {
+    std::optional<double> temperature, top_p, min_p, presence_penalty, repetition_penalty;
+    std::optional<int64_t> top_k, max_output_tokens;
+};
+
+struct Model {
+    std::string id;              // what clients send as "model"
+    std::string profile;         // translation profile component name, e.g. "qwen38"
+    std::string upstream_model;  // the backend's served model name (defaults to id)
+    int64_t context_window = 0;  // tokens; 0 = unknown
+    std::vector<Endpoint> endpoints;  // failover order
+    Sampling sampling;
+    std::string profile_options_json = "null";  // [models.X.profile_options] as JSON
+};
+
+struct Listen {
+    std::string host = "127.0.0.1";
+    uint16_t port = 8800;
+    bool is_loopback() const;
+};
+
+struct Server {
+    Listen listen;
+    std::string api_key;                 // empty = no auth
+    bool protect_status = false;         // require the key on /health and /metrics too
+    bool allow_public_without_key = false;
+    int64_t max_body_bytes = 32 * 1024 * 1024;
+    int64_t max_streams = 256;           // worker threads = concurrent requests
+    int64_t queue = 64;                  // accepted connections waiting for a worker
+    double send_timeout_s = 30;
+    double drain_timeout_s = 30;
+    std::string trace_file;
+};
+
+struct Plugins {
+    std::vector<std::filesystem::path> dirs;         // empty = the compiled-in default
+    std::vector<std::filesystem::path> dropin_dirs;  // optional per-site drop-ins
+    std::vector<std::string> require;                // plugin ids that must load
+    std::filesystem::path runtime_dir = "/run/pulse";
+};
+
+struct Upstream {
+    double connect_timeout_s = 3;
+    double retry_window_s = 180;
+    double keepalive_s = 10;
+    double idle_timeout_s = 300;  // longest gap between upstream chunks once streaming
+    double health_interval_s = 5;
+};
+
+struct Warmup {
+    bool enabled = true;
+    std::string state_file;
+    int64_t max_prefixes = 32;
+};
+
+struct Config {
+    std::filesystem::path source;  // the file it was read from ("" for defaults)
+    Server server;
+    Plugins plugins;
+    Upstream upstream;
+    Warmup warmup;
+    std::vector<Model> models;
+    std::string log_level = "info";
+
+    const Model* find_model(std::string_view id) const;
+};
+
+// Reads and validates `path`. Relative paths inside resolve against the file's directory.
+// Throws ConfigError.
+Config load_file(const std::filesystem::path& path);
+// Same, from text (for tests); `name` is used in messages.
+Config load_string(std::string_view text, const std::string& name,
+                   const std::filesystem::path& base_dir = ".");
+
+// Applies the environment overrides the deployed sites use:
+//   PULSE_QWEN_BACKENDS="name=url,name=url"  endpoints (failover order) of every qwen38 model
+//   PULSE_GATEWAY_API_KEY                   server.api_key
+//   PULSE_GATEWAY_TRACE_FILE                server.trace_file
+//   PULSE_GATEWAY_WARMUP_STATE_FILE         warmup.state_file
+//   PULSE_PLUGIN_DIRS="dir:dir"             plugins.dirs
+// `getenv` is injectable for tests. Throws ConfigError for malformed values.
+using Getenv = const char* (*)(const char*);
+void apply_env(Config& cfg, Getenv getenv_fn);
+
+// Checks that need the whole config (after env overrides): exposure rules and so on.
+void validate(const Config& cfg);
+
+// Parses "host:port", "[v6]:port". Throws ConfigError(context + message).
+Listen parse_listen(std::string_view text, const std::string& context);
+
+}  // namespace pulse::config

@@ -1,0 +1,24 @@
+// Small helpers for writing JSON and OpenAI-shaped errors on POCO responses.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace Poco::Net {
+class HTTPServerResponse;
+}
+
+namespace pulse::gateway {
+
+// Writes `body` (already JSON) with the status and Content-Type: application/json.
+void send_json(Poco::Net::HTTPServerResponse& resp, int status, std::string_view body);
+
+// {"error":{"message","type","param","code"}} — the shape Codex and the openai SDKs parse.
+// `retry_after_s` > 0 adds a Retry-After header.
+void send_error(Poco::Net::HTTPServerResponse& resp, int status, std::string_view type, std::string_view message,
+                std::string_view param = {}, std::string_view code = {}, int retry_after_s = 0);
+
+std::string error_body(std::string_view type, std::string_view message, std::string_view param = {},
+                       std::string_view code = {});
+
+}  // namespace pulse::gateway

@@ -1,0 +1,356 @@
+#include "plugin/host_api.h"
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "common/log.h"
+
+namespace pulse::host {
+namespace {
+
+std::string_view sv(pulse_str_t s) { return s.ptr ? std::string_view(s.ptr, s.len) : std::string_view(); }
+
+// ---- memory ----
+void* h_alloc(size_t size, size_t align) {
+    if (align < alignof(std::max_align_t)) align = alignof(std::max_align_t);
+    size = (size + align - 1) / align * align;
+    return std::aligned_alloc(align, size ? size : align);
+}
+void h_free(void* p) { std::free(p); }
+
+// ---- logging ----
+log::Level to_level(pulse_log_level_t l) {
+    if (l <= PULSE_LOG_TRACE) return log::Level::trace;
+    if (l >= PULSE_LOG_ERROR) return log::Level::error;
+    return static_cast<log::Level>(l);
+}
+bool h_log_enabled(pulse_host_ctx_t*, pulse_log_level_t level) { return log::enabled(to_level(level)); }
+void h_log(pulse_host_ctx_t* ctx, pulse_call_t* call, pulse_log_level_t level, pulse_str_t msg) {
+    try {
+        std::string component = "plugin " + (ctx ? ctx->plugin_id : std::string("?"));
+        if (ctx && ctx->generation > 1) component += "#" + std::to_string(ctx->generation);
+        if (call && !call->request_id.empty()) component += " [" + call->request_id + "]";
+        log::write(to_level(level), component, sv(msg));
+    } catch (...) {
+    }
+}
+
+// ---- errors, cancellation ----
+pulse_status_t h_set_error(pulse_call_t* call, pulse_status_t status, pulse_str_t msg) {
+    if (!call) return status;
+    try {
+        call->status = status;
+        call->message.assign(sv(msg));
+        call->has_message = !call->message.empty();
+    } catch (...) {
+    }
+    return status;
+}
+bool h_call_cancelled(pulse_call_t* call) {
+    return call && call->cancelled && call->cancelled->load(std::memory_order_relaxed);
+}
+uint64_t h_call_deadline_ms(pulse_call_t* call) { return call ? call->deadline_ms : 0; }
+pulse_str_t h_call_request_id(pulse_call_t* call) {
+    if (!call) return {"", 0};
+    return {call->request_id.data(), call->request_id.size()};
+}
+
+// ---- registration ----
+pulse_status_t reg_fail(pulse_host_ctx_t* ctx, std::string problem) {
+    ctx->problems.push_back(std::move(problem));
+    return PULSE_E_INVALID_ARGUMENT;
+}
+
+template <class VT>
+pulse_status_t do_register(pulse_host_ctx_t* ctx, uint32_t kind, const char* kind_name, const VT* vt,
+                           uint32_t vt_size, void* user, VT Registration::*slot) {
+    if (!ctx) return PULSE_E_INVALID_ARGUMENT;
+    try {
+        if (!ctx->in_init) return reg_fail(ctx, std::string("register_") + kind_name + " called outside init");
+        if (!vt) return reg_fail(ctx, std::string("register_") + kind_name + " with a NULL vtable");
+        // The vtable's own struct_size must agree with the size argument; the minimum is the
+        // v1.0 layout (everything up to the last 1.0 field).
+        if (vt_size < offsetof(VT, name) + sizeof(vt->name) || vt->struct_size != vt_size)
+            return reg_fail(ctx, std::string(kind_name) + " vtable: expected struct_size == vt_size >= " +
+                                     std::to_string(offsetof(VT, name) + sizeof(vt->name)) + ", found struct_size " +
+                                     std::to_string(vt->struct_size) + " and vt_size " + std::to_string(vt_size));
+        if (!vt->name || !*vt->name) return reg_fail(ctx, std::string(kind_name) + " vtable has no name");
+        if (!(ctx->declared_kinds & kind))
+            return reg_fail(ctx, std::string("registered a ") + kind_name + " ('" + vt->name +
+                                     "') but the plugin info does not declare that kind");
+        Registration r;
+        r.kind = kind;
+        r.name = vt->name;
+        r.user = user;
+        // OBS pattern: copy what both sides know; a larger (newer) plugin vtable's tail is
+        // ignored, a smaller (older) one leaves our newer fields zero = "not provided".
+        std::memcpy(&(r.*slot), vt, std::min<size_t>(vt_size, sizeof(VT)));
+        (r.*slot).struct_size = static_cast<uint32_t>(std::min<size_t>(vt_size, sizeof(VT)));
+        ctx->registrations.push_back(std::move(r));
+        return PULSE_OK;
+    } catch (...) {
+        return PULSE_E_INTERNAL;
+    }
+}
+pulse_status_t h_register_translation(pulse_host_ctx_t* ctx, const pulse_translation_vt_t* vt, uint32_t size, void* user) {
+    return do_register(ctx, PULSE_KIND_TRANSLATION, "translation", vt, size, user, &Registration::translation);
+}
+pulse_status_t h_register_backend(pulse_host_ctx_t* ctx, const pulse_backend_vt_t* vt, uint32_t size, void* user) {
+    return do_register(ctx, PULSE_KIND_BACKEND, "backend", vt, size, user, &Registration::backend);
+}
+pulse_status_t h_register_controller(pulse_host_ctx_t* ctx, const pulse_controller_vt_t* vt, uint32_t size, void* user) {
+    return do_register(ctx, PULSE_KIND_CONTROLLER, "controller", vt, size, user, &Registration::controller);
+}
+
+// ---- JSON views ----
+pulse_json_kind_t j_kind(const pulse_json_t* v) {
+    if (!v) return PULSE_JSON_ABSENT;
+    switch (unview(v)->GetType()) {
+        case rapidjson::kNullType: return PULSE_JSON_NULL;
+        case rapidjson::kFalseType: return PULSE_JSON_FALSE;
+        case rapidjson::kTrueType: return PULSE_JSON_TRUE;
+        case rapidjson::kNumberType: return PULSE_JSON_NUMBER;
+        case rapidjson::kStringType: return PULSE_JSON_STRING;
+        case rapidjson::kArrayType: return PULSE_JSON_ARRAY;
+        case rapidjson::kObjectType: return PULSE_JSON_OBJECT;
+    }
+    return PULSE_JSON_ABSENT;
+}
+const pulse_json_t* j_member(const pulse_json_t* v, pulse_str_t key) {
+    if (!v || !unview(v)->IsObject()) return nullptr;
+    const auto& o = *unview(v);
+    rapidjson::Value::ConstMemberIterator it =
+        o.FindMember(rapidjson::StringRef(key.ptr ? key.ptr : "", static_cast<rapidjson::SizeType>(key.len)));
+    return it == o.MemberEnd() ? nullptr : view(&it->value);
+}
+size_t j_size(const pulse_json_t* v) {
+    if (!v) return 0;
+    if (unview(v)->IsArray()) return unview(v)->Size();
+    if (unview(v)->IsObject()) return unview(v)->MemberCount();
+    return 0;
+}
+const pulse_json_t* j_at(const pulse_json_t* v, size_t i) {
+    if (!v || !unview(v)->IsArray() || i >= unview(v)->Size()) return nullptr;
+    return view(&(*unview(v))[static_cast<rapidjson::SizeType>(i)]);
+}
+const pulse_json_t* j_member_at(const pulse_json_t* v, size_t i, pulse_str_t* key) {
+    if (!v || !unview(v)->IsObject() || i >= unview(v)->MemberCount()) return nullptr;
+    auto it = unview(v)->MemberBegin() + static_cast<ptrdiff_t>(i);
+    if (key) *key = {it->name.GetString(), it->name.GetStringLength()};
+    return view(&it->value);
+}
+bool j_get_string(const pulse_json_t* v, pulse_str_t* out) {
+    if (!v || !unview(v)->IsString() || !out) return false;
+    *out = {unview(v)->GetString(), unview(v)->GetStringLength()};
+    return true;
+}
+bool j_get_i64(const pulse_json_t* v, int64_t* out) {
+    if (!v || !out) return false;
+    const auto& x = *unview(v);
+    if (x.IsInt64()) {
+        *out = x.GetInt64();
+        return true;
+    }
+    if (x.IsDouble()) {
+        double d = x.GetDouble();
+        if (d == static_cast<double>(static_cast<int64_t>(d)) && d >= -9.2e18 && d <= 9.2e18) {
+            *out = static_cast<int64_t>(d);
+            return true;
+        }
+    }
+    return false;
+}
+bool j_get_f64(const pulse_json_t* v, double* out) {
+    if (!v || !out || !unview(v)->IsNumber()) return false;
+    *out = unview(v)->GetDouble();
+    return true;
+}
+bool j_get_bool(const pulse_json_t* v, bool* out) {
+    if (!v || !out || !unview(v)->IsBool()) return false;
+    *out = unview(v)->GetBool();
+    return true;
+}
+
+// ---- JSON writer ----
+template <class F>
+bool wr(pulse_json_writer_t* w, F&& f) {
+    if (!w || w->failed) return false;
+    try {
+        if (!f(w->writer)) w->failed = true;
+    } catch (...) {
+        w->failed = true;
+    }
+    return !w->failed;
+}
+bool w_begin_object(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.StartObject(); }); }
+bool w_end_object(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.EndObject(); }); }
+bool w_begin_array(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.StartArray(); }); }
+bool w_end_array(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.EndArray(); }); }
+bool w_key(pulse_json_writer_t* w, pulse_str_t k) {
+    return wr(w, [&](auto& x) { return x.Key(k.ptr ? k.ptr : "", static_cast<rapidjson::SizeType>(k.len)); });
+}
+bool w_string(pulse_json_writer_t* w, pulse_str_t s) {
+    return wr(w, [&](auto& x) { return x.String(s.ptr ? s.ptr : "", static_cast<rapidjson::SizeType>(s.len)); });
+}
+bool w_i64(pulse_json_writer_t* w, int64_t v) { return wr(w, [&](auto& x) { return x.Int64(v); }); }
+bool w_f64(pulse_json_writer_t* w, double v) { return wr(w, [&](auto& x) { return x.Double(v); }); }
+bool w_bool(pulse_json_writer_t* w, bool v) { return wr(w, [&](auto& x) { return x.Bool(v); }); }
+bool w_null(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.Null(); }); }
+bool w_raw(pulse_json_writer_t* w, pulse_str_t json) {
+    return wr(w, [&](auto& x) {
+        rapidjson::Document d;
+        d.Parse(json.ptr ? json.ptr : "", json.len);
+        if (d.HasParseError()) return false;
+        return d.Accept(x);
+    });
+}
+bool w_copy(pulse_json_writer_t* w, const pulse_json_t* v) {
+    return wr(w, [&](auto& x) { return v ? unview(v)->Accept(x) : x.Null(); });
+}
+const pulse_json_t* j_parse(pulse_call_t* call, pulse_str_t text) {
+    if (!call) return nullptr;
+    try {
+        auto& d = call->parsed.emplace_back();
+        d.Parse(text.ptr ? text.ptr : "", text.len);
+        if (d.HasParseError()) {
+            call->parsed.pop_back();
+            return nullptr;
+        }
+        return view(&d);
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+// ---- deltas, chunks, requests, output: forward to the host's C++ interfaces ----
+template <class F>
+pulse_status_t fwd(F&& f) {
+    try {
+        return f();
+    } catch (const std::bad_alloc&) {
+        return PULSE_E_RESOURCE_EXHAUSTED;
+    } catch (...) {
+        return PULSE_E_INTERNAL;
+    }
+}
+pulse_status_t d_text(pulse_delta_sink_t* s, pulse_str_t t) { return fwd([&] { return s->text(sv(t)); }); }
+pulse_status_t d_reasoning(pulse_delta_sink_t* s, pulse_str_t t) { return fwd([&] { return s->reasoning(sv(t)); }); }
+pulse_status_t d_tool_begin(pulse_delta_sink_t* s, uint32_t i, pulse_tool_kind_t k, pulse_str_t id, pulse_str_t n, pulse_str_t ns) {
+    return fwd([&] { return s->tool_begin(i, k, sv(id), sv(n), sv(ns)); });
+}
+pulse_status_t d_tool_args(pulse_delta_sink_t* s, uint32_t i, pulse_str_t f) { return fwd([&] { return s->tool_args(i, sv(f)); }); }
+pulse_status_t d_tool_end(pulse_delta_sink_t* s, uint32_t i) { return fwd([&] { return s->tool_end(i); }); }
+pulse_status_t d_finish(pulse_delta_sink_t* s, pulse_finish_t r) { return fwd([&] { return s->finish(r); }); }
+pulse_status_t d_usage(pulse_delta_sink_t* s, const pulse_usage_t* u) {
+    return fwd([&] {
+        if (!u || u->struct_size < sizeof(uint32_t) + 4 * sizeof(int64_t)) return PULSE_E_ABI;
+        return s->usage(*u);
+    });
+}
+pulse_status_t d_error(pulse_delta_sink_t* s, pulse_status_t st, pulse_str_t m) { return fwd([&] { return s->error(st, sv(m)); }); }
+
+pulse_status_t c_data(pulse_chunk_sink_t* s, pulse_str_t payload) { return fwd([&] { return s->data(sv(payload)); }); }
+pulse_json_writer_t* c_begin(pulse_chunk_sink_t* s) {
+    s->writer.reset();
+    return &s->writer;
+}
+pulse_status_t c_end(pulse_chunk_sink_t* s) {
+    return fwd([&] {
+        if (!s->writer.complete()) return PULSE_E_INVALID_ARGUMENT;
+        return s->data(s->writer.text());
+    });
+}
+
+pulse_status_t r_set_path(pulse_upstream_req_t* r, pulse_str_t p) {
+    return fwd([&] {
+        std::string_view path = sv(p);
+        if (path.empty() || path.front() != '/') return PULSE_E_INVALID_ARGUMENT;
+        r->path.assign(path);
+        return PULSE_OK;
+    });
+}
+pulse_status_t r_add_header(pulse_upstream_req_t* r, pulse_str_t n, pulse_str_t v) {
+    return fwd([&] {
+        // Refuse header injection: no CR/LF in names or values.
+        for (char c : sv(n)) if (c == '\r' || c == '\n' || c == ':') return PULSE_E_INVALID_ARGUMENT;
+        for (char c : sv(v)) if (c == '\r' || c == '\n') return PULSE_E_INVALID_ARGUMENT;
+        r->headers.emplace_back(std::string(sv(n)), std::string(sv(v)));
+        return PULSE_OK;
+    });
+}
+pulse_json_writer_t* r_body(pulse_upstream_req_t* r) { return &r->body; }
+
+pulse_status_t o_write(pulse_output_t* out, pulse_str_t text) {
+    return fwd([&] {
+        out->write(sv(text));
+        return PULSE_OK;
+    });
+}
+
+const void* h_get_extension(pulse_host_ctx_t*, const char*) { return nullptr; }
+
+const pulse_json_api_t kJson = {
+    sizeof(pulse_json_api_t), j_kind, j_member, j_size, j_at, j_member_at, j_get_string, j_get_i64,
+    j_get_f64, j_get_bool, w_begin_object, w_end_object, w_begin_array, w_end_array, w_key, w_string,
+    w_i64, w_f64, w_bool, w_null, w_raw, w_copy, j_parse,
+};
+const pulse_delta_api_t kDelta = {
+    sizeof(pulse_delta_api_t), d_text, d_reasoning, d_tool_begin, d_tool_args, d_tool_end, d_finish, d_usage, d_error,
+};
+const pulse_chunk_api_t kChunk = {sizeof(pulse_chunk_api_t), c_data, c_begin, c_end};
+const pulse_request_api_t kRequest = {sizeof(pulse_request_api_t), r_set_path, r_add_header, r_body};
+
+const pulse_host_api_t kHost = {
+    sizeof(pulse_host_api_t),
+    PULSE_ABI_MAJOR,
+    PULSE_ABI_MINOR,
+    h_alloc,
+    h_free,
+    h_log_enabled,
+    h_log,
+    h_set_error,
+    h_call_cancelled,
+    h_call_deadline_ms,
+    h_call_request_id,
+    h_register_translation,
+    h_register_backend,
+    h_register_controller,
+    &kJson,
+    &kDelta,
+    &kChunk,
+    &kRequest,
+    o_write,
+    h_get_extension,
+};
+
+}  // namespace
+
+const pulse_host_api_t* api() { return &kHost; }
+
+const char* status_name(pulse_status_t s) {
+    switch (s) {
+        case PULSE_OK: return "OK";
+        case PULSE_END: return "END";
+        case PULSE_TIMEOUT: return "TIMEOUT";
+        case PULSE_E_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+        case PULSE_E_UNSUPPORTED: return "UNSUPPORTED";
+        case PULSE_E_UNAVAILABLE: return "UNAVAILABLE";
+        case PULSE_E_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+        case PULSE_E_CANCELLED: return "CANCELLED";
+        case PULSE_E_DEADLINE: return "DEADLINE";
+        case PULSE_E_INTERNAL: return "INTERNAL";
+        case PULSE_E_ABI: return "ABI";
+        case PULSE_E_CONTEXT_LENGTH: return "CONTEXT_LENGTH";
+        default: return "UNKNOWN";
+    }
+}
+
+std::string call_error(const pulse_call& call, pulse_status_t status, std::string_view plugin_id) {
+    if (call.has_message) return call.message;
+    return "plugin '" + std::string(plugin_id) + "' returned " + status_name(status) + " (" +
+           std::to_string(status) + ") without an error message (plugin bug)";
+}
+
+}  // namespace pulse::host

@@ -1,0 +1,120 @@
+// The host side of the plugin ABI: definitions of the opaque handle types declared in
+// pulse/plugin.h, and the one host function table every plugin receives.
+//
+// Handles that route output (delta sink, chunk sink, upstream request, controller output) are
+// abstract C++ classes here; the C tables in host_api.cpp forward to their virtual methods, so
+// each host component implements only the interface it needs. Exceptions never cross into
+// plugin frames: every table function catches and turns them into a status.
+#pragma once
+
+#include <pulse/plugin.h>
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+// One host->plugin call. Single-threaded, never retained by the plugin.
+struct pulse_call {
+    pulse_status_t status = PULSE_OK;
+    std::string message;  // copied from set_error
+    bool has_message = false;
+    const std::atomic<bool>* cancelled = nullptr;
+    uint64_t deadline_ms = 0;
+    std::string request_id;
+    std::list<rapidjson::Document> parsed;  // documents from json->parse, freed with the call
+
+    void clear_error() {
+        status = PULSE_OK;
+        message.clear();
+        has_message = false;
+    }
+};
+
+struct pulse_json_writer {
+    rapidjson::StringBuffer buffer;
+    rapidjson::Writer<rapidjson::StringBuffer> writer{buffer};
+    bool failed = false;
+
+    std::string_view text() const { return {buffer.GetString(), buffer.GetSize()}; }
+    bool complete() { return !failed && writer.IsComplete(); }
+    void reset() {
+        buffer.Clear();
+        writer.Reset(buffer);
+        failed = false;
+    }
+};
+
+struct pulse_delta_sink {
+    virtual ~pulse_delta_sink() = default;
+    virtual pulse_status_t text(std::string_view t) = 0;
+    virtual pulse_status_t reasoning(std::string_view t) = 0;
+    virtual pulse_status_t tool_begin(uint32_t index, pulse_tool_kind_t kind, std::string_view call_id,
+                                      std::string_view name, std::string_view ns) = 0;
+    virtual pulse_status_t tool_args(uint32_t index, std::string_view fragment) = 0;
+    virtual pulse_status_t tool_end(uint32_t index) = 0;
+    virtual pulse_status_t finish(pulse_finish_t reason) = 0;
+    virtual pulse_status_t usage(const pulse_usage_t& u) = 0;
+    virtual pulse_status_t error(pulse_status_t status, std::string_view message) = 0;
+};
+
+struct pulse_chunk_sink {
+    virtual ~pulse_chunk_sink() = default;
+    virtual pulse_status_t data(std::string_view payload) = 0;
+    pulse_json_writer writer;  // for begin/end
+};
+
+struct pulse_upstream_req {
+    std::string path = "/chat/completions";
+    std::vector<std::pair<std::string, std::string>> headers;
+    pulse_json_writer body;
+};
+
+struct pulse_output {
+    virtual ~pulse_output() = default;
+    virtual void write(std::string_view text) = 0;
+};
+
+namespace pulse::host {
+
+struct Registration {
+    uint32_t kind = 0;  // PULSE_KIND_*
+    std::string name;
+    void* user = nullptr;
+    pulse_translation_vt_t translation{};  // host-sized, zero-initialised copies
+    pulse_backend_vt_t backend{};
+    pulse_controller_vt_t controller{};
+};
+
+}  // namespace pulse::host
+
+// The plugin instance as the host sees it.
+struct pulse_host_ctx {
+    std::string plugin_id;
+    uint64_t generation = 0;
+    uint32_t declared_kinds = 0;
+    bool in_init = false;
+    std::vector<pulse::host::Registration> registrations;  // filled during init
+    std::vector<std::string> problems;                     // registration errors, reported after init
+};
+
+namespace pulse::host {
+
+// The host function table (static storage; valid for the process lifetime).
+const pulse_host_api_t* api();
+
+inline const pulse_json_t* view(const rapidjson::Value* v) { return reinterpret_cast<const pulse_json_t*>(v); }
+inline const rapidjson::Value* unview(const pulse_json_t* v) { return reinterpret_cast<const rapidjson::Value*>(v); }
+
+// The message for a failed call: the plugin's own, or a note that it broke the contract.
+std::string call_error(const pulse_call& call, pulse_status_t status, std::string_view plugin_id);
+
+const char* status_name(pulse_status_t s);
+
+}  // namespace pulse::host

@@ -1,0 +1,434 @@
+/*
+ * Pulse plugin ABI, version 1.
+ *
+ * This header IS the binary interface between the Pulse host and its plugins. It is plain C
+ * (stdint/stddef/stdbool only) so that a plugin can be written in any language with a C FFI
+ * and built by any compiler that follows the platform C ABI.
+ *
+ * Rules this header follows (docs/SDK.md has the long form):
+ *   - Everything is prefixed `pulse_` / `PULSE_`; `_t` marks a typedef.
+ *   - Every struct that crosses the boundary starts with `uint32_t struct_size` and is
+ *     APPEND-ONLY within a major version. A field appended later has a safe zero value.
+ *   - Enumerations are int32_t plus #defines (a C enum's size can vary with flags).
+ *   - Strings are `pulse_str_t` views, UTF-8, NOT NUL-terminated, borrowed for the call.
+ *   - The plugin exports exactly one symbol, `pulse_plugin_entry_v1`. Everything else travels
+ *     as function tables in both directions.
+ *   - Every function carries a thread annotation:
+ *       [control]       only on the host's control thread (startup, reload, shutdown)
+ *       [init-only]     a host service the plugin may call only inside its own init()
+ *       [any-thread]    any host thread, concurrently; the callee synchronises itself
+ *       [stream-serial] calls on one stream never overlap and come in order
+ *   - Every type has OWNERSHIP and LIFETIME notes.
+ *
+ * Minor-version changelog (append a line for every addition):
+ *   1.0  2026-11-29  initial ABI: info/entry, host API, JSON view + writer, translation
+ *                    profile, backend and runtime-controller kinds.
+ */
+#ifndef PULSE_PLUGIN_H
+#define PULSE_PLUGIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PULSE_ABI_MAJOR 1
+#define PULSE_ABI_MINOR 0
+
+/* A plugin may define PULSE_TARGET_ABI_MINOR before including this header to declare the
+ * oldest host minor it runs on; it then must not use fields newer than that minor without
+ * checking PULSE_HAS_FIELD on the host table. */
+#ifndef PULSE_TARGET_ABI_MINOR
+#define PULSE_TARGET_ABI_MINOR PULSE_ABI_MINOR
+#endif
+
+#if defined(_WIN32)
+#define PULSE_EXPORT __declspec(dllexport)
+#else
+#define PULSE_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* True when `field` lies inside the struct as the OTHER side compiled it. A present field that
+ * is NULL means "not implemented". */
+#define PULSE_HAS_FIELD(ptr, type, field) \
+    (offsetof(type, field) + sizeof(((type*)0)->field) <= (size_t)(ptr)->struct_size)
+
+/* ---------------------------------------------------------------------------------------- */
+/* Basic types                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* A borrowed UTF-8 string view. NOT NUL-terminated.
+ * OWNERSHIP: the side that passes it. LIFETIME: the call it is passed in. Copy to keep. */
+typedef struct pulse_str {
+    const char* ptr;
+    size_t len;
+} pulse_str_t;
+
+/* Status codes. Fixed values: never renumber. Negative = error. */
+typedef int32_t pulse_status_t;
+#define PULSE_OK 0
+#define PULSE_END 1     /* stream finished normally */
+#define PULSE_TIMEOUT 2 /* nothing yet within the timeout; call again */
+#define PULSE_E_INVALID_ARGUMENT (-1)   /* the client's request is wrong          -> 400 */
+#define PULSE_E_UNSUPPORTED (-2)        /* not supported by this plugin           -> 400 */
+#define PULSE_E_UNAVAILABLE (-3)        /* transient; safe to retry elsewhere     -> failover, 503 */
+#define PULSE_E_RESOURCE_EXHAUSTED (-4) /* overloaded                             -> failover, 503 */
+#define PULSE_E_CANCELLED (-5)          /* cancelled; the client is gone          -> no response */
+#define PULSE_E_DEADLINE (-6)           /* call deadline passed                   -> 504 */
+#define PULSE_E_INTERNAL (-7)           /* plugin bug                             -> 500, logged */
+#define PULSE_E_ABI (-8)                /* version/struct mismatch at run time    -> load failure */
+#define PULSE_E_CONTEXT_LENGTH (-9)     /* prompt too long for the model          -> 400 context_length_exceeded */
+
+/* Log levels. */
+typedef int32_t pulse_log_level_t;
+#define PULSE_LOG_TRACE 0
+#define PULSE_LOG_DEBUG 1
+#define PULSE_LOG_INFO 2
+#define PULSE_LOG_WARN 3
+#define PULSE_LOG_ERROR 4
+
+/* Component kinds (bit flags in pulse_plugin_info_t.kinds). */
+#define PULSE_KIND_TRANSLATION 0x1u /* Responses <-> upstream dialect; hot-reloadable */
+#define PULSE_KIND_BACKEND 0x2u     /* in-process engine; startup only */
+#define PULSE_KIND_CONTROLLER 0x4u  /* runtime controller (`pulse model`); startup only */
+
+/* pulse_plugin_info_t.flags */
+#define PULSE_PLUGIN_UNLOAD_SAFE 0x1u /* author asserts dlclose of a retired copy is safe */
+
+/* ---------------------------------------------------------------------------------------- */
+/* Opaque host handles                                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The plugin instance as the host sees it.
+ * OWNERSHIP: host. LIFETIME: from init() until deinit() returns. The only long-lived handle. */
+typedef struct pulse_host_ctx pulse_host_ctx_t;
+
+/* One call from host to plugin: error slot, cancellation flag, deadline, request id.
+ * OWNERSHIP: host. LIFETIME: the call. Never retain; single-threaded. */
+typedef struct pulse_call pulse_call_t;
+
+/* A read-only view of a JSON value the host parsed. NULL means "absent".
+ * OWNERSHIP: host. LIFETIME: the call. */
+typedef struct pulse_json pulse_json_t;
+
+/* A streaming JSON writer into a host buffer.
+ * OWNERSHIP: host. LIFETIME: the call (or until the matching *_end call). */
+typedef struct pulse_json_writer pulse_json_writer_t;
+
+/* Where a translation profile writes normalized deltas (text, reasoning, tool calls, ...).
+ * OWNERSHIP: host. LIFETIME: the call. */
+typedef struct pulse_delta_sink pulse_delta_sink_t;
+
+/* Where a backend writes upstream (Chat Completions) chunks.
+ * OWNERSHIP: host. LIFETIME: the call. */
+typedef struct pulse_chunk_sink pulse_chunk_sink_t;
+
+/* The upstream HTTP request a translation profile builds (path, headers, body).
+ * OWNERSHIP: host. LIFETIME: the call. */
+typedef struct pulse_upstream_req pulse_upstream_req_t;
+
+/* Text output of a controller command (what the CLI prints on stdout).
+ * OWNERSHIP: host. LIFETIME: the call. */
+typedef struct pulse_output pulse_output_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* JSON services                                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef int32_t pulse_json_kind_t;
+#define PULSE_JSON_NULL 0
+#define PULSE_JSON_FALSE 1
+#define PULSE_JSON_TRUE 2
+#define PULSE_JSON_NUMBER 3
+#define PULSE_JSON_STRING 4
+#define PULSE_JSON_ARRAY 5
+#define PULSE_JSON_OBJECT 6
+#define PULSE_JSON_ABSENT 7 /* returned for a NULL view */
+
+/* All functions [any-thread], but a view or writer is only used by one thread at a time. */
+typedef struct pulse_json_api {
+    uint32_t struct_size;
+
+    /* ---- read-only views ---- */
+    pulse_json_kind_t (*kind)(const pulse_json_t* v);
+    /* Member of an object by key; NULL if `v` is not an object or has no such key. */
+    const pulse_json_t* (*member)(const pulse_json_t* v, pulse_str_t key);
+    /* Number of elements (array) or members (object); 0 otherwise. */
+    size_t (*size)(const pulse_json_t* v);
+    /* Array element i; NULL if out of range or not an array. */
+    const pulse_json_t* (*at)(const pulse_json_t* v, size_t i);
+    /* Object member i: returns the value and sets *key; NULL if out of range / not an object. */
+    const pulse_json_t* (*member_at)(const pulse_json_t* v, size_t i, pulse_str_t* key);
+    /* Scalar getters: false (and *out untouched) if the kind does not match.
+     * get_i64 fails for non-integral or out-of-range numbers. */
+    bool (*get_string)(const pulse_json_t* v, pulse_str_t* out);
+    bool (*get_i64)(const pulse_json_t* v, int64_t* out);
+    bool (*get_f64)(const pulse_json_t* v, double* out);
+    bool (*get_bool)(const pulse_json_t* v, bool* out);
+
+    /* ---- writer (every call returns false once the writer is in error) ---- */
+    bool (*begin_object)(pulse_json_writer_t* w);
+    bool (*end_object)(pulse_json_writer_t* w);
+    bool (*begin_array)(pulse_json_writer_t* w);
+    bool (*end_array)(pulse_json_writer_t* w);
+    bool (*key)(pulse_json_writer_t* w, pulse_str_t k);
+    bool (*string)(pulse_json_writer_t* w, pulse_str_t s);
+    bool (*i64)(pulse_json_writer_t* w, int64_t x);
+    bool (*f64)(pulse_json_writer_t* w, double x);
+    bool (*boolean)(pulse_json_writer_t* w, bool b);
+    bool (*null)(pulse_json_writer_t* w);
+    /* A complete, valid JSON value as text; the host validates and copies it. */
+    bool (*raw)(pulse_json_writer_t* w, pulse_str_t json);
+    /* Copy a whole value from a view (e.g. pass a tool's JSON schema through). */
+    bool (*copy)(pulse_json_writer_t* w, const pulse_json_t* v);
+    /* Parse `text` into a host-owned document and hand out a view of it. The document lives
+     * until the current call returns. NULL on invalid JSON (and `err` gets the reason). */
+    const pulse_json_t* (*parse)(pulse_call_t* call, pulse_str_t text);
+} pulse_json_api_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Normalized deltas (translation profile -> host)                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef int32_t pulse_finish_t;
+#define PULSE_FINISH_STOP 0
+#define PULSE_FINISH_LENGTH 1
+#define PULSE_FINISH_TOOL_CALLS 2
+#define PULSE_FINISH_CONTENT_FILTER 3
+
+typedef int32_t pulse_tool_kind_t;
+#define PULSE_TOOL_FUNCTION 0 /* a `function_call` item; arguments are a JSON string */
+#define PULSE_TOOL_CUSTOM 1   /* a `custom_tool_call` item; input is raw text */
+
+/* Why an upstream stream ended (translation stream_finish `how`). */
+typedef int32_t pulse_stream_end_t;
+#define PULSE_STREAM_CLEAN 0     /* terminal marker seen */
+#define PULSE_STREAM_TRUNCATED 1 /* upstream died or timed out without its terminal marker */
+#define PULSE_STREAM_CANCELLED 2 /* the client went away */
+
+/* Token usage. Fields are -1 when unknown. */
+typedef struct pulse_usage {
+    uint32_t struct_size;
+    int64_t input_tokens;  /* including cached */
+    int64_t cached_tokens;
+    int64_t output_tokens; /* including reasoning */
+    int64_t reasoning_tokens;
+} pulse_usage_t;
+
+/* All functions [stream-serial] on the sink's stream; return PULSE_OK or an error status
+ * (e.g. the profile broke the sequencing rules: a tool call index used before begin). */
+typedef struct pulse_delta_api {
+    uint32_t struct_size;
+    pulse_status_t (*text)(pulse_delta_sink_t* s, pulse_str_t text);
+    pulse_status_t (*reasoning)(pulse_delta_sink_t* s, pulse_str_t text);
+    /* A tool call starts. `index` is the profile's own key for later fragments. `call_id` may be
+     * empty (the host makes one up); `ns` is empty for tools without a namespace. */
+    pulse_status_t (*tool_begin)(pulse_delta_sink_t* s, uint32_t index, pulse_tool_kind_t kind,
+                                 pulse_str_t call_id, pulse_str_t name, pulse_str_t ns);
+    pulse_status_t (*tool_args)(pulse_delta_sink_t* s, uint32_t index, pulse_str_t fragment);
+    pulse_status_t (*tool_end)(pulse_delta_sink_t* s, uint32_t index);
+    pulse_status_t (*finish)(pulse_delta_sink_t* s, pulse_finish_t reason);
+    pulse_status_t (*usage)(pulse_delta_sink_t* s, const pulse_usage_t* u);
+    /* The upstream reported an error inside the stream. */
+    pulse_status_t (*error)(pulse_delta_sink_t* s, pulse_status_t status, pulse_str_t message);
+} pulse_delta_api_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Upstream chunks (backend -> host) and upstream requests (profile -> host)                */
+/* ---------------------------------------------------------------------------------------- */
+
+/* [stream-serial] A backend emits each Chat Completions chunk as one SSE `data` payload, exactly
+ * what an HTTP upstream would have sent. The terminal marker is implied by stream_next
+ * returning PULSE_END. */
+typedef struct pulse_chunk_api {
+    uint32_t struct_size;
+    pulse_status_t (*data)(pulse_chunk_sink_t* s, pulse_str_t payload);
+    /* Or build the payload with the JSON writer: begin, write one value, end. */
+    pulse_json_writer_t* (*begin)(pulse_chunk_sink_t* s);
+    pulse_status_t (*end)(pulse_chunk_sink_t* s);
+} pulse_chunk_api_t;
+
+/* [any-thread, one request at a time] */
+typedef struct pulse_request_api {
+    uint32_t struct_size;
+    /* Path relative to the endpoint base URL, e.g. "/chat/completions". */
+    pulse_status_t (*set_path)(pulse_upstream_req_t* r, pulse_str_t path);
+    pulse_status_t (*add_header)(pulse_upstream_req_t* r, pulse_str_t name, pulse_str_t value);
+    /* The body writer: write exactly one JSON object. */
+    pulse_json_writer_t* (*body)(pulse_upstream_req_t* r);
+} pulse_request_api_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Component vtables (plugin -> host, registered during init)                               */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Translation profile: pure translator between the Responses API and one upstream dialect.
+ * Hot-reloadable: it keeps no global mutable state; per-stream state lives in the stream.
+ * OWNERSHIP: the plugin owns the vtable memory (static) and every `void*` it returns. */
+typedef struct pulse_translation_vt {
+    uint32_t struct_size;
+    const char* name; /* what config refers to, e.g. "qwen38"; static */
+    /* [control] One instance per model that uses this profile. `config` is the model's
+     * [models.X.profile_options] table as JSON (may be NULL). Reject unknown keys. */
+    pulse_status_t (*create)(void* user, pulse_call_t* call, const pulse_json_t* config,
+                             void** out_instance);
+    /* [control] */
+    void (*destroy)(void* instance);
+    /* [any-thread] Responses request -> upstream request. `model` is the model's JSON view
+     * (name, upstream model name, sampling defaults). */
+    pulse_status_t (*build_request)(void* instance, pulse_call_t* call, const pulse_json_t* request,
+                                    const pulse_json_t* model, pulse_upstream_req_t* out);
+    /* [any-thread] */
+    pulse_status_t (*stream_open)(void* instance, pulse_call_t* call, const pulse_json_t* request,
+                                  void** out_stream);
+    /* [stream-serial] One upstream SSE event in (its `data` payload), zero or more deltas out. */
+    pulse_status_t (*stream_feed)(void* stream, pulse_call_t* call, pulse_str_t data,
+                                  pulse_delta_sink_t* sink);
+    /* [stream-serial] The upstream ended; `how` says how. Flush buffered deltas here. */
+    pulse_status_t (*stream_finish)(void* stream, pulse_call_t* call, pulse_stream_end_t how,
+                                    pulse_delta_sink_t* sink);
+    /* [stream-serial] Exactly once after a successful stream_open, whatever happened. */
+    void (*stream_close)(void* stream);
+    /* [any-thread] Optional. Classify an upstream HTTP error (status + body) and set a clear
+     * message with set_error; return the status the host should act on (e.g. UNAVAILABLE for
+     * failover, CONTEXT_LENGTH, INVALID_ARGUMENT). NULL: the host's generic mapping. */
+    pulse_status_t (*map_error)(void* instance, pulse_call_t* call, int32_t http_status,
+                                pulse_str_t body);
+} pulse_translation_vt_t;
+
+/* Backend: an in-process engine speaking the upstream dialect (Chat Completions request in,
+ * chunks out). Startup only; never unloaded. */
+typedef struct pulse_backend_vt {
+    uint32_t struct_size;
+    const char* name; /* what endpoints refer to: url = "plugin://NAME"; static */
+    /* [control] `config` is the endpoint's options table as JSON (may be NULL). */
+    pulse_status_t (*create)(void* user, pulse_call_t* call, const pulse_json_t* config,
+                             void** out_backend);
+    /* [control] All streams are closed. Join every thread you own here. */
+    void (*destroy)(void* backend);
+    /* [any-thread] `request` is the Chat Completions body the profile built. */
+    pulse_status_t (*stream_start)(void* backend, pulse_call_t* call, const pulse_json_t* request,
+                                   void** out_stream);
+    /* [stream-serial] Wait up to timeout_ms. Returns PULSE_OK after emitting >= 1 chunk,
+     * PULSE_TIMEOUT if nothing is ready yet, PULSE_END when finished, or an error. */
+    pulse_status_t (*stream_next)(void* stream, pulse_call_t* call, uint32_t timeout_ms,
+                                  pulse_chunk_sink_t* sink);
+    /* [any-thread] Idempotent; makes a pending stream_next return PULSE_E_CANCELLED promptly.
+     * May run concurrently with stream_next: set a flag and wake the waiter, nothing more. */
+    void (*stream_cancel)(void* stream);
+    /* [stream-serial] Exactly once after a successful stream_start. */
+    void (*stream_close)(void* stream);
+    /* [any-thread] Optional: write one JSON object describing health. PULSE_OK = healthy. */
+    pulse_status_t (*health)(void* backend, pulse_call_t* call, pulse_json_writer_t* out);
+} pulse_backend_vt_t;
+
+/* Runtime controller: manages external runtimes (`pulse model ...`). Startup only. */
+typedef struct pulse_controller_vt {
+    uint32_t struct_size;
+    const char* name; /* static */
+    /* [control] `config` is the [controller] table as JSON (may be NULL). */
+    pulse_status_t (*create)(void* user, pulse_call_t* call, const pulse_json_t* config,
+                             void** out_controller);
+    /* [control] */
+    void (*destroy)(void* controller);
+    /* [control] Run `pulse model ARGV...`. Text for the user goes to `out`; the process exit
+     * code to *exit_code. Returns an error status only when the command could not run at all. */
+    pulse_status_t (*command)(void* controller, pulse_call_t* call, size_t argc,
+                              const pulse_str_t* argv, pulse_output_t* out, int32_t* exit_code);
+    /* [any-thread] Optional: current upstream endpoints as a JSON array of {name,url}. */
+    pulse_status_t (*endpoints)(void* controller, pulse_call_t* call, pulse_json_writer_t* out);
+    /* [any-thread] Optional: health as a JSON object. */
+    pulse_status_t (*health)(void* controller, pulse_call_t* call, pulse_json_writer_t* out);
+} pulse_controller_vt_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Host API (host -> plugin, passed to init)                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+/* OWNERSHIP: host. LIFETIME: from init() until deinit() returns. Append-only. */
+typedef struct pulse_host_api {
+    uint32_t struct_size;
+    uint16_t abi_major; /* the host's version */
+    uint16_t abi_minor;
+
+    /* memory [any-thread]: for buffers that must change hands; the host frees with free(). */
+    void* (*alloc)(size_t size, size_t align);
+    void (*free)(void* p);
+
+    /* logging [any-thread, also from plugin-owned threads]: the host adds time, plugin id,
+     * generation and the call's request id. `call` may be NULL. */
+    bool (*log_enabled)(pulse_host_ctx_t* ctx, pulse_log_level_t level);
+    void (*log)(pulse_host_ctx_t* ctx, pulse_call_t* call, pulse_log_level_t level, pulse_str_t msg);
+
+    /* errors [the call's thread]: copies msg; returns `status` so plugins can tail-call it. */
+    pulse_status_t (*set_error)(pulse_call_t* call, pulse_status_t status, pulse_str_t msg);
+
+    /* cancellation and deadlines [the call's thread] */
+    bool (*call_cancelled)(pulse_call_t* call);
+    /* CLOCK_MONOTONIC milliseconds at which the call should give up; 0 = none. */
+    uint64_t (*call_deadline_ms)(pulse_call_t* call);
+    /* The request id for logs (e.g. "resp_..."); empty outside a request. */
+    pulse_str_t (*call_request_id)(pulse_call_t* call);
+
+    /* registration [init-only]: the host copies min(vt_size, host's size) bytes. `user` is
+     * passed back as the first argument of create(). */
+    pulse_status_t (*register_translation)(pulse_host_ctx_t* ctx, const pulse_translation_vt_t* vt,
+                                           uint32_t vt_size, void* user);
+    pulse_status_t (*register_backend)(pulse_host_ctx_t* ctx, const pulse_backend_vt_t* vt,
+                                       uint32_t vt_size, void* user);
+    pulse_status_t (*register_controller)(pulse_host_ctx_t* ctx, const pulse_controller_vt_t* vt,
+                                          uint32_t vt_size, void* user);
+
+    /* service tables, each with its own struct_size */
+    const pulse_json_api_t* json;
+    const pulse_delta_api_t* delta;
+    const pulse_chunk_api_t* chunk;
+    const pulse_request_api_t* request;
+
+    /* controller output [the call's thread] */
+    pulse_status_t (*output_write)(pulse_output_t* out, pulse_str_t text);
+
+    /* optional services by versioned id ("pulse.metrics/1"); NULL if absent [any-thread] */
+    const void* (*get_extension)(pulse_host_ctx_t* ctx, const char* id);
+} pulse_host_api_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* The entry point                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Returned by the entry. Static, side-effect free: the host reads it before running any other
+ * plugin code. OWNERSHIP: plugin (static storage). LIFETIME: while the library is mapped. */
+typedef struct pulse_plugin_info {
+    uint32_t struct_size;        /* sizeof as compiled into the plugin */
+    uint16_t abi_major;          /* must equal the host's PULSE_ABI_MAJOR */
+    uint16_t abi_minor_built;    /* the SDK minor the plugin was compiled against */
+    uint16_t abi_minor_required; /* the lowest host minor the plugin runs on */
+    uint16_t reserved;           /* must be 0 */
+    uint32_t flags;              /* PULSE_PLUGIN_* */
+    uint32_t kinds;              /* PULSE_KIND_* bits: what init() will register */
+    const char* id;              /* unique, [a-z0-9._-]+, e.g. "pulse.translation.qwen38" */
+    const char* version;         /* the plugin's own semver */
+    const char* build_info;      /* compiler, stdlib, ...: diagnostics only */
+    /* Optional [control]: cheap "can I run here?". Return false and explain with `why` (the
+     * host copies it). Side-effect free. */
+    bool (*probe)(const pulse_host_api_t* host, pulse_str_t* why);
+    /* [control] Register components through `host`. On failure call host->set_error(call,...)
+     * and return an error status. `*out_state` is passed back to deinit. */
+    pulse_status_t (*init)(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call,
+                           void** out_state);
+    /* [control] Paired with a successful init. Tolerate a repeated call. */
+    void (*deinit)(void* state);
+} pulse_plugin_info_t;
+
+/* The one exported symbol. The major version is part of its name. */
+typedef const pulse_plugin_info_t* (*pulse_plugin_entry_v1_fn)(void);
+#define PULSE_PLUGIN_ENTRY_SYMBOL "pulse_plugin_entry_v1"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PULSE_PLUGIN_H */

@@ -1,0 +1,216 @@
+// The `pulse` binary as a user runs it: help, exit codes, config check, plugins, model, serve.
+#include <doctest/doctest.h>
+
+#include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPRequest.h>
+#include <Poco/Net/HTTPResponse.h>
+
+#include <cstdlib>
+#include <regex>
+#include <sstream>
+
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+
+namespace fs = std::filesystem;
+using pulse::test::run;
+using pulse::test::TempDir;
+
+namespace {
+
+std::string exe() {
+    const char* e = std::getenv("PULSE_EXE");
+    REQUIRE_MESSAGE(e, "PULSE_EXE must point at the pulse binary");
+    return e;
+}
+fs::path built(const std::string& name) { return fs::path(std::getenv("PULSE_TEST_PLUGIN_DIR")) / (name + ".so"); }
+bool has(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+// A config in a temp dir whose plugin dir holds copies of the named test plugins.
+struct Site {
+    TempDir tmp;
+    fs::path config;
+    Site(std::initializer_list<std::string> plugins, const std::string& extra_toml) {
+        fs::create_directories(tmp / "plugins");
+        for (const auto& p : plugins) {
+            fs::copy_file(built(p), tmp / "plugins" / (p + ".so"));
+            fs::permissions(tmp / "plugins" / (p + ".so"), fs::perms(0755));
+        }
+        config = tmp.write("pulse.toml", "[plugins]\ndirs = [\"plugins\"]\ndropin_dirs = []\n" + extra_toml);
+    }
+};
+
+const std::map<std::string, std::string> kNoEnvOverrides = {
+    {"PULSE_PLUGIN_DIRS", ""}, {"PULSE_QWEN_BACKENDS", ""}, {"PULSE_CONFIG", ""}, {"PULSE_GATEWAY_API_KEY", ""}};
+
+}  // namespace
+
+TEST_CASE("version and help") {
+    auto r = run({exe(), "version"});
+    CHECK(r.code == 0);
+    CHECK(std::regex_search(r.out, std::regex(R"(^pulse \d+\.\d+\.\d+ \(plugin ABI 1\.0\)\n$)")));
+
+    r = run({exe(), "--help"});
+    CHECK(r.code == 0);
+    for (const char* c : {"serve", "plugins", "config check", "model", "version", "exit codes"}) CHECK(has(r.out, c));
+    for (const char* c : {"serve", "plugins", "config", "model"}) {
+        auto h = run({exe(), c, "--help"});
+        CAPTURE(c);
+        CHECK(h.code == 0);
+        CHECK(has(h.out, std::string("usage: pulse ") + c));
+    }
+}
+
+TEST_CASE("usage errors exit 2") {
+    auto r = run({exe()});
+    CHECK(r.code == 2);
+    r = run({exe(), "frobnicate"});
+    CHECK(r.code == 2);
+    CHECK(has(r.err, "unknown command 'frobnicate'"));
+    r = run({exe(), "serve", "--bogus"});
+    CHECK(r.code == 2);
+    CHECK(has(r.err, "unknown option --bogus"));
+    r = run({exe(), "config"});
+    CHECK(r.code == 2);
+    r = run({exe(), "serve", "--config"});
+    CHECK(r.code == 2);
+    CHECK(has(r.err, "--config needs a value"));
+}
+
+TEST_CASE("config check: valid file, invalid file, missing file") {
+    auto r = run({exe(), "config", "check", PULSE_SOURCE_ROOT "/config/pulse.toml"}, kNoEnvOverrides);
+    CHECK(r.code == 0);
+    CHECK(has(r.out, "ok (1 model, listen 127.0.0.1:8800)"));
+
+    TempDir tmp;
+    auto bad = tmp.write("bad.toml", "[server]\nlisten = \"127.0.0.1:8800\"\nthreads = 4\n");
+    r = run({exe(), "config", "check", bad.string()}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, bad.string() + ":3:1: unknown key 'server.threads'"));
+
+    r = run({exe(), "config", "check", (tmp / "nope.toml").string()}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "cannot read the config file"));
+
+    // Environment overrides are validated too.
+    auto env = kNoEnvOverrides;
+    env["PULSE_QWEN_BACKENDS"] = "garbage";
+    r = run({exe(), "config", "check", PULSE_SOURCE_ROOT "/config/pulse.toml"}, env);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "PULSE_QWEN_BACKENDS"));
+}
+
+TEST_CASE("plugins: a table row per file, rejections in one line each") {
+    Site site({"good_minimal", "good_cpp", "entry_v2_only", "needs_newer_minor", "init_fails_with_message"}, "");
+    auto r = run({exe(), "plugins", "--config", site.config.string()}, kNoEnvOverrides);
+    CAPTURE(r.out);
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
+    std::istringstream lines(r.out);
+    std::string line;
+    std::vector<std::string> rows;
+    while (std::getline(lines, line)) rows.push_back(line);
+    REQUIRE(rows.size() == 6);
+    CHECK(std::regex_search(rows[0], std::regex(R"(^ID +KIND +VERSION +ABI +STATUS$)")));
+    auto row = [&](const std::string& key) {
+        for (const auto& r2 : rows) if (has(r2, key)) return r2;
+        return std::string();
+    };
+    CHECK(std::regex_search(row("test.good-cpp"), std::regex(R"(test\.good-cpp\s+translation\s+0\.4\.0\s+1\.0\s+loaded)")));
+    CHECK(has(row("test.good-cpp"), "translation test-profile"));
+    CHECK(std::regex_search(row("test.good-minimal"), std::regex(R"(controller\s+1\.2\.3\s+1\.0\s+loaded)")));
+    CHECK(has(row("entry_v2_only.so"), "rejected: "));
+    CHECK(has(row("entry_v2_only.so"), "built for Pulse plugin ABI v2, this host speaks v1"));
+    CHECK(has(row("test.needs-newer-minor"), "requires host plugin ABI >= 1.99, this host is 1.0"));
+    CHECK(has(row("test.init-fails-with-message"), "failed: "));
+    CHECK(has(row("test.init-fails-with-message"), "init failed: model directory /nonexistent is missing"));
+}
+
+TEST_CASE("plugins: a required plugin that fails gives exit 4") {
+    Site site({"init_fails_with_message"}, "require = [\"test.init-fails-with-message\"]\n");
+    auto r = run({exe(), "plugins", "--config", site.config.string()}, kNoEnvOverrides);
+    CHECK(r.code == 4);
+    CHECK(has(r.out, "[required]"));
+    CHECK(has(r.err, "init failed: model directory /nonexistent is missing"));
+}
+
+TEST_CASE("model: runs the runtime controller plugin's command") {
+    Site site({"good_minimal"}, "");
+    auto r = run({exe(), "model", "--config", site.config.string(), "up", "best", "--node", "n1"}, kNoEnvOverrides);
+    CHECK(r.out == "args: up best --node n1\n");
+    CHECK(r.code == 4);  // the test controller exits with its argc
+
+    Site empty({}, "");
+    r = run({exe(), "model", "--config", empty.config.string(), "status"}, kNoEnvOverrides);
+    CHECK(r.code == 4);
+    CHECK(has(r.err, "no runtime controller plugin is loaded"));
+}
+
+TEST_CASE("serve: refuses to start when a model's profile is missing") {
+    Site site({"good_minimal"}, R"(
+[server]
+listen = "127.0.0.1:0"
+[models.m]
+profile = "qwen38"
+[[models.m.endpoints]]
+url = "http://127.0.0.1:9/v1"
+)");
+    auto r = run({exe(), "serve", "--config", site.config.string()}, kNoEnvOverrides, 30);
+    CHECK(r.code == 4);
+    CHECK(has(r.err, "model 'm': translation profile 'qwen38' is not provided by any loaded plugin (loaded profiles: none)"));
+}
+
+TEST_CASE("serve: without a config file is a config error") {
+    auto r = run({exe(), "serve", "--config", "/nonexistent/pulse.toml"}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+}
+
+TEST_CASE("serve: starts, answers /health and /v1/models, drains on SIGTERM") {
+    Site site({"good_cpp", "example_echo"}, R"(
+[server]
+listen = "127.0.0.1:0"
+[models.echo]
+profile = "test-profile"
+context_window = 4096
+[[models.echo.endpoints]]
+name = "inproc"
+url = "plugin://example-echo"
+)");
+    pulse::test::Child child({exe(), "serve", "--config", site.config.string()}, kNoEnvOverrides);
+    // Wait (bounded) for the "listening on" line to learn the port.
+    std::smatch m;
+    std::string log;
+    static const std::regex listening(R"(listening on http://127\.0\.0\.1:(\d+))");
+    for (int i = 0; i < 500 && !std::regex_search(log, m, listening); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        log = child.stderr_so_far();
+    }
+    REQUIRE_MESSAGE(std::regex_search(log, m, listening), log);
+    uint16_t port = static_cast<uint16_t>(std::stoi(m[1]));
+
+    auto get = [&](const std::string& path, std::string& body) {
+        Poco::Net::HTTPClientSession s("127.0.0.1", port);
+        s.setTimeout(Poco::Timespan(5, 0));
+        Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
+        s.sendRequest(req);
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        body.assign(std::istreambuf_iterator<char>(in), {});
+        return static_cast<int>(resp.getStatus());
+    };
+    std::string body;
+    CHECK(get("/health", body) == 200);
+    CHECK(has(body, R"("status":"ok")"));
+    CHECK(has(body, R"("url":"plugin://example-echo")"));
+    CHECK(get("/v1/models", body) == 200);
+    CHECK(has(body, R"("id":"echo")"));
+    CHECK(has(body, R"("context_window":4096)"));
+    CHECK(get("/nope", body) == 404);
+    CHECK(has(body, R"("type":"invalid_request_error")"));
+
+    child.signal(SIGTERM);
+    auto r = child.wait(30);
+    CHECK(r.code == 0);
+    CHECK(has(r.err, "received SIGTERM: draining"));
+    CHECK(has(r.err, "stopped"));
+}

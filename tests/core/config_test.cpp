@@ -1,0 +1,221 @@
+// Config loading: the shipped default, every kind of error message, env overrides.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "config/config.h"
+#include "support/temp_dir.h"
+
+using namespace pulse::config;
+
+namespace {
+
+std::string error_of(const std::string& toml) {
+    try {
+        Config c = load_string(toml, "test.toml");
+        validate(c);
+    } catch (const ConfigError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+const char* kMinimalModel = R"(
+[models.m]
+profile = "qwen38"
+[[models.m.endpoints]]
+url = "http://127.0.0.1:8888/v1"
+)";
+
+std::map<std::string, std::string> g_env;
+const char* fake_getenv(const char* name) {
+    auto it = g_env.find(name);
+    return it == g_env.end() ? nullptr : it->second.c_str();
+}
+
+}  // namespace
+
+TEST_CASE("the shipped config/pulse.toml loads with the documented defaults") {
+    Config c = load_file(PULSE_SOURCE_ROOT "/config/pulse.toml");
+    validate(c);
+    CHECK(c.server.listen.host == "127.0.0.1");
+    CHECK(c.server.listen.port == 8800);
+    CHECK(c.server.max_streams >= 256);
+    CHECK(c.upstream.retry_window_s == 180);
+    CHECK(c.upstream.keepalive_s == 10);
+    CHECK(c.upstream.connect_timeout_s == 3);
+    REQUIRE(c.models.size() == 1);
+    const Model& m = c.models[0];
+    CHECK(m.id == "qwen3.8-flash-next");
+    CHECK(m.profile == "qwen38");
+    CHECK(m.context_window == 524288);
+    REQUIRE(m.endpoints.size() == 1);
+    CHECK(m.endpoints[0].url == "http://127.0.0.1:8888/v1");
+    CHECK(m.sampling.temperature.value() == doctest::Approx(0.6));
+    CHECK(m.sampling.top_k.value() == 20);
+    CHECK_FALSE(m.sampling.max_output_tokens.has_value());
+    CHECK(m.profile_options_json == "{}");
+    CHECK(c.plugins.dirs.empty());
+}
+
+TEST_CASE("an empty file gives built-in defaults") {
+    Config c = load_string("", "empty.toml");
+    CHECK(c.models.empty());
+    CHECK(c.server.listen.port == 8800);
+}
+
+TEST_CASE("TOML syntax errors point at file:line:column") {
+    std::string e = error_of("[server]\nlisten = \"127.0.0.1:8800\n");
+    CHECK(e.find("test.toml:2:") == 0);
+}
+
+TEST_CASE("unknown keys are errors that list what is allowed") {
+    std::string e = error_of("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n");
+    CHECK(e.find("test.toml:3:1: unknown key 'server.lisen'") == 0);
+    CHECK(e.find("allowed here: listen, api_key") != std::string::npos);
+
+    e = error_of("colour = 1\n");
+    CHECK(e.find("test.toml:1:1: unknown key 'colour'") == 0);
+
+    e = error_of("[models.m]\ntempreature = 1\nprofile = \"p\"\n");
+    CHECK(e.find("test.toml:2:1: unknown key 'models.m.tempreature'") == 0);
+
+    e = error_of(std::string(kMinimalModel) + "weight = 2\n");
+    CHECK(e.find("unknown key 'models.m.endpoints[0].weight'; allowed here: name, url, options") != std::string::npos);
+
+    e = error_of(std::string(kMinimalModel) + "[models.m.sampling]\ntop_q = 1\n");
+    CHECK(e.find("unknown key 'models.m.sampling.top_q'") != std::string::npos);
+    CHECK(e.find("top_p") != std::string::npos);
+}
+
+TEST_CASE("type and range errors name the key, the expected type and what was found") {
+    std::string e = error_of("[server]\nmax_streams = \"lots\"\n");
+    CHECK(e.find("test.toml:2:15: 'server.max_streams' must be an integer, found a string") == 0);
+
+    e = error_of("[server]\nmax_streams = 0\n");
+    CHECK(e.find("'server.max_streams' = 0 is out of range; allowed 1 to 65536") != std::string::npos);
+
+    e = error_of("[upstream]\nkeepalive_s = -1\n");
+    CHECK(e.find("'upstream.keepalive_s' = -1 is out of range") != std::string::npos);
+
+    e = error_of("[plugins]\ndirs = [\"a\", 3]\n");
+    CHECK(e.find("'plugins.dirs' must contain only strings, found an integer") != std::string::npos);
+
+    e = error_of("log_level = \"loud\"\n");
+    CHECK(e.find("log_level 'loud' is not one of") != std::string::npos);
+}
+
+TEST_CASE("models need a profile and endpoints with valid urls") {
+    CHECK(error_of("[models.m]\n[[models.m.endpoints]]\nurl = \"http://x:1/v1\"\n").find("'models.m.profile' is required") !=
+          std::string::npos);
+    CHECK(error_of("[models.m]\nprofile = \"qwen38\"\n").find("model 'm' has no endpoints") != std::string::npos);
+    CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"ftp://x\"\n")
+              .find("must start with http:// or plugin://NAME") != std::string::npos);
+    CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"https://x\"\n")
+              .find("https upstreams are not supported") != std::string::npos);
+    CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nname = \"a\"\nurl = \"http://x:1/v1\"\n"
+                   "[[models.m.endpoints]]\nname = \"a\"\nurl = \"http://y:1/v1\"\n")
+              .find("endpoint name 'a' is used twice") != std::string::npos);
+}
+
+TEST_CASE("endpoints keep failover order and plugin:// endpoints carry options as JSON") {
+    Config c = load_string(R"(
+[models.m]
+profile = "p"
+[[models.m.endpoints]]
+name = "first"
+url = "http://127.0.0.1:1/v1"
+[[models.m.endpoints]]
+url = "plugin://example-echo"
+options = { delay_ms = 5, prefix = "x\"y" }
+[models.m.profile_options]
+reasoning = "raw"
+nested = { list = [1, 2.5, true] }
+)", "t.toml");
+    REQUIRE(c.models[0].endpoints.size() == 2);
+    CHECK(c.models[0].endpoints[0].name == "first");
+    CHECK(c.models[0].endpoints[1].name == "ep1");
+    CHECK(c.models[0].endpoints[1].is_plugin());
+    CHECK(c.models[0].endpoints[1].plugin_name() == "example-echo");
+    CHECK(c.models[0].endpoints[1].options_json == R"({"delay_ms":5,"prefix":"x\"y"})");
+    CHECK(c.models[0].profile_options_json == R"({"nested":{"list":[1,2.5,true]},"reasoning":"raw"})");
+    CHECK(c.models[0].upstream_model == "m");
+}
+
+TEST_CASE("listen addresses") {
+    CHECK(parse_listen("127.0.0.1:8800", "x").port == 8800);
+    CHECK(parse_listen("[::1]:9000", "x").host == "::1");
+    CHECK(parse_listen("[::1]:9000", "x").is_loopback());
+    CHECK(parse_listen("127.1.2.3:1", "x").is_loopback());
+    CHECK_FALSE(parse_listen("0.0.0.0:1", "x").is_loopback());
+    CHECK_THROWS_WITH_AS(parse_listen("8800", "ctx"), doctest::Contains("must be HOST:PORT"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_listen("h:99999", "ctx"), doctest::Contains("must be 0-65535"), ConfigError);
+    CHECK_THROWS_WITH_AS(parse_listen("::1:80", "ctx"), doctest::Contains("IPv6 in brackets"), ConfigError);
+}
+
+TEST_CASE("a public listen address needs an API key or an explicit opt-in") {
+    CHECK(error_of("[server]\nlisten = \"0.0.0.0:8800\"\n").find("is not a loopback address and no API key") !=
+          std::string::npos);
+    CHECK(error_of("[server]\nlisten = \"0.0.0.0:8800\"\napi_key = \"k\"\n").empty());
+    CHECK(error_of("[server]\nlisten = \"0.0.0.0:8800\"\nallow_public_without_key = true\n").empty());
+}
+
+TEST_CASE("relative paths resolve against the config file's directory") {
+    pulse::test::TempDir dir;
+    auto f = dir.write("sub/pulse.toml", "[plugins]\ndirs = [\"plugins\"]\n[server]\ntrace_file = \"t.log\"\n");
+    Config c = load_file(f);
+    REQUIRE(c.plugins.dirs.size() == 1);
+    CHECK(c.plugins.dirs[0] == std::filesystem::absolute(dir / "sub/plugins"));
+    CHECK(c.server.trace_file == (std::filesystem::absolute(dir / "sub/t.log")).string());
+}
+
+TEST_CASE("a missing file is a clear error") {
+    CHECK_THROWS_WITH_AS(load_file("/nonexistent/pulse.toml"), doctest::Contains("cannot read the config file"), ConfigError);
+}
+
+TEST_CASE("environment overrides used by existing deployments") {
+    Config c = load_string(std::string(kMinimalModel) + "[models.other]\nprofile = \"llamacpp\"\n"
+                                                        "[[models.other.endpoints]]\nurl = \"http://127.0.0.1:2/v1\"\n",
+                           "t.toml");
+    g_env = {{"PULSE_QWEN_BACKENDS", "spark=http://127.0.0.1:8888/v1,http://127.0.0.1:8889/v1"},
+             {"PULSE_GATEWAY_API_KEY", "sekrit"},
+             {"PULSE_GATEWAY_TRACE_FILE", "/tmp/trace.jsonl"},
+             {"PULSE_GATEWAY_WARMUP_STATE_FILE", "/var/lib/pulse/warm.json"}};
+    apply_env(c, fake_getenv);
+    const Model* m = c.find_model("m");
+    REQUIRE(m->endpoints.size() == 2);
+    CHECK(m->endpoints[0].name == "spark");
+    CHECK(m->endpoints[0].url == "http://127.0.0.1:8888/v1");
+    CHECK(m->endpoints[1].name == "ep1");
+    CHECK(m->endpoints[1].url == "http://127.0.0.1:8889/v1");
+    CHECK(c.find_model("other")->endpoints[0].url == "http://127.0.0.1:2/v1");  // not a qwen38 model
+    CHECK(c.server.api_key == "sekrit");
+    CHECK(c.server.trace_file == "/tmp/trace.jsonl");
+    CHECK(c.warmup.state_file == "/var/lib/pulse/warm.json");
+
+    g_env = {{"PULSE_QWEN_BACKENDS", "spark=localhost:8888"}};
+    CHECK_THROWS_WITH_AS(apply_env(c, fake_getenv), doctest::Contains("must be name=http://host:port/v1"), ConfigError);
+    g_env = {{"PULSE_QWEN_BACKENDS", ",,"}};
+    CHECK_THROWS_WITH_AS(apply_env(c, fake_getenv), doctest::Contains("lists no endpoint"), ConfigError);
+
+    Config none = load_string("", "e.toml");
+    g_env = {{"PULSE_QWEN_BACKENDS", "a=http://127.0.0.1:1/v1"}};
+    CHECK_THROWS_WITH_AS(apply_env(none, fake_getenv), doctest::Contains("no model uses profile \"qwen38\""), ConfigError);
+
+    g_env = {{"PULSE_PLUGIN_DIRS", "/a:/b/c"}};
+    apply_env(none, fake_getenv);
+    REQUIRE(none.plugins.dirs.size() == 2);
+    CHECK(none.plugins.dirs[1] == "/b/c");
+    g_env.clear();
+}
+
+TEST_CASE("an API key from the environment allows a public bind") {
+    Config c = load_string("[server]\nlisten = \"0.0.0.0:8800\"\n", "t.toml");
+    CHECK_THROWS_AS(validate(c), ConfigError);
+    g_env = {{"PULSE_GATEWAY_API_KEY", "k"}};
+    apply_env(c, fake_getenv);
+    CHECK_NOTHROW(validate(c));
+    g_env.clear();
+}

@@ -1,0 +1,360 @@
+// Plugin loading: the good plugins, and the exact one-line message for every broken shape.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "plugin/host_api.h"
+#include "plugin/plugin_manager.h"
+#include "support/temp_dir.h"
+
+namespace fs = std::filesystem;
+using namespace pulse::plugin;
+using pulse::test::TempDir;
+
+namespace {
+
+fs::path built(const std::string& name) {
+    const char* dir = std::getenv("PULSE_TEST_PLUGIN_DIR");
+    REQUIRE_MESSAGE(dir, "PULSE_TEST_PLUGIN_DIR must point at the built test plugins");
+    return fs::path(dir) / (name + ".so");
+}
+
+// A plugin directory holding copies of the named test plugins, mode 0755.
+struct PluginDir {
+    TempDir tmp;
+    explicit PluginDir(std::initializer_list<std::string> names) {
+        for (const auto& n : names) add(n);
+    }
+    fs::path add(const std::string& name, const std::string& as = "") {
+        fs::path dst = tmp / ((as.empty() ? name : as) + ".so");
+        fs::copy_file(built(name), dst, fs::copy_options::overwrite_existing);
+        fs::permissions(dst, fs::perms(0755));
+        return dst;
+    }
+    Options options(std::vector<std::string> require = {}) const {
+        Options o;
+        o.dirs = {tmp.path()};
+        o.require = std::move(require);
+        return o;
+    }
+};
+
+const PluginStatus& only(const PluginManager& pm) {
+    REQUIRE(pm.statuses().size() == 1);
+    return pm.statuses()[0];
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("a good C plugin loads and its controller is registered") {
+    PluginDir dir{"good_minimal"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    const auto& s = only(pm);
+    CHECK(s.state == State::loaded);
+    CHECK(s.id == "test.good-minimal");
+    CHECK(s.version == "1.2.3");
+    CHECK(s.kinds == PULSE_KIND_CONTROLLER);
+    CHECK(s.abi_major == 1);
+    REQUIRE(s.components.size() == 1);
+    CHECK(s.components[0] == "controller test-controller");
+    auto lease = pm.controller("test-controller");
+    REQUIRE(lease);
+    CHECK(lease->plugin_id() == "test.good-minimal");
+    CHECK(pm.fatal_problems().empty());
+
+    // Drive the controller through the host tables.
+    struct Capture : pulse_output {
+        std::string text;
+        void write(std::string_view t) override { text += t; }
+    } out;
+    pulse_call call;
+    void* ctl = nullptr;
+    const auto& vt = lease->registration.controller;
+    REQUIRE(vt.create(lease->registration.user, &call, nullptr, &ctl) == PULSE_OK);
+    pulse_str_t argv[] = {{"up", 2}, {"best", 4}};
+    int32_t code = -1;
+    REQUIRE(vt.command(ctl, &call, 2, argv, &out, &code) == PULSE_OK);
+    CHECK(out.text == "args: up best\n");
+    CHECK(code == 2);
+    vt.destroy(ctl);
+}
+
+TEST_CASE("a C++ plugin through plugin.hpp: translation profile driven through the host JSON API") {
+    PluginDir dir{"good_cpp"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(only(pm).state == State::loaded);
+    CHECK(contains(only(pm).build_info, "C++"));
+    auto lease = pm.translation("test-profile");
+    REQUIRE(lease);
+    const auto& vt = lease->registration.translation;
+    CHECK(vt.struct_size == sizeof(pulse_translation_vt_t));
+    const bool has_map_error = vt.map_error != nullptr;  // an optional hook this profile leaves out
+    CHECK_FALSE(has_map_error);
+
+    rapidjson::Document opts;
+    opts.Parse(R"({"prefix":">> "})");
+    pulse_call call;
+    void* inst = nullptr;
+    REQUIRE(vt.create(lease->registration.user, &call, pulse::host::view(&opts), &inst) == PULSE_OK);
+
+    rapidjson::Document req;
+    req.Parse(R"({"model":"m","input":"hello \"world\""})");
+    pulse_upstream_req out;
+    REQUIRE(vt.build_request(inst, &call, pulse::host::view(&req), nullptr, &out) == PULSE_OK);
+    CHECK(out.body.text() == R"({"prompt":"hello \"world\""})");
+
+    struct Deltas : pulse_delta_sink {
+        std::string got_text;
+        int got_finish = -1;
+        pulse_status_t text(std::string_view t) override { got_text += t; return PULSE_OK; }
+        pulse_status_t reasoning(std::string_view) override { return PULSE_OK; }
+        pulse_status_t tool_begin(uint32_t, pulse_tool_kind_t, std::string_view, std::string_view, std::string_view) override { return PULSE_OK; }
+        pulse_status_t tool_args(uint32_t, std::string_view) override { return PULSE_OK; }
+        pulse_status_t tool_end(uint32_t) override { return PULSE_OK; }
+        pulse_status_t finish(pulse_finish_t r) override { got_finish = r; return PULSE_OK; }
+        pulse_status_t usage(const pulse_usage_t&) override { return PULSE_OK; }
+        pulse_status_t error(pulse_status_t, std::string_view) override { return PULSE_OK; }
+    } sink;
+    void* stream = nullptr;
+    REQUIRE(vt.stream_open(inst, &call, pulse::host::view(&req), &stream) == PULSE_OK);
+    REQUIRE(vt.stream_feed(stream, &call, {"abc", 3}, &sink) == PULSE_OK);
+    REQUIRE(vt.stream_finish(stream, &call, PULSE_STREAM_CLEAN, &sink) == PULSE_OK);
+    vt.stream_close(stream);
+    CHECK(sink.got_text == ">> abc");
+    CHECK(sink.got_finish == PULSE_FINISH_STOP);
+
+    // The plugin's own validation error comes back through set_error.
+    rapidjson::Document bad;
+    bad.Parse("[1]");
+    pulse_call call2;
+    void* inst2 = nullptr;
+    CHECK(vt.create(lease->registration.user, &call2, pulse::host::view(&bad), &inst2) == PULSE_E_INVALID_ARGUMENT);
+    CHECK(call2.message == "profile options must be a table");
+    vt.destroy(inst);
+}
+
+TEST_CASE("a plugin built for ABI v2 is rejected at pre-flight") {
+    PluginDir dir{"entry_v2_only"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    const auto& s = only(pm);
+    CHECK(s.state == State::rejected);
+    CHECK(s.reason == "built for Pulse plugin ABI v2, this host speaks v1 (fix: install the v1 build of the plugin, "
+                      "or a Pulse that speaks v2)");
+    CHECK(s.describe() == "plugin " + (dir.tmp / "entry_v2_only.so").string() + ": rejected: " + s.reason);
+}
+
+TEST_CASE("a plugin requiring a newer minor is rejected with the remedy") {
+    PluginDir dir{"needs_newer_minor"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    const auto& s = only(pm);
+    CHECK(s.state == State::rejected);
+    CHECK(s.id == "test.needs-newer-minor");
+    CHECK(s.reason == "requires host plugin ABI >= 1.99, this host is 1.0 (fix: upgrade Pulse, or rebuild the plugin "
+                      "with PULSE_TARGET_ABI_MINOR=0)");
+    CHECK(contains(s.describe(), "(test.needs-newer-minor 0.0.1): rejected: requires host plugin ABI >= 1.99"));
+}
+
+TEST_CASE("a shared object without the entry point") {
+    PluginDir dir{"missing_entry"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    CHECK(only(pm).state == State::rejected);
+    CHECK(only(pm).reason ==
+          "no entry point: expected an exported symbol pulse_plugin_entry_v1, found none (fix: define it with "
+          "PULSE_EXPORT, or remove the file if it is not a Pulse plugin)");
+}
+
+TEST_CASE("a file that is not ELF") {
+    TempDir tmp;
+    auto f = tmp.write("notes.so", "this is not a library\n");
+    fs::permissions(f, fs::perms(0644));
+    Options o;
+    o.dirs = {tmp.path()};
+    PluginManager pm(o);
+    pm.load_all();
+    CHECK(only(pm).state == State::rejected);
+    CHECK(contains(only(pm).reason, "not an ELF shared object: expected the ELF magic"));
+}
+
+TEST_CASE("init failures: with a message, without one, and a thrown exception") {
+    PluginDir dir{"init_fails_with_message", "init_fails_without_message", "throws_in_init"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(pm.statuses().size() == 3);
+    for (const auto& s : pm.statuses()) {
+        CAPTURE(s.describe());
+        CHECK(s.state == State::failed);
+        if (s.id == "test.init-fails-with-message")
+            CHECK(s.reason == "init failed: model directory /nonexistent is missing");
+        else if (s.id == "test.init-fails-without-message")
+            CHECK(s.reason == "init failed: plugin 'test.init-fails-without-message' returned INTERNAL (-7) without an "
+                              "error message (plugin bug)");
+        else
+            CHECK(s.reason == "init failed: boom from init");
+    }
+    CHECK(pm.component_names(PULSE_KIND_TRANSLATION).empty());
+    CHECK(pm.fatal_problems().empty());  // none of them is required
+}
+
+TEST_CASE("required plugins that fail stop startup; optional ones are skipped") {
+    PluginDir dir{"init_fails_with_message", "good_minimal"};
+    PluginManager pm(dir.options({"test.init-fails-with-message", "test.not-installed"}));
+    pm.load_all();
+    auto fatal = pm.fatal_problems();
+    REQUIRE(fatal.size() == 2);
+    CHECK(contains(fatal[0], "(test.init-fails-with-message 0.0.1): failed: init failed"));
+    CHECK(contains(fatal[1], "required plugin 'test.not-installed' was not found in the plugin directories (searched: " +
+                                 dir.tmp.path().string() + ")"));
+    CHECK(pm.controller("test-controller"));
+}
+
+TEST_CASE("duplicate plugin ids are refused naming both paths") {
+    PluginDir dir{"good_minimal", "good_minimal_dup"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(pm.statuses().size() == 2);
+    CHECK(pm.statuses()[0].state == State::loaded);
+    const auto& dup = pm.statuses()[1];
+    CHECK(dup.state == State::rejected);
+    CHECK(dup.reason == "duplicate plugin id 'test.good-minimal': already loaded from " +
+                            (dir.tmp / "good_minimal.so").string() + " (fix: remove one of the two files)");
+    CHECK(contains(dup.describe(), (dir.tmp / "good_minimal_dup.so").string()));
+}
+
+TEST_CASE("two plugins providing the same component name") {
+    PluginDir dir{"good_minimal", "good_minimal_other"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(pm.statuses().size() == 2);
+    CHECK(pm.statuses()[1].state == State::failed);
+    CHECK(contains(pm.statuses()[1].reason, "controller 'test-controller' is already provided by plugin test.good-minimal"));
+    CHECK(pm.controller("test-controller")->plugin_id() == "test.good-minimal");
+}
+
+TEST_CASE("plugin files writable by group or others are refused with the fix") {
+    PluginDir dir{};
+    auto f = dir.add("good_minimal");
+    fs::permissions(f, fs::perms(0666));
+    PluginManager pm(dir.options());
+    pm.load_all();
+    CHECK(only(pm).state == State::rejected);
+    CHECK(only(pm).reason == "file mode: expected not writable by group or others, found 0666 (fix: chmod go-w " +
+                                 f.string() + ")");
+    CHECK(pm.controller("test-controller") == nullptr);
+}
+
+TEST_CASE("a plugin directory writable by others is ignored whole") {
+    PluginDir dir{"good_minimal"};
+    fs::permissions(dir.tmp.path(), fs::perms(0777));
+    PluginManager pm(dir.options());
+    pm.load_all();
+    CHECK(only(pm).state == State::rejected);
+    CHECK(contains(only(pm).reason, "whole directory ignored: directory mode: expected not writable by group or others, found 0777"));
+    fs::permissions(dir.tmp.path(), fs::perms(0700));
+}
+
+TEST_CASE("plugin files owned by another user are refused") {
+    if (geteuid() != 0) {
+        MESSAGE("not root: cannot chown a file to another user here; this case runs in CI (root)");
+        return;
+    }
+    PluginDir dir{};
+    auto f = dir.add("good_minimal");
+    REQUIRE(chown(f.c_str(), 65534, 65534) == 0);
+    PluginManager pm(dir.options());
+    pm.load_all();
+    CHECK(only(pm).state == State::rejected);
+    CHECK(contains(only(pm).reason, "file owner: expected root or the service user"));
+    CHECK(contains(only(pm).reason, "(fix: chown root " + f.string() + ")"));
+}
+
+TEST_CASE("probe returning false: skipped when optional, failed when required") {
+    {
+        PluginDir dir{"probe_returns_zero"};
+        PluginManager pm(dir.options());
+        pm.load_all();
+        CHECK(only(pm).state == State::skipped);
+        CHECK(only(pm).reason == "not available on this system: no CUDA driver found");
+        CHECK(pm.fatal_problems().empty());
+    }
+    {
+        PluginDir dir{"probe_returns_zero"};
+        PluginManager pm(dir.options({"test.probe-returns-zero"}));
+        pm.load_all();
+        CHECK(only(pm).state == State::failed);
+        CHECK(pm.fatal_problems().size() == 1);
+    }
+}
+
+TEST_CASE("invalid ids and undeclared component kinds") {
+    PluginDir dir{"bad_id", "registers_undeclared_kind"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(pm.statuses().size() == 2);
+    CHECK(pm.statuses()[0].state == State::rejected);
+    CHECK(pm.statuses()[0].reason == "id: expected 1-128 characters of [a-z0-9._-], found 'Bad ID!'");
+    CHECK(pm.statuses()[1].state == State::failed);
+    CHECK(pm.statuses()[1].reason ==
+          "registration failed: registered a backend ('sneaky') but the plugin info does not declare that kind");
+    CHECK(pm.backend("sneaky") == nullptr);
+}
+
+TEST_CASE("missing plugin directories are not fatal; drop-ins are optional") {
+    Options o;
+    o.dirs = {"/nonexistent/pulse/plugins"};
+    o.dropin_dirs = {"/nonexistent/pulse/plugins.d"};
+    PluginManager pm(o);
+    pm.load_all();
+    CHECK(pm.statuses().empty());
+    CHECK(pm.fatal_problems().empty());
+}
+
+TEST_CASE("the SDK example backend loads and streams Chat Completions chunks") {
+    PluginDir dir{"example_echo"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(only(pm).state == State::loaded);
+    auto lease = pm.backend("example-echo");
+    REQUIRE(lease);
+    const auto& vt = lease->registration.backend;
+    pulse_call call;
+    void* be = nullptr;
+    REQUIRE(vt.create(lease->registration.user, &call, nullptr, &be) == PULSE_OK);
+    rapidjson::Document req;
+    req.Parse(R"({"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hi there"}]})");
+    void* st = nullptr;
+    REQUIRE(vt.stream_start(be, &call, pulse::host::view(&req), &st) == PULSE_OK);
+    struct Chunks : pulse_chunk_sink {
+        std::vector<std::string> got;
+        pulse_status_t data(std::string_view p) override { got.emplace_back(p); return PULSE_OK; }
+    } sink;
+    pulse_status_t rc;
+    int guard = 0;
+    while ((rc = vt.stream_next(st, &call, 1000, &sink)) == PULSE_OK && ++guard < 100) {
+    }
+    CHECK(rc == PULSE_END);
+    vt.stream_close(st);
+    REQUIRE(sink.got.size() == 6);  // role, "echo: ", "hi ", "there", finish, usage
+    CHECK(contains(sink.got[0], R"("role":"assistant")"));
+    CHECK(contains(sink.got[2], R"("content":"hi ")"));
+    CHECK(contains(sink.got[4], R"("finish_reason":"stop")"));
+    CHECK(contains(sink.got[5], R"("usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6})"));
+
+    rapidjson::Document bad;
+    bad.Parse(R"({"delay":1})");
+    void* be2 = nullptr;
+    pulse_call call2;
+    CHECK(vt.create(lease->registration.user, &call2, pulse::host::view(&bad), &be2) == PULSE_E_INVALID_ARGUMENT);
+    CHECK(contains(call2.message, "unknown or mistyped option 'delay'"));
+    vt.destroy(be);
+}
