@@ -305,6 +305,8 @@ int cmd_serve(const Args& a) {
         return kExitPlugin;
     }
 
+    gw.start();  // profile and backend instances; a rejected option is a config error (exit 3)
+
     server::HttpServer http(cfg.server, [&gw](auto& req, auto& resp) { gw.handle(req, resp); });
     try {
         http.start();

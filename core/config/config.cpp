@@ -262,6 +262,9 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
     t.str("profile", m.profile);
     t.str("upstream_model", m.upstream_model);
     t.integer("context_window", m.context_window, 0, int64_t(1) << 32);
+    t.str("reasoning_output", m.reasoning_output);
+    if (m.reasoning_output != "summary" && m.reasoning_output != "raw" && m.reasoning_output != "both")
+        t.fail(*mt.get("reasoning_output"), "'" + t.qualified("reasoning_output") + "' must be \"summary\", \"raw\" or \"both\"");
     if (const toml::array* eps = t.array("endpoints")) {
         for (size_t i = 0; i < eps->size(); ++i)
             m.endpoints.push_back(parse_endpoint(*eps->get(i), t.qualified("endpoints"), file, i));

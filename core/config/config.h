@@ -41,6 +41,9 @@ struct Model {
     std::vector<Endpoint> endpoints;  // failover order
     Sampling sampling;
     std::string profile_options_json = "null";  // [models.X.profile_options] as JSON
+    // How model reasoning reaches the client: "summary" (shown by Codex by default), "raw"
+    // (reasoning_text events, shown only with show_raw_agent_reasoning) or "both".
+    std::string reasoning_output = "summary";
 };
 
 struct Listen {

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <new>
 
 #include "common/log.h"
@@ -224,6 +225,20 @@ const pulse_json_t* j_parse(pulse_call_t* call, pulse_str_t text) {
     }
 }
 
+size_t j_serialize(const pulse_json_t* v, char* buf, size_t cap) {
+    if (!v) return 0;
+    try {
+        rapidjson::StringBuffer b;
+        rapidjson::Writer<rapidjson::StringBuffer> w(b);
+        unview(v)->Accept(w);
+        size_t n = b.GetSize();
+        if (buf && cap) std::memcpy(buf, b.GetString(), std::min(n, cap));
+        return n;
+    } catch (...) {
+        return 0;
+    }
+}
+
 // ---- deltas, chunks, requests, output: forward to the host's C++ interfaces ----
 template <class F>
 pulse_status_t fwd(F&& f) {
@@ -294,7 +309,7 @@ const void* h_get_extension(pulse_host_ctx_t*, const char*) { return nullptr; }
 const pulse_json_api_t kJson = {
     sizeof(pulse_json_api_t), j_kind, j_member, j_size, j_at, j_member_at, j_get_string, j_get_i64,
     j_get_f64, j_get_bool, w_begin_object, w_end_object, w_begin_array, w_end_array, w_key, w_string,
-    w_i64, w_f64, w_bool, w_null, w_raw, w_copy, j_parse,
+    w_i64, w_f64, w_bool, w_null, w_raw, w_copy, j_parse, j_serialize,
 };
 const pulse_delta_api_t kDelta = {
     sizeof(pulse_delta_api_t), d_text, d_reasoning, d_tool_begin, d_tool_args, d_tool_end, d_finish, d_usage, d_error,

@@ -187,6 +187,9 @@ typedef struct pulse_json_api {
     /* Parse `text` into a host-owned document and hand out a view of it. The document lives
      * until the current call returns. NULL on invalid JSON (and `err` gets the reason). */
     const pulse_json_t* (*parse)(pulse_call_t* call, pulse_str_t text);
+    /* Compact JSON text of a view into buf (capacity cap, not NUL-terminated). Returns the full
+     * length: call with cap 0 to size the buffer. */
+    size_t (*serialize)(const pulse_json_t* v, char* buf, size_t cap);
 } pulse_json_api_t;
 
 /* ---------------------------------------------------------------------------------------- */

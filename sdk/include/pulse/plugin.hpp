@@ -99,6 +99,13 @@ public:
         return std::nullopt;
     }
     std::string_view string_or(std::string_view d) const { return string().value_or(d); }
+    // Compact JSON text of this value ("" when absent).
+    std::string dump() const {
+        if (!v_) return {};
+        std::string out(api_->serialize(v_, nullptr, 0), '\0');
+        api_->serialize(v_, out.data(), out.size());
+        return out;
+    }
 
     const pulse_json_t* raw() const { return v_; }
     const pulse_json_api_t* api() const { return api_; }

@@ -1,0 +1,103 @@
+// Turns a translation profile's normalized deltas into Responses API events, with everything
+// the protocol requires: ids, output_index / content_index / summary_index, sequence_number,
+// added -> deltas -> done for every item, exactly one terminal event, and usage.
+//
+// The builder is the host's pulse_delta_sink: profiles call it through the delta table.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plugin/host_api.h"
+
+namespace pulse::gateway {
+
+enum class ReasoningOutput { summary, raw, both };
+
+class ResponseBuilder : public pulse_delta_sink {
+public:
+    // `emit(type, json)` receives each event in order (the SSE writer, or nothing for a
+    // non-streaming response).
+    using Emit = std::function<void(std::string_view type, const std::string& json)>;
+
+    ResponseBuilder(std::string response_id, std::string model, ReasoningOutput reasoning, Emit emit);
+
+    // response.created + response.in_progress.
+    void start();
+    // A keepalive: another response.in_progress (resets Codex's idle timer; comments do not).
+    void keepalive();
+
+    // pulse_delta_sink
+    pulse_status_t text(std::string_view t) override;
+    pulse_status_t reasoning(std::string_view t) override;
+    pulse_status_t tool_begin(uint32_t index, pulse_tool_kind_t kind, std::string_view call_id, std::string_view name,
+                              std::string_view ns) override;
+    pulse_status_t tool_args(uint32_t index, std::string_view fragment) override;
+    pulse_status_t tool_end(uint32_t index) override;
+    pulse_status_t finish(pulse_finish_t reason) override;
+    pulse_status_t usage(const pulse_usage_t& u) override;
+    pulse_status_t error(pulse_status_t status, std::string_view message) override;
+
+    // Ends the response with exactly one terminal event. `how` says how the upstream ended;
+    // an error recorded earlier (error()) wins. Returns the terminal status name.
+    std::string end(pulse_stream_end_t how, std::string_view truncation_reason = {});
+    // Fails the response with a message (profile error, backend failure after acceptance).
+    void fail(pulse_status_t status, std::string_view message);
+
+    bool started() const { return started_; }
+    bool ended() const { return ended_; }
+    // True once anything beyond created/in_progress went out (no retry after that).
+    bool has_output() const { return has_output_; }
+    // The final Response object (for non-streaming clients), valid after end()/fail().
+    const std::string& final_response() const { return final_; }
+    const std::string& id() const { return id_; }
+
+    struct Usage {
+        int64_t input = 0, cached = 0, output = 0, reasoning = 0;
+        bool reported = false;
+    };
+    const Usage& usage_totals() const { return usage_; }
+    // The error a failed response carried (status and message), if any.
+    std::optional<std::pair<pulse_status_t, std::string>> failure() const { return failure_; }
+
+private:
+    struct Item {
+        enum Type { message, reasoning, function_call, custom_tool_call } type;
+        std::string id;
+        std::string text;     // message text
+        std::string summary;  // reasoning summary text
+        std::string raw;      // reasoning raw text
+        std::string name, ns, call_id, args;
+        uint32_t tool_index = 0;
+        bool open = true;
+        bool summary_started = false, raw_started = false;
+    };
+
+    Item& open_item(Item::Type type);
+    void close_current();
+    void close_item(size_t index);
+    std::string item_json(const Item& it, bool done) const;
+    std::string response_json(std::string_view status, bool terminal) const;
+    void event(std::string_view type, const std::function<void(class JsonOut&)>& body);
+    std::string new_call_id();
+
+    std::string id_, model_;
+    ReasoningOutput reasoning_mode_;
+    Emit emit_;
+    int64_t created_at_;
+    uint64_t seq_ = 0;
+    std::vector<Item> items_;
+    std::optional<size_t> current_;  // index of the open message/reasoning/tool item
+    std::optional<pulse_finish_t> finish_;
+    std::optional<std::pair<pulse_status_t, std::string>> failure_;
+    std::optional<std::string> incomplete_reason_;
+    Usage usage_;
+    std::string final_;
+    bool started_ = false, ended_ = false, has_output_ = false;
+    uint32_t call_counter_ = 0;
+};
+
+}  // namespace pulse::gateway

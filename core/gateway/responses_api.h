@@ -1,0 +1,27 @@
+// Validation of incoming Responses API requests: the host's half of "bad input gets a clear
+// 4xx". The profile never sees a request that fails these checks.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <rapidjson/document.h>
+
+namespace pulse::gateway {
+
+struct RequestError {
+    int http_status = 400;
+    std::string message;
+    std::string param;  // the offending field, e.g. "input[3].type"
+    std::string code;   // e.g. "unsupported_parameter"
+};
+
+// Parses a request body. Rejects invalid JSON, invalid UTF-8 and nesting deeper than
+// `max_depth` (iterative parser: a hostile body cannot overflow the stack).
+std::optional<RequestError> parse_body(std::string_view body, rapidjson::Document& doc, int max_depth = 128);
+
+// Checks the shape of a Responses request: statelessness rules, types, item types.
+std::optional<RequestError> validate_request(const rapidjson::Value& req);
+
+}  // namespace pulse::gateway

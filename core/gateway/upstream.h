@@ -1,0 +1,62 @@
+// The one interface through which the gateway talks to a backend, whether it is an HTTP
+// endpoint (vLLM, llama-server) or an in-process backend plugin. Failover, retry and keepalive
+// see only this.
+#pragma once
+
+#include <pulse/plugin.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "config/config.h"
+#include "plugin/host_api.h"
+#include "plugin/plugin_manager.h"
+
+namespace pulse::gateway {
+
+struct UpEvent {
+    enum class Kind {
+        timeout,   // nothing within the wait; the caller may send a keepalive and ask again
+        accepted,  // the backend took the request (HTTP 200 / stream_start succeeded)
+        rejected,  // the backend refused it: `http_status` + `text` (body) or `status` + `text`
+        data,      // one SSE data payload (a Chat Completions chunk)
+        done,      // the terminal marker ([DONE] / PULSE_END)
+        failed,    // transport failure: before acceptance (`before_accept`) or mid-stream
+    };
+    Kind kind = Kind::timeout;
+    int http_status = 0;
+    pulse_status_t status = PULSE_OK;
+    std::string text;
+    bool before_accept = false;
+};
+
+class UpstreamStream {
+public:
+    virtual ~UpstreamStream() = default;
+    // Waits up to `wait` for the next event.
+    virtual UpEvent next(std::chrono::milliseconds wait) = 0;
+    // Any thread; makes the backend stop work for this request promptly.
+    virtual void cancel() = 0;
+};
+
+// POSTs `req` to the endpoint. Connect, send and the wait for the response all happen on a
+// reader thread, so the caller can keep the client alive while it waits.
+std::unique_ptr<UpstreamStream> open_http(const config::Endpoint& ep, const pulse_upstream_req& req,
+                                          const config::Upstream& timeouts);
+
+// A backend plugin instance (one per endpoint that names it).
+class BackendInstance {
+public:
+    BackendInstance(plugin::ComponentLease lease, const std::string& options_json);
+    ~BackendInstance();
+    std::unique_ptr<UpstreamStream> open(const std::string& request_json, const std::string& request_id);
+    const std::string& name() const { return lease_->registration.name; }
+
+private:
+    plugin::ComponentLease lease_;
+    void* backend_ = nullptr;
+};
+
+}  // namespace pulse::gateway

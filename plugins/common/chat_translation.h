@@ -1,0 +1,108 @@
+// Responses API <-> OpenAI Chat Completions translation, shared by the translation profiles
+// that talk to Chat Completions backends (qwen38 for vLLM, llamacpp for llama-server).
+// Profiles differ only in their Options and in small dialect hooks; the logic lives here once.
+//
+// Compiled into each profile plugin (a static library with hidden symbols): nothing here
+// crosses the ABI; it reads requests through the host's JSON views and writes through the
+// host's writer and delta sink.
+#pragma once
+
+#include <pulse/plugin.hpp>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pulse::chat {
+
+// How the model's thinking is switched per request.
+enum class Thinking { effort, on, off };
+// How tool_choice "required" / named is enforced.
+enum class ForceMode { schema, native };
+
+struct Options {
+    Thinking thinking = Thinking::effort;
+    ForceMode force = ForceMode::schema;
+    std::string ns_separator = "__";
+    bool pass_images = true;
+    // Extra chat_template_kwargs from the profile options (raw JSON object text), merged under
+    // the per-request enable_thinking.
+    std::string template_kwargs_json;
+    // Dialect: which field carries reasoning in history replays.
+    std::string history_reasoning_field = "reasoning_content";
+    // llama-server extras: "cache_prompt": true and a stable id_slot per prompt_cache_key.
+    bool cache_prompt = false;
+    int64_t slots = 0;  // 0 = don't pin slots
+
+    // Parses [models.X.profile_options]; throws pulse::Error(INVALID_ARGUMENT) naming the key.
+    // `allowed_extra` lists dialect-specific keys the caller handles itself.
+    static Options parse(const Json& cfg, std::string_view profile);
+};
+
+// What the backend saw a tool as, to map calls back.
+struct ToolInfo {
+    std::string name;       // as Codex knows it
+    std::string ns;         // namespace ("" for none)
+    bool custom = false;    // a `custom` (freeform) tool: call carries raw `input`
+};
+using ToolMap = std::map<std::string, ToolInfo>;  // keyed by the backend-side (flattened) name
+
+// The forced tool choice of a request.
+struct Forced {
+    bool active = false;           // "required" or named
+    std::string only;              // backend-side name for a named choice
+};
+
+// Everything the response side needs to know about the request.
+struct RequestInfo {
+    ToolMap tools;
+    Forced forced;
+    std::vector<std::string> dropped_tools;  // e.g. "web_search"
+};
+
+// Reads tools and tool_choice (used by build_request and by stream_open).
+RequestInfo request_info(const Options& opt, const Json& req);
+
+// Writes the Chat Completions body for a Responses request. `model` is the host's model view
+// ({id, upstream_model, sampling{...}, context_window}). Throws pulse::Error.
+// Invalid history arguments are replaced (and logged through `log`), never sent through broken.
+void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
+                   const Json& model, const RequestInfo& info, Writer& w, const Log& log);
+
+// Streaming side: one upstream payload at a time -> deltas.
+class ChunkTranslator {
+public:
+    ChunkTranslator(const pulse_host_api_t* host, RequestInfo info) : host_(host), info_(std::move(info)) {}
+
+    // One SSE `data` payload (a chunk, or {"error":...}).
+    pulse_status_t feed(pulse_call_t* call, std::string_view data, pulse_delta_sink_t* sink);
+    // The upstream ended.
+    pulse_status_t finish(pulse_call_t* call, pulse_stream_end_t how, pulse_delta_sink_t* sink);
+
+private:
+    struct PendingCall {
+        std::string id, name, args;
+    };
+    pulse_status_t flush_calls(pulse_call_t* call, pulse_delta_sink_t* sink);
+    pulse_status_t emit_call(pulse_call_t* call, pulse_delta_sink_t* sink, uint32_t index, const std::string& backend_name,
+                             const std::string& args);
+
+    const pulse_host_api_t* host_;
+    RequestInfo info_;
+    std::map<uint32_t, PendingCall> calls_;  // by Chat Completions tool_call index
+    std::string forced_content_;            // schema-forced output is JSON in content
+    std::optional<pulse_finish_t> finish_;
+    uint32_t emitted_calls_ = 0;
+    bool usage_seen_ = false;
+};
+
+// Classifies an upstream HTTP error body (vLLM and llama-server shapes).
+pulse_status_t map_http_error(const pulse_host_api_t* host, pulse_call_t* call, int32_t status, std::string_view body);
+
+// Adds the `*** Begin Patch` / `*** End Patch` lines a model sometimes forgets.
+std::string repair_patch(std::string_view input);
+
+}  // namespace pulse::chat
