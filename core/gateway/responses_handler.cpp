@@ -77,21 +77,27 @@ void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServer
 
     // ---- body: bounded, then parsed and validated before anything else happens ----
     const int64_t limit = cfg_.server.max_body_bytes;
+    auto too_large = [&](const std::string& size) {
+        // Read (and drop) what the client is still sending, up to a bound, so it sees the 413
+        // instead of a reset connection; then close.
+        std::istream& in = req.stream();
+        char sink[65536];
+        int64_t drained = 0;
+        while (drained < 64 * 1024 * 1024 && in.read(sink, sizeof sink).gcount() > 0) drained += in.gcount();
+        resp.setKeepAlive(false);
+        send_error(resp, 413, "invalid_request_error",
+                   "request body " + size + "is over the limit of " + std::to_string(limit) + " bytes (server.max_body_bytes)",
+                   {}, "request_too_large");
+    };
     if (req.hasContentLength() && req.getContentLength64() > limit)
-        return send_error(resp, 413, "invalid_request_error",
-                          "request body of " + std::to_string(req.getContentLength64()) + " bytes is over the limit of " +
-                              std::to_string(limit) + " (server.max_body_bytes)",
-                          {}, "request_too_large");
+        return too_large("of " + std::to_string(req.getContentLength64()) + " bytes ");
     std::string body;
     {
         std::istream& in = req.stream();
         char buf[65536];
         while (in.read(buf, sizeof buf) || in.gcount() > 0) {
             body.append(buf, static_cast<size_t>(in.gcount()));
-            if (static_cast<int64_t>(body.size()) > limit)
-                return send_error(resp, 413, "invalid_request_error",
-                                  "request body is over the limit of " + std::to_string(limit) + " bytes (server.max_body_bytes)",
-                                  {}, "request_too_large");
+            if (static_cast<int64_t>(body.size()) > limit) return too_large("");
         }
     }
     rapidjson::Document doc;

@@ -85,6 +85,12 @@ public:
     }
 
     std::string stderr_so_far() const { return read_file(err_); }
+    std::string stdout_so_far() const { return read_file(out_); }
+    bool running() {
+        if (pid_ <= 0 || done_) return false;
+        int status;
+        return waitpid(pid_, &status, WNOHANG) == 0;
+    }
 
 private:
     TempDir dir_;

@@ -1,0 +1,261 @@
+// A fake vLLM OpenAI-compatible server for tests. It reproduces vLLM's streaming shape (role
+// chunk with empty content, `reasoning` deltas, tool calls whose first delta carries id/type/
+// name and whose arguments arrive in fragments, a finish chunk, a usage chunk with
+// `choices: []`, then `data: [DONE]`), and follows a script.
+//
+//   fake_vllm --script FILE [--port N] [--record FILE] [--flavor vllm|llamacpp]
+//
+// The script is JSON: {"turns": [TURN, ...], "split": 8, "delay_ms": 0}. The turn for a request
+// is chosen by how many `tool` messages the request carries (so a client retry gets the same
+// turn), clamped to the last. A TURN may hold:
+//   "reasoning": text           streamed as `reasoning` deltas (`reasoning_content` if
+//                               "reasoning_field" says so)
+//   "content": text             streamed as content deltas, a word at a time
+//   "tool_calls": [{"name", "arguments": object or raw string}]
+//   "finish_reason": string     default "tool_calls" when there are calls, else "stop"
+//   "status": N, "body": text   answer HTTP N with that body instead of streaming
+//   "stream_error": text        after the role chunk, send {"error":{...}} then [DONE]
+//   "truncate": true            close the stream without [DONE]
+//   "delay_ms": N               pause before each chunk (and "first_delay_ms" before the first)
+//   "usage": {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"}
+// Each request body is appended to --record as one JSON line, followed by a line
+// {"served": N, "chunks": K, "client_gone": bool} once the response ends.
+#include <Poco/Net/HTTPRequestHandler.h>
+#include <Poco/Net/HTTPRequestHandlerFactory.h>
+#include <Poco/Net/HTTPServer.h>
+#include <Poco/Net/HTTPServerParams.h>
+#include <Poco/Net/HTTPServerRequest.h>
+#include <Poco/Net/HTTPServerResponse.h>
+#include <Poco/Net/ServerSocket.h>
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace {
+
+rapidjson::Document g_script;
+std::string g_record;
+std::string g_flavor = "vllm";
+std::mutex g_record_mutex;
+std::atomic<int> g_served{0};
+
+std::string dump(const rapidjson::Value& v) {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    v.Accept(w);
+    return {b.GetString(), b.GetSize()};
+}
+
+std::string quote(const std::string& s) {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.String(s.c_str(), static_cast<rapidjson::SizeType>(s.size()));
+    return {b.GetString(), b.GetSize()};
+}
+
+void record(const std::string& line) {
+    if (g_record.empty()) return;
+    std::lock_guard lock(g_record_mutex);
+    std::ofstream(g_record, std::ios::app) << line << "\n";
+}
+
+int64_t get_int(const rapidjson::Value& o, const char* k, int64_t d) {
+    auto it = o.FindMember(k);
+    return it != o.MemberEnd() && it->value.IsInt64() ? it->value.GetInt64() : d;
+}
+std::string get_str(const rapidjson::Value& o, const char* k, const std::string& d = "") {
+    auto it = o.FindMember(k);
+    return it != o.MemberEnd() && it->value.IsString() ? it->value.GetString() : d;
+}
+
+// Splits text into word-sized pieces, keeping the spaces.
+std::vector<std::string> words(const std::string& text) {
+    std::vector<std::string> out;
+    size_t pos = 0;
+    while (pos < text.size()) {
+        size_t end = text.find(' ', pos);
+        end = end == std::string::npos ? text.size() : end + 1;
+        out.push_back(text.substr(pos, end - pos));
+        pos = end;
+    }
+    return out;
+}
+
+class Handler : public Poco::Net::HTTPRequestHandler {
+public:
+    void handleRequest(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) override {
+        std::string path = req.getURI();
+        if (req.getMethod() == "GET") {
+            if (path == "/health") {
+                resp.setStatus(Poco::Net::HTTPResponse::HTTP_OK);
+                resp.setContentLength(0);
+                resp.send();
+                return;
+            }
+            std::string body = R"({"object":"list","data":[{"id":"fake","object":"model","owned_by":"vllm","max_model_len":262144}]})";
+            resp.setContentType("application/json");
+            resp.sendBuffer(body.data(), body.size());
+            return;
+        }
+        std::string body((std::istreambuf_iterator<char>(req.stream())), {});
+        record(body);
+        rapidjson::Document rq;
+        rq.Parse(body.c_str());
+        int tools_seen = 0;
+        if (rq.IsObject() && rq.HasMember("messages") && rq["messages"].IsArray())
+            for (const auto& m : rq["messages"].GetArray())
+                if (m.IsObject() && get_str(m, "role") == "tool") ++tools_seen;
+        const auto& turns = g_script["turns"];
+        const auto& turn = turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
+        int served = ++g_served;
+
+        if (int64_t status = get_int(turn, "status", 0)) {
+            std::string b = get_str(turn, "body", R"({"error":{"message":"scripted failure","type":"ServiceUnavailable","code":503}})");
+            resp.setStatus(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(status));
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            record(R"({"served":)" + std::to_string(served) + R"(,"status":)" + std::to_string(status) + "}");
+            return;
+        }
+
+        resp.setStatus(Poco::Net::HTTPResponse::HTTP_OK);
+        resp.setContentType("text/event-stream");
+        resp.setChunkedTransferEncoding(true);
+        std::ostream& out = resp.send();
+        int64_t delay = get_int(turn, "delay_ms", get_int(g_script, "delay_ms", 0));
+        int64_t first_delay = get_int(turn, "first_delay_ms", 0);
+        size_t split = static_cast<size_t>(get_int(g_script, "split", 8));
+        std::string model = rq.IsObject() ? get_str(rq, "model", "fake") : "fake";
+        std::string head = R"({"id":"chatcmpl-fake)" + std::to_string(served) +
+                           R"(","object":"chat.completion.chunk","created":1790000000,"model":)" + quote(model) + R"(,"choices":)";
+        int chunks = 0;
+        bool gone = false;
+        auto send = [&](const std::string& data) {
+            if (gone) return;
+            if (chunks == 0 && first_delay) std::this_thread::sleep_for(std::chrono::milliseconds(first_delay));
+            else if (delay) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+            out << "data: " << data << "\n\n";
+            out.flush();
+            if (!out.good()) gone = true;
+            else ++chunks;
+        };
+        auto delta = [&](const std::string& d, const std::string& finish = "null") {
+            send(head + R"([{"index":0,"delta":)" + d + R"(,"logprobs":null,"finish_reason":)" + finish + "}]}");
+        };
+
+        delta(R"({"role":"assistant","content":""})");
+        if (turn.HasMember("stream_error")) {
+            send(R"({"error":{"message":)" + quote(get_str(turn, "stream_error")) + R"(,"type":"InternalServerError","code":500}})");
+            out << "data: [DONE]\n\n";
+            out.flush();
+            record(R"({"served":)" + std::to_string(served) + R"(,"chunks":)" + std::to_string(chunks) + "}");
+            return;
+        }
+        std::string rfield = get_str(turn, "reasoning_field", g_flavor == "llamacpp" ? "reasoning_content" : "reasoning");
+        int completion = 0, reasoning_tokens = 0;
+        for (const auto& w : words(get_str(turn, "reasoning"))) {
+            delta("{" + quote(rfield) + ":" + quote(w) + "}");
+            ++completion;
+            ++reasoning_tokens;
+        }
+        for (const auto& w : words(get_str(turn, "content"))) {
+            delta(R"({"content":)" + quote(w) + "}");
+            ++completion;
+        }
+        int ncalls = 0;
+        if (turn.HasMember("tool_calls")) {
+            for (const auto& tc : turn["tool_calls"].GetArray()) {
+                std::string args = tc["arguments"].IsString() ? tc["arguments"].GetString() : dump(tc["arguments"]);
+                std::string idx = std::to_string(ncalls);
+                delta(R"({"tool_calls":[{"index":)" + idx + R"(,"id":"chatcmpl-tool-)" + std::to_string(served) + "-" + idx +
+                      R"(","type":"function","function":{"name":)" + quote(tc["name"].GetString()) + R"(,"arguments":""}}]})");
+                for (size_t p = 0; p < args.size(); p += split)
+                    delta(R"({"tool_calls":[{"index":)" + idx + R"(,"function":{"arguments":)" + quote(args.substr(p, split)) + "}}]}");
+                completion += static_cast<int>(args.size() / 4 + 1);
+                ++ncalls;
+            }
+        }
+        if (turn.HasMember("truncate") && turn["truncate"].IsTrue()) {
+            // Die mid-stream: no finish, no usage, no [DONE].
+            record(R"({"served":)" + std::to_string(served) + R"(,"chunks":)" + std::to_string(chunks) + R"(,"truncated":true})");
+            resp.setKeepAlive(false);
+            return;
+        }
+        std::string finish = get_str(turn, "finish_reason", ncalls ? "tool_calls" : "stop");
+        send(head + R"([{"index":0,"delta":{},"logprobs":null,"finish_reason":)" + quote(finish) + R"(,"stop_reason":null}]})");
+        const rapidjson::Value* u = turn.HasMember("usage") ? &turn["usage"] : nullptr;
+        int64_t prompt = u ? get_int(*u, "prompt_tokens", 0) : static_cast<int64_t>(body.size() / 4);
+        int64_t comp = u ? get_int(*u, "completion_tokens", completion) : completion;
+        int64_t cached = u ? get_int(*u, "cached_tokens", 0) : 0;
+        int64_t rtok = u ? get_int(*u, "reasoning_tokens", reasoning_tokens) : reasoning_tokens;
+        std::string usage = R"({"prompt_tokens":)" + std::to_string(prompt) + R"(,"completion_tokens":)" + std::to_string(comp) +
+                            R"(,"total_tokens":)" + std::to_string(prompt + comp) + R"(,"prompt_tokens_details":{"cached_tokens":)" +
+                            std::to_string(cached) + R"(},"completion_tokens_details":{"reasoning_tokens":)" + std::to_string(rtok) + "}}";
+        if (g_flavor == "llamacpp")
+            send(head + R"([],"usage":)" + usage + R"(,"timings":{"cache_n":)" + std::to_string(cached) + R"(,"prompt_n":)" +
+                 std::to_string(prompt - cached) + "}}");
+        else
+            send(head + R"([],"usage":)" + usage + "}");
+        if (!gone) {
+            out << "data: [DONE]\n\n";
+            out.flush();
+        }
+        record(R"({"served":)" + std::to_string(served) + R"(,"chunks":)" + std::to_string(chunks) + R"(,"client_gone":)" +
+               (gone ? "true" : "false") + "}");
+    }
+};
+
+class Factory : public Poco::Net::HTTPRequestHandlerFactory {
+public:
+    Poco::Net::HTTPRequestHandler* createRequestHandler(const Poco::Net::HTTPServerRequest&) override { return new Handler; }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string script_path;
+    int port = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        std::string a = argv[i];
+        if (a == "--script") script_path = argv[i + 1];
+        else if (a == "--port") port = std::stoi(argv[i + 1]);
+        else if (a == "--record") g_record = argv[i + 1];
+        else if (a == "--flavor") g_flavor = argv[i + 1];
+    }
+    std::ifstream in(script_path);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    g_script.Parse(text.c_str());
+    if (g_script.HasParseError() || !g_script.IsObject() || !g_script.HasMember("turns") || !g_script["turns"].IsArray() ||
+        g_script["turns"].Empty()) {
+        std::fprintf(stderr, "fake_vllm: --script %s must be JSON with a non-empty \"turns\" array\n", script_path.c_str());
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts
+    Poco::Net::ServerSocket socket(Poco::Net::SocketAddress("127.0.0.1", static_cast<Poco::UInt16>(port)));
+    auto* params = new Poco::Net::HTTPServerParams;
+    params->setMaxThreads(64);
+    Poco::Net::HTTPServer server(new Factory, socket, params);
+    server.start();
+    std::printf("fake_vllm listening on 127.0.0.1:%u\n", socket.address().port());
+    std::fflush(stdout);
+    int sig;
+    sigwait(&set, &sig);
+    server.stop();
+    return 0;
+}

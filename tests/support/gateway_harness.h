@@ -1,0 +1,203 @@
+// Test harness for the gateway: runs a fake vLLM backend and `pulse serve` as real processes
+// on loopback (ephemeral ports), and a small SSE client that checks every stream it reads
+// against the Responses event rules.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPRequest.h>
+#include <Poco/Net/HTTPResponse.h>
+
+#include <regex>
+#include <sstream>
+
+#include <rapidjson/document.h>
+
+#include "gateway/sse.h"
+#include "support/subprocess.h"
+#include "support/temp_dir.h"
+
+namespace pulse::test {
+
+inline std::string env_or_fail(const char* name) {
+    const char* v = std::getenv(name);
+    REQUIRE_MESSAGE(v, name << " must be set by the test runner");
+    return v;
+}
+
+// Waits (bounded) until `text()` matches `re`; returns the first capture group.
+template <class F>
+std::string wait_for(F text, const std::regex& re, int timeout_ms = 10000) {
+    std::smatch m;
+    std::string t;
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        t = text();
+        if (std::regex_search(t, m, re)) return m[1];
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL("timed out waiting for " << "pattern" << " in:\n" << t);
+    return {};
+}
+
+struct FakeBackend {
+    TempDir dir;
+    std::unique_ptr<Child> child;
+    uint16_t port = 0;
+    std::filesystem::path record;
+
+    explicit FakeBackend(const std::string& script, const std::string& flavor = "vllm") {
+        auto s = dir.write("script.json", script);
+        record = dir / "requests.jsonl";
+        child = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", s.string(), "--port",
+                                                                 "0", "--record", record.string(), "--flavor", flavor});
+        port = static_cast<uint16_t>(std::stoi(wait_for([&] { return child->stdout_so_far(); },
+                                                        std::regex(R"(listening on 127\.0\.0\.1:(\d+))"))));
+    }
+    std::string url() const { return "http://127.0.0.1:" + std::to_string(port) + "/v1"; }
+    // The request bodies the backend received (record lines that are requests).
+    std::vector<std::string> requests() const {
+        std::vector<std::string> out;
+        std::istringstream in(read_file(record));
+        for (std::string line; std::getline(in, line);)
+            if (line.rfind("{\"served\"", 0) != 0) out.push_back(line);
+        return out;
+    }
+    std::string log() const { return read_file(record); }
+};
+
+struct Gateway {
+    TempDir dir;
+    std::unique_ptr<Child> child;
+    uint16_t port = 0;
+
+    // `models_toml` is appended to a config whose plugin dir holds the shipped plugins and
+    // the example backend.
+    explicit Gateway(const std::string& models_toml, const std::string& server_toml = "") {
+        std::filesystem::create_directories(dir / "plugins");
+        for (const auto& src : {env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/qwen38.so",
+                                env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/example_echo.so"}) {
+            auto dst = dir / "plugins" / std::filesystem::path(src).filename();
+            std::filesystem::copy_file(src, dst);
+            std::filesystem::permissions(dst, std::filesystem::perms(0755));
+        }
+        auto cfg = dir.write("pulse.toml", "[server]\nlisten = \"127.0.0.1:0\"\n" + server_toml +
+                                               "\n[upstream]\nkeepalive_s = 0.3\nconnect_timeout_s = 1\n"
+                                               "[plugins]\ndirs = [\"plugins\"]\ndropin_dirs = []\n" + models_toml);
+        child = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_EXE"), "serve", "--config", cfg.string()},
+                                        std::map<std::string, std::string>{{"PULSE_PLUGIN_DIRS", ""}, {"PULSE_QWEN_BACKENDS", ""},
+                                                                           {"PULSE_GATEWAY_API_KEY", ""}});
+        port = static_cast<uint16_t>(std::stoi(wait_for([&] { return child->stderr_so_far(); },
+                                                        std::regex(R"(listening on http://127\.0\.0\.1:(\d+))"))));
+    }
+    std::string log() const { return child->stderr_so_far(); }
+};
+
+struct HttpResult {
+    int status = 0;
+    std::string body;
+    std::string content_type, retry_after;
+};
+
+inline HttpResult post(uint16_t port, const std::string& path, const std::string& body,
+                       const std::map<std::string, std::string>& headers = {}, int timeout_s = 20) {
+    Poco::Net::HTTPClientSession s("127.0.0.1", port);
+    s.setTimeout(Poco::Timespan(timeout_s, 0));
+    Poco::Net::HTTPRequest req("POST", path, Poco::Net::HTTPMessage::HTTP_1_1);
+    req.setContentType("application/json");
+    req.setContentLength(static_cast<std::streamsize>(body.size()));
+    for (const auto& [k, v] : headers) req.set(k, v);
+    s.sendRequest(req) << body;
+    Poco::Net::HTTPResponse resp;
+    std::istream& in = s.receiveResponse(resp);
+    HttpResult r;
+    r.status = static_cast<int>(resp.getStatus());
+    r.content_type = resp.getContentType();
+    r.retry_after = resp.get("Retry-After", "");
+    r.body.assign(std::istreambuf_iterator<char>(in), {});
+    return r;
+}
+
+struct Event {
+    std::string type;
+    std::shared_ptr<rapidjson::Document> json;
+    const rapidjson::Value& operator[](const char* k) const { return (*json)[k]; }
+};
+
+struct Stream {
+    std::vector<Event> events;
+    std::vector<std::shared_ptr<rapidjson::Document>> items;  // output_item.done items, in order
+    std::string terminal;                                      // response.completed / failed / incomplete
+    std::shared_ptr<rapidjson::Document> response;             // the terminal event's response
+    int keepalives = 0;                                        // in_progress events after the first
+
+    const rapidjson::Value& item(size_t i) const { return *items.at(i); }
+};
+
+// Parses an SSE body and checks the Responses rules: sequence numbers 0..n-1, created then
+// in_progress first, added -> deltas -> done per item with consecutive output_index, `.done`
+// text equal to the concatenated deltas, one terminal event, last.
+inline Stream check_stream(const std::string& body) {
+    Stream st;
+    pulse::gateway::SseParser parser;
+    parser.feed(body, [&](std::string_view name, std::string_view data) {
+        auto doc = std::make_shared<rapidjson::Document>();
+        doc->Parse(data.data(), data.size());
+        REQUIRE_MESSAGE(!doc->HasParseError(), "event data is not JSON: " << data);
+        std::string type = (*doc)["type"].GetString();
+        CHECK(type == std::string(name));  // the event: line matches the JSON type
+        st.events.push_back({type, doc});
+    });
+    REQUIRE(st.events.size() >= 3);
+    for (size_t i = 0; i < st.events.size(); ++i) CHECK(st.events[i]["sequence_number"].GetUint64() == i);
+    CHECK(st.events[0].type == "response.created");
+    CHECK(st.events[1].type == "response.in_progress");
+    std::map<uint64_t, std::string> deltas;  // output_index -> concatenated delta text
+    std::map<uint64_t, bool> open;
+    uint64_t next_index = 0;
+    for (size_t i = 2; i < st.events.size(); ++i) {
+        const Event& e = st.events[i];
+        const std::string& t = e.type;
+        bool terminal = t == "response.completed" || t == "response.failed" || t == "response.incomplete";
+        if (terminal) {
+            CHECK_MESSAGE(i + 1 == st.events.size(), "terminal event " << t << " is not last");
+            st.terminal = t;
+            st.response = std::make_shared<rapidjson::Document>();
+            st.response->CopyFrom(e["response"], st.response->GetAllocator());
+            continue;
+        }
+        if (t == "response.in_progress") {
+            ++st.keepalives;
+            continue;
+        }
+        REQUIRE_MESSAGE(e.json->HasMember("output_index"), t << " has no output_index");
+        uint64_t oi = e["output_index"].GetUint64();
+        if (t == "response.output_item.added") {
+            CHECK(oi == next_index++);
+            open[oi] = true;
+            continue;
+        }
+        CHECK_MESSAGE(open[oi], t << " for output_index " << oi << " outside added..done");
+        if (t.size() > 6 && t.substr(t.size() - 6) == ".delta") deltas[oi] += e["delta"].GetString();
+        if (t == "response.output_text.done") CHECK(deltas[oi] == e["text"].GetString());
+        if (t == "response.function_call_arguments.done") CHECK(deltas[oi] == e["arguments"].GetString());
+        if (t == "response.custom_tool_call_input.done") CHECK(deltas[oi] == e["input"].GetString());
+        if (t == "response.output_item.done") {
+            open[oi] = false;
+            deltas[oi].clear();
+            auto item = std::make_shared<rapidjson::Document>();
+            item->CopyFrom(e["item"], item->GetAllocator());
+            st.items.push_back(item);
+        }
+    }
+    CHECK_MESSAGE(!st.terminal.empty(), "no terminal event");
+    if (st.response && st.terminal != "response.failed") {
+        const auto& u = (*st.response)["usage"];
+        CHECK(u["input_tokens"].IsInt64());
+        CHECK(u["output_tokens"].IsInt64());
+        CHECK(u["total_tokens"].GetInt64() == u["input_tokens"].GetInt64() + u["output_tokens"].GetInt64());
+    }
+    return st;
+}
+
+}  // namespace pulse::test
