@@ -7,7 +7,7 @@
 namespace pulse::gateway {
 
 void send_json(Poco::Net::HTTPServerResponse& resp, int status, std::string_view body) {
-    resp.setStatus(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(status));
+    resp.setStatusAndReason(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(status));
     resp.setContentType("application/json");
     resp.setContentLength(static_cast<std::streamsize>(body.size()));
     resp.send().write(body.data(), static_cast<std::streamsize>(body.size()));

@@ -1,0 +1,66 @@
+# Shared set-up for the end-to-end scripts: a private network namespace, a fake backend and
+# `pulse serve` on ephemeral loopback ports, cleanup on exit. Source it after setting
+# pulse, fake, plugins (paths) and optionally profile/flavor.
+
+# Re-executes the calling script inside a private network namespace with only lo up.
+enter_netns() {
+  if [ -z "${PULSE_IN_NETNS:-}" ]; then
+    exec unshare -n env PULSE_IN_NETNS=1 "$0" "$@"
+  fi
+  ip link set lo up
+}
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*"
+  for f in "$work"/*.log "$work"/*.out "$work"/*.err; do [ -f "$f" ] && { echo "--- $f"; tail -n 60 "$f"; }; done
+  exit 1
+}
+
+# wait_port LOGFILE REGEX: prints the port at the end of the first match (bounded: 10 s).
+wait_port() {
+  local port
+  for _ in $(seq 1 500); do
+    port=$(grep -oE "$2" "$1" 2>/dev/null | grep -oE '[0-9]+$' | head -n1 || true)
+    [ -n "$port" ] && { echo "$port"; return 0; }
+    sleep 0.02
+  done
+  return 1
+}
+
+# start_fake SCRIPT_JSON_FILE: sets fport.
+start_fake() {
+  "$fake" --script "$1" --port 0 --record "$work/requests.jsonl" --flavor "${flavor:-vllm}" > "$work/fake.log" 2>&1 &
+  pids+=($!)
+  fport=$(wait_port "$work/fake.log" 'listening on 127\.0\.0\.1:[0-9]+') || fail "fake backend did not start"
+}
+
+# start_pulse: serves model qwen3.8-flash-next on ${profile:-qwen38} against the fake; sets gport.
+start_pulse() {
+  mkdir -p "$work/plugins"
+  install -m 0755 "$plugins"/*.so "$work/plugins/"
+  cat > "$work/pulse.toml" <<TOML
+[server]
+listen = "127.0.0.1:0"
+[plugins]
+dirs = ["plugins"]
+dropin_dirs = []
+[models."qwen3.8-flash-next"]
+profile = "${profile:-qwen38}"
+[[models."qwen3.8-flash-next".endpoints]]
+name = "fake"
+url = "http://127.0.0.1:$fport/v1"
+TOML
+  env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
+    "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
+  pids+=($!)
+  gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+}
