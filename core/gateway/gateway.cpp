@@ -8,6 +8,7 @@
 #include <ctime>
 
 #include "common/log.h"
+#include "common/metrics.h"
 #include "gateway/http_util.h"
 
 namespace pulse::gateway {
@@ -125,6 +126,15 @@ void Gateway::handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerRes
         return send_error(resp, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)",
                           {}, "invalid_api_key");
     if (path == "/health" && (method == "GET" || method == "HEAD")) return health(resp);
+    if (path == "/metrics" && method == "GET") {
+        if (req.get("Accept", "").find("application/json") != std::string::npos)
+            return send_json(resp, 200, metrics::global().json());
+        std::string text = metrics::global().prometheus();
+        resp.setStatusAndReason(Poco::Net::HTTPResponse::HTTP_OK);
+        resp.setContentType("text/plain; version=0.0.4; charset=utf-8");
+        resp.sendBuffer(text.data(), text.size());
+        return;
+    }
     if (path == "/v1/models" && method == "GET") return models(resp);
     if (path == "/v1/responses" || path == "/responses") {
         if (method != "POST") {

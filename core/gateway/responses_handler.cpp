@@ -10,6 +10,7 @@
 #include <random>
 
 #include "common/log.h"
+#include "common/metrics.h"
 #include "gateway/gateway.h"
 #include "gateway/http_util.h"
 #include "gateway/responses_api.h"
@@ -71,8 +72,17 @@ struct ProfileStream {
 
 }  // namespace
 
+namespace {
+struct ActiveRequest {
+    metrics::Gauge& g = metrics::global().gauge("pulse_active_requests", "Responses requests in flight");
+    ActiveRequest() { g.add(1); }
+    ~ActiveRequest() { g.add(-1); }
+};
+}  // namespace
+
 void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) {
     auto t0 = steady_clock::now();
+    ActiveRequest active;
     const std::string id = new_response_id();
 
     // ---- body: bounded, then parsed and validated before anything else happens ----
@@ -101,8 +111,12 @@ void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServer
         }
     }
     rapidjson::Document doc;
-    if (auto e = parse_body(body, doc)) return send_error(resp, e->http_status, "invalid_request_error", e->message, e->param, e->code);
-    if (auto e = validate_request(doc)) return send_error(resp, e->http_status, "invalid_request_error", e->message, e->param, e->code);
+    auto invalid = [&](const RequestError& e) {
+        metrics::global().counter("pulse_invalid_requests_total", "requests refused with a 4xx before translation", {{"code", e.code}}).add();
+        send_error(resp, e.http_status, "invalid_request_error", e.message, e.param, e.code);
+    };
+    if (auto e = parse_body(body, doc)) return invalid(*e);
+    if (auto e = validate_request(doc)) return invalid(*e);
 
     std::string model_id = doc["model"].GetString();
     const ModelRuntime* rt = runtime(model_id);
@@ -169,9 +183,12 @@ void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServer
     });
     const milliseconds keepalive(static_cast<int64_t>(cfg_.upstream.keepalive_s * 1000));
     auto since_event = steady_clock::now();
+    auto& keepalives = metrics::global().counter("pulse_keepalives_total", "response.in_progress keepalive events sent",
+                                                 {{"model", model_id}});
     auto keepalive_if_due = [&] {
         if (!streaming || steady_clock::now() - since_event < keepalive) return;
         builder.keepalive();
+        keepalives.add();
         since_event = steady_clock::now();
     };
 
@@ -194,6 +211,7 @@ void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServer
                 case UpEvent::Kind::timeout:
                     keepalive_if_due();
                     continue;
+
                 case UpEvent::Kind::accepted:
                     accepted = true;
                     served_by = ep.name;
@@ -250,6 +268,9 @@ void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServer
             }
             if (e.kind == UpEvent::Kind::rejected || e.kind == UpEvent::Kind::failed) break;
         }
+        if (outcome.empty() && !lost && i + 1 < rt->cfg->endpoints.size())
+            metrics::global().counter("pulse_failovers_total", "requests moved to the next endpoint before any output",
+                                      {{"model", model_id}, {"from", ep.name}}).add();
         if (lost) {
             up->cancel();
             call.clear_error();
@@ -279,6 +300,17 @@ void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServer
     }
 
     const auto& u = builder.usage_totals();
+    auto& reg = metrics::global();
+    const std::string ep_label = served_by.empty() ? "-" : served_by;
+    reg.counter("pulse_requests_total", "Responses requests by model, endpoint and outcome",
+                {{"model", model_id}, {"endpoint", ep_label}, {"outcome", outcome}}).add();
+    double total_s = duration<double>(steady_clock::now() - t0).count();
+    reg.histogram("pulse_request_duration_seconds", "whole request, receipt to last byte", {{"model", model_id}}).observe(total_s);
+    if (ttft) reg.histogram("pulse_ttft_seconds", "receipt to first backend output", {{"model", model_id}}).observe(ttft->count() / 1000.0);
+    reg.counter("pulse_input_tokens_total", "prompt tokens reported by backends", {{"model", model_id}}).add(static_cast<uint64_t>(u.input));
+    reg.counter("pulse_cached_tokens_total", "prompt tokens served from the backend prefix cache", {{"model", model_id}})
+        .add(static_cast<uint64_t>(u.cached));
+    reg.counter("pulse_output_tokens_total", "output tokens reported by backends", {{"model", model_id}}).add(static_cast<uint64_t>(u.output));
     log::info("responses", id + " model=" + model_id + " endpoint=" + (served_by.empty() ? "-" : served_by) + " outcome=" +
                                outcome + " in=" + std::to_string(u.input) + " cached=" + std::to_string(u.cached) +
                                " out=" + std::to_string(u.output) + " ttft_ms=" + (ttft ? std::to_string(ttft->count()) : "-") +

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "common/log.h"
+#include "common/metrics.h"
 
 namespace pulse::host {
 namespace {
@@ -304,7 +305,32 @@ pulse_status_t o_write(pulse_output_t* out, pulse_str_t text) {
     });
 }
 
-const void* h_get_extension(pulse_host_ctx_t*, const char*) { return nullptr; }
+void m_counter_add(pulse_host_ctx_t* ctx, pulse_str_t name, pulse_str_t label, pulse_str_t value, uint64_t delta) {
+    try {
+        std::string n(sv(name));
+        auto ok = [](char c, bool first) {
+            return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' || (!first && c >= '0' && c <= '9');
+        };
+        if (n.empty() || n.size() > 128) return;
+        for (size_t i = 0; i < n.size(); ++i)
+            if (!ok(n[i], i == 0)) return;
+        metrics::Labels labels{{"plugin", ctx ? ctx->plugin_id : std::string("?")}};
+        std::string l(sv(label));
+        if (!l.empty()) {
+            for (size_t i = 0; i < l.size(); ++i)
+                if (!ok(l[i], i == 0) || l[i] == ':') return;
+            labels.emplace_back(l, std::string(sv(value)));
+        }
+        metrics::global().counter(n, "counter reported by a plugin", labels).add(delta);
+    } catch (...) {
+    }
+}
+const pulse_metrics_ext_t kMetricsExt = {sizeof(pulse_metrics_ext_t), m_counter_add};
+
+const void* h_get_extension(pulse_host_ctx_t*, const char* id) {
+    if (id && std::strcmp(id, PULSE_EXT_METRICS) == 0) return &kMetricsExt;
+    return nullptr;
+}
 
 const pulse_json_api_t kJson = {
     sizeof(pulse_json_api_t), j_kind, j_member, j_size, j_at, j_member_at, j_get_string, j_get_i64,

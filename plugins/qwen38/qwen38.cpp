@@ -19,6 +19,7 @@ namespace {
 
 const pulse_host_api_t* g_host = nullptr;
 pulse_host_ctx_t* g_ctx = nullptr;
+const pulse_metrics_ext_t* g_metrics = nullptr;  // optional host service
 
 struct Profile {
     pulse::chat::Options options;
@@ -50,8 +51,10 @@ pulse_status_t build_request(void* inst, pulse_call_t* call, const pulse_json_t*
         auto& p = *static_cast<Profile*>(inst);
         pulse::Json req(g_host->json, request);
         auto info = pulse::chat::request_info(p.options, req);
-        for (const auto& t : info.dropped_tools)
+        for (const auto& t : info.dropped_tools) {
             p.log(PULSE_LOG_INFO, "dropped tool of type '" + t + "': the backend cannot run hosted tools", call);
+            if (g_metrics) g_metrics->counter_add(g_ctx, pulse::str("pulse_tools_dropped_total"), pulse::str("type"), pulse::str(t), 1);
+        }
         pulse::Writer w(g_host->json, g_host->request->body(out));
         pulse::chat::write_request(g_host, call, p.options, req, pulse::Json(g_host->json, model), info, w, p.log);
         g_host->request->set_path(out, pulse::str("/chat/completions"));
@@ -91,6 +94,8 @@ const pulse_translation_vt_t kProfile = {
 pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
     g_host = host;
     g_ctx = ctx;
+    g_metrics = static_cast<const pulse_metrics_ext_t*>(host->get_extension(ctx, PULSE_EXT_METRICS));
+    if (g_metrics && !PULSE_HAS_FIELD(g_metrics, pulse_metrics_ext_t, counter_add)) g_metrics = nullptr;
     *state = nullptr;
     return pulse::guard(host, call, [&] { return host->register_translation(ctx, &kProfile, sizeof kProfile, nullptr); });
 }

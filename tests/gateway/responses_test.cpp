@@ -248,3 +248,35 @@ TEST_CASE("GET /v1/models lists the configured models; API key protects /v1") {
     CHECK(resp.getStatus() == 200);
     CHECK(body.find(R"("id":"qwen3.8-flash-next")") != std::string::npos);
 }
+
+TEST_CASE("/metrics: request, token and dropped-tool counters, Prometheus text and JSON") {
+    FakeBackend be(R"({"turns":[{"content":"fine","usage":{"prompt_tokens":100,"completion_tokens":7,"cached_tokens":64}}]})");
+    Gateway gw(model_toml(be.url()));
+    REQUIRE(post(gw.port, "/v1/responses", request()).status == 200);
+    REQUIRE(post(gw.port, "/v1/responses", "{oops").status == 400);
+
+    auto get = [&](const std::string& accept) {
+        Poco::Net::HTTPClientSession s("127.0.0.1", gw.port);
+        Poco::Net::HTTPRequest req("GET", "/metrics", Poco::Net::HTTPMessage::HTTP_1_1);
+        if (!accept.empty()) req.set("Accept", accept);
+        s.sendRequest(req);
+        Poco::Net::HTTPResponse resp;
+        return std::string((std::istreambuf_iterator<char>(s.receiveResponse(resp))), {});
+    };
+    std::string text = get("");
+    CAPTURE(text);
+    CHECK(text.find(R"(pulse_requests_total{model="qwen3.8-flash-next",endpoint="first",outcome="completed"} 1)") != std::string::npos);
+    CHECK(text.find(R"(pulse_tools_dropped_total{plugin="pulse.translation.qwen38",type="web_search"} 1)") != std::string::npos);
+    CHECK(text.find(R"(pulse_input_tokens_total{model="qwen3.8-flash-next"} 100)") != std::string::npos);
+    CHECK(text.find(R"(pulse_cached_tokens_total{model="qwen3.8-flash-next"} 64)") != std::string::npos);
+    CHECK(text.find(R"(pulse_invalid_requests_total{code="invalid_json"} 1)") != std::string::npos);
+    CHECK(text.find("# TYPE pulse_ttft_seconds histogram") != std::string::npos);
+    CHECK(text.find(R"(pulse_ttft_seconds_count{model="qwen3.8-flash-next"} 1)") != std::string::npos);
+
+    rapidjson::Document d;
+    d.Parse(get("application/json").c_str());
+    REQUIRE(d.IsObject());
+    CHECK(str(d["pulse_requests_total"], "type") == "counter");
+    CHECK(d["pulse_requests_total"]["series"][0]["value"].GetInt() == 1);
+    CHECK(d["pulse_ttft_seconds"]["series"][0]["count"].GetInt() == 1);
+}

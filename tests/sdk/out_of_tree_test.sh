@@ -40,4 +40,40 @@ for dir in "$work/build" "$work/plugins-cc"; do
     grep -Eq '^pulse\.example\.echo +backend +1\.0\.0 +1\.0 +loaded .*backend example-echo' <<<"$out" \
         || { echo "FAIL: example plugin built in $dir did not load"; exit 1; }
 done
+# A whole Responses turn through the out-of-tree build, next to the shipped qwen38 profile.
+site="$work/site-serve"
+mkdir -p "$site/plugins"
+install -m 0755 "$work/build/example_echo.so" "$build_root/plugins/qwen38.so" "$site/plugins/"
+cat > "$site/pulse.toml" <<'TOML'
+[server]
+listen = "127.0.0.1:0"
+[plugins]
+dirs = ["plugins"]
+dropin_dirs = []
+[models.echo]
+profile = "qwen38"
+[[models.echo.endpoints]]
+url = "plugin://example-echo"
+TOML
+env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY "$pulse" serve --config "$site/pulse.toml" 2> "$site/log" &
+serve_pid=$!
+trap 'kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
+port=
+for _ in $(seq 1 500); do
+  port=$(grep -oE 'listening on http://127\.0\.0\.1:[0-9]+' "$site/log" | grep -oE '[0-9]+$' || true)
+  [ -n "$port" ] && break
+  sleep 0.02
+done
+[ -n "$port" ] || { cat "$site/log"; echo "FAIL: pulse serve did not start"; exit 1; }
+answer=$(python3 - "$port" <<'PY'
+import json, sys, urllib.request
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/responses",
+    data=json.dumps({"model": "echo", "input": "built out of tree", "stream": False}).encode(),
+    headers={"Content-Type": "application/json"})
+r = json.load(urllib.request.urlopen(req, timeout=20))
+print(r["status"], r["output"][0]["content"][0]["text"])
+PY
+)
+[ "$answer" = "completed echo: built out of tree" ] || { cat "$site/log"; echo "FAIL: got '$answer'"; exit 1; }
+echo "Responses turn through the out-of-tree plugin: $answer"
 echo "out-of-tree SDK build: ok"

@@ -22,7 +22,7 @@
  *
  * Minor-version changelog (append a line for every addition):
  *   1.0  2026-11-29  initial ABI: info/entry, host API, JSON view + writer, translation
- *                    profile, backend and runtime-controller kinds.
+ *                    profile, backend and runtime-controller kinds, "pulse.metrics/1".
  */
 #ifndef PULSE_PLUGIN_H
 #define PULSE_PLUGIN_H
@@ -397,6 +397,21 @@ typedef struct pulse_host_api {
     /* optional services by versioned id ("pulse.metrics/1"); NULL if absent [any-thread] */
     const void* (*get_extension)(pulse_host_ctx_t* ctx, const char* id);
 } pulse_host_api_t;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Optional services (host->get_extension)                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+/* "pulse.metrics/1": plugin counters in the host's /metrics. The host adds a plugin="<id>"
+ * label. Names are [a-zA-Z_:][a-zA-Z0-9_:]* and should end in _total; others are dropped.
+ * OWNERSHIP: host (static). LIFETIME: process. */
+#define PULSE_EXT_METRICS "pulse.metrics/1"
+typedef struct pulse_metrics_ext {
+    uint32_t struct_size;
+    /* [any-thread] Adds `delta` to counter `name`, with one optional label (empty name = none). */
+    void (*counter_add)(pulse_host_ctx_t* ctx, pulse_str_t name, pulse_str_t label, pulse_str_t label_value,
+                        uint64_t delta);
+} pulse_metrics_ext_t;
 
 /* ---------------------------------------------------------------------------------------- */
 /* The entry point                                                                          */
