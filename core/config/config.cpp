@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 #include <toml++/toml.h>
 
 namespace pulse::config {
@@ -169,25 +171,10 @@ std::filesystem::path resolve(const std::filesystem::path& base, const std::stri
 void to_json(const toml::node& n, std::string& out);
 
 void json_string(std::string_view s, std::string& out) {
-    out += '"';
-    for (unsigned char c : s) {
-        switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
-            default:
-                if (c < 0x20) {
-                    char b[8];
-                    std::snprintf(b, sizeof b, "\\u%04x", c);
-                    out += b;
-                } else {
-                    out += static_cast<char>(c);
-                }
-        }
-    }
-    out += '"';
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.String(s.data(), static_cast<rapidjson::SizeType>(s.size()));
+    out.append(b.GetString(), b.GetSize());
 }
 
 void to_json(const toml::node& n, std::string& out) {

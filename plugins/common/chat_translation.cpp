@@ -6,28 +6,6 @@
 namespace pulse::chat {
 namespace {
 
-std::string json_quote(std::string_view s) {
-    std::string o = "\"";
-    for (unsigned char c : s) {
-        switch (c) {
-            case '"': o += "\\\""; break;
-            case '\\': o += "\\\\"; break;
-            case '\n': o += "\\n"; break;
-            case '\r': o += "\\r"; break;
-            case '\t': o += "\\t"; break;
-            default:
-                if (c < 0x20) {
-                    char b[8];
-                    std::snprintf(b, sizeof b, "\\u%04x", c);
-                    o += b;
-                } else {
-                    o += static_cast<char>(c);
-                }
-        }
-    }
-    return o + "\"";
-}
-
 std::string excerpt(std::string_view s, size_t n = 200) {
     return s.size() <= n ? std::string(s) : std::string(s.substr(0, n)) + "...";
 }

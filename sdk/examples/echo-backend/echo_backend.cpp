@@ -45,17 +45,6 @@ std::string content_text(const pulse::Json& content) {
     return out;
 }
 
-std::string json_escape(std::string_view s) {
-    std::string o;
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') { o += '\\'; o += static_cast<char>(c); }
-        else if (c == '\n') o += "\\n";
-        else if (c < 0x20) { char b[8]; std::snprintf(b, sizeof b, "\\u%04x", c); o += b; }
-        else o += static_cast<char>(c);
-    }
-    return o;
-}
-
 pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, void** out) {
     return pulse::guard(g_host, call, [&] {
         pulse::Json cfg(g_host->json, config);
@@ -94,8 +83,8 @@ pulse_status_t stream_start(void* backend, pulse_call_t* call, const pulse_json_
             if (messages.at(i)["role"].string_or("") == "user") last_user = text;
         }
         std::string model = std::string(req["model"].string_or("example-echo"));
-        std::string head = "{\"id\":\"chatcmpl-echo\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"" +
-                           json_escape(model) + "\",\"choices\":";
+        std::string head = "{\"id\":\"chatcmpl-echo\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":" +
+                           pulse::json_quote(model) + ",\"choices\":";
         auto s = std::make_unique<Stream>();
         s->delay_ms = b.delay_ms;
         s->chunks.push_back(head + "[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}");
@@ -104,8 +93,8 @@ pulse_status_t stream_start(void* backend, pulse_call_t* call, const pulse_json_
         for (size_t pos = 0; pos < answer.size();) {
             size_t end = answer.find(' ', pos);
             end = end == std::string::npos ? answer.size() : end + 1;
-            s->chunks.push_back(head + "[{\"index\":0,\"delta\":{\"content\":\"" +
-                                json_escape(answer.substr(pos, end - pos)) + "\"},\"finish_reason\":null}]}");
+            s->chunks.push_back(head + "[{\"index\":0,\"delta\":{\"content\":" +
+                                pulse::json_quote(answer.substr(pos, end - pos)) + "},\"finish_reason\":null}]}");
             ++pieces;
             pos = end;
         }

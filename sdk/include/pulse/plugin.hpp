@@ -23,6 +23,31 @@ inline std::string_view view(pulse_str_t s) noexcept {
     return s.ptr ? std::string_view(s.ptr, s.len) : std::string_view();
 }
 
+// A JSON string literal (with quotes) for `s`, for plugins that assemble small JSON payloads
+// themselves (e.g. chunks a backend emits through chunk->data).
+inline std::string json_quote(std::string_view s) {
+    std::string o = "\"";
+    for (unsigned char c : s) {
+        switch (c) {
+            case '"': o += "\\\""; break;
+            case '\\': o += "\\\\"; break;
+            case '\n': o += "\\n"; break;
+            case '\r': o += "\\r"; break;
+            case '\t': o += "\\t"; break;
+            default:
+                if (c < 0x20) {
+                    static const char* hex = "0123456789abcdef";
+                    o += "\\u00";
+                    o += hex[c >> 4];
+                    o += hex[c & 15];
+                } else {
+                    o += static_cast<char>(c);
+                }
+        }
+    }
+    return o + "\"";
+}
+
 // Throw this from plugin code to return a specific status with a message; guard() converts it.
 class Error : public std::exception {
 public:
