@@ -1,13 +1,17 @@
 // `pulse`: the one binary. Subcommands: serve, plugins, config check, model, version.
 //
-// Exit codes (documented in docs/OPERATIONS.md and `pulse --help`):
+// Exit codes (documented in README.md, docs/OPERATIONS.md and `pulse --help`):
 //   0 success
 //   1 runtime failure (cannot listen, I/O error, ...)
 //   2 usage error (unknown command or option)
 //   3 configuration error
 //   4 plugin error (a required plugin or component is missing or failed)
 #include <pulse/plugin.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/inotify.h>
+#include <systemd/sd-daemon.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,10 +21,12 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "common/log.h"
+#include "common/metrics.h"
 #include "config/config.h"
 #include "gateway/gateway.h"
 #include "plugin/plugin_manager.h"
@@ -65,7 +71,8 @@ const char* kServeHelp =
     "\n"
     "Loads the config and every plugin, then serves HTTP on server.listen (default\n"
     "127.0.0.1:8800): POST /v1/responses, GET /v1/models, /health, /metrics.\n"
-    "SIGTERM/SIGINT drain and stop.\n"
+    "SIGTERM/SIGINT: drain (server.drain_timeout_s) and stop. SIGHUP: reload the config and\n"
+    "changed translation-profile plugins (also done when a plugin directory changes).\n"
     "\n"
     "environment overrides: PULSE_QWEN_BACKENDS=name=url,... PULSE_GATEWAY_API_KEY\n"
     "PULSE_GATEWAY_TRACE_FILE PULSE_GATEWAY_WARMUP_STATE_FILE PULSE_PLUGIN_DIRS=dir:dir\n";
@@ -156,7 +163,7 @@ config::Config load_config(const Args& a, bool required) {
 }
 
 plugin::Options plugin_options(const config::Config& cfg) {
-    plugin::Options o;
+    plugin::Options o;  // no runtime_dir: listing commands load in place and stage nothing
     o.dirs = cfg.plugins.dirs;
     o.dropin_dirs = cfg.plugins.dropin_dirs;
     o.require = cfg.plugins.require;
@@ -273,38 +280,102 @@ int cmd_model(int argc, char** argv) {
     return exit_code;
 }
 
+// The directory hot-reloadable plugin copies are staged in: systemd's RuntimeDirectory, the
+// configured one, or a private fallback when that is not writable (e.g. not root).
+fs::path pick_runtime_dir(const config::Config& cfg) {
+    std::vector<fs::path> candidates;
+    if (const char* rd = std::getenv("RUNTIME_DIRECTORY"); rd && *rd) candidates.emplace_back(std::string(rd).substr(0, std::string(rd).find(':')));
+    candidates.push_back(cfg.plugins.runtime_dir);
+    if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) candidates.push_back(fs::path(x) / "pulse");
+    candidates.push_back(fs::temp_directory_path() / ("pulse-" + std::to_string(::geteuid())));
+    for (const auto& d : candidates) {
+        std::error_code ec;
+        fs::create_directories(d, ec);
+        if (!ec && ::access(d.c_str(), W_OK | X_OK) == 0) return d;
+    }
+    return {};
+}
+
+// Watches the plugin directories and raises SIGUSR1 (debounced) when a file appears or changes.
+class PluginDirWatcher {
+public:
+    explicit PluginDirWatcher(const std::vector<fs::path>& dirs) {
+        fd_ = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+        if (fd_ < 0) return;
+        for (const auto& d : dirs)
+            inotify_add_watch(fd_, d.c_str(), IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_ATTRIB);
+        if (::pipe2(stop_, O_CLOEXEC) != 0) return;
+        thread_ = std::thread([this] { run(); });
+    }
+    ~PluginDirWatcher() {
+        if (thread_.joinable()) {
+            ssize_t n = ::write(stop_[1], "x", 1);
+            (void)n;
+            thread_.join();
+        }
+        for (int fd : {fd_, stop_[0], stop_[1]})
+            if (fd >= 0) ::close(fd);
+    }
+
+private:
+    void run() {
+        char buf[4096];
+        bool pending = false;
+        for (;;) {
+            pollfd p[2] = {{fd_, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+            int n = ::poll(p, 2, pending ? 300 : -1);
+            if (n < 0 && errno != EINTR) return;
+            if (p[1].revents) return;
+            if (n == 0 && pending) {  // quiet for 300 ms after the last change
+                pending = false;
+                ::kill(::getpid(), SIGUSR1);
+                continue;
+            }
+            if (p[0].revents & POLLIN) {
+                while (::read(fd_, buf, sizeof buf) > 0) {
+                }
+                pending = true;
+            }
+        }
+    }
+    int fd_ = -1;
+    int stop_[2] = {-1, -1};
+    std::thread thread_;
+};
+
 int cmd_serve(const Args& a) {
     if (a.help) return std::fputs(kServeHelp, stdout), kExitOk;
     if (!a.rest.empty()) return usage_error("serve: unexpected argument " + a.rest[0], kServeHelp);
     config::Config cfg = load_config(a, true);
     apply_log_level(a, cfg);
+    if (!cfg.server.listen.is_loopback() && cfg.server.api_key.empty())
+        log::warn("serve", "listening on " + cfg.server.listen.host + " without an API key (server.allow_public_without_key = true): "
+                           "anyone who can reach this address can use the backends");
 
     // Process-wide: POCO masks SIGPIPE per thread; ignore it for all. Block the control signals
-    // before any thread starts so only sigwait() below sees them.
+    // before any thread starts so only sigtimedwait() below sees them.
     ::signal(SIGPIPE, SIG_IGN);
     sigset_t set;
     sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
+    for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaddset(&set, s);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
     // Plugins load before the server starts, so a startup failure never serves partial traffic.
-    plugin::PluginManager pm(plugin_options(cfg));
+    plugin::Options popts = plugin_options(cfg);
+    popts.runtime_dir = pick_runtime_dir(cfg);
+    plugin::PluginManager pm(popts);
     pm.load_all();
     auto fatal = pm.fatal_problems();
     gateway::Gateway gw(cfg, pm);
-    auto missing = gw.check_components();
+    auto missing = gw.check_components(cfg);
     fatal.insert(fatal.end(), missing.begin(), missing.end());
     if (!fatal.empty()) {
         for (const auto& f : fatal) log::error("serve", f);
         for (const auto& s : pm.statuses())
             if (s.state != plugin::State::loaded && !s.required) log::error("serve", "  (possibly related) " + s.describe());
-        std::fprintf(stderr, "pulse: cannot start: %zu plugin problem%s (see above)\n", fatal.size(),
-                     fatal.size() == 1 ? "" : "s");
+        std::fprintf(stderr, "pulse: cannot start: %zu plugin problem%s (see above)\n", fatal.size(), fatal.size() == 1 ? "" : "s");
         return kExitPlugin;
     }
-
     gw.start();  // profile and backend instances; a rejected option is a config error (exit 3)
 
     server::HttpServer http(cfg.server, [&gw](auto& req, auto& resp) { gw.handle(req, resp); });
@@ -314,21 +385,73 @@ int cmd_serve(const Args& a) {
         log::error("serve", e.what());
         return kExitRuntime;
     }
-    log::info("serve", "pulse " + std::string(PULSE_VERSION) + " listening on http://" + cfg.server.listen.host + ":" +
-                           std::to_string(http.port()) + " (" + std::to_string(cfg.models.size()) + " models)");
+    std::string where = "http://" + cfg.server.listen.host + ":" + std::to_string(http.port());
+    log::info("serve", "pulse " + std::string(PULSE_VERSION) + " listening on " + where + " (" + std::to_string(cfg.models.size()) + " models)");
+    std::vector<fs::path> watched = cfg.plugins.dirs;
+    watched.insert(watched.end(), cfg.plugins.dropin_dirs.begin(), cfg.plugins.dropin_dirs.end());
+    PluginDirWatcher watcher(watched);
 
+    uint64_t watchdog_usec = 0;
+    bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
+    sd_notifyf(0, "READY=1\nSTATUS=serving on %s\nMAINPID=%lu", where.c_str(), static_cast<unsigned long>(::getpid()));
+
+    // Hot reload of translation profiles, then a new config snapshot that leases them.
+    auto reload = [&](bool reread_config) {
+        sd_notify(0, "RELOADING=1\nSTATUS=reloading");
+        auto rep = pm.reload();
+        try {
+            config::Config next = cfg;
+            if (reread_config) {
+                Args b = a;
+                b.config = cfg.source.string();
+                next = load_config(b, true);
+            }
+            gw.reload(next);
+            cfg = next;
+        } catch (const config::ConfigError& e) {
+            log::error("reload", std::string("configuration not reloaded, the previous one keeps serving: ") + e.what());
+            metrics::global().counter("pulse_config_reload_failures_total", "configuration reloads refused").add();
+        }
+        sd_notifyf(0, "READY=1\nSTATUS=serving on %s (plugins: %d reloaded, %d added, %d failed)", where.c_str(), rep.reloaded,
+                   rep.added, rep.failed);
+    };
+
+    timespec tick{0, 500 * 1000 * 1000};
+    if (watchdog && watchdog_usec / 2 < 500000) tick = {0, static_cast<long>(watchdog_usec / 2 * 1000)};
     for (;;) {
-        int sig = 0;
-        if (sigwait(&set, &sig) != 0) continue;
+        int sig = sigtimedwait(&set, nullptr, &tick);
+        if (watchdog) sd_notify(0, "WATCHDOG=1");
+        gw.collect_retired();
+        pm.collect_retired();
+        if (sig < 0) continue;
         if (sig == SIGHUP) {
-            log::warn("serve", "SIGHUP: configuration reload is not implemented in this version; restart to apply changes");
+            log::info("serve", "SIGHUP: reloading configuration and translation profiles");
+            reload(true);
             continue;
         }
-        log::info("serve", std::string("received ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") + ": draining");
-        gw.set_draining(true);
-        http.stop(static_cast<long>(cfg.server.drain_timeout_s * 1000));
-        break;
+        if (sig == SIGUSR1) {
+            log::info("serve", "plugin directory changed: reloading translation profiles");
+            reload(false);
+            continue;
+        }
+        break;  // SIGTERM / SIGINT
     }
+
+    // Graceful drain: refuse new work, let streams in flight finish (bounded), then close.
+    log::info("serve", "received SIGTERM: draining (up to " + std::to_string(static_cast<int>(cfg.server.drain_timeout_s)) + " s)");
+    sd_notify(0, "STOPPING=1\nSTATUS=draining");
+    gw.set_draining(true);
+    http.stop_accepting();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.server.drain_timeout_s);
+    while (gw.active_requests() > 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (watchdog) sd_notify(0, "WATCHDOG=1");
+    }
+    if (int left = gw.active_requests(); left > 0)
+        log::warn("serve", std::to_string(left) + " requests still in flight at the drain deadline: closing them");
+    http.stop();
+    gw.stop();
+    gw.collect_retired();
     pm.shutdown();
     log::info("serve", "stopped");
     return kExitOk;

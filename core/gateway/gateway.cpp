@@ -5,7 +5,8 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
-#include <ctime>
+#include <algorithm>
+#include <set>
 
 #include "common/log.h"
 #include "common/metrics.h"
@@ -15,21 +16,62 @@ namespace pulse::gateway {
 
 using JsonWriter = rapidjson::Writer<rapidjson::StringBuffer>;
 
-Gateway::Gateway(const config::Config& cfg, plugin::PluginManager& plugins) : cfg_(cfg), plugins_(plugins) {}
-
-Gateway::~Gateway() = default;
-
 ModelRuntime::~ModelRuntime() {
-    backends.clear();
     if (instance && profile && profile->registration.translation.destroy) profile->registration.translation.destroy(instance);
 }
 
-void Gateway::start() {
-    for (const auto& m : cfg_.models) {
+std::vector<size_t> ModelRuntime::order() const {
+    std::vector<size_t> healthy, unhealthy;
+    for (size_t i = 0; i < endpoints.size(); ++i) (endpoints[i].health->healthy() ? healthy : unhealthy).push_back(i);
+    healthy.insert(healthy.end(), unhealthy.begin(), unhealthy.end());
+    return healthy;
+}
+
+const ModelRuntime* Snapshot::find(std::string_view id) const {
+    for (const auto& m : models)
+        if (m->cfg->id == id) return m.get();
+    return nullptr;
+}
+
+Gateway::Gateway(config::Config cfg, plugin::PluginManager& plugins) : plugins_(plugins), initial_(std::move(cfg)) {}
+
+Gateway::~Gateway() { stop(); }
+
+std::shared_ptr<const Snapshot> Gateway::snapshot() const {
+    std::lock_guard lock(snap_mutex_);
+    return current_;
+}
+
+std::vector<std::string> Gateway::check_components(const config::Config& cfg) const {
+    std::vector<std::string> out;
+    auto list = [](const std::vector<std::string>& v) {
+        std::string s;
+        for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+        return s.empty() ? std::string("none") : s;
+    };
+    for (const auto& m : cfg.models) {
+        if (!plugins_.translation(m.profile))
+            out.push_back("model '" + m.id + "': translation profile '" + m.profile +
+                          "' is not provided by any loaded plugin (loaded profiles: " +
+                          list(plugins_.component_names(PULSE_KIND_TRANSLATION)) + ")");
+        for (const auto& e : m.endpoints)
+            if (e.is_plugin() && !plugins_.backend(e.plugin_name()))
+                out.push_back("model '" + m.id + "', endpoint '" + e.name + "': backend '" + e.plugin_name() +
+                              "' is not provided by any loaded plugin (loaded backends: " +
+                              list(plugins_.component_names(PULSE_KIND_BACKEND)) + ")");
+    }
+    return out;
+}
+
+std::unique_ptr<Snapshot> Gateway::build(config::Config cfg) {
+    auto snap = std::make_unique<Snapshot>();
+    snap->cfg = std::move(cfg);
+    const std::string file = snap->cfg.source.empty() ? std::string("config") : snap->cfg.source.string();
+    for (const auto& m : snap->cfg.models) {
         auto rt = std::make_unique<ModelRuntime>();
         rt->cfg = &m;
         rt->profile = plugins_.translation(m.profile);
-        if (!rt->profile) throw config::ConfigError("model '" + m.id + "': translation profile '" + m.profile + "' is not loaded");
+        if (!rt->profile) throw config::ConfigError(file + ": model '" + m.id + "': translation profile '" + m.profile + "' is not loaded");
         rt->reasoning = m.reasoning_output == "raw"    ? ReasoningOutput::raw
                         : m.reasoning_output == "both" ? ReasoningOutput::both
                                                        : ReasoningOutput::summary;
@@ -59,33 +101,128 @@ void Gateway::start() {
         const auto& vt = rt->profile->registration.translation;
         pulse_status_t rc = vt.create(rt->profile->registration.user, &call, opts.IsNull() ? nullptr : host::view(&opts), &rt->instance);
         if (rc != PULSE_OK)
-            throw config::ConfigError((cfg_.source.empty() ? std::string("config") : cfg_.source.string()) + ": models." + m.id +
-                                      ".profile_options: " + host::call_error(call, rc, rt->profile->plugin_id()));
+            throw config::ConfigError(file + ": models." + m.id + ".profile_options: " + host::call_error(call, rc, rt->profile->plugin_id()));
+
+        std::lock_guard lock(registry_mutex_);
         for (const auto& e : m.endpoints) {
-            if (!e.is_plugin()) {
-                rt->backends.emplace_back();
-                continue;
+            EndpointRef ref;
+            ref.cfg = &e;
+            std::string key = e.is_plugin() ? e.url + "#" + e.options_json : e.url;
+            auto& h = health_[key];
+            if (!h) h = std::make_shared<EndpointHealth>(key);
+            ref.health = h;
+            if (e.is_plugin()) {
+                auto& b = backends_[key];
+                if (!b) {
+                    auto lease = plugins_.backend(e.plugin_name());
+                    if (!lease) throw config::ConfigError(file + ": model '" + m.id + "': backend '" + e.plugin_name() + "' is not loaded");
+                    try {
+                        b = std::make_unique<BackendInstance>(lease, e.options_json);
+                    } catch (const std::exception& ex) {
+                        throw config::ConfigError(file + ": models." + m.id + " endpoint '" + e.name + "': " + ex.what());
+                    }
+                }
+                ref.backend = b.get();
             }
-            auto lease = plugins_.backend(e.plugin_name());
-            if (!lease) throw config::ConfigError("model '" + m.id + "': backend '" + e.plugin_name() + "' is not loaded");
-            try {
-                rt->backends.push_back(std::make_unique<BackendInstance>(lease, e.options_json));
-            } catch (const std::exception& ex) {
-                throw config::ConfigError("models." + m.id + ".endpoints '" + e.name + "': " + ex.what());
-            }
+            rt->endpoints.push_back(std::move(ref));
         }
-        runtimes_.push_back(std::move(rt));
+        snap->models.push_back(std::move(rt));
+    }
+    snap->generation = ++generations_;
+    return snap;
+}
+
+void Gateway::start() {
+    std::shared_ptr<const Snapshot> snap = build(initial_);
+    {
+        std::lock_guard lock(snap_mutex_);
+        current_ = snap;
+    }
+    const auto& w = snap->cfg.warmup;
+    prefixes_ = std::make_unique<PrefixStore>(w.enabled ? static_cast<size_t>(w.max_prefixes) : 0, 64u << 20);
+    if (w.enabled && !w.state_file.empty()) prefixes_->load(w.state_file);
+    if (w.enabled) warmer_ = std::make_unique<Warmer>(*prefixes_, snap->cfg.upstream);
+    prober_ = std::thread([this] { probe_loop(); });
+}
+
+void Gateway::reload(config::Config cfg) {
+    auto problems = check_components(cfg);
+    if (!problems.empty()) {
+        std::string all;
+        for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
+        throw config::ConfigError(all);
+    }
+    auto old = snapshot();
+    if (cfg.server.listen.host != old->cfg.server.listen.host || cfg.server.listen.port != old->cfg.server.listen.port ||
+        cfg.server.max_streams != old->cfg.server.max_streams)
+        log::warn("reload", "server.listen and server.max_streams take effect only after a restart");
+    std::shared_ptr<const Snapshot> next = build(std::move(cfg));  // throws: the old snapshot keeps serving
+    std::lock_guard lock(snap_mutex_);
+    retired_.push_back(current_);
+    current_ = next;
+    log::info("reload", "configuration generation " + std::to_string(next->generation) + " is serving (" +
+                            std::to_string(next->models.size()) + " models)");
+}
+
+void Gateway::collect_retired() {
+    std::vector<std::shared_ptr<const Snapshot>> done;
+    {
+        std::lock_guard lock(snap_mutex_);
+        auto it = std::partition(retired_.begin(), retired_.end(), [](const auto& s) { return s.use_count() > 1; });
+        done.assign(std::make_move_iterator(it), std::make_move_iterator(retired_.end()));
+        retired_.erase(it, retired_.end());
+    }
+    for (const auto& s : done) log::debug("reload", "configuration generation " + std::to_string(s->generation) + " retired");
+    // `done` goes out of scope here, on the control thread: profile instances are destroyed
+    // and their plugin generations' leases released.
+}
+
+void Gateway::stop() {
+    if (stop_.exchange(true)) return;
+    probe_cv_.notify_all();
+    if (prober_.joinable()) prober_.join();
+    if (warmer_) warmer_->stop();
+    auto snap = snapshot();
+    if (snap && prefixes_ && !snap->cfg.warmup.state_file.empty() && prefixes_->dirty()) prefixes_->save(snap->cfg.warmup.state_file);
+}
+
+void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep) {
+    if (!ep.health->mark_healthy()) return;
+    log::info("health", "endpoint " + ep.cfg->name + " (" + ep.cfg->url + ") is healthy again");
+    if (warmer_) warmer_->recovered(model, *ep.cfg, ep.health);
+}
+
+void Gateway::endpoint_failed(const EndpointRef& ep, const std::string& why) {
+    if (ep.health->mark_unhealthy(why)) log::warn("health", "endpoint " + ep.cfg->name + " (" + ep.cfg->url + ") is down: " + why);
+}
+
+void Gateway::probe_once(const Snapshot& snap) {
+    std::map<std::string, std::string> result;  // health key -> "" or why not
+    for (const auto& m : snap.models)
+        for (const auto& ep : m->endpoints) {
+            auto it = result.find(ep.health->key());
+            if (it == result.end())
+                it = result.emplace(ep.health->key(), ep.backend ? ep.backend->health()
+                                                                 : probe_http(*ep.cfg, snap.cfg.upstream.connect_timeout_s))
+                         .first;
+            if (it->second.empty()) endpoint_ok(m->cfg->id, ep);
+            else endpoint_failed(ep, it->second);
+        }
+}
+
+void Gateway::probe_loop() {
+    for (;;) {
+        auto snap = snapshot();
+        probe_once(*snap);
+        if (prefixes_ && !snap->cfg.warmup.state_file.empty() && prefixes_->dirty()) prefixes_->save(snap->cfg.warmup.state_file);
+        std::unique_lock lock(probe_mutex_);
+        auto wait = std::chrono::duration<double>(snap->cfg.upstream.health_interval_s);
+        if (probe_cv_.wait_for(lock, wait, [&] { return stop_.load(); })) return;
     }
 }
 
-const ModelRuntime* Gateway::runtime(std::string_view model_id) const {
-    for (const auto& r : runtimes_)
-        if (r->cfg->id == model_id) return r.get();
-    return nullptr;
-}
-
-bool Gateway::authorized(const Poco::Net::HTTPServerRequest& req) const {
-    const std::string& key = cfg_.server.api_key;
+bool Gateway::authorized(const Poco::Net::HTTPServerRequest& req, const config::Config& cfg) const {
+    const std::string& key = cfg.server.api_key;
     if (key.empty()) return true;
     const std::string& auth = req.get("Authorization", "");
     static const std::string kBearer = "Bearer ";
@@ -96,33 +233,13 @@ bool Gateway::authorized(const Poco::Net::HTTPServerRequest& req) const {
     return diff == 0;
 }
 
-std::vector<std::string> Gateway::check_components() const {
-    std::vector<std::string> out;
-    auto list = [](const std::vector<std::string>& v) {
-        std::string s;
-        for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-        return s.empty() ? std::string("none") : s;
-    };
-    for (const auto& m : cfg_.models) {
-        if (!plugins_.translation(m.profile))
-            out.push_back("model '" + m.id + "': translation profile '" + m.profile +
-                          "' is not provided by any loaded plugin (loaded profiles: " +
-                          list(plugins_.component_names(PULSE_KIND_TRANSLATION)) + ")");
-        for (const auto& e : m.endpoints)
-            if (e.is_plugin() && !plugins_.backend(e.plugin_name()))
-                out.push_back("model '" + m.id + "', endpoint '" + e.name + "': backend '" + e.plugin_name() +
-                              "' is not provided by any loaded plugin (loaded backends: " +
-                              list(plugins_.component_names(PULSE_KIND_BACKEND)) + ")");
-    }
-    return out;
-}
-
 void Gateway::handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) {
     std::string path = req.getURI();
     if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
     const std::string& method = req.getMethod();
+    auto snap = snapshot();
     bool status_path = path == "/health" || path == "/metrics";
-    if ((!status_path || cfg_.server.protect_status) && !authorized(req))
+    if ((!status_path || snap->cfg.server.protect_status) && !authorized(req, snap->cfg))
         return send_error(resp, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)",
                           {}, "invalid_api_key");
     if (path == "/health" && (method == "GET" || method == "HEAD")) return health(resp);
@@ -147,32 +264,52 @@ void Gateway::handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerRes
 }
 
 void Gateway::health(Poco::Net::HTTPServerResponse& resp) {
+    auto snap = snapshot();
     rapidjson::StringBuffer b;
     JsonWriter w(b);
     bool draining = draining_.load();
+    bool all_models_served = true;
     w.StartObject();
-    w.Key("status");
-    w.String(draining ? "draining" : "ok");
     w.Key("models");
     w.StartArray();
-    for (const auto& m : cfg_.models) {
+    for (const auto& m : snap->models) {
+        bool any = false;
         w.StartObject();
         w.Key("id");
-        w.String(m.id.c_str());
+        w.String(m->cfg->id.c_str());
         w.Key("profile");
-        w.String(m.profile.c_str());
+        w.String(m->cfg->profile.c_str());
+        w.Key("profile_plugin");
+        w.String(m->profile->plugin_id().c_str());
+        w.Key("profile_generation");
+        w.Uint64(m->profile->generation->ctx.generation);
         w.Key("endpoints");
         w.StartArray();
-        for (const auto& e : m.endpoints) {
+        for (const auto& e : m->endpoints) {
+            bool ok = e.health->healthy();
+            any = any || ok;
             w.StartObject();
             w.Key("name");
-            w.String(e.name.c_str());
+            w.String(e.cfg->name.c_str());
             w.Key("url");
-            w.String(e.url.c_str());
+            w.String(e.cfg->url.c_str());
+            w.Key("state");
+            w.String(ok ? "healthy" : "down");
+            w.Key("for_s");
+            w.Double(static_cast<double>(static_cast<int64_t>(e.health->seconds_in_state() * 10)) / 10);
+            w.Key("in_flight");
+            w.Int(e.health->in_flight.load());
+            if (!ok) {
+                w.Key("last_error");
+                w.String(e.health->last_error().c_str());
+            }
             w.EndObject();
         }
         w.EndArray();
+        w.Key("status");
+        w.String(any ? "ok" : "degraded");
         w.EndObject();
+        all_models_served = all_models_served && any;
     }
     w.EndArray();
     w.Key("plugins");
@@ -194,11 +331,19 @@ void Gateway::health(Poco::Net::HTTPServerResponse& resp) {
         w.EndObject();
     }
     w.EndArray();
+    const char* status = draining ? "draining" : all_models_served ? "ok" : "degraded";
+    w.Key("status");
+    w.String(status);
+    w.Key("active_requests");
+    w.Int(active_.load());
+    w.Key("config_generation");
+    w.Uint64(snap->generation);
     w.EndObject();
-    send_json(resp, draining ? 503 : 200, {b.GetString(), b.GetSize()});
+    send_json(resp, std::string_view(status) == "ok" ? 200 : 503, {b.GetString(), b.GetSize()});
 }
 
 void Gateway::models(Poco::Net::HTTPServerResponse& resp) {
+    auto snap = snapshot();
     rapidjson::StringBuffer b;
     JsonWriter w(b);
     w.StartObject();
@@ -206,19 +351,19 @@ void Gateway::models(Poco::Net::HTTPServerResponse& resp) {
     w.String("list");
     w.Key("data");
     w.StartArray();
-    for (const auto& m : cfg_.models) {
+    for (const auto& m : snap->models) {
         w.StartObject();
         w.Key("id");
-        w.String(m.id.c_str());
+        w.String(m->cfg->id.c_str());
         w.Key("object");
         w.String("model");
         w.Key("created");
         w.Int64(0);
         w.Key("owned_by");
         w.String("pulse");
-        if (m.context_window > 0) {
+        if (m->cfg->context_window > 0) {
             w.Key("context_window");
-            w.Int64(m.context_window);
+            w.Int64(m->cfg->context_window);
         }
         w.EndObject();
     }

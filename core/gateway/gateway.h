@@ -1,18 +1,29 @@
-// The gateway: routes HTTP requests (status endpoints, the Responses API) and holds what every
-// request needs: the config, the plugin registry, and per model its translation profile
-// instance and the backend plugin instances of its endpoints.
+// The gateway: routes HTTP requests (status endpoints, the Responses API) and owns what every
+// request needs.
+//
+// Configuration lives in immutable Snapshots (config + per-model runtimes holding leases on
+// their translation profiles). A request takes a shared_ptr to the current snapshot when it
+// starts and keeps it to the end, so SIGHUP can publish a new snapshot (new endpoints, settings
+// and profile generations) without touching streams in flight. Retired snapshots are destroyed
+// on the control thread once no request holds them (collect_retired), so profile `destroy`
+// and plugin `deinit` always run there.
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <rapidjson/document.h>
 
 #include "config/config.h"
+#include "gateway/endpoint_health.h"
 #include "gateway/response_builder.h"
 #include "gateway/upstream.h"
+#include "gateway/warmup.h"
 #include "plugin/plugin_manager.h"
 
 namespace Poco::Net {
@@ -22,48 +33,97 @@ class HTTPServerResponse;
 
 namespace pulse::gateway {
 
+// One endpoint of one model, in a snapshot.
+struct EndpointRef {
+    const config::Endpoint* cfg = nullptr;
+    std::shared_ptr<EndpointHealth> health;  // shared across snapshots (keyed by URL)
+    BackendInstance* backend = nullptr;      // plugin:// endpoints; owned by the Gateway
+};
+
 // One configured model, ready to serve.
 struct ModelRuntime {
     const config::Model* cfg = nullptr;
     plugin::ComponentLease profile;  // lease on the profile's plugin generation
     void* instance = nullptr;        // the profile's per-model instance
     rapidjson::Document view;        // {id, upstream_model, context_window, sampling{...}} for the profile
-    std::vector<std::unique_ptr<BackendInstance>> backends;  // per endpoint; null for http://
+    std::vector<EndpointRef> endpoints;
     ReasoningOutput reasoning = ReasoningOutput::summary;
 
     ModelRuntime() = default;
     ModelRuntime(const ModelRuntime&) = delete;
     ~ModelRuntime();
+    // Endpoint indices in the order to try them: healthy ones first, each group in config order.
+    std::vector<size_t> order() const;
+};
+
+struct Snapshot {
+    config::Config cfg;
+    std::vector<std::unique_ptr<ModelRuntime>> models;
+    uint64_t generation = 0;
+    const ModelRuntime* find(std::string_view id) const;
 };
 
 class Gateway {
 public:
-    Gateway(const config::Config& cfg, plugin::PluginManager& plugins);
+    Gateway(config::Config cfg, plugin::PluginManager& plugins);
     ~Gateway();
 
     // Every model's translation profile and every plugin:// endpoint must be provided by a
     // loaded plugin. Returns one message per missing component (empty = all present).
-    std::vector<std::string> check_components() const;
+    std::vector<std::string> check_components(const config::Config& cfg) const;
 
-    // Creates profile and backend instances (control thread, before serving). Throws
-    // config::ConfigError when a plugin rejects its options.
+    // Builds the first snapshot, loads warmup state, starts the health prober and the warmer
+    // (control thread, before serving). Throws config::ConfigError when a plugin rejects its
+    // options.
     void start();
+    // Publishes a new snapshot for `cfg` (control thread). Throws config::ConfigError and keeps
+    // the current snapshot when the new one cannot be built.
+    void reload(config::Config cfg);
+    // Destroys retired snapshots that no request holds any more (control thread).
+    void collect_retired();
+    // Stops background threads and saves warmup state (control thread, after the server).
+    void stop();
 
     void handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp);
 
     void set_draining(bool d) { draining_ = d; }
+    int active_requests() const { return active_.load(); }
+    std::shared_ptr<const Snapshot> snapshot() const;
 
 private:
+    friend class ResponseSession;
+    std::unique_ptr<Snapshot> build(config::Config cfg);
     void health(Poco::Net::HTTPServerResponse& resp);
     void models(Poco::Net::HTTPServerResponse& resp);
     void responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp);
-    bool authorized(const Poco::Net::HTTPServerRequest& req) const;
-    const ModelRuntime* runtime(std::string_view model_id) const;
+    bool authorized(const Poco::Net::HTTPServerRequest& req, const config::Config& cfg) const;
+    void probe_loop();
+    void probe_once(const Snapshot& snap);
+    // Record an endpoint's state change (from a probe or a request); starts a warmup on recovery.
+    void endpoint_ok(const std::string& model, const EndpointRef& ep);
+    void endpoint_failed(const EndpointRef& ep, const std::string& why);
 
-    const config::Config& cfg_;
     plugin::PluginManager& plugins_;
-    std::vector<std::unique_ptr<ModelRuntime>> runtimes_;
+    config::Config initial_;
+
+    mutable std::mutex snap_mutex_;
+    std::shared_ptr<const Snapshot> current_;
+    std::vector<std::shared_ptr<const Snapshot>> retired_;
+    uint64_t generations_ = 0;
+
+    std::mutex registry_mutex_;  // health_ and backends_ (grow only)
+    std::map<std::string, std::shared_ptr<EndpointHealth>> health_;
+    std::map<std::string, std::unique_ptr<BackendInstance>> backends_;
+
+    std::unique_ptr<PrefixStore> prefixes_;
+    std::unique_ptr<Warmer> warmer_;
+
     std::atomic<bool> draining_{false};
+    std::atomic<int> active_{0};
+    std::atomic<bool> stop_{false};
+    std::mutex probe_mutex_;
+    std::condition_variable probe_cv_;
+    std::thread prober_;
 };
 
 }  // namespace pulse::gateway

@@ -1,13 +1,17 @@
-// POST /v1/responses: validate, translate, send to the first endpoint that takes the request,
-// stream the translated events back (or aggregate them for stream:false).
+// POST /v1/responses: validate, translate, send to the first endpoint that takes the request
+// (retrying across endpoints with backoff inside the retry window while nothing has been
+// sent), stream the translated events back (or aggregate them for stream:false).
 #include <Poco/Net/HTTPServerRequest.h>
 #include <Poco/Net/HTTPServerRequestImpl.h>
 #include <Poco/Net/HTTPServerResponse.h>
 #include <Poco/Net/StreamSocket.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <istream>
 #include <random>
+#include <thread>
 
 #include "common/log.h"
 #include "common/metrics.h"
@@ -61,260 +65,368 @@ bool client_gone(Poco::Net::StreamSocket& s) {
     }
 }
 
-// Calls stream_close exactly once, whatever path the request takes.
-struct ProfileStream {
-    const pulse_translation_vt_t& vt;
-    void* stream = nullptr;
-    ~ProfileStream() {
-        if (stream) vt.stream_close(stream);
+// Appends one JSON line to the trace file (created 0600: it holds whole prompts).
+void trace(const std::string& file, const std::string& id, const char* what, const std::string& json) {
+    static std::mutex m;
+    std::lock_guard lock(m);
+    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    std::string line = "{\"id\":\"" + id + "\",\"what\":\"" + what + "\",\"body\":" + (json.empty() ? "null" : json) + "}\n";
+    ssize_t n = ::write(fd, line.data(), line.size());
+    (void)n;
+    ::close(fd);
+}
+
+}  // namespace
+
+// One /v1/responses request from receipt to the last byte.
+class ResponseSession {
+public:
+    ResponseSession(Gateway& gw, Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp)
+        : gw_(gw), req_(req), resp_(resp), snap_(gw.snapshot()), cfg_(snap_->cfg), id_(new_response_id()) {}
+
+    void run() {
+        if (!read_and_validate()) return;
+        if (!translate()) return;
+        serve();
+        finish();
     }
-};
 
-}  // namespace
+private:
+    enum class Attempt { served, retry, final };
 
-namespace {
-struct ActiveRequest {
-    metrics::Gauge& g = metrics::global().gauge("pulse_active_requests", "Responses requests in flight");
-    ActiveRequest() { g.add(1); }
-    ~ActiveRequest() { g.add(-1); }
-};
-}  // namespace
-
-void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) {
-    auto t0 = steady_clock::now();
-    ActiveRequest active;
-    const std::string id = new_response_id();
-
-    // ---- body: bounded, then parsed and validated before anything else happens ----
-    const int64_t limit = cfg_.server.max_body_bytes;
-    auto too_large = [&](const std::string& size) {
-        // Read (and drop) what the client is still sending, up to a bound, so it sees the 413
-        // instead of a reset connection; then close.
-        std::istream& in = req.stream();
-        char sink[65536];
-        int64_t drained = 0;
-        while (drained < 64 * 1024 * 1024 && in.read(sink, sizeof sink).gcount() > 0) drained += in.gcount();
-        resp.setKeepAlive(false);
-        send_error(resp, 413, "invalid_request_error",
-                   "request body " + size + "is over the limit of " + std::to_string(limit) + " bytes (server.max_body_bytes)",
-                   {}, "request_too_large");
-    };
-    if (req.hasContentLength() && req.getContentLength64() > limit)
-        return too_large("of " + std::to_string(req.getContentLength64()) + " bytes ");
-    std::string body;
-    {
-        std::istream& in = req.stream();
+    bool read_and_validate() {
+        const int64_t limit = cfg_.server.max_body_bytes;
+        auto too_large = [&](const std::string& size) {
+            // Read (and drop) what the client is still sending, up to a bound, so it sees the 413
+            // instead of a reset connection; then close.
+            std::istream& in = req_.stream();
+            char sink[65536];
+            int64_t drained = 0;
+            while (drained < 64 * 1024 * 1024 && in.read(sink, sizeof sink).gcount() > 0) drained += in.gcount();
+            resp_.setKeepAlive(false);
+            invalid({413, "request body " + size + "is over the limit of " + std::to_string(limit) + " bytes (server.max_body_bytes)", "",
+                     "request_too_large"});
+            return false;
+        };
+        if (req_.hasContentLength() && req_.getContentLength64() > limit)
+            return too_large("of " + std::to_string(req_.getContentLength64()) + " bytes ");
+        std::string body;
+        std::istream& in = req_.stream();
         char buf[65536];
         while (in.read(buf, sizeof buf) || in.gcount() > 0) {
             body.append(buf, static_cast<size_t>(in.gcount()));
             if (static_cast<int64_t>(body.size()) > limit) return too_large("");
         }
+        if (!cfg_.server.trace_file.empty()) trace(cfg_.server.trace_file, id_, "request", body);
+        if (auto e = parse_body(body, doc_)) return invalid(*e), false;
+        if (auto e = validate_request(doc_)) return invalid(*e), false;
+
+        model_id_ = doc_["model"].GetString();
+        rt_ = snap_->find(model_id_);
+        if (!rt_) {
+            std::string known;
+            for (const auto& r : snap_->models) known += (known.empty() ? "" : ", ") + r->cfg->id;
+            invalid({400, "model '" + model_id_ + "' is not configured here (models: " + (known.empty() ? "none" : known) + ")",
+                     "model", "model_not_found"});
+            return false;
+        }
+        streaming_ = doc_.HasMember("stream") && doc_["stream"].IsTrue();
+        if (auto k = doc_.FindMember("prompt_cache_key"); k != doc_.MemberEnd() && k->value.IsString()) cache_key_ = k->value.GetString();
+        return true;
     }
-    rapidjson::Document doc;
-    auto invalid = [&](const RequestError& e) {
+
+    void invalid(const RequestError& e) {
+        resp_.setKeepAlive(false);  // a client that sent garbage gets no second chance on this connection
         metrics::global().counter("pulse_invalid_requests_total", "requests refused with a 4xx before translation", {{"code", e.code}}).add();
-        send_error(resp, e.http_status, "invalid_request_error", e.message, e.param, e.code);
-    };
-    if (auto e = parse_body(body, doc)) return invalid(*e);
-    if (auto e = validate_request(doc)) return invalid(*e);
-
-    std::string model_id = doc["model"].GetString();
-    const ModelRuntime* rt = runtime(model_id);
-    if (!rt) {
-        std::string known;
-        for (const auto& r : runtimes_) known += (known.empty() ? "" : ", ") + r->cfg->id;
-        return send_error(resp, 400, "invalid_request_error",
-                          "model '" + model_id + "' is not configured here (models: " + (known.empty() ? "none" : known) + ")",
-                          "model", "model_not_found");
-    }
-    bool streaming = doc.HasMember("stream") && doc["stream"].IsTrue();
-    if (draining_) return send_error(resp, 503, "server_error", "the gateway is shutting down", {}, "draining", 1);
-
-    // ---- translate the request ----
-    const auto& vt = rt->profile->registration.translation;
-    const std::string& plugin_id = rt->profile->plugin_id();
-    std::atomic<bool> cancelled{false};
-    pulse_call call;
-    call.request_id = id;
-    call.cancelled = &cancelled;
-    pulse_upstream_req upreq;
-    pulse_status_t rc = vt.build_request(rt->instance, &call, host::view(&doc), host::view(&rt->view), &upreq);
-    if (rc == PULSE_OK && !upreq.body.complete()) {
-        rc = PULSE_E_INTERNAL;
-        call.message = "profile '" + rt->profile->registration.name + "' wrote an incomplete upstream request";
-        call.has_message = true;
-    }
-    if (rc != PULSE_OK) {
-        auto h = http_error_for(rc);
-        std::string msg = host::call_error(call, rc, plugin_id);
-        if (h.status >= 500) log::error("responses", id + ": " + msg);
-        return send_error(resp, h.status, h.type, msg, {}, h.code, h.retry_after);
-    }
-    std::string upstream_body(upreq.body.text());
-    ProfileStream pstream{vt};
-    call.clear_error();
-    if ((rc = vt.stream_open(rt->instance, &call, host::view(&doc), &pstream.stream)) != PULSE_OK) {
-        auto h = http_error_for(rc);
-        return send_error(resp, h.status, h.type, host::call_error(call, rc, plugin_id), {}, h.code, h.retry_after);
+        send_error(resp_, e.http_status, "invalid_request_error", e.message, e.param, e.code);
+        outcome_ = "invalid";
     }
 
-    // ---- output: SSE to the client, or collected for stream:false ----
-    Poco::Net::StreamSocket& socket = static_cast<Poco::Net::HTTPServerRequestImpl&>(req).socket();
-    socket.setSendTimeout(Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(cfg_.server.send_timeout_s * 1e6)));
-    std::ostream* out = nullptr;
-    bool lost = false;  // the client went away
-    auto open_sse = [&] {
-        if (out || !streaming) return;
-        resp.setStatus(Poco::Net::HTTPResponse::HTTP_OK);
-        resp.setContentType("text/event-stream");
-        resp.set("Cache-Control", "no-cache");
-        resp.set("X-Accel-Buffering", "no");
-        resp.setChunkedTransferEncoding(true);
-        out = &resp.send();
-        out->flush();
-    };
-    ResponseBuilder builder(id, model_id, rt->reasoning, [&](std::string_view type, const std::string& json) {
-        if (!streaming || lost) return;
-        open_sse();
+    bool translate() {
+        vt_ = &rt_->profile->registration.translation;
+        call_.request_id = id_;
+        call_.cancelled = &cancelled_;
+        pulse_status_t rc = vt_->build_request(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), &upreq_);
+        if (rc == PULSE_OK && !upreq_.body.complete()) {
+            rc = PULSE_E_INTERNAL;
+            call_.message = "profile '" + rt_->profile->registration.name + "' wrote an incomplete upstream request";
+            call_.has_message = true;
+        }
+        if (rc == PULSE_OK) {
+            call_.clear_error();
+            rc = vt_->stream_open(rt_->instance, &call_, host::view(&doc_), &stream_);
+        }
+        if (rc != PULSE_OK) {
+            auto h = http_error_for(rc);
+            std::string msg = host::call_error(call_, rc, rt_->profile->plugin_id());
+            if (h.status >= 500) log::error("responses", id_ + ": " + msg);
+            send_error(resp_, h.status, h.type, msg, {}, h.code, h.retry_after);
+            outcome_ = "rejected";
+            return false;
+        }
+        upstream_body_ = std::string(upreq_.body.text());
+        builder_ = std::make_unique<ResponseBuilder>(id_, model_id_, rt_->reasoning, [this](std::string_view type, const std::string& json) {
+            emit(type, json);
+        });
+        socket_ = &static_cast<Poco::Net::HTTPServerRequestImpl&>(req_).socket();
+        socket_->setSendTimeout(Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(cfg_.server.send_timeout_s * 1e6)));
+        keepalive_ = milliseconds(static_cast<int64_t>(cfg_.upstream.keepalive_s * 1000));
+        return true;
+    }
+
+    void emit(std::string_view type, const std::string& json) {
+        if (!streaming_ || lost_) return;
+        if (!out_) {
+            resp_.setStatusAndReason(Poco::Net::HTTPResponse::HTTP_OK);
+            resp_.setContentType("text/event-stream");
+            resp_.set("Cache-Control", "no-cache");
+            resp_.set("X-Accel-Buffering", "no");
+            resp_.setChunkedTransferEncoding(true);
+            out_ = &resp_.send();
+        }
         std::string ev = sse_event(type, json);
-        out->write(ev.data(), static_cast<std::streamsize>(ev.size()));
-        out->flush();
-        if (!out->good()) lost = true;
-    });
-    const milliseconds keepalive(static_cast<int64_t>(cfg_.upstream.keepalive_s * 1000));
-    auto since_event = steady_clock::now();
-    auto& keepalives = metrics::global().counter("pulse_keepalives_total", "response.in_progress keepalive events sent",
-                                                 {{"model", model_id}});
-    auto keepalive_if_due = [&] {
-        if (!streaming || steady_clock::now() - since_event < keepalive) return;
-        builder.keepalive();
-        keepalives.add();
-        since_event = steady_clock::now();
-    };
+        out_->write(ev.data(), static_cast<std::streamsize>(ev.size()));
+        out_->flush();
+        if (!out_->good()) lost_ = true;
+        last_event_ = steady_clock::now();
+    }
 
-    // ---- endpoints in failover order: move on only while nothing has been sent ----
-    pulse_status_t last_status = PULSE_E_UNAVAILABLE;
-    std::string last_error = "no endpoint configured";
-    std::string served_by;
-    std::optional<milliseconds> ttft;
-    std::string outcome;
-    for (size_t i = 0; i < rt->cfg->endpoints.size() && outcome.empty() && !lost; ++i) {
-        const auto& ep = rt->cfg->endpoints[i];
-        std::unique_ptr<UpstreamStream> up =
-            ep.is_plugin() ? rt->backends[i]->open(upstream_body, id) : open_http(ep, upreq, cfg_.upstream);
+    void keepalive_if_due() {
+        if (!streaming_ || steady_clock::now() - last_event_ < keepalive_) return;
+        builder_->keepalive();
+        metrics::global().counter("pulse_keepalives_total", "response.in_progress keepalive events sent", {{"model", model_id_}}).add();
+    }
+
+    // Sends the request to endpoint `i` and follows it to the end, or to the point where
+    // another endpoint should be tried.
+    Attempt attempt(size_t i) {
+        const EndpointRef& ep = rt_->endpoints[i];
+        InFlight in_flight(*ep.health);
+        std::unique_ptr<UpstreamStream> up = ep.backend ? ep.backend->open(upstream_body_, id_) : open_http(*ep.cfg, upreq_, cfg_.upstream);
         bool accepted = false, fed = false;
-        while (!lost && outcome.empty()) {
-            UpEvent e = up->next(keepalive);
-            if (client_gone(socket)) lost = true;
-            if (lost) break;
+        for (;;) {
+            UpEvent e = up->next(keepalive_);
+            if (!lost_ && client_gone(*socket_)) lost_ = true;
+            if (lost_) {
+                up->cancel();
+                call_.clear_error();
+                vt_->stream_finish(stream_, &call_, PULSE_STREAM_CANCELLED, builder_.get());
+                outcome_ = "cancelled";
+                return Attempt::final;
+            }
             switch (e.kind) {
                 case UpEvent::Kind::timeout:
                     keepalive_if_due();
-                    continue;
-
+                    break;
                 case UpEvent::Kind::accepted:
                     accepted = true;
-                    served_by = ep.name;
-                    builder.start();
-                    since_event = steady_clock::now();
-                    continue;
+                    served_by_ = ep.cfg->name;
+                    gw_.endpoint_ok(model_id_, ep);
+                    builder_->start();
+                    break;
                 case UpEvent::Kind::rejected: {
                     pulse_status_t s = e.status;
-                    call.clear_error();
+                    call_.clear_error();
                     if (e.http_status) {
-                        s = vt.map_error ? vt.map_error(rt->instance, &call, e.http_status, pulse_str_t{e.text.data(), e.text.size()})
-                                         : (e.http_status >= 500 || e.http_status == 429 ? PULSE_E_UNAVAILABLE : PULSE_E_INVALID_ARGUMENT);
-                        last_error = call.has_message ? call.message
-                                                      : "backend answered HTTP " + std::to_string(e.http_status) + ": " + e.text.substr(0, 300);
+                        s = vt_->map_error ? vt_->map_error(rt_->instance, &call_, e.http_status, pulse_str_t{e.text.data(), e.text.size()})
+                                           : (e.http_status >= 500 || e.http_status == 429 ? PULSE_E_UNAVAILABLE : PULSE_E_INVALID_ARGUMENT);
+                        last_error_ = call_.has_message ? call_.message
+                                                        : "backend answered HTTP " + std::to_string(e.http_status) + ": " + e.text.substr(0, 300);
                     } else {
-                        last_error = e.text;
+                        last_error_ = e.text;
                     }
-                    last_status = s;
-                    log::warn("responses", id + ": endpoint " + ep.name + " refused the request: " + last_error);
-                    if (!retryable(s)) outcome = "rejected";
-                    break;
+                    last_status_ = s;
+                    log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " refused the request: " + last_error_);
+                    if (!retryable(s)) return Attempt::final;
+                    gw_.endpoint_failed(ep, last_error_);
+                    return Attempt::retry;
                 }
                 case UpEvent::Kind::failed:
-                    last_status = e.status ? e.status : PULSE_E_UNAVAILABLE;
-                    last_error = e.text;
+                    last_status_ = e.status ? e.status : PULSE_E_UNAVAILABLE;
+                    last_error_ = e.text;
                     if (!accepted || e.before_accept || !fed) {
-                        log::warn("responses", id + ": endpoint " + ep.name + " failed: " + e.text);
-                        break;  // no output came from this endpoint: the next one may serve it
+                        // No output came from this endpoint: another one (or this one, later) may serve it.
+                        log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + e.text);
+                        gw_.endpoint_failed(ep, e.text);
+                        return Attempt::retry;
                     }
-                    call.clear_error();
-                    vt.stream_finish(pstream.stream, &call, PULSE_STREAM_TRUNCATED, &builder);
-                    outcome = builder.end(PULSE_STREAM_TRUNCATED, e.text);
-                    break;
+                    call_.clear_error();
+                    vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
+                    outcome_ = builder_->end(PULSE_STREAM_TRUNCATED, e.text);
+                    return Attempt::served;
                 case UpEvent::Kind::data: {
-                    if (!ttft) ttft = duration_cast<milliseconds>(steady_clock::now() - t0);
+                    if (!ttft_) ttft_ = duration_cast<milliseconds>(steady_clock::now() - t0_);
                     fed = true;
-                    call.clear_error();
-                    pulse_status_t s = vt.stream_feed(pstream.stream, &call, {e.text.data(), e.text.size()}, &builder);
+                    call_.clear_error();
+                    pulse_status_t s = vt_->stream_feed(stream_, &call_, {e.text.data(), e.text.size()}, builder_.get());
                     if (s < 0) {
-                        builder.fail(s, host::call_error(call, s, plugin_id));
-                        outcome = "failed";
+                        builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
+                        outcome_ = "failed";
+                        up->cancel();
+                        return Attempt::served;
                     }
-                    since_event = steady_clock::now();
                     keepalive_if_due();
-                    continue;
+                    break;
                 }
                 case UpEvent::Kind::done: {
-                    call.clear_error();
-                    pulse_status_t s = vt.stream_finish(pstream.stream, &call, PULSE_STREAM_CLEAN, &builder);
-                    if (s < 0) builder.fail(s, host::call_error(call, s, plugin_id));
-                    outcome = builder.ended() ? (builder.failure() ? "failed" : "completed") : builder.end(PULSE_STREAM_CLEAN);
-                    break;
+                    call_.clear_error();
+                    pulse_status_t s = vt_->stream_finish(stream_, &call_, PULSE_STREAM_CLEAN, builder_.get());
+                    if (s < 0) builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
+                    outcome_ = builder_->ended() ? (builder_->failure() ? "failed" : "completed") : builder_->end(PULSE_STREAM_CLEAN);
+                    if (outcome_ == "completed" || outcome_ == "incomplete")
+                        gw_.prefixes_->remember(model_id_, prefix_key(cache_key_, upstream_body_), upstream_body_);
+                    return Attempt::served;
                 }
             }
-            if (e.kind == UpEvent::Kind::rejected || e.kind == UpEvent::Kind::failed) break;
-        }
-        if (outcome.empty() && !lost && i + 1 < rt->cfg->endpoints.size())
-            metrics::global().counter("pulse_failovers_total", "requests moved to the next endpoint before any output",
-                                      {{"model", model_id}, {"from", ep.name}}).add();
-        if (lost) {
-            up->cancel();
-            call.clear_error();
-            vt.stream_finish(pstream.stream, &call, PULSE_STREAM_CANCELLED, &builder);
-            outcome = "cancelled";
         }
     }
 
-    if (outcome.empty() || outcome == "rejected") {
-        // No endpoint produced a response.
-        auto h = http_error_for(last_status);
-        if (outcome.empty()) last_error = "no backend could take the request; last error: " + last_error;
-        if (builder.started()) {
-            builder.fail(last_status, last_error);
-        } else if (!lost) {
-            send_error(resp, h.status, h.type, last_error, {}, h.code, h.retry_after);
-        }
-        outcome = outcome.empty() ? "unavailable" : "rejected";
-    } else if (!streaming && !lost) {
-        if (auto f = builder.failure(); f && !builder.has_output()) {
-            auto h = http_error_for(f->first);
-            send_error(resp, h.status, h.type, f->second, {}, f->first == PULSE_E_CONTEXT_LENGTH ? "context_length_exceeded" : h.code,
-                       h.retry_after);
-        } else {
-            send_json(resp, 200, builder.final_response());
+    // Waits before the next round, keeping the client alive and noticing if it leaves.
+    void wait_backoff(milliseconds d) {
+        auto until = steady_clock::now() + d;
+        while (!lost_ && steady_clock::now() < until) {
+            std::this_thread::sleep_for(std::min<milliseconds>(milliseconds(50), duration_cast<milliseconds>(until - steady_clock::now())));
+            if (client_gone(*socket_)) lost_ = true;
+            keepalive_if_due();
         }
     }
 
-    const auto& u = builder.usage_totals();
-    auto& reg = metrics::global();
-    const std::string ep_label = served_by.empty() ? "-" : served_by;
-    reg.counter("pulse_requests_total", "Responses requests by model, endpoint and outcome",
-                {{"model", model_id}, {"endpoint", ep_label}, {"outcome", outcome}}).add();
-    double total_s = duration<double>(steady_clock::now() - t0).count();
-    reg.histogram("pulse_request_duration_seconds", "whole request, receipt to last byte", {{"model", model_id}}).observe(total_s);
-    if (ttft) reg.histogram("pulse_ttft_seconds", "receipt to first backend output", {{"model", model_id}}).observe(ttft->count() / 1000.0);
-    reg.counter("pulse_input_tokens_total", "prompt tokens reported by backends", {{"model", model_id}}).add(static_cast<uint64_t>(u.input));
-    reg.counter("pulse_cached_tokens_total", "prompt tokens served from the backend prefix cache", {{"model", model_id}})
-        .add(static_cast<uint64_t>(u.cached));
-    reg.counter("pulse_output_tokens_total", "output tokens reported by backends", {{"model", model_id}}).add(static_cast<uint64_t>(u.output));
-    log::info("responses", id + " model=" + model_id + " endpoint=" + (served_by.empty() ? "-" : served_by) + " outcome=" +
-                               outcome + " in=" + std::to_string(u.input) + " cached=" + std::to_string(u.cached) +
-                               " out=" + std::to_string(u.output) + " ttft_ms=" + (ttft ? std::to_string(ttft->count()) : "-") +
-                               " total_ms=" + std::to_string(duration_cast<milliseconds>(steady_clock::now() - t0).count()));
+    void serve() {
+        auto deadline = t0_ + duration_cast<steady_clock::duration>(duration<double>(cfg_.upstream.retry_window_s));
+        milliseconds backoff(250);
+        for (int round = 0;; ++round) {
+            Attempt a = Attempt::retry;
+            auto order = rt_->order();
+            for (size_t n = 0; n < order.size() && a == Attempt::retry && !lost_; ++n) {
+                if (round > 0 || n > 0) {
+                    metrics::global()
+                        .counter(round > 0 && n == 0 ? "pulse_retries_total" : "pulse_failovers_total",
+                                 round > 0 && n == 0 ? "request rounds started again after every endpoint failed"
+                                                     : "requests moved to the next endpoint before any output",
+                                 {{"model", model_id_}})
+                        .add();
+                }
+                a = attempt(order[n]);
+            }
+            if (a != Attempt::retry || lost_) {
+                if (lost_ && outcome_.empty()) outcome_ = "cancelled";
+                break;
+            }
+            if (steady_clock::now() + backoff >= deadline) break;  // the window is spent
+            wait_backoff(backoff);
+            backoff = std::min(backoff * 2, milliseconds(5000));
+        }
+        if (outcome_.empty()) outcome_ = retryable(last_status_) ? "unavailable" : "rejected";
+    }
+
+    void finish() {
+        if (outcome_ == "unavailable" || outcome_ == "rejected") {
+            std::string msg = outcome_ == "unavailable"
+                                  ? "no backend could take the request within " + std::to_string(static_cast<int>(cfg_.upstream.retry_window_s)) +
+                                        " s; last error: " + last_error_
+                                  : last_error_;
+            if (builder_->started()) {
+                builder_->fail(last_status_, msg);  // SSE already open (keepalives): a terminal event
+            } else if (!lost_) {
+                auto h = http_error_for(last_status_);
+                send_error(resp_, h.status, h.type, msg, {}, h.code, h.retry_after);
+            }
+        } else if (!streaming_ && !lost_ && outcome_ != "cancelled") {
+            if (auto f = builder_->failure(); f && !builder_->has_output()) {
+                auto h = http_error_for(f->first);
+                send_error(resp_, h.status, h.type, f->second, {}, f->first == PULSE_E_CONTEXT_LENGTH ? "context_length_exceeded" : h.code,
+                           h.retry_after);
+            } else {
+                send_json(resp_, 200, builder_->final_response());
+            }
+        }
+        if (!cfg_.server.trace_file.empty() && builder_->ended()) trace(cfg_.server.trace_file, id_, "response", builder_->final_response());
+    }
+
+public:
+    ~ResponseSession() {
+        if (stream_) vt_->stream_close(stream_);
+        if (outcome_ == "invalid") return;  // counted in pulse_invalid_requests_total
+        auto& reg = metrics::global();
+        const std::string ep = served_by_.empty() ? "-" : served_by_;
+        reg.counter("pulse_requests_total", "Responses requests by model, endpoint and outcome",
+                    {{"model", model_id_}, {"endpoint", ep}, {"outcome", outcome_.empty() ? "error" : outcome_}})
+            .add();
+        double total_s = duration<double>(steady_clock::now() - t0_).count();
+        reg.histogram("pulse_request_duration_seconds", "whole request, receipt to last byte", {{"model", model_id_}}).observe(total_s);
+        if (ttft_) reg.histogram("pulse_ttft_seconds", "receipt to first backend output", {{"model", model_id_}}).observe(ttft_->count() / 1000.0);
+        ResponseBuilder::Usage u;
+        if (builder_) u = builder_->usage_totals();
+        reg.counter("pulse_input_tokens_total", "prompt tokens reported by backends", {{"model", model_id_}}).add(static_cast<uint64_t>(u.input));
+        reg.counter("pulse_cached_tokens_total", "prompt tokens served from the backend prefix cache", {{"model", model_id_}})
+            .add(static_cast<uint64_t>(u.cached));
+        reg.counter("pulse_output_tokens_total", "output tokens reported by backends", {{"model", model_id_}}).add(static_cast<uint64_t>(u.output));
+        log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + outcome_ + " in=" + std::to_string(u.input) +
+                                   " cached=" + std::to_string(u.cached) + " out=" + std::to_string(u.output) +
+                                   " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +
+                                   " total_ms=" + std::to_string(duration_cast<milliseconds>(steady_clock::now() - t0_).count()));
+    }
+
+private:
+    Gateway& gw_;
+    Poco::Net::HTTPServerRequest& req_;
+    Poco::Net::HTTPServerResponse& resp_;
+    std::shared_ptr<const Snapshot> snap_;  // the config generation this request uses, to its end
+    const config::Config& cfg_;
+    const std::string id_;
+    const steady_clock::time_point t0_ = steady_clock::now();
+
+    rapidjson::Document doc_;
+    std::string model_id_, cache_key_;
+    const ModelRuntime* rt_ = nullptr;
+    bool streaming_ = false;
+
+    const pulse_translation_vt_t* vt_ = nullptr;
+    std::atomic<bool> cancelled_{false};
+    pulse_call call_;
+    pulse_upstream_req upreq_;
+    std::string upstream_body_;
+    void* stream_ = nullptr;
+    std::unique_ptr<ResponseBuilder> builder_;
+
+    Poco::Net::StreamSocket* socket_ = nullptr;
+    std::ostream* out_ = nullptr;
+    bool lost_ = false;
+    milliseconds keepalive_{10000};
+    steady_clock::time_point last_event_ = steady_clock::now();
+
+    pulse_status_t last_status_ = PULSE_E_UNAVAILABLE;
+    std::string last_error_ = "no endpoint configured";
+    std::string served_by_, outcome_;
+    std::optional<milliseconds> ttft_;
+};
+
+void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) {
+    struct Active {
+        std::atomic<int>& n;
+        metrics::Gauge& g = metrics::global().gauge("pulse_active_requests", "Responses requests in flight");
+        explicit Active(std::atomic<int>& a) : n(a) {
+            n.fetch_add(1);
+            g.add(1);
+        }
+        ~Active() {
+            n.fetch_sub(1);
+            g.add(-1);
+        }
+    } active(active_);
+    auto snap = snapshot();
+    if (draining_) return send_error(resp, 503, "server_error", "the gateway is shutting down", {}, "draining", 1);
+    if (active_.load() > snap->cfg.server.max_streams) {
+        // The worker pool keeps spare threads so an over-capacity request still gets a clear
+        // answer instead of a silently closed socket.
+        metrics::global().counter("pulse_capacity_rejections_total", "requests refused because max_streams were in flight").add();
+        return send_error(resp, 503, "server_error",
+                          "the gateway is at capacity (" + std::to_string(snap->cfg.server.max_streams) +
+                              " requests in flight, server.max_streams); retry shortly",
+                          {}, "at_capacity", 1);
+    }
+    ResponseSession(*this, req, resp).run();
 }
 
 }  // namespace pulse::gateway

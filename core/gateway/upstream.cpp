@@ -236,6 +236,40 @@ private:
 
 }  // namespace
 
+std::string probe_http(const config::Endpoint& ep, double timeout_s) {
+    try {
+        Poco::URI uri(ep.url);
+        std::string base = uri.getPath();
+        while (!base.empty() && base.back() == '/') base.pop_back();
+        Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
+        Poco::Timespan t(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6));
+        s.setTimeout(t, t, t);
+        Poco::Net::HTTPRequest req(Poco::Net::HTTPRequest::HTTP_GET, base + "/models", Poco::Net::HTTPMessage::HTTP_1_1);
+        s.sendRequest(req);
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        char buf[4096];
+        while (in.read(buf, sizeof buf).gcount() > 0) {
+        }
+        if (resp.getStatus() != Poco::Net::HTTPResponse::HTTP_OK)
+            return "probe GET " + base + "/models answered HTTP " + std::to_string(static_cast<int>(resp.getStatus()));
+        return {};
+    } catch (const Poco::Exception& e) {
+        return "probe failed: " + e.displayText();
+    } catch (const std::exception& e) {
+        return std::string("probe failed: ") + e.what();
+    }
+}
+
+std::string BackendInstance::health() {
+    const auto& vt = lease_->registration.backend;
+    if (!vt.health) return {};
+    pulse_call call;
+    pulse_json_writer w;
+    pulse_status_t rc = vt.health(backend_, &call, &w);
+    return rc == PULSE_OK ? std::string() : host::call_error(call, rc, lease_->plugin_id());
+}
+
 std::unique_ptr<UpstreamStream> open_http(const config::Endpoint& ep, const pulse_upstream_req& req,
                                           const config::Upstream& timeouts) {
     return std::make_unique<HttpStream>(ep, req, timeouts);

@@ -46,6 +46,10 @@ public:
 std::unique_ptr<UpstreamStream> open_http(const config::Endpoint& ep, const pulse_upstream_req& req,
                                           const config::Upstream& timeouts);
 
+// Active health probe of an HTTP endpoint: GET {base}/models must answer 200 within the
+// connect timeout. Returns "" when healthy, else why not.
+std::string probe_http(const config::Endpoint& ep, double timeout_s);
+
 // A backend plugin instance (one per endpoint that names it).
 class BackendInstance {
 public:
@@ -53,6 +57,8 @@ public:
     ~BackendInstance();
     std::unique_ptr<UpstreamStream> open(const std::string& request_json, const std::string& request_id);
     const std::string& name() const { return lease_->registration.name; }
+    // The backend's own health hook; "" when healthy (or when it has no hook).
+    std::string health();
 
 private:
     plugin::ComponentLease lease_;

@@ -13,10 +13,13 @@
 #include <vector>
 #include <sstream>
 
+#include <Poco/DigestEngine.h>
+#include <Poco/SHA2Engine.h>
 #include <boost/dll/library_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
 #include "common/log.h"
+#include "common/metrics.h"
 
 namespace pulse::plugin {
 namespace fs = std::filesystem;
@@ -79,6 +82,20 @@ bool valid_id(const char* id) {
         if (!ok || n >= 128) return false;
     }
     return true;
+}
+
+std::string sha256_file(const fs::path& path) {
+    Poco::SHA2Engine sha(Poco::SHA2Engine::SHA_256);
+    std::ifstream in(path, std::ios::binary);
+    char buf[65536];
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) sha.update(buf, static_cast<unsigned>(in.gcount()));
+    return Poco::DigestEngine::digestToHex(sha.digest());
+}
+
+std::string old_version_of(const std::vector<PluginStatus>& statuses, const fs::path& path) {
+    for (const auto& s : statuses)
+        if (s.path == path) return s.version;
+    return "?";
 }
 
 }  // namespace
@@ -278,26 +295,58 @@ void PluginManager::load_all() {
     for (const auto& d : options_.dropin_dirs) scan_dir(d, false);
 }
 
-const PluginStatus& PluginManager::load_file(const fs::path& path) {
-    PluginStatus st;
+std::string PluginManager::stage(const fs::path& path, const std::string& sha, fs::path& out) {
+    std::error_code ec;
+    const fs::path& dir = options_.runtime_dir;
+    if (dir.empty()) return "no runtime directory configured";
+    fs::create_directories(dir, ec);
+    if (ec) return "cannot create " + dir.string() + ": " + ec.message();
+    fs::permissions(dir, fs::perms::owner_all, ec);
+    out = dir / (path.stem().string() + "-" + sha + ".so");
+    if (!fs::exists(out)) {
+        fs::path tmp = out;
+        tmp += "." + std::to_string(::getpid()) + ".tmp";  // several Pulse processes may share the directory
+        fs::remove(tmp, ec);
+        if (!fs::copy_file(path, tmp, ec)) return "cannot copy to " + tmp.string() + ": " + ec.message();
+        fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_exec, ec);
+        fs::rename(tmp, out, ec);
+        if (ec) return "cannot rename " + tmp.string() + ": " + ec.message();
+    }
+    // The copy must be what we hashed (a concurrent writer could have changed the source).
+    if (sha256_file(out) != sha) {
+        fs::remove(out, ec);
+        return "the staged copy " + out.string() + " does not match the plugin file (was it being written?)";
+    }
+    return {};
+}
+
+std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path, PluginStatus& st, bool reloading) {
     st.path = path;
-    auto reject = [&](State state, std::string reason) -> const PluginStatus& {
+    auto reject = [&](State state, std::string reason) -> std::shared_ptr<Generation> {
         st.state = state;
         st.reason = std::move(reason);
-        record(std::move(st));
-        return statuses_.back();
+        return nullptr;
     };
 
     // Step 0-1: ownership and mode, then the file itself; no plugin code runs yet.
     if (std::string p = check_permissions(path, options_.service_uid); !p.empty()) return reject(State::rejected, p);
     if (std::string p = preflight(path); !p.empty()) return reject(State::rejected, p);
 
-    // Step 2: dlopen with RTLD_NOW so missing dependencies surface now, with the loader's text.
+    // Stage a content-addressed copy: the mapped file is never the one an operator replaces.
     auto gen = std::make_shared<Generation>();
     gen->path = path;
+    gen->sha256 = sha256_file(path);
+    gen->mapped = path;
+    if (std::string why = stage(path, gen->sha256, gen->mapped); !why.empty()) {
+        if (reloading) return reject(State::failed, "cannot stage the new version: " + why);
+        gen->mapped = path;
+        log::debug("plugins", "loading " + path.string() + " in place (" + why + "); hot reload of it is disabled");
+    }
+
+    // Step 2: dlopen with RTLD_NOW so missing dependencies surface now, with the loader's text.
     try {
         namespace mode = boost::dll::load_mode;
-        gen->library = std::make_unique<boost::dll::shared_library>(path, mode::rtld_now | mode::rtld_local);
+        gen->library = std::make_unique<boost::dll::shared_library>(gen->mapped, mode::rtld_now | mode::rtld_local);
     } catch (const std::exception& e) {
         std::string why = e.what();
         std::string hint;
@@ -306,8 +355,7 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
         return reject(State::rejected, "dlopen failed: " + why + hint);
     }
     if (!gen->library->has(PULSE_PLUGIN_ENTRY_SYMBOL))
-        return reject(State::rejected, std::string("no entry point: expected an exported symbol ") +
-                                           PULSE_PLUGIN_ENTRY_SYMBOL + ", found none");
+        return reject(State::rejected, std::string("no entry point: expected an exported symbol ") + PULSE_PLUGIN_ENTRY_SYMBOL + ", found none");
 
     // Step 3: the entry returns a static, side-effect-free info struct.
     auto entry = gen->library->get<const pulse_plugin_info_t*()>(PULSE_PLUGIN_ENTRY_SYMBOL);
@@ -315,12 +363,10 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
     if (!info) return reject(State::rejected, "the entry returned NULL: expected a pointer to a static pulse_plugin_info_t");
 
     // Step 4: validate; copy strings out first, then collect every problem.
-    std::vector<std::string> problems;
-    if (info->struct_size < kInfoMinSize) {
+    if (info->struct_size < kInfoMinSize)
         return reject(State::rejected, "info struct_size: expected >= " + std::to_string(kInfoMinSize) + ", found " +
-                                           std::to_string(info->struct_size) +
-                                           " (corrupt or foreign file; rebuild against the Pulse SDK)");
-    }
+                                           std::to_string(info->struct_size) + " (corrupt or foreign file; rebuild against the Pulse SDK)");
+    std::vector<std::string> problems;
     st.id = printable(info->id);
     st.version = printable(info->version);
     st.build_info = printable(info->build_info, 400);
@@ -335,23 +381,19 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
                            " build of the plugin)");
     else if (info->abi_minor_required > PULSE_ABI_MINOR)
         problems.push_back("requires host plugin ABI >= " + std::to_string(PULSE_ABI_MAJOR) + "." +
-                           std::to_string(info->abi_minor_required) + ", this host is " +
-                           std::to_string(PULSE_ABI_MAJOR) + "." + std::to_string(PULSE_ABI_MINOR) +
-                           " (fix: upgrade Pulse, or rebuild the plugin with PULSE_TARGET_ABI_MINOR=" +
+                           std::to_string(info->abi_minor_required) + ", this host is " + std::to_string(PULSE_ABI_MAJOR) +
+                           "." + std::to_string(PULSE_ABI_MINOR) + " (fix: upgrade Pulse, or rebuild the plugin with PULSE_TARGET_ABI_MINOR=" +
                            std::to_string(PULSE_ABI_MINOR) + ")");
     if (info->abi_minor_required > info->abi_minor_built)
-        problems.push_back("abi_minor_required " + std::to_string(info->abi_minor_required) +
-                           " is newer than abi_minor_built " + std::to_string(info->abi_minor_built) + " (header mismatch)");
-    if (info->reserved != 0)
-        problems.push_back("reserved field: expected 0, found " + std::to_string(info->reserved) + " (header mismatch)");
-    if (!valid_id(info->id))
-        problems.push_back("id: expected 1-128 characters of [a-z0-9._-], found '" + st.id + "'");
+        problems.push_back("abi_minor_required " + std::to_string(info->abi_minor_required) + " is newer than abi_minor_built " +
+                           std::to_string(info->abi_minor_built) + " (header mismatch)");
+    if (info->reserved != 0) problems.push_back("reserved field: expected 0, found " + std::to_string(info->reserved) + " (header mismatch)");
+    if (!valid_id(info->id)) problems.push_back("id: expected 1-128 characters of [a-z0-9._-], found '" + st.id + "'");
     if (!info->version || !*info->version) problems.push_back("version: expected a version string, found none");
     if (!info->init) problems.push_back("init: expected a function, found NULL");
     if ((info->kinds & ~(PULSE_KIND_TRANSLATION | PULSE_KIND_BACKEND | PULSE_KIND_CONTROLLER)) != 0)
-        log::warn("plugins", "plugin " + path.string() + " declares unknown component kinds 0x" +
-                                 std::to_string(info->kinds) + "; they will be ignored");
-    if (problems.empty()) {
+        log::warn("plugins", "plugin " + path.string() + " declares unknown component kinds; they will be ignored");
+    if (problems.empty() && !reloading) {
         if (auto it = ids_.find(st.id); it != ids_.end())
             problems.push_back("duplicate plugin id '" + st.id + "': already loaded from " + it->second.string() +
                                " (fix: remove one of the two files)");
@@ -375,11 +417,10 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
         } catch (...) {
             why = {"probe threw an exception (plugin bug)", 37};
         }
-        if (!ok) {
-            std::string reason = "not available on this system: " +
-                                 (why.ptr ? std::string(why.ptr, why.len) : std::string("probe returned false without a reason"));
-            return reject(st.required ? State::failed : State::skipped, reason);
-        }
+        if (!ok)
+            return reject(st.required ? State::failed : State::skipped,
+                          "not available on this system: " +
+                              (why.ptr ? std::string(why.ptr, why.len) : std::string("probe returned false without a reason")));
     }
 
     // Step 6: init; the plugin registers its components through the host table.
@@ -398,31 +439,37 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
         call.has_message = true;
     }
     gen->ctx.in_init = false;
-    if (rc != PULSE_OK)
-        return reject(State::failed, std::string("init failed: ") + host::call_error(call, rc, st.id));
+    if (rc != PULSE_OK) return reject(State::failed, std::string("init failed: ") + host::call_error(call, rc, st.id));
     gen->initialized = true;
-
-    auto undo_init = [&] {
-        if (info->deinit) info->deinit(gen->state);
-        gen->initialized = false;
-    };
     if (!gen->ctx.problems.empty()) {
         std::string joined;
         for (const auto& p : gen->ctx.problems) joined += (joined.empty() ? "" : "; ") + p;
-        undo_init();
+        if (info->deinit) info->deinit(gen->state);
+        gen->initialized = false;
         return reject(State::failed, "registration failed: " + joined);
+    }
+    return gen;
+}
+
+const PluginStatus& PluginManager::load_file(const fs::path& path) {
+    PluginStatus st;
+    auto gen = load_generation(path, st, /*reloading=*/false);
+    if (!gen) {
+        record(std::move(st));
+        return statuses_.back();
     }
     {
         std::lock_guard lock(mutex_);
         for (const auto& r : gen->ctx.registrations) {
             auto& map = components_[kind_slot(r.kind)];
             if (auto it = map.find(r.name); it != map.end()) {
-                std::string other = it->second->plugin_id();
-                undo_init();
-                return reject(State::failed, std::string(kind_word(r.kind)) + " '" + r.name +
-                                                 "' is already provided by plugin " + other + " (" +
-                                                 it->second->generation->path.string() +
-                                                 "); fix: remove one of the two plugins");
+                if (gen->info->deinit) gen->info->deinit(gen->state);
+                gen->initialized = false;
+                st.state = State::failed;
+                st.reason = std::string(kind_word(r.kind)) + " '" + r.name + "' is already provided by plugin " +
+                            it->second->plugin_id() + " (" + it->second->generation->path.string() + "); fix: remove one of the two plugins";
+                record(std::move(st));
+                return statuses_.back();
             }
         }
         for (const auto& r : gen->ctx.registrations) {
@@ -433,13 +480,158 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
             st.components.push_back(std::string(kind_word(r.kind)) + " " + r.name);
         }
     }
-    if (gen->ctx.registrations.empty())
-        log::warn("plugins", "plugin " + path.string() + " (" + st.id + ") registered no components");
+    if (gen->ctx.registrations.empty()) log::warn("plugins", "plugin " + path.string() + " (" + st.id + ") registered no components");
     ids_[st.id] = path;
     generations_.push_back(gen);
     st.state = State::loaded;
     record(std::move(st));
     return statuses_.back();
+}
+
+ReloadReport PluginManager::reload() {
+    ReloadReport rep;
+    auto fail = [&](const std::string& msg) {
+        ++rep.failed;
+        rep.messages.push_back(msg);
+        log::error("reload", msg);
+        metrics::global().counter("pulse_plugin_reload_failures_total", "plugin reloads refused or failed; the old version keeps serving").add();
+    };
+    // Files present now, in the configured order.
+    std::vector<fs::path> files;
+    for (const auto* dirs : {&options_.dirs, &options_.dropin_dirs})
+        for (const auto& d : *dirs) {
+            std::error_code ec;
+            if (!fs::is_directory(d, ec) || !check_permissions(d, options_.service_uid).empty()) continue;
+            std::vector<fs::path> here;
+            for (const auto& e : fs::directory_iterator(d, ec))
+                if (e.path().extension() == ".so") here.push_back(fs::absolute(e.path()));
+            std::sort(here.begin(), here.end());
+            files.insert(files.end(), here.begin(), here.end());
+        }
+    for (const auto& f : files) {
+        auto cur = std::find_if(generations_.begin(), generations_.end(), [&](const auto& g) { return g->path == f; });
+        if (cur == generations_.end()) {
+            // Not loaded before (new, or rejected earlier): only translation profiles may join at run time.
+            bool known = std::any_of(statuses_.begin(), statuses_.end(), [&](const PluginStatus& s) { return s.path == f; });
+            std::string sha = sha256_file(f);
+            bool seen_same = std::any_of(retired_.begin(), retired_.end(), [&](const auto& g) { return g->path == f && g->sha256 == sha; });
+            if (seen_same) continue;
+            PluginStatus st;
+            auto gen = load_generation(f, st, /*reloading=*/true);
+            if (!gen) {
+                if (!known) fail("plugin " + f.string() + ": " + state_name(st.state) + ": " + st.reason);
+                continue;
+            }
+            if (gen->info->kinds != PULSE_KIND_TRANSLATION) {
+                if (gen->info->deinit) gen->info->deinit(gen->state);
+                gen->initialized = false;
+                retired_.push_back(gen);  // keep the mapping; it never served
+                fail("plugin " + f.string() + " (" + st.id + "): a new backend or controller requires restart");
+                continue;
+            }
+            if (ids_.count(st.id)) {
+                if (gen->info->deinit) gen->info->deinit(gen->state);
+                gen->initialized = false;
+                retired_.push_back(gen);
+                fail("plugin " + f.string() + ": duplicate plugin id '" + st.id + "': already loaded from " + ids_[st.id].string());
+                continue;
+            }
+            std::lock_guard lock(mutex_);
+            for (const auto& r : gen->ctx.registrations) {
+                auto c = std::make_shared<Component>();
+                c->generation = gen;
+                c->registration = r;
+                components_[kind_slot(r.kind)][r.name] = c;
+                st.components.push_back(std::string(kind_word(r.kind)) + " " + r.name);
+            }
+            ids_[st.id] = f;
+            generations_.push_back(gen);
+            st.state = State::loaded;
+            statuses_.push_back(st);
+            ++rep.added;
+            rep.messages.push_back("added " + st.id + " " + st.version + " from " + f.string());
+            log::info("reload", rep.messages.back());
+            continue;
+        }
+        std::shared_ptr<Generation> old = *cur;
+        std::string sha = sha256_file(f);
+        if (sha == old->sha256) {
+            ++rep.unchanged;
+            continue;
+        }
+        const std::string& id = old->ctx.plugin_id;
+        if (old->info->kinds != PULSE_KIND_TRANSLATION) {
+            fail("plugin " + f.string() + " (" + id + ") changed, but backends and controllers are not reloaded: restart Pulse to use it");
+            continue;
+        }
+        if (old->mapped == old->path) {
+            fail("plugin " + f.string() + " (" + id + ") changed, but it was loaded in place (no usable runtime_dir): restart Pulse to use it");
+            continue;
+        }
+        if (retired_per_id_[id] >= options_.max_retired_per_plugin) {
+            fail("plugin " + id + ": " + std::to_string(options_.max_retired_per_plugin) +
+                 " retired versions are still mapped; restart required to reclaim retired plugin code");
+            continue;
+        }
+        PluginStatus st;
+        auto gen = load_generation(f, st, /*reloading=*/true);
+        if (!gen) {
+            fail("plugin " + f.string() + " (" + id + "): new version not loaded, the old one keeps serving: " + st.reason);
+            continue;
+        }
+        if (st.id != id || gen->info->kinds != PULSE_KIND_TRANSLATION) {
+            if (gen->info->deinit) gen->info->deinit(gen->state);
+            gen->initialized = false;
+            retired_.push_back(gen);
+            fail("plugin " + f.string() + ": the new file is '" + st.id + "' (" + kinds_text(gen->info->kinds) + "), expected '" + id +
+                 "' (translation); the old version keeps serving");
+            continue;
+        }
+        {
+            // Publish: new leases get the new generation; streams in flight keep theirs.
+            std::lock_guard lock(mutex_);
+            for (auto& map : components_)
+                for (auto it = map.begin(); it != map.end();)
+                    it = it->second->generation == old ? map.erase(it) : std::next(it);
+            for (const auto& r : gen->ctx.registrations) {
+                auto c = std::make_shared<Component>();
+                c->generation = gen;
+                c->registration = r;
+                components_[kind_slot(r.kind)][r.name] = c;
+            }
+        }
+        std::string old_version = old_version_of(statuses_, f);
+        *cur = gen;
+        retired_.push_back(old);
+        ++retired_per_id_[id];
+        for (auto& s : statuses_)
+            if (s.path == f) {
+                s.version = st.version;
+                s.build_info = st.build_info;
+            }
+        ++rep.reloaded;
+        rep.messages.push_back("reloaded " + id + " " + old_version + " -> generation " + std::to_string(gen->ctx.generation) +
+                               " (" + st.version + ", sha256 " + gen->sha256.substr(0, 12) + ")");
+        log::info("reload", rep.messages.back());
+    }
+    return rep;
+}
+
+void PluginManager::collect_retired() {
+    static auto* pinned = new std::vector<std::shared_ptr<Generation>>();
+    for (auto it = retired_.begin(); it != retired_.end();) {
+        // Only this list holds it: no lease, no component. Finalise on this (control) thread.
+        if (it->use_count() == 1) {
+            auto& g = *it;
+            if (g->initialized && g->info && g->info->deinit) g->info->deinit(g->state);
+            if (g->initialized) log::info("reload", "plugin " + g->ctx.plugin_id + " generation " + std::to_string(g->ctx.generation) + " retired");
+            g->initialized = false;
+            pinned->push_back(g);  // code stays mapped (docs/SDK.md, "Unloading")
+            it = retired_.erase(it);
+        } else {
+            ++it;
+        }
+    }
 }
 
 std::vector<std::string> PluginManager::fatal_problems() const {
@@ -503,6 +695,12 @@ void PluginManager::shutdown() {
         pinned->push_back(g);
     }
     generations_.clear();
+    for (auto& g : retired_) {
+        if (g->initialized && g->info && g->info->deinit) g->info->deinit(g->state);
+        g->initialized = false;
+        pinned->push_back(g);
+    }
+    retired_.clear();
 }
 
 }  // namespace pulse::plugin

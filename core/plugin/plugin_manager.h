@@ -50,7 +50,9 @@ std::string kinds_text(uint32_t kinds);
 struct Generation {
     std::unique_ptr<boost::dll::shared_library> library;
     const pulse_plugin_info_t* info = nullptr;
-    std::filesystem::path path;
+    std::filesystem::path path;    // the plugin file as installed
+    std::filesystem::path mapped;  // what was dlopen'ed: a content-addressed copy, or `path`
+    std::string sha256;            // of the file's contents
     pulse_host_ctx ctx;
     void* state = nullptr;
     bool initialized = false;
@@ -75,6 +77,17 @@ struct Options {
     std::vector<std::filesystem::path> dropin_dirs;  // per-site: a missing dir is normal
     std::vector<std::string> require;                // plugin ids that must load
     uid_t service_uid = static_cast<uid_t>(-1);      // besides root, the owner we accept; -1 = euid
+    // Where loaded plugins are staged as <name>-<sha256>.so copies (mode 0500) before dlopen,
+    // so replacing a file in the plugin directory never touches mapped code and a rebuild at
+    // the same path is a new file to the loader. Empty or unusable: load in place (and hot
+    // reload is refused).
+    std::filesystem::path runtime_dir;
+    size_t max_retired_per_plugin = 16;
+};
+
+struct ReloadReport {
+    int reloaded = 0, added = 0, unchanged = 0, failed = 0;
+    std::vector<std::string> messages;  // one line per change or failure
 };
 
 class PluginManager {
@@ -99,17 +112,32 @@ public:
     ComponentLease controller(const std::string& name) const;
     std::vector<std::string> component_names(uint32_t kind) const;
 
+    // Hot reload (control thread): a translation-profile plugin whose file changed is loaded as
+    // a new generation and its components replace the old ones for new leases; streams in
+    // flight keep the old generation. New translation plugins are added. Changed backends and
+    // controllers are refused ("requires restart"). A failure keeps the old generation.
+    ReloadReport reload();
+    // deinit of retired generations that no lease holds any more (control thread).
+    void collect_retired();
+    size_t retired_count() const { return retired_.size(); }
+
     // deinit every plugin in reverse load order (control thread). Code stays mapped.
     void shutdown();
 
 private:
+    // Steps 0-6 of loading (checks, staging, dlopen, validation, probe, init) without
+    // registering anything. Fills `st`; returns null on failure (st.state/reason say why).
+    std::shared_ptr<Generation> load_generation(const std::filesystem::path& path, PluginStatus& st, bool reloading);
+    std::string stage(const std::filesystem::path& path, const std::string& sha, std::filesystem::path& out);
     void record(PluginStatus status);
     void scan_dir(const std::filesystem::path& dir, bool configured);
     bool is_required(const std::string& id) const;
 
     Options options_;
     std::vector<PluginStatus> statuses_;
-    std::vector<std::shared_ptr<Generation>> generations_;  // load order
+    std::vector<std::shared_ptr<Generation>> generations_;  // current generations, load order
+    std::vector<std::shared_ptr<Generation>> retired_;      // replaced by a reload; deinit when unleased
+    std::map<std::string, size_t> retired_per_id_;
     std::map<std::string, std::filesystem::path> ids_;      // id -> path, for duplicates
     mutable std::mutex mutex_;                              // guards the component maps
     std::map<std::string, std::shared_ptr<const Component>> components_[3];

@@ -27,8 +27,10 @@ public:
 
     // Binds and starts accepting. Throws std::runtime_error with the OS reason on failure.
     void start();
-    // Stops accepting, lets in-flight requests run until `grace_ms`, then closes.
-    void stop(long grace_ms);
+    // Closes the listening socket; requests in flight continue.
+    void stop_accepting();
+    // Closes every connection and joins the workers.
+    void stop();
     uint16_t port() const;  // the bound port (useful with port 0 in tests)
 
 private:

@@ -18,6 +18,10 @@
 //   "truncate": true            close the stream without [DONE]
 //   "delay_ms": N               pause before each chunk (and "first_delay_ms" before the first)
 //   "usage": {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"}
+// Top-level options: "fail_first": N answers the first N requests with HTTP "fail_status"
+// (default 503); "prefix_cache": true simulates vLLM's prefix cache: cached_tokens is the
+// longest prefix (in 4-character "tokens") this process has seen before, so a restarted
+// backend starts cold.
 // Each request body is appended to --record as one JSON line, followed by a line
 // {"served": N, "chunks": K, "client_gone": bool} once the response ends.
 #include <Poco/Net/HTTPRequestHandler.h>
@@ -49,6 +53,21 @@ std::string g_record;
 std::string g_flavor = "vllm";
 std::mutex g_record_mutex;
 std::atomic<int> g_served{0};
+std::mutex g_cache_mutex;
+std::vector<std::string> g_seen_prompts;  // the simulated prefix cache
+
+// Longest common prefix with any prompt seen before, then remember this one.
+size_t cached_prefix(const std::string& prompt) {
+    std::lock_guard lock(g_cache_mutex);
+    size_t best = 0;
+    for (const auto& p : g_seen_prompts) {
+        size_t n = 0;
+        while (n < p.size() && n < prompt.size() && p[n] == prompt[n]) ++n;
+        best = std::max(best, n);
+    }
+    g_seen_prompts.push_back(prompt);
+    return best;
+}
 
 std::string dump(const rapidjson::Value& v) {
     rapidjson::StringBuffer b;
@@ -119,6 +138,18 @@ public:
         const auto& turns = g_script["turns"];
         const auto& turn = turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
         int served = ++g_served;
+        if (served <= get_int(g_script, "fail_first", 0)) {
+            int64_t st = get_int(g_script, "fail_status", 503);
+            std::string b = R"({"error":{"message":"scripted startup failure","type":"ServiceUnavailable","code":503}})";
+            resp.setStatus(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(st));
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            record(R"({"served":)" + std::to_string(served) + R"(,"status":)" + std::to_string(st) + "}");
+            return;
+        }
+        int64_t prefix_cached = -1;
+        if (g_script.HasMember("prefix_cache") && g_script["prefix_cache"].IsTrue() && rq.IsObject() && rq.HasMember("messages"))
+            prefix_cached = static_cast<int64_t>(cached_prefix(dump(rq["messages"])) / 4);
 
         if (int64_t status = get_int(turn, "status", 0)) {
             std::string b = get_str(turn, "body", R"({"error":{"message":"scripted failure","type":"ServiceUnavailable","code":503}})");
@@ -197,7 +228,7 @@ public:
         const rapidjson::Value* u = turn.HasMember("usage") ? &turn["usage"] : nullptr;
         int64_t prompt = u ? get_int(*u, "prompt_tokens", 0) : static_cast<int64_t>(body.size() / 4);
         int64_t comp = u ? get_int(*u, "completion_tokens", completion) : completion;
-        int64_t cached = u ? get_int(*u, "cached_tokens", 0) : 0;
+        int64_t cached = u ? get_int(*u, "cached_tokens", 0) : std::max<int64_t>(prefix_cached, 0);
         int64_t rtok = u ? get_int(*u, "reasoning_tokens", reasoning_tokens) : reasoning_tokens;
         std::string usage = R"({"prompt_tokens":)" + std::to_string(prompt) + R"(,"completion_tokens":)" + std::to_string(comp) +
                             R"(,"total_tokens":)" + std::to_string(prompt + comp) + R"(,"prompt_tokens_details":{"cached_tokens":)" +
@@ -249,7 +280,8 @@ int main(int argc, char** argv) {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts
     Poco::Net::ServerSocket socket(Poco::Net::SocketAddress("127.0.0.1", static_cast<Poco::UInt16>(port)));
     auto* params = new Poco::Net::HTTPServerParams;
-    params->setMaxThreads(64);
+    params->setMaxThreads(512);
+    params->setMaxQueued(512);
     Poco::Net::HTTPServer server(new Factory, socket, params);
     server.start();
     std::printf("fake_vllm listening on 127.0.0.1:%u\n", socket.address().port());

@@ -70,10 +70,17 @@ struct Gateway {
     TempDir dir;
     std::unique_ptr<Child> child;
     uint16_t port = 0;
+    std::filesystem::path config;
 
     // `models_toml` is appended to a config whose plugin dir holds the shipped plugins and
     // the example backend.
-    explicit Gateway(const std::string& models_toml, const std::string& server_toml = "") {
+    // Default upstream settings for tests: fast keepalives, one pass over the endpoints (no
+    // retry window) unless a test asks for one.
+    static constexpr const char* kUpstream = "keepalive_s = 0.3\nconnect_timeout_s = 1\nretry_window_s = 0\nhealth_interval_s = 0.2\n";
+
+    // `extra_plugins`: {built test plugin name, installed name} pairs copied into the plugin dir.
+    explicit Gateway(const std::string& models_toml, const std::string& server_toml = "", const std::string& upstream_toml = kUpstream,
+                     const std::string& extra_toml = "", const std::vector<std::pair<std::string, std::string>>& extra_plugins = {}) {
         std::filesystem::create_directories(dir / "plugins");
         for (const auto& src : {env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/qwen38.so",
                                 env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/example_echo.so"}) {
@@ -81,9 +88,15 @@ struct Gateway {
             std::filesystem::copy_file(src, dst);
             std::filesystem::permissions(dst, std::filesystem::perms(0755));
         }
-        auto cfg = dir.write("pulse.toml", "[server]\nlisten = \"127.0.0.1:0\"\n" + server_toml +
-                                               "\n[upstream]\nkeepalive_s = 0.3\nconnect_timeout_s = 1\n"
-                                               "[plugins]\ndirs = [\"plugins\"]\ndropin_dirs = []\n" + models_toml);
+        for (const auto& [from, to] : extra_plugins) {
+            auto dst = dir / "plugins" / (to + ".so");
+            std::filesystem::copy_file(env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/" + from + ".so", dst);
+            std::filesystem::permissions(dst, std::filesystem::perms(0755));
+        }
+        auto cfg = dir.write("pulse.toml", "[server]\nlisten = \"127.0.0.1:0\"\n" + server_toml + "\n[upstream]\n" + upstream_toml +
+                                               "\n[plugins]\ndirs = [\"plugins\"]\ndropin_dirs = []\nruntime_dir = \"" +
+                                               (dir / "run").string() + "\"\n" + extra_toml + "\n" + models_toml);
+        config = cfg;
         child = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_EXE"), "serve", "--config", cfg.string()},
                                         std::map<std::string, std::string>{{"PULSE_PLUGIN_DIRS", ""}, {"PULSE_QWEN_BACKENDS", ""},
                                                                            {"PULSE_GATEWAY_API_KEY", ""}});

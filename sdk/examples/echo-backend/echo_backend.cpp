@@ -33,6 +33,7 @@ struct Stream {
     std::vector<std::string> chunks;  // ready-made JSON payloads
     size_t next = 0;
     int64_t delay_ms = 0;
+    std::chrono::steady_clock::time_point due;  // when chunks[next] may go out
     std::atomic<bool> cancelled{false};
 };
 
@@ -87,6 +88,7 @@ pulse_status_t stream_start(void* backend, pulse_call_t* call, const pulse_json_
                            pulse::json_quote(model) + ",\"choices\":";
         auto s = std::make_unique<Stream>();
         s->delay_ms = b.delay_ms;
+        s->due = std::chrono::steady_clock::now() + std::chrono::milliseconds(b.delay_ms);
         s->chunks.push_back(head + "[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}");
         std::string answer = b.prefix + last_user;
         int64_t pieces = 0;
@@ -111,15 +113,14 @@ pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms
     auto& s = *static_cast<Stream*>(stream);
     if (s.cancelled.load()) return g_host->set_error(call, PULSE_E_CANCELLED, pulse::str("cancelled"));
     if (s.next >= s.chunks.size()) return PULSE_END;
-    if (s.delay_ms > 0) {
-        // Sleep in small steps so cancel is prompt; report TIMEOUT if the delay outlasts the wait.
-        auto wait = std::chrono::milliseconds(std::min<int64_t>(s.delay_ms, timeout_ms));
-        auto until = std::chrono::steady_clock::now() + wait;
-        while (std::chrono::steady_clock::now() < until && !s.cancelled.load())
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        if (s.cancelled.load()) return g_host->set_error(call, PULSE_E_CANCELLED, pulse::str("cancelled"));
-        if (s.delay_ms > static_cast<int64_t>(timeout_ms)) return PULSE_TIMEOUT;
-    }
+    // Wait for the next chunk's due time, at most `timeout_ms`, in small steps so a cancel is
+    // noticed promptly. The due time survives TIMEOUT returns: the host polls again.
+    auto until = std::min(s.due, std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms));
+    while (std::chrono::steady_clock::now() < until && !s.cancelled.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (s.cancelled.load()) return g_host->set_error(call, PULSE_E_CANCELLED, pulse::str("cancelled"));
+    if (std::chrono::steady_clock::now() < s.due) return PULSE_TIMEOUT;
+    s.due = std::chrono::steady_clock::now() + std::chrono::milliseconds(s.delay_ms);
     return g_host->chunk->data(sink, pulse::str(s.chunks[s.next++]));
 }
 

@@ -1,0 +1,30 @@
+#include "gateway/endpoint_health.h"
+
+namespace pulse::gateway {
+
+bool EndpointHealth::mark_healthy() {
+    if (healthy_.exchange(true)) return false;
+    std::lock_guard lock(m_);
+    since_ = std::chrono::steady_clock::now();
+    return true;
+}
+
+bool EndpointHealth::mark_unhealthy(const std::string& why) {
+    std::lock_guard lock(m_);
+    last_error_ = why;
+    if (!healthy_.exchange(false)) return false;
+    since_ = std::chrono::steady_clock::now();
+    return true;
+}
+
+std::string EndpointHealth::last_error() const {
+    std::lock_guard lock(m_);
+    return last_error_;
+}
+
+double EndpointHealth::seconds_in_state() const {
+    std::lock_guard lock(m_);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+}
+
+}  // namespace pulse::gateway

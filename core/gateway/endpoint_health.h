@@ -1,0 +1,56 @@
+// Health of one upstream endpoint, from active probes and from what real requests see.
+// Shared by every model and config generation that names the same endpoint (keyed by URL),
+// so a reload does not forget what is known about a backend.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+
+namespace pulse::gateway {
+
+class EndpointHealth {
+public:
+    explicit EndpointHealth(std::string key) : key_(std::move(key)) {}
+
+    const std::string& key() const { return key_; }
+    bool healthy() const { return healthy_.load(std::memory_order_relaxed); }
+
+    // A probe or a real request saw the endpoint work / fail. Returns true when this call
+    // changed the state (so the caller can log it, or start a warmup on recovery).
+    bool mark_healthy();
+    bool mark_unhealthy(const std::string& why);
+
+    std::string last_error() const;
+    // Seconds since the last state change.
+    double seconds_in_state() const;
+
+    // Real requests currently talking to this endpoint; warmup stays out of their way.
+    std::atomic<int> in_flight{0};
+    // Bumped by every real request, so a warmup can tell that real traffic arrived.
+    std::atomic<uint64_t> real_requests{0};
+
+private:
+    std::string key_;
+    std::atomic<bool> healthy_{true};
+    mutable std::mutex m_;
+    std::string last_error_;
+    std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
+};
+
+// Counts a real request in flight on an endpoint for its lifetime.
+struct InFlight {
+    EndpointHealth& h;
+    explicit InFlight(EndpointHealth& e) : h(e) {
+        h.real_requests.fetch_add(1);
+        h.in_flight.fetch_add(1);
+    }
+    ~InFlight() { h.in_flight.fetch_sub(1); }
+    InFlight(const InFlight&) = delete;
+    InFlight& operator=(const InFlight&) = delete;
+};
+
+}  // namespace pulse::gateway

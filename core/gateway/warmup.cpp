@@ -1,0 +1,243 @@
+#include "gateway/warmup.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+
+#include "common/log.h"
+#include "common/metrics.h"
+#include "gateway/upstream.h"
+
+namespace pulse::gateway {
+
+using namespace std::chrono;
+
+std::string prefix_key(const std::string& prompt_cache_key, const std::string& upstream_body) {
+    if (!prompt_cache_key.empty()) return "k:" + prompt_cache_key;
+    // No key: the first 4 KiB of the body (system prompt and first turns) identify the prefix.
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < upstream_body.size() && i < 4096; ++i) h = (h ^ static_cast<unsigned char>(upstream_body[i])) * 1099511628211ull;
+    return "h:" + std::to_string(h);
+}
+
+std::string warm_body(const std::string& upstream_body) {
+    rapidjson::Document d;
+    d.Parse(upstream_body.c_str(), upstream_body.size());
+    if (!d.IsObject()) return {};
+    d.RemoveMember("max_tokens");
+    d.AddMember("max_tokens", 1, d.GetAllocator());
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    d.Accept(w);
+    return {b.GetString(), b.GetSize()};
+}
+
+void PrefixStore::evict(Model& m) {
+    while (!m.lru.empty() && (m.lru.size() > max_entries_ || m.bytes > max_bytes_)) {
+        m.bytes -= m.lru.back().body.size();
+        m.lru.pop_back();
+    }
+}
+
+void PrefixStore::remember(const std::string& model, const std::string& key, const std::string& body) {
+    if (max_entries_ == 0) return;
+    std::lock_guard lock(m_);
+    Model& m = models_[model];
+    for (auto it = m.lru.begin(); it != m.lru.end(); ++it)
+        if (it->key == key) {
+            m.bytes -= it->body.size();
+            m.lru.erase(it);
+            break;
+        }
+    m.lru.push_front({key, body});
+    m.bytes += body.size();
+    evict(m);
+    dirty_ = true;
+}
+
+std::vector<std::string> PrefixStore::bodies(const std::string& model) const {
+    std::lock_guard lock(m_);
+    std::vector<std::string> out;
+    if (auto it = models_.find(model); it != models_.end())
+        for (const auto& e : it->second.lru) out.push_back(e.body);
+    return out;
+}
+
+size_t PrefixStore::size(const std::string& model) const {
+    std::lock_guard lock(m_);
+    auto it = models_.find(model);
+    return it == models_.end() ? 0 : it->second.lru.size();
+}
+
+bool PrefixStore::dirty() const {
+    std::lock_guard lock(m_);
+    return dirty_;
+}
+
+void PrefixStore::save(const std::filesystem::path& file) {
+    std::string text;
+    {
+        std::lock_guard lock(m_);
+        rapidjson::StringBuffer b;
+        rapidjson::Writer<rapidjson::StringBuffer> w(b);
+        w.StartObject();
+        w.Key("version");
+        w.Int(1);
+        w.Key("models");
+        w.StartObject();
+        for (const auto& [name, m] : models_) {
+            w.Key(name.c_str());
+            w.StartArray();
+            for (auto it = m.lru.rbegin(); it != m.lru.rend(); ++it) {  // oldest first: load replays in order
+                w.StartObject();
+                w.Key("key");
+                w.String(it->key.c_str());
+                w.Key("body");
+                w.String(it->body.c_str(), static_cast<rapidjson::SizeType>(it->body.size()));
+                w.EndObject();
+            }
+            w.EndArray();
+        }
+        w.EndObject();
+        w.EndObject();
+        text.assign(b.GetString(), b.GetSize());
+        dirty_ = false;
+    }
+    // It holds prompts: 0600 from the first byte, then an atomic rename.
+    std::string tmp = file.string() + ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        log::warn("warmup", "cannot write " + tmp + ": " + std::strerror(errno));
+        return;
+    }
+    ::fchmod(fd, 0600);
+    bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ok = ::fsync(fd) == 0 && ok;
+    ::close(fd);
+    if (!ok || ::rename(tmp.c_str(), file.c_str()) != 0) log::warn("warmup", "cannot write " + file.string());
+}
+
+void PrefixStore::load(const std::filesystem::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return;
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    rapidjson::Document d;
+    d.Parse(text.c_str(), text.size());
+    if (!d.IsObject() || !d.HasMember("models") || !d["models"].IsObject()) {
+        log::warn("warmup", "ignoring " + file.string() + ": not a warmup state file");
+        return;
+    }
+    size_t n = 0;
+    for (const auto& m : d["models"].GetObject()) {
+        if (!m.value.IsArray()) continue;
+        for (const auto& e : m.value.GetArray())
+            if (e.IsObject() && e.HasMember("key") && e["key"].IsString() && e.HasMember("body") && e["body"].IsString()) {
+                remember(m.name.GetString(), e["key"].GetString(), std::string(e["body"].GetString(), e["body"].GetStringLength()));
+                ++n;
+            }
+    }
+    std::lock_guard lock(m_);
+    dirty_ = false;
+    log::info("warmup", "loaded " + std::to_string(n) + " prompt prefixes from " + file.string());
+}
+
+Warmer::Warmer(PrefixStore& store, config::Upstream timeouts) : store_(store), timeouts_(timeouts) {
+    thread_ = std::thread([this] { run(); });
+}
+
+Warmer::~Warmer() { stop(); }
+
+void Warmer::stop() {
+    {
+        std::lock_guard lock(m_);
+        if (stop_) return;
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+void Warmer::recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health) {
+    if (ep.is_plugin()) return;  // in-process backends manage their own caches
+    {
+        std::lock_guard lock(m_);
+        jobs_.push_back({model, ep, std::move(health)});
+    }
+    cv_.notify_all();
+}
+
+void Warmer::run() {
+    for (;;) {
+        Job job;
+        {
+            std::unique_lock lock(m_);
+            cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+            if (stop_) return;
+            job = std::move(jobs_.front());
+            jobs_.pop_front();
+        }
+        warm(job);
+    }
+}
+
+void Warmer::warm(const Job& job) {
+    auto bodies = store_.bodies(job.model);
+    if (bodies.empty()) return;
+    log::info("warmup", "endpoint " + job.ep.name + " is back: replaying " + std::to_string(bodies.size()) +
+                            " prompt prefixes of model " + job.model);
+    size_t sent = 0;
+    for (const auto& body : bodies) {
+        // Wait (bounded) for a moment without real traffic on this endpoint.
+        for (int i = 0; i < 600 && job.health->in_flight.load() > 0; ++i) {
+            std::unique_lock lock(m_);
+            if (cv_.wait_for(lock, milliseconds(100), [&] { return stop_; })) return;
+        }
+        if (job.health->in_flight.load() > 0 || !job.health->healthy()) break;
+        pulse_upstream_req req;
+        std::string wb = warm_body(body);
+        if (wb.empty()) continue;
+        req.body.reset();
+        req.body.writer.RawValue(wb.data(), wb.size(), rapidjson::kObjectType);
+        uint64_t real_before = job.health->real_requests.load();
+        auto up = open_http(job.ep, req, timeouts_);
+        std::string outcome = "failed";
+        auto deadline = steady_clock::now() + seconds(600);
+        while (steady_clock::now() < deadline) {
+            if (job.health->real_requests.load() != real_before) {
+                up->cancel();  // real traffic wins
+                outcome = "preempted";
+                break;
+            }
+            {
+                std::lock_guard lock(m_);
+                if (stop_) {
+                    up->cancel();
+                    return;
+                }
+            }
+            UpEvent e = up->next(milliseconds(100));
+            if (e.kind == UpEvent::Kind::done) {
+                outcome = "ok";
+                break;
+            }
+            if (e.kind == UpEvent::Kind::failed || e.kind == UpEvent::Kind::rejected) break;
+        }
+        metrics::global()
+            .counter("pulse_warmup_requests_total", "prefix warmup requests by outcome",
+                     {{"model", job.model}, {"endpoint", job.ep.name}, {"outcome", outcome}})
+            .add();
+        if (outcome == "preempted") break;
+        if (outcome == "ok") ++sent;
+    }
+    log::info("warmup", "endpoint " + job.ep.name + ": " + std::to_string(sent) + " warm requests completed");
+}
+
+}  // namespace pulse::gateway

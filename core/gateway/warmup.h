@@ -1,0 +1,91 @@
+// Prefix warmup: remember the most recent prompt of each conversation (per model, keyed by
+// Codex's prompt_cache_key), and when an endpoint comes back after being down, replay them as
+// max_tokens:1 requests so vLLM's prefix cache is warm before the next real turn arrives.
+// Real traffic always wins: a warm request starts only when no real request is in flight to
+// that endpoint, and is cancelled as soon as one starts.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/config.h"
+#include "gateway/endpoint_health.h"
+
+namespace pulse::gateway {
+
+class PrefixStore {
+public:
+    PrefixStore(size_t max_entries_per_model, size_t max_bytes_per_model)
+        : max_entries_(max_entries_per_model), max_bytes_(max_bytes_per_model) {}
+
+    // Records the upstream body of a request (the newest body per key wins; LRU eviction).
+    void remember(const std::string& model, const std::string& key, const std::string& upstream_body);
+    // Most recent first.
+    std::vector<std::string> bodies(const std::string& model) const;
+    size_t size(const std::string& model) const;
+
+    // Persistence (the file holds prompts: created 0600, replaced atomically).
+    void load(const std::filesystem::path& file);
+    void save(const std::filesystem::path& file);
+    bool dirty() const;
+
+private:
+    struct Entry {
+        std::string key, body;
+    };
+    struct Model {
+        std::list<Entry> lru;  // front = most recent
+        size_t bytes = 0;
+    };
+    void evict(Model& m);
+
+    size_t max_entries_, max_bytes_;
+    mutable std::mutex m_;
+    std::map<std::string, Model> models_;
+    bool dirty_ = false;
+};
+
+// Runs warmups on a background thread.
+class Warmer {
+public:
+    Warmer(PrefixStore& store, config::Upstream timeouts);
+    ~Warmer();
+
+    // An endpoint of `model` recovered: queue a replay of the model's recorded prefixes.
+    void recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health);
+    void stop();
+
+private:
+    struct Job {
+        std::string model;
+        config::Endpoint ep;
+        std::shared_ptr<EndpointHealth> health;
+    };
+    void run();
+    void warm(const Job& job);
+
+    PrefixStore& store_;
+    config::Upstream timeouts_;
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<Job> jobs_;
+    bool stop_ = false;
+    std::thread thread_;
+};
+
+// The key a request's prefix is remembered under: its prompt_cache_key, else a hash of the
+// first messages of the upstream body.
+std::string prefix_key(const std::string& prompt_cache_key, const std::string& upstream_body);
+
+// The warm version of an upstream body: same prompt, max_tokens 1.
+std::string warm_body(const std::string& upstream_body);
+
+}  // namespace pulse::gateway

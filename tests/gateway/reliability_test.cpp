@@ -1,0 +1,355 @@
+// Fault drills: each one asserts that no request is lost. Real processes on loopback; every
+// wait is bounded.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPRequest.h>
+#include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/ServerSocket.h>
+#include <Poco/Net/StreamSocket.h>
+
+#include <future>
+#include <thread>
+
+#include "support/gateway_harness.h"
+
+using namespace pulse::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string str(const rapidjson::Value& v, const char* k) { return v.HasMember(k) && v[k].IsString() ? v[k].GetString() : ""; }
+
+std::string model_toml(const std::vector<std::string>& urls, const std::string& model = "m", const std::string& profile = "qwen38") {
+    std::string t = "[models." + model + "]\nprofile = \"" + profile + "\"\n";
+    for (size_t i = 0; i < urls.size(); ++i)
+        t += "[[models." + model + ".endpoints]]\nname = \"ep" + std::to_string(i) + "\"\nurl = \"" + urls[i] + "\"\n";
+    return t;
+}
+
+std::string request(const std::string& input = "\"hello\"", const std::string& model = "m", const std::string& extra = "") {
+    return R"({"model":")" + model + R"(","stream":true,"store":false,"input":)" + input + extra + "}";
+}
+
+std::string get(uint16_t port, const std::string& path, int* status = nullptr) {
+    Poco::Net::HTTPClientSession s("127.0.0.1", port);
+    s.setTimeout(Poco::Timespan(10, 0));
+    Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
+    s.sendRequest(req);
+    Poco::Net::HTTPResponse resp;
+    std::string body((std::istreambuf_iterator<char>(s.receiveResponse(resp))), {});
+    if (status) *status = static_cast<int>(resp.getStatus());
+    return body;
+}
+
+uint16_t free_port() {
+    Poco::Net::ServerSocket s(Poco::Net::SocketAddress("127.0.0.1", 0));
+    return s.address().port();
+}
+
+// A port that refuses connections but stays ours (bound, not listening) until release(), so a
+// test running in parallel cannot take it.
+struct DeadPort {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // children must not inherit it
+    uint16_t port = 0;
+    DeadPort() {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        socklen_t len = sizeof a;
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+        port = ntohs(a.sin_port);
+    }
+    void release() {
+        if (fd >= 0) ::close(fd);
+        fd = -1;
+    }
+    ~DeadPort() { release(); }
+};
+
+// Polls `cond` every 20 ms for up to `ms`.
+template <class F>
+bool eventually(F cond, int ms = 10000) {
+    for (int waited = 0; waited < ms; waited += 20) {
+        if (cond()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return cond();
+}
+
+const char* kFast = "keepalive_s = 0.3\nconnect_timeout_s = 1\nhealth_interval_s = 0.2\n";
+
+}  // namespace
+
+TEST_CASE("retry window: a backend answering 503 recovers inside the window and the turn completes") {
+    FakeBackend be(R"({"fail_first":3,"turns":[{"content":"back again"}]})");
+    Gateway gw(model_toml({be.url()}), "", std::string(kFast) + "retry_window_s = 20\n");
+    auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
+    CHECK(st.terminal == "response.completed");
+    CHECK(str(st.item(0)["content"][0], "text") == "back again");
+    CHECK(be.requests().size() == 4);  // three 503s, then served
+    CHECK(get(gw.port, "/metrics").find("pulse_retries_total{model=\"m\"} 3") != std::string::npos);
+}
+
+TEST_CASE("down longer than the window: response.failed after keepalives (SSE already open)") {
+    FakeBackend be(R"({"turns":[{"status":503}]})");
+    Gateway gw(model_toml({be.url()}), "", std::string(kFast) + "retry_window_s = 1.5\n");
+    auto r = post(gw.port, "/v1/responses", request());
+    CHECK(r.status == 200);
+    auto st = check_stream(r.body);
+    CHECK(st.terminal == "response.failed");
+    CHECK(st.keepalives >= 1);
+    CHECK(str((*st.response)["error"], "message").find("no backend could take the request within 1 s") != std::string::npos);
+    CHECK(be.requests().size() >= 2);
+}
+
+TEST_CASE("health: probes take a dead endpoint out of the rotation and bring it back") {
+    DeadPort dead;
+    uint16_t port_a = dead.port;
+    FakeBackend b(R"({"turns":[{"content":"from B"}]})");
+    std::string url_a = "http://127.0.0.1:" + std::to_string(port_a) + "/v1";
+    Gateway gw(model_toml({url_a, b.url()}), "", std::string(kFast) + "retry_window_s = 0\n");
+    int status = 0;
+    REQUIRE(eventually([&] { return get(gw.port, "/health", &status).find(R"("state":"down")") != std::string::npos; }));
+    CHECK(status == 200);  // the model still has a healthy endpoint
+    auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
+    CHECK(str(st.item(0)["content"][0], "text") == "from B");
+    CHECK(gw.log().find("endpoint ep0 failed") == std::string::npos);  // the dead one was not even tried first
+
+    // A comes up on its port: the probe notices and config order applies again.
+    TempDir tmp;
+    auto script = tmp.write("a.json", R"({"turns":[{"content":"from A"}]})");
+    dead.release();
+    Child a({env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port", std::to_string(port_a)});
+    REQUIRE_MESSAGE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") == std::string::npos; }),
+                    get(gw.port, "/health") << "\n" << a.stdout_so_far() << a.stderr_so_far() << gw.log());
+    CHECK(gw.log().find("endpoint ep0 (" + url_a + ") is healthy again") != std::string::npos);
+    st = check_stream(post(gw.port, "/v1/responses", request()).body);
+    CHECK(str(st.item(0)["content"][0], "text") == "from A");
+}
+
+TEST_CASE("health: degraded (503) when a model has no healthy endpoint") {
+    DeadPort dead;
+    Gateway gw(model_toml({"http://127.0.0.1:" + std::to_string(dead.port) + "/v1"}), "", kFast);
+    int status = 0;
+    REQUIRE(eventually([&] {
+        get(gw.port, "/health", &status);
+        return status == 503;
+    }));
+    CHECK(get(gw.port, "/health").find(R"("status":"degraded")") != std::string::npos);
+}
+
+TEST_CASE("backend dies mid-stream: response.failed, and no retry elsewhere after output") {
+    FakeBackend dying(R"({"turns":[{"content":"partial answer that","truncate":true}]})");
+    FakeBackend spare(R"({"turns":[{"content":"should not be asked"}]})");
+    Gateway gw(model_toml({dying.url(), spare.url()}), "", std::string(kFast) + "retry_window_s = 10\n");
+    auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
+    CHECK(st.terminal == "response.failed");
+    CHECK(spare.requests().empty());
+}
+
+TEST_CASE("warmup: an endpoint that comes back gets the recorded prefixes replayed, and the next turn hits the cache") {
+    for (bool warm : {true, false}) {
+        CAPTURE(warm);
+        uint16_t port = free_port();
+        TempDir tmp;
+        auto script = tmp.write("s.json", R"({"prefix_cache":true,"turns":[{"content":"ok"}]})");
+        auto state = tmp / "warmup-state.json";
+        std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
+        auto start_backend = [&] {
+            auto c = std::make_unique<Child>(
+                std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port", std::to_string(port),
+                                         "--record", (tmp / "requests.jsonl").string()});
+            wait_for([&] { return c->stdout_so_far(); }, std::regex("listening on (127)"));
+            return c;
+        };
+        auto backend = start_backend();
+        Gateway gw(model_toml({url}), "", std::string(kFast) + "retry_window_s = 5\n",
+                   "[warmup]\nenabled = " + std::string(warm ? "true" : "false") + "\nstate_file = \"" + state.string() + "\"\n");
+        std::string history = R"([{"role":"developer","content":")" + std::string(2000, 'x') + R"("},{"role":"user","content":"turn one"}])";
+        auto r1 = check_stream(post(gw.port, "/v1/responses", request(history, "m", R"(,"prompt_cache_key":"thread-1")")).body);
+        CHECK(r1.terminal == "response.completed");
+        CHECK((*r1.response)["usage"]["input_tokens_details"]["cached_tokens"].GetInt() == 0);  // cold backend
+
+        // The backend restarts (its cache is gone); the gateway sees it down, then back.
+        backend.reset();
+        REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }));
+        backend = start_backend();
+        REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") == std::string::npos; }));
+        if (warm) {
+            REQUIRE(eventually([&] { return gw.log().find("1 warm requests completed") != std::string::npos; }));
+            CHECK(get(gw.port, "/metrics").find(R"(pulse_warmup_requests_total{model="m",endpoint="ep0",outcome="ok"} 1)") != std::string::npos);
+            // The state file holds prompts: owner-only.
+            struct stat sb {};
+            REQUIRE(eventually([&] { return ::stat(state.c_str(), &sb) == 0; }));
+            CHECK((sb.st_mode & 0777) == 0600);
+            CHECK(read_file(state).find("thread-1") != std::string::npos);
+        }
+        // The next turn of the same conversation.
+        std::string history2 = history.substr(0, history.size() - 1) +
+                               R"(,{"role":"assistant","content":[{"type":"output_text","text":"ok"}]},{"role":"user","content":"turn two"}])";
+        auto r2 = check_stream(post(gw.port, "/v1/responses", request(history2, "m", R"(,"prompt_cache_key":"thread-1")")).body);
+        CHECK(r2.terminal == "response.completed");
+        int cached = (*r2.response)["usage"]["input_tokens_details"]["cached_tokens"].GetInt();
+        if (warm) CHECK(cached > 400);  // the 2,000-character system prompt and more
+        else CHECK(cached == 0);
+    }
+}
+
+TEST_CASE("warmup state persists across a gateway restart") {
+    FakeBackend be(R"({"turns":[{"content":"ok"}]})");
+    TempDir tmp;
+    auto state = tmp / "state.json";
+    std::string warm = "[warmup]\nstate_file = \"" + state.string() + "\"\n";
+    {
+        Gateway gw(model_toml({be.url()}), "", kFast, warm);
+        check_stream(post(gw.port, "/v1/responses", request("\"hi\"", "m", R"(,"prompt_cache_key":"t1")")).body);
+        REQUIRE(eventually([&] { return fs::exists(state); }));
+        gw.child->signal(SIGTERM);
+        CHECK(gw.child->wait(20).code == 0);
+    }
+    Gateway again(model_toml({be.url()}), "", kFast, warm);
+    CHECK(eventually([&] { return again.log().find("loaded 1 prompt prefixes from " + state.string()) != std::string::npos; }));
+}
+
+TEST_CASE("hot reload of a translation profile with 20 streams in flight") {
+    Gateway gw("[models.r]\nprofile = \"reloadable\"\n[[models.r.endpoints]]\nurl = \"plugin://example-echo\"\n"
+               "options = { delay_ms = 400 }\n",
+               "", kFast, "", {{"reloadable_v1", "reloadable"}});
+    fs::path installed = gw.dir / "plugins" / "reloadable.so";
+    auto body = [](int i) { return R"({"model":"r","stream":true,"input":"stream number )" + std::to_string(i) + R"("})"; };
+
+    std::vector<std::future<HttpResult>> inflight;
+    for (int i = 0; i < 20; ++i) inflight.push_back(std::async(std::launch::async, [&, i] { return post(gw.port, "/v1/responses", body(i)); }));
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("active_requests":20)") != std::string::npos; }));
+
+    // Replace the file in place with v2 (the dangerous way: same path, same inode). The
+    // directory watcher triggers the reload; streams keep the generation they started with.
+    fs::copy_file(env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/reloadable_v2.so", installed, fs::copy_options::overwrite_existing);
+    REQUIRE(eventually([&] { return gw.log().find("reloaded test.reloadable v1 -> generation") != std::string::npos; }));
+    auto fresh = check_stream(post(gw.port, "/v1/responses", body(99)).body);
+    CHECK(str(fresh.item(0)["content"][0], "text").rfind("[v2] ", 0) == 0);
+
+    int completed_v1 = 0;
+    for (auto& f : inflight) {
+        auto st = check_stream(f.get().body);
+        if (st.terminal == "response.completed" && str(st.item(0)["content"][0], "text").rfind("[v1] echo: stream number", 0) == 0)
+            ++completed_v1;
+    }
+    CHECK(completed_v1 == 20);
+    // The old generation is finalised exactly once, after its last stream.
+    REQUIRE(eventually([&] { return gw.log().find("reloadable v1: deinit") != std::string::npos; }));
+    auto log = gw.log();
+    CHECK(log.find("reloadable v1: deinit") == log.rfind("reloadable v1: deinit"));
+
+    // A broken new version is refused and v2 keeps serving.
+    fs::copy_file(env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/reloadable_broken.so", installed, fs::copy_options::overwrite_existing);
+    REQUIRE(eventually([&] { return gw.log().find("new version not loaded, the old one keeps serving") != std::string::npos; }));
+    auto still = check_stream(post(gw.port, "/v1/responses", body(100)).body);
+    CHECK(str(still.item(0)["content"][0], "text").rfind("[v2] ", 0) == 0);
+    CHECK(get(gw.port, "/metrics").find("pulse_plugin_reload_failures_total 1") != std::string::npos);
+}
+
+TEST_CASE("SIGHUP reloads the configuration: new endpoints for new requests") {
+    FakeBackend one(R"({"turns":[{"content":"from one"}]})");
+    FakeBackend two(R"({"turns":[{"content":"from two"}]})");
+    Gateway gw(model_toml({one.url()}), "", kFast);
+    CHECK(str(check_stream(post(gw.port, "/v1/responses", request()).body).item(0)["content"][0], "text") == "from one");
+    std::string text = read_file(gw.config);
+    text.replace(text.find(one.url()), one.url().size(), two.url());
+    std::ofstream(gw.config) << text;
+    gw.child->signal(SIGHUP);
+    REQUIRE(eventually([&] { return gw.log().find("configuration generation 2 is serving") != std::string::npos; }));
+    CHECK(str(check_stream(post(gw.port, "/v1/responses", request()).body).item(0)["content"][0], "text") == "from two");
+
+    // A broken config is refused; the running one keeps serving.
+    std::ofstream(gw.config) << text << "\nnonsense = 1\n";
+    gw.child->signal(SIGHUP);
+    REQUIRE(eventually([&] { return gw.log().find("configuration not reloaded, the previous one keeps serving") != std::string::npos; }));
+    CHECK(str(check_stream(post(gw.port, "/v1/responses", request()).body).item(0)["content"][0], "text") == "from two");
+}
+
+TEST_CASE("SIGTERM drains: streams in flight complete, new work is refused") {
+    FakeBackend be(R"({"turns":[{"content":"a slow but complete answer","delay_ms":200}]})");
+    Gateway gw(model_toml({be.url()}), "drain_timeout_s = 20\n", kFast);
+    std::vector<std::future<HttpResult>> inflight;
+    for (int i = 0; i < 3; ++i) inflight.push_back(std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request()); }));
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("active_requests":3)") != std::string::npos; }));
+    gw.child->signal(SIGTERM);
+    REQUIRE(eventually([&] { return gw.log().find("draining") != std::string::npos; }));
+    for (auto& f : inflight) CHECK(check_stream(f.get().body).terminal == "response.completed");
+    auto r = gw.child->wait(20);
+    CHECK(r.code == 0);
+    CHECK_THROWS(post(gw.port, "/v1/responses", request()));  // the listener is gone
+}
+
+TEST_CASE("capacity: past max_streams a request gets 503 + Retry-After, not a closed socket") {
+    FakeBackend be(R"({"turns":[{"content":"one two three four five","delay_ms":300}]})");
+    Gateway gw(model_toml({be.url()}), "max_streams = 2\n", kFast);
+    std::vector<std::future<HttpResult>> busy;
+    for (int i = 0; i < 2; ++i) busy.push_back(std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request()); }));
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("active_requests":2)") != std::string::npos; }));
+    auto r = post(gw.port, "/v1/responses", request());
+    CHECK(r.status == 503);
+    CHECK(r.retry_after == "1");
+    CHECK(r.body.find("at_capacity") != std::string::npos);
+    for (auto& f : busy) CHECK(check_stream(f.get().body).terminal == "response.completed");
+}
+
+TEST_CASE("slow-loris clients and a client that stops reading do not pin the gateway") {
+    // 40,000 words: far more output than the socket buffers hold.
+    std::string words;
+    for (int i = 0; i < 40000; ++i) words += "w" + std::to_string(i) + " ";
+    FakeBackend big(R"({"turns":[{"content":")" + words + R"("}]})");
+    Gateway gw(model_toml({big.url()}), "send_timeout_s = 1\n", kFast);
+
+    // Slow loris: connections that send half a request and then nothing.
+    std::vector<std::unique_ptr<Poco::Net::StreamSocket>> loris;
+    for (int i = 0; i < 8; ++i) {
+        auto s = std::make_unique<Poco::Net::StreamSocket>(Poco::Net::SocketAddress("127.0.0.1", gw.port));
+        std::string partial = "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"mo";
+        s->sendBytes(partial.data(), static_cast<int>(partial.size()));
+        loris.push_back(std::move(s));
+    }
+    // A client that starts a stream and never reads it.
+    Poco::Net::StreamSocket stuck(Poco::Net::SocketAddress("127.0.0.1", gw.port));
+    int small = 4096;
+    stuck.setReceiveBufferSize(small);
+    std::string body = request();
+    std::string head = "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body;
+    stuck.sendBytes(head.data(), static_cast<int>(head.size()));
+
+    // The stuck stream is given up after the send timeout and the backend is cancelled.
+    CHECK(eventually([&] { return gw.log().find("outcome=cancelled") != std::string::npos; }, 30000));
+    CHECK(eventually([&] { return big.log().find(R"("client_gone":true)") != std::string::npos; }, 30000));
+    // The slow-loris connections get a 4xx once the server stops waiting for the rest of the
+    // body, and are closed.
+    for (auto& s : loris) {
+        s->setReceiveTimeout(Poco::Timespan(10, 0));
+        std::string got;
+        char buf[4096];
+        bool closed = false;
+        try {
+            for (int n; (n = s->receiveBytes(buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+            closed = true;
+        } catch (const Poco::TimeoutException&) {
+            closed = false;
+        } catch (...) {
+            closed = true;  // a reset is closed too
+        }
+        CHECK(closed);
+        CHECK_MESSAGE((got.empty() || got.rfind("HTTP/1.1 4", 0) == 0), got.substr(0, 200));
+    }
+    // And the gateway still answers.
+    int status = 0;
+    get(gw.port, "/health", &status);
+    CHECK(status == 200);
+    CHECK(get(gw.port, "/v1/models").find(R"("id":"m")") != std::string::npos);
+}
