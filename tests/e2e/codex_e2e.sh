@@ -7,11 +7,14 @@
 # Everything runs inside a private network namespace (unshare -n, lo up): Codex, the gateway
 # and the backend can reach each other on 127.0.0.1 and nothing else.
 #
-# usage: codex_e2e.sh PULSE_EXE FAKE_VLLM PLUGIN_DIR SOURCE_ROOT [PROFILE] [FLAVOR]
+# usage: codex_e2e.sh PULSE_EXE FAKE_VLLM PLUGIN_DIR SOURCE_ROOT [PROFILE] [FLAVOR] [MODE]
 #   PROFILE: translation profile under test (qwen38 | llamacpp); FLAVOR: fake backend dialect.
+#   MODE "kill9": the gateway runs under a supervisor loop (like systemd Restart=) and is
+#   killed with SIGKILL while the first request is in flight; Codex's retry must still
+#   complete the turn.
 # The Codex binary comes from $PULSE_CODEX (tools/dev installs the pinned version).
 set -euo pipefail
-pulse=$1 fake=$2 plugins=$3 src=$4 profile=${5:-qwen38} flavor=${6:-vllm}
+pulse=$1 fake=$2 plugins=$3 src=$4 profile=${5:-qwen38} flavor=${6:-vllm} mode=${7:-normal}
 
 codex=${PULSE_CODEX:-}
 if [ -z "$codex" ] || [ ! -x "$codex" ]; then
@@ -24,9 +27,11 @@ fi
 . "$(dirname "$0")/lib.sh"
 enter_netns "$@"
 
-cat > "$work/script.json" <<'JSON'
+first_delay=0
+[ "$mode" = kill9 ] && first_delay=3000
+cat > "$work/script.json" <<JSON
 {"split": 7, "turns": [
-  {"reasoning": "The user wants a file. I will create it with apply_patch.",
+  {"reasoning": "The user wants a file. I will create it with apply_patch.", "first_delay_ms": $first_delay,
    "tool_calls": [{"name": "apply_patch",
                    "arguments": {"input": "*** Begin Patch\n*** Add File: hello.txt\n+hello from pulse\n*** End Patch\n"}}]},
   {"tool_calls": [{"name": "exec_command", "arguments": {"cmd": "cat hello.txt", "yield_time_ms": 2000}}]},
@@ -34,7 +39,30 @@ cat > "$work/script.json" <<'JSON'
 ]}
 JSON
 start_fake "$work/script.json"
-start_pulse
+retries=1
+if [ "$mode" = kill9 ]; then
+  retries=5
+  # A fixed port, so the restarted gateway is where Codex reconnects.
+  gport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  start_pulse_config "$gport"
+  ( while [ ! -f "$work/stop" ]; do
+      env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
+        "$pulse" serve --config "$work/pulse.toml" >> "$work/pulse.log" 2>&1 &
+      echo $! > "$work/pulse.pid"
+      wait $! || true
+      sleep 0.2
+    done ) &
+  pids+=($!)
+  wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+' >/dev/null || fail "pulse did not start"
+  # Kill -9 the gateway once the first request reached the (slow) backend.
+  ( for _ in $(seq 1 500); do
+      [ -s "$work/requests.jsonl" ] && { kill -9 "$(cat "$work/pulse.pid")"; echo killed > "$work/killed"; break; }
+      sleep 0.02
+    done ) &
+  pids+=($!)
+else
+  start_pulse
+fi
 
 mkdir -p "$work/home" "$work/codex-home" "$work/project"
 cd "$work/project"
@@ -42,7 +70,7 @@ rc=0
 HOME="$work/home" CODEX_HOME="$work/codex-home" timeout 180 "$codex" exec \
   --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox \
   -c model_provider=pulse \
-  -c "model_providers.pulse={name=\"pulse\",base_url=\"http://127.0.0.1:$gport/v1\",wire_api=\"responses\",request_max_retries=1,stream_max_retries=1}" \
+  -c "model_providers.pulse={name=\"pulse\",base_url=\"http://127.0.0.1:$gport/v1\",wire_api=\"responses\",request_max_retries=$retries,stream_max_retries=$retries}" \
   -c "model_catalog_json=\"$src/config/codex/model-catalog.json\"" \
   -m qwen3.8-flash-next \
   "Create hello.txt saying hello from pulse, then show its content." \
@@ -52,9 +80,17 @@ HOME="$work/home" CODEX_HOME="$work/codex-home" timeout 180 "$codex" exec \
 [ -f hello.txt ] || fail "hello.txt was not created"
 [ "$(cat hello.txt)" = "hello from pulse" ] || fail "hello.txt holds '$(cat hello.txt)'"
 grep -q "Created hello.txt; it says: hello from pulse" "$work/codex.out" || fail "the answer was not printed"
+touch "$work/stop"
 requests=$(grep -vc '^{"served"' "$work/requests.jsonl" || true)
-[ "$requests" -eq 3 ] || fail "expected 3 backend requests (patch, exec, answer), saw $requests"
+if [ "$mode" = kill9 ]; then
+  [ -f "$work/killed" ] || fail "the gateway was never killed"
+  starts=$(grep -c 'listening on' "$work/pulse.log")
+  [ "$starts" -ge 2 ] || fail "the gateway did not restart (started $starts times)"
+  [ "$requests" -ge 4 ] || fail "expected the first turn to be retried (>= 4 backend requests), saw $requests"
+else
+  [ "$requests" -eq 3 ] || fail "expected 3 backend requests (patch, exec, answer), saw $requests"
+fi
 # The exec tool's output went back to the model in the third request.
 tail -n 2 "$work/requests.jsonl" | head -n 1 | grep -q 'hello from pulse' || fail "the command output did not reach the model"
 grep -q 'outcome=completed' "$work/pulse.log" || fail "pulse logged no completed response"
-echo "codex e2e ($profile): ok — codex exit 0, hello.txt created, command output returned, answer printed"
+echo "codex e2e ($profile, $mode): ok — codex exit 0, hello.txt created, command output returned, answer printed"

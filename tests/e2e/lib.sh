@@ -43,22 +43,29 @@ start_fake() {
   fport=$(wait_port "$work/fake.log" 'listening on 127\.0\.0\.1:[0-9]+') || fail "fake backend did not start"
 }
 
-# start_pulse: serves model qwen3.8-flash-next on ${profile:-qwen38} against the fake; sets gport.
-start_pulse() {
+# start_pulse_config PORT: writes $work/pulse.toml (model qwen3.8-flash-next on
+# ${profile:-qwen38} against the fake) and the plugin dir.
+start_pulse_config() {
   mkdir -p "$work/plugins"
   install -m 0755 "$plugins"/*.so "$work/plugins/"
   cat > "$work/pulse.toml" <<TOML
 [server]
-listen = "127.0.0.1:0"
+listen = "127.0.0.1:$1"
 [plugins]
 dirs = ["plugins"]
 dropin_dirs = []
+runtime_dir = "$work/run"
 [models."qwen3.8-flash-next"]
 profile = "${profile:-qwen38}"
 [[models."qwen3.8-flash-next".endpoints]]
 name = "fake"
 url = "http://127.0.0.1:$fport/v1"
 TOML
+}
+
+# start_pulse: config on an ephemeral port, then the gateway; sets gport.
+start_pulse() {
+  start_pulse_config 0
   env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
     "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
   pids+=($!)
