@@ -224,7 +224,7 @@ void Gateway::probe_loop() {
 bool Gateway::authorized(const Poco::Net::HTTPServerRequest& req, const config::Config& cfg) const {
     const std::string& key = cfg.server.api_key;
     if (key.empty()) return true;
-    const std::string& auth = req.get("Authorization", "");
+    const std::string auth = req.get("Authorization", "");  // by value: get() returns the default by reference
     static const std::string kBearer = "Bearer ";
     if (auth.size() != kBearer.size() + key.size() || auth.compare(0, kBearer.size(), kBearer) != 0) return false;
     // Constant time in the key's length: no early exit on the first differing byte.
@@ -240,7 +240,7 @@ void Gateway::handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerRes
     auto snap = snapshot();
     bool status_path = path == "/health" || path == "/metrics";
     if ((!status_path || snap->cfg.server.protect_status) && !authorized(req, snap->cfg))
-        return send_error(resp, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)",
+        return discard_body(req, resp), send_error(resp, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)",
                           {}, "invalid_api_key");
     if (path == "/health" && (method == "GET" || method == "HEAD")) return health(resp);
     if (path == "/metrics" && method == "GET") {
@@ -255,11 +255,13 @@ void Gateway::handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerRes
     if (path == "/v1/models" && method == "GET") return models(resp);
     if (path == "/v1/responses" || path == "/responses") {
         if (method != "POST") {
+            discard_body(req, resp);
             resp.set("Allow", "POST");
             return send_error(resp, 405, "invalid_request_error", "use POST for " + path);
         }
         return responses(req, resp);
     }
+    discard_body(req, resp);
     send_error(resp, 404, "invalid_request_error", "no route for " + method + " " + path, {}, "not_found");
 }
 

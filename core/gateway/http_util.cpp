@@ -1,10 +1,22 @@
 #include "gateway/http_util.h"
 
+#include <Poco/Net/HTTPServerRequest.h>
 #include <Poco/Net/HTTPServerResponse.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
 namespace pulse::gateway {
+
+void discard_body(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp, int64_t max_bytes) {
+    try {
+        std::istream& in = req.stream();
+        char sink[65536];
+        int64_t n = 0;
+        while (n < max_bytes && in.read(sink, sizeof sink).gcount() > 0) n += in.gcount();
+    } catch (...) {
+    }
+    resp.setKeepAlive(false);
+}
 
 void send_json(Poco::Net::HTTPServerResponse& resp, int status, std::string_view body) {
     resp.setStatusAndReason(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(status));

@@ -98,13 +98,7 @@ private:
     bool read_and_validate() {
         const int64_t limit = cfg_.server.max_body_bytes;
         auto too_large = [&](const std::string& size) {
-            // Read (and drop) what the client is still sending, up to a bound, so it sees the 413
-            // instead of a reset connection; then close.
-            std::istream& in = req_.stream();
-            char sink[65536];
-            int64_t drained = 0;
-            while (drained < 64 * 1024 * 1024 && in.read(sink, sizeof sink).gcount() > 0) drained += in.gcount();
-            resp_.setKeepAlive(false);
+            discard_body(req_, resp_);
             invalid({413, "request body " + size + "is over the limit of " + std::to_string(limit) + " bytes (server.max_body_bytes)", "",
                      "request_too_large"});
             return false;
@@ -416,11 +410,12 @@ void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServer
         }
     } active(active_);
     auto snap = snapshot();
-    if (draining_) return send_error(resp, 503, "server_error", "the gateway is shutting down", {}, "draining", 1);
+    if (draining_) return discard_body(req, resp), send_error(resp, 503, "server_error", "the gateway is shutting down", {}, "draining", 1);
     if (active_.load() > snap->cfg.server.max_streams) {
         // The worker pool keeps spare threads so an over-capacity request still gets a clear
         // answer instead of a silently closed socket.
         metrics::global().counter("pulse_capacity_rejections_total", "requests refused because max_streams were in flight").add();
+        discard_body(req, resp);
         return send_error(resp, 503, "server_error",
                           "the gateway is at capacity (" + std::to_string(snap->cfg.server.max_streams) +
                               " requests in flight, server.max_streams); retry shortly",

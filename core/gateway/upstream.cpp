@@ -26,8 +26,9 @@ class EventQueue {
 public:
     void push(UpEvent e) {
         std::unique_lock lock(m_);
-        room_.wait(lock, [&] { return q_.size() < kMax || closed_; });
+        room_.wait(lock, [&] { return (q_.size() < kMaxEvents && bytes_ < kMaxBytes) || closed_; });
         if (closed_) return;
+        bytes_ += e.text.size();
         q_.push_back(std::move(e));
         ready_.notify_one();
     }
@@ -36,6 +37,7 @@ public:
         if (!ready_.wait_for(lock, wait, [&] { return !q_.empty(); })) return UpEvent{};
         UpEvent e = std::move(q_.front());
         q_.pop_front();
+        bytes_ -= e.text.size();
         room_.notify_one();
         return e;
     }
@@ -46,7 +48,10 @@ public:
     }
 
 private:
-    static constexpr size_t kMax = 4096;  // backpressure: a slow client slows the reader
+    // Backpressure: a slow client slows the reader, and through TCP the backend.
+    static constexpr size_t kMaxEvents = 4096;
+    static constexpr size_t kMaxBytes = 1 << 20;
+    size_t bytes_ = 0;
     std::mutex m_;
     std::condition_variable ready_, room_;
     std::deque<UpEvent> q_;
