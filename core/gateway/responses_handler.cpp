@@ -6,6 +6,7 @@
 #include <Poco/Net/HTTPServerResponse.h>
 #include <Poco/Net/StreamSocket.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -56,10 +57,11 @@ HttpError http_error_for(pulse_status_t s) {
 
 bool retryable(pulse_status_t s) { return s == PULSE_E_UNAVAILABLE || s == PULSE_E_RESOURCE_EXHAUSTED; }
 
-// The client closed its end: the socket polls readable and has nothing to read.
+// The client closed its end: the socket is readable and has nothing to read.
 bool client_gone(Poco::Net::StreamSocket& s) {
     try {
-        return s.poll(Poco::Timespan(0), Poco::Net::Socket::SELECT_READ) && s.available() == 0;
+        pollfd p{s.impl()->sockfd(), POLLIN, 0};
+        return ::poll(&p, 1, 0) > 0 && ((p.revents & (POLLHUP | POLLERR)) || s.available() == 0);
     } catch (...) {
         return true;
     }
@@ -148,7 +150,7 @@ private:
             call_.has_message = true;
         }
         if (rc == PULSE_OK) {
-            call_.clear_error();
+            call_.reset();
             rc = vt_->stream_open(rt_->instance, &call_, host::view(&doc_), &stream_);
         }
         if (rc != PULSE_OK) {
@@ -181,14 +183,24 @@ private:
         }
         std::string ev = sse_event(type, json);
         out_->write(ev.data(), static_cast<std::streamsize>(ev.size()));
-        out_->flush();
+        unflushed_ = true;
         if (!out_->good()) lost_ = true;
         last_event_ = steady_clock::now();
+        // No flush here: the attempt loop flushes whenever the upstream has nothing more queued,
+        // so events that arrive together leave in one write.
+    }
+
+    void flush() {
+        if (!out_ || !unflushed_ || lost_) return;
+        out_->flush();
+        unflushed_ = false;
+        if (!out_->good()) lost_ = true;
     }
 
     void keepalive_if_due() {
         if (!streaming_ || steady_clock::now() - last_event_ < keepalive_) return;
         builder_->keepalive();
+        flush();
         metrics::global().counter("pulse_keepalives_total", "response.in_progress keepalive events sent", {{"model", model_id_}}).add();
     }
 
@@ -200,11 +212,20 @@ private:
         std::unique_ptr<UpstreamStream> up = ep.backend ? ep.backend->open(upstream_body_, id_) : open_http(*ep.cfg, upreq_, cfg_.upstream);
         bool accepted = false, fed = false;
         for (;;) {
-            UpEvent e = up->next(keepalive_);
-            if (!lost_ && client_gone(*socket_)) lost_ = true;
+            // Drain what is already queued before flushing: under load many tokens go out in
+            // one write instead of one syscall each.
+            UpEvent e = up->next(milliseconds(0));
+            if (e.kind == UpEvent::Kind::timeout) {
+                flush();
+                e = up->next(keepalive_);
+            }
+            if (!lost_ && steady_clock::now() - last_gone_check_ > milliseconds(100)) {
+                last_gone_check_ = steady_clock::now();
+                if (client_gone(*socket_)) lost_ = true;
+            }
             if (lost_) {
                 up->cancel();
-                call_.clear_error();
+                call_.reset();
                 vt_->stream_finish(stream_, &call_, PULSE_STREAM_CANCELLED, builder_.get());
                 outcome_ = "cancelled";
                 return Attempt::final;
@@ -221,7 +242,7 @@ private:
                     break;
                 case UpEvent::Kind::rejected: {
                     pulse_status_t s = e.status;
-                    call_.clear_error();
+                    call_.reset();
                     if (e.http_status) {
                         s = vt_->map_error ? vt_->map_error(rt_->instance, &call_, e.http_status, pulse_str_t{e.text.data(), e.text.size()})
                                            : (e.http_status >= 500 || e.http_status == 429 ? PULSE_E_UNAVAILABLE : PULSE_E_INVALID_ARGUMENT);
@@ -245,14 +266,14 @@ private:
                         gw_.endpoint_failed(ep, e.text);
                         return Attempt::retry;
                     }
-                    call_.clear_error();
+                    call_.reset();
                     vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
                     outcome_ = builder_->end(PULSE_STREAM_TRUNCATED, e.text);
                     return Attempt::served;
                 case UpEvent::Kind::data: {
                     if (!ttft_) ttft_ = duration_cast<milliseconds>(steady_clock::now() - t0_);
                     fed = true;
-                    call_.clear_error();
+                    call_.reset();
                     pulse_status_t s = vt_->stream_feed(stream_, &call_, {e.text.data(), e.text.size()}, builder_.get());
                     if (s < 0) {
                         builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
@@ -264,7 +285,7 @@ private:
                     break;
                 }
                 case UpEvent::Kind::done: {
-                    call_.clear_error();
+                    call_.reset();
                     pulse_status_t s = vt_->stream_finish(stream_, &call_, PULSE_STREAM_CLEAN, builder_.get());
                     if (s < 0) builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
                     outcome_ = builder_->ended() ? (builder_->failure() ? "failed" : "completed") : builder_->end(PULSE_STREAM_CLEAN);
@@ -335,6 +356,7 @@ private:
                 send_json(resp_, 200, builder_->final_response());
             }
         }
+        flush();
         if (!cfg_.server.trace_file.empty() && builder_->ended()) trace(cfg_.server.trace_file, id_, "response", builder_->final_response());
     }
 
@@ -389,6 +411,8 @@ private:
     bool lost_ = false;
     milliseconds keepalive_{10000};
     steady_clock::time_point last_event_ = steady_clock::now();
+    steady_clock::time_point last_gone_check_ = steady_clock::now();
+    bool unflushed_ = false;
 
     pulse_status_t last_status_ = PULSE_E_UNAVAILABLE;
     std::string last_error_ = "no endpoint configured";

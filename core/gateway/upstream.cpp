@@ -6,12 +6,13 @@
 #include <Poco/Net/NetException.h>
 #include <Poco/URI.h>
 
-#include <condition_variable>
+#include <poll.h>
+
+#include <algorithm>
 #include <deque>
 #include <istream>
 #include <mutex>
 #include <stdexcept>
-#include <thread>
 
 #include "common/log.h"
 #include "gateway/sse.h"
@@ -21,43 +22,17 @@ namespace {
 
 using namespace std::chrono;
 
-// A bounded queue between the reader thread and the request thread.
-class EventQueue {
+// POCO's client session with its receive buffer made visible: data may already sit there
+// (read together with the headers) while the socket itself has nothing new.
+class Session : public Poco::Net::HTTPClientSession {
 public:
-    void push(UpEvent e) {
-        std::unique_lock lock(m_);
-        room_.wait(lock, [&] { return (q_.size() < kMaxEvents && bytes_ < kMaxBytes) || closed_; });
-        if (closed_) return;
-        bytes_ += e.text.size();
-        q_.push_back(std::move(e));
-        ready_.notify_one();
-    }
-    UpEvent pop(milliseconds wait) {
-        std::unique_lock lock(m_);
-        if (!ready_.wait_for(lock, wait, [&] { return !q_.empty(); })) return UpEvent{};
-        UpEvent e = std::move(q_.front());
-        q_.pop_front();
-        bytes_ -= e.text.size();
-        room_.notify_one();
-        return e;
-    }
-    void close() {
-        std::lock_guard lock(m_);
-        closed_ = true;
-        room_.notify_all();
-    }
-
-private:
-    // Backpressure: a slow client slows the reader, and through TCP the backend.
-    static constexpr size_t kMaxEvents = 4096;
-    static constexpr size_t kMaxBytes = 1 << 20;
-    size_t bytes_ = 0;
-    std::mutex m_;
-    std::condition_variable ready_, room_;
-    std::deque<UpEvent> q_;
-    bool closed_ = false;
+    using Poco::Net::HTTPClientSession::HTTPClientSession;
+    int pending() const { return buffered(); }
 };
 
+// An HTTP upstream driven by the request thread: every next() waits on the socket with the
+// caller's timeout, reads what has arrived and parses SSE from it. No extra thread, no
+// hand-off between threads per token.
 class HttpStream : public UpstreamStream {
 public:
     HttpStream(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& t)
@@ -65,19 +40,55 @@ public:
         std::string base = uri_.getPath();
         while (!base.empty() && base.back() == '/') base.pop_back();
         path_ = base + req.path;
-        thread_ = std::thread([this] { run(); });
-    }
-    ~HttpStream() override {
-        cancel();
-        queue_.close();
-        thread_.join();
     }
 
-    UpEvent next(milliseconds wait) override { return queue_.pop(wait); }
+    UpEvent next(milliseconds wait) override {
+        if (!events_.empty()) return pop();
+        if (cancelled_) return fail(phase_ == Phase::body, "cancelled");
+        auto deadline = steady_clock::now() + wait;
+        try {
+            switch (phase_) {
+                case Phase::start:
+                    connect_and_send();  // bounded by the connect and send timeouts
+                    phase_ = Phase::headers;
+                    [[fallthrough]];
+                case Phase::headers: {
+                    if (!readable(deadline)) return UpEvent{};
+                    Poco::Net::HTTPResponse response;
+                    std::istream& is = session_->receiveResponse(response);
+                    int status = static_cast<int>(response.getStatus());
+                    if (status != 200) {
+                        std::string text;
+                        char buf[4096];
+                        while (text.size() < 64 * 1024 && is.read(buf, sizeof buf).gcount() > 0)
+                            text.append(buf, static_cast<size_t>(is.gcount()));
+                        phase_ = Phase::finished;
+                        UpEvent e;
+                        e.kind = UpEvent::Kind::rejected;
+                        e.http_status = status;
+                        e.text = std::move(text);
+                        return e;
+                    }
+                    in_ = &is;
+                    phase_ = Phase::body;
+                    last_byte_ = steady_clock::now();
+                    return UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false};
+                }
+                case Phase::body:
+                    return read_body(deadline);
+                case Phase::finished:
+                    return UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false};
+            }
+        } catch (const Poco::Exception& e) {
+            return fail(phase_ == Phase::body, e.displayText());
+        } catch (const std::exception& e) {
+            return fail(phase_ == Phase::body, e.what());
+        }
+        return UpEvent{};
+    }
 
     void cancel() override {
         cancelled_ = true;
-        std::lock_guard lock(session_mutex_);
         if (session_) {
             try {
                 session_->abort();
@@ -87,89 +98,104 @@ public:
     }
 
 private:
-    void run() {
-        bool accepted = false;
-        try {
-            {
-                std::lock_guard lock(session_mutex_);
-                if (cancelled_) return;
-                session_ = std::make_unique<Poco::Net::HTTPClientSession>(uri_.getHost(), uri_.getPort());
-                auto secs = [](double s) { return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(s * 1e6)); };
-                session_->setTimeout(secs(timeouts_.connect_timeout_s), secs(30), secs(timeouts_.idle_timeout_s));
-                session_->setKeepAlive(false);
-            }
-            Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, path_, Poco::Net::HTTPMessage::HTTP_1_1);
-            request.setContentType("application/json");
-            request.set("Accept", "text/event-stream");
-            request.setContentLength(static_cast<std::streamsize>(body_.size()));
-            for (const auto& [k, v] : headers_) request.set(k, v);
-            std::ostream& os = session_->sendRequest(request);
-            os.write(body_.data(), static_cast<std::streamsize>(body_.size()));
-            os.flush();
-            Poco::Net::HTTPResponse response;
-            std::istream& is = session_->receiveResponse(response);
-            int status = static_cast<int>(response.getStatus());
-            if (status != 200) {
-                std::string text;
-                char buf[4096];
-                while (text.size() < 64 * 1024 && is.read(buf, sizeof buf).gcount() > 0) text.append(buf, static_cast<size_t>(is.gcount()));
-                UpEvent e;
-                e.kind = UpEvent::Kind::rejected;
-                e.http_status = status;
-                e.text = std::move(text);
-                queue_.push(std::move(e));
-                return;
-            }
-            accepted = true;
-            queue_.push(UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false});
-            SseParser parser;
-            bool done = false;
-            std::string line;
-            while (!done && std::getline(is, line)) {
-                line += '\n';
-                parser.feed(line, [&](std::string_view, std::string_view data) {
-                    if (done) return;
-                    if (data == "[DONE]") {
-                        done = true;
-                        queue_.push(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
-                    } else {
-                        queue_.push(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false});
-                    }
-                });
-                if (parser.overflowed()) throw std::runtime_error("upstream sent an SSE line over 16 MiB");
-            }
-            if (!done) {
-                // POCO reports an aborted body read as a clean EOF: without the terminal marker the
-                // stream is truncated, never complete.
-                queue_.push(UpEvent{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE,
-                                    "the backend stream ended without its terminal [DONE] marker", false});
-            }
-        } catch (const Poco::Exception& e) {
-            fail(accepted, e.displayText());
-        } catch (const std::exception& e) {
-            fail(accepted, e.what());
-        }
+    enum class Phase { start, headers, body, finished };
+
+    static Poco::Timespan span(double s) { return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(s * 1e6)); }
+
+    void connect_and_send() {
+        session_ = std::make_unique<Session>(uri_.getHost(), uri_.getPort());
+        // The receive timeout only bounds reads that poll() said would not block.
+        session_->setTimeout(span(timeouts_.connect_timeout_s), span(30), span(timeouts_.idle_timeout_s));
+        session_->setKeepAlive(false);
+        Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, path_, Poco::Net::HTTPMessage::HTTP_1_1);
+        request.setContentType("application/json");
+        request.set("Accept", "text/event-stream");
+        request.setContentLength(static_cast<std::streamsize>(body_.size()));
+        for (const auto& [k, v] : headers_) request.set(k, v);
+        std::ostream& os = session_->sendRequest(request);
+        os.write(body_.data(), static_cast<std::streamsize>(body_.size()));
+        os.flush();
     }
 
-    void fail(bool accepted, const std::string& what) {
-        if (cancelled_) return;
+    // Data can be read without blocking, or arrives before `deadline`. The session buffer
+    // holding only the CRLF that ends the previous chunk does not count: reading on would
+    // block on the next chunk's header.
+    bool readable(steady_clock::time_point deadline) {
+        if ((in_ && in_->rdbuf()->in_avail() > 0) || session_->pending() > 2) return true;
+        auto left = duration_cast<milliseconds>(deadline - steady_clock::now() + microseconds(999));
+        // poll(2) directly: POCO 1.11's Socket::poll builds an epoll set per call (4 syscalls).
+        pollfd p{session_->socket().impl()->sockfd(), POLLIN, 0};
+        int rc = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+        return rc > 0;
+    }
+
+    UpEvent read_body(steady_clock::time_point deadline) {
+        while (events_.empty()) {
+            if (!readable(deadline)) {
+                if (steady_clock::now() - last_byte_ > duration<double>(timeouts_.idle_timeout_s))
+                    return fail(true, "no data from the backend for " + std::to_string(static_cast<int>(timeouts_.idle_timeout_s)) +
+                                          " s (upstream.idle_timeout_s)");
+                return UpEvent{};
+            }
+            char buf[16384];
+            size_t n = 0;
+            if (in_->rdbuf()->in_avail() <= 0) {
+                int c = in_->get();  // one device read: poll() said data (or EOF) is there
+                if (c == std::char_traits<char>::eof()) {
+                    phase_ = Phase::finished;
+                    // POCO reports an aborted body as a clean EOF: without the terminal marker the
+                    // stream is truncated, never complete.
+                    if (!done_) return fail(true, "the backend stream ended without its terminal [DONE] marker");
+                    return pop_or_done();
+                }
+                buf[n++] = static_cast<char>(c);
+            }
+            n += static_cast<size_t>(in_->readsome(buf + n, static_cast<std::streamsize>(sizeof buf - n)));
+            last_byte_ = steady_clock::now();
+            parser_.feed(std::string_view(buf, n), [&](std::string_view, std::string_view data) {
+                if (done_) return;
+                if (data == "[DONE]") {
+                    done_ = true;
+                    events_.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
+                } else {
+                    events_.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false});
+                }
+            });
+            if (parser_.overflowed()) return fail(true, "the backend sent an SSE line over 16 MiB");
+        }
+        return pop();
+    }
+
+    UpEvent pop() {
+        UpEvent e = std::move(events_.front());
+        events_.pop_front();
+        if (e.kind == UpEvent::Kind::done) phase_ = Phase::finished;
+        return e;
+    }
+    UpEvent pop_or_done() { return events_.empty() ? UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false} : pop(); }
+
+    UpEvent fail(bool accepted, const std::string& what) {
+        phase_ = Phase::finished;
         UpEvent e;
         e.kind = UpEvent::Kind::failed;
         e.status = PULSE_E_UNAVAILABLE;
         e.before_accept = !accepted;
         e.text = (accepted ? "the backend connection broke mid-stream: " : "cannot reach the backend: ") + what;
-        queue_.push(std::move(e));
+        return e;
     }
 
     Poco::URI uri_;
     std::string path_, body_;
     std::vector<std::pair<std::string, std::string>> headers_;
     config::Upstream timeouts_;
-    EventQueue queue_;
-    std::mutex session_mutex_;
-    std::unique_ptr<Poco::Net::HTTPClientSession> session_;
+    std::unique_ptr<Session> session_;
+    std::istream* in_ = nullptr;
+    Phase phase_ = Phase::start;
+    SseParser parser_;
+    std::deque<UpEvent> events_;
+    bool done_ = false;
     std::atomic<bool> cancelled_{false};
-    std::thread thread_;
+    steady_clock::time_point last_byte_;
 };
 
 // Collects the chunks one stream_next call emits.

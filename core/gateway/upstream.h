@@ -37,12 +37,13 @@ public:
     virtual ~UpstreamStream() = default;
     // Waits up to `wait` for the next event.
     virtual UpEvent next(std::chrono::milliseconds wait) = 0;
-    // Any thread; makes the backend stop work for this request promptly.
+    // Makes the backend stop work for this request promptly (closes the connection).
     virtual void cancel() = 0;
 };
 
-// POSTs `req` to the endpoint. Connect, send and the wait for the response all happen on a
-// reader thread, so the caller can keep the client alive while it waits.
+// POSTs `req` to the endpoint, on the caller's thread: the connect and send happen in the
+// first next() (bounded by the connect timeout), and every next() waits for the backend at
+// most its timeout, so the caller can keep the client alive while it waits.
 std::unique_ptr<UpstreamStream> open_http(const config::Endpoint& ep, const pulse_upstream_req& req,
                                           const config::Upstream& timeouts);
 

@@ -35,6 +35,11 @@ struct pulse_call {
         message.clear();
         has_message = false;
     }
+    // Starts a new call on the same object: error slot and parsed documents are per call.
+    void reset() {
+        clear_error();
+        parsed.clear();
+    }
 };
 
 struct pulse_json_writer {

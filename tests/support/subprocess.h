@@ -58,6 +58,7 @@ public:
     }
 
     void signal(int sig) { if (pid_ > 0 && !done_) ::kill(pid_, sig); }
+    pid_t pid() const { return pid_; }
 
     Result wait(double timeout_s = 30) {
         Result r;
