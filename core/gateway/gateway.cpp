@@ -193,7 +193,8 @@ void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep) {
 }
 
 void Gateway::endpoint_failed(const EndpointRef& ep, const std::string& why) {
-    if (ep.health->mark_unhealthy(why)) log::warn("health", "endpoint " + ep.cfg->name + " (" + ep.cfg->url + ") is down: " + why);
+    if (ep.health->mark_unhealthy(why))
+        log::warn("health", "endpoint " + ep.cfg->name + " (" + ep.cfg->url + ") is " + (why.rfind("loading", 0) == 0 ? "" : "down: ") + why);
 }
 
 void Gateway::probe_once(const Snapshot& snap) {
@@ -296,7 +297,7 @@ void Gateway::health(Poco::Net::HTTPServerResponse& resp) {
             w.Key("url");
             w.String(e.cfg->url.c_str());
             w.Key("state");
-            w.String(ok ? "healthy" : "down");
+            w.String(ok ? "healthy" : e.health->last_error().rfind("loading", 0) == 0 ? "loading" : "down");
             w.Key("for_s");
             w.Double(static_cast<double>(static_cast<int64_t>(e.health->seconds_in_state() * 10)) / 10);
             w.Key("in_flight");

@@ -279,9 +279,11 @@ std::string probe_http(const config::Endpoint& ep, double timeout_s) {
         s.sendRequest(req);
         Poco::Net::HTTPResponse resp;
         std::istream& in = s.receiveResponse(resp);
+        std::string body;
         char buf[4096];
-        while (in.read(buf, sizeof buf).gcount() > 0) {
-        }
+        while (body.size() < 65536 && in.read(buf, sizeof buf).gcount() > 0) body.append(buf, static_cast<size_t>(in.gcount()));
+        if (resp.getStatus() == Poco::Net::HTTPResponse::HTTP_SERVICE_UNAVAILABLE && body.find("Loading model") != std::string::npos)
+            return "loading: the backend is still loading its model";  // llama-server: not ready, not failed
         if (resp.getStatus() != Poco::Net::HTTPResponse::HTTP_OK)
             return "probe GET " + base + "/models answered HTTP " + std::to_string(static_cast<int>(resp.getStatus()));
         return {};

@@ -592,7 +592,18 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         }
         if (auto f = choice["finish_reason"].string()) finish_ = finish_from(*f);
     }
-    if (Json u = chunk["usage"]; u.is_object()) {
+    Json u = chunk["usage"];
+    if (Json t = chunk["timings"]; !u.is_object() && t.is_object() && t["prompt_n"].is_number()) {
+        // llama-server without usage: rebuild it from timings (prompt_n excludes the cached part).
+        pulse_usage_t usage{sizeof(pulse_usage_t), -1, -1, -1, -1};
+        int64_t cache_n = t["cache_n"].i64().value_or(0);
+        usage.input_tokens = t["prompt_n"].i64().value_or(0) + cache_n;
+        usage.cached_tokens = cache_n;
+        usage.output_tokens = t["predicted_n"].i64().value_or(-1);
+        usage_seen_ = true;
+        if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;
+    }
+    if (u.is_object()) {
         pulse_usage_t usage{sizeof(pulse_usage_t), -1, -1, -1, -1};
         usage.input_tokens = u["prompt_tokens"].i64().value_or(-1);
         usage.output_tokens = u["completion_tokens"].i64().value_or(-1);

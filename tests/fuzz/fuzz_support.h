@@ -25,7 +25,8 @@ struct Profile {
             pr->lease = pr->pm->translation("qwen38");
             if (!pr->lease) std::abort();
             pulse_call call;
-            if (pr->lease->registration.translation.create(nullptr, &call, nullptr, &pr->instance) != PULSE_OK) std::abort();
+            if (pr->lease->registration.translation.create(pr->lease->registration.user, &call, nullptr, &pr->instance) != PULSE_OK)
+                std::abort();
             pr->model.Parse(R"({"id":"m","upstream_model":"m","context_window":1000,"sampling":{"temperature":0.5}})");
             return pr;
         }();

@@ -134,6 +134,16 @@ TEST_CASE("health: probes take a dead endpoint out of the rotation and bring it 
     CHECK(str(st.item(0)["content"][0], "text") == "from A");
 }
 
+TEST_CASE("a llama-server that is still loading is 'loading', and a request waits for it inside the window") {
+    FakeBackend be(R"({"loading_ms":1500,"flavor":"llamacpp","turns":[{"content":"loaded now"}]})", "llamacpp");
+    Gateway gw(model_toml({be.url()}, "m", "llamacpp"), "", std::string(kFast) + "retry_window_s = 20\n");
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"loading")") != std::string::npos; }, 5000));
+    auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
+    CHECK(st.terminal == "response.completed");
+    CHECK(str(st.item(0)["content"][0], "text") == "loaded now");
+    CHECK(gw.log().find("is loading: the backend is still loading its model") != std::string::npos);
+}
+
 TEST_CASE("health: degraded (503) when a model has no healthy endpoint") {
     DeadPort dead;
     Gateway gw(model_toml({"http://127.0.0.1:" + std::to_string(dead.port) + "/v1"}), "", kFast);

@@ -8,6 +8,7 @@
 #include <rapidjson/writer.h>
 
 #include <functional>
+#include <set>
 #include <map>
 
 #include "gateway/response_builder.h"
@@ -28,15 +29,15 @@ struct Profile {
     void* instance = nullptr;
     rapidjson::Document model;
 
-    explicit Profile(const std::string& options_json = "null") {
-        auto so = dir / "qwen38.so";
-        fs::copy_file(fs::path(std::getenv("PULSE_PLUGIN_BUILD_DIR")) / "qwen38.so", so);
+    explicit Profile(const std::string& options_json = "null", const std::string& name = "qwen38") {
+        auto so = dir / (name + ".so");
+        fs::copy_file(fs::path(std::getenv("PULSE_PLUGIN_BUILD_DIR")) / (name + ".so"), so);
         fs::permissions(so, fs::perms(0755));
         plugin::Options o;
         o.dirs = {dir.path()};
         pm = std::make_unique<plugin::PluginManager>(o);
         pm->load_all();
-        lease = pm->translation("qwen38");
+        lease = pm->translation(name);
         REQUIRE(lease);
         rapidjson::Document opts;
         opts.Parse(options_json.c_str());
@@ -443,7 +444,7 @@ TEST_CASE("unknown profile options are rejected naming the key") {
         d.Parse(opts.c_str());
         pulse_call call;
         void* inst = nullptr;
-        CHECK(lease->registration.translation.create(nullptr, &call, host::view(&d), &inst) == PULSE_E_INVALID_ARGUMENT);
+        CHECK(lease->registration.translation.create(lease->registration.user, &call, host::view(&d), &inst) == PULSE_E_INVALID_ARGUMENT);
         CHECK_MESSAGE(call.message.find(expect) != std::string::npos, call.message);
     }
 }
@@ -600,4 +601,89 @@ TEST_CASE("map_error classifies backend HTTP errors") {
     CHECK(map(500, R"({"error":{"message":"boom"}})") == PULSE_E_UNAVAILABLE);
     CHECK(map(429, "{}") == PULSE_E_RESOURCE_EXHAUSTED);
     CHECK(map(404, R"({"error":{"message":"The model `x` does not exist."}})") == PULSE_E_UNAVAILABLE);
+}
+
+// ---------------------------------------------------------------------------------------------
+// llamacpp: llama-server's dialect
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("llamacpp: cache_prompt, a stable id_slot per conversation, reasoning_content history") {
+    Profile p(R"({"slots":4})", "llamacpp");
+    auto req = [](const std::string& key) {
+        return json(R"({"model":"m","prompt_cache_key":")" + key + R"(","input":[
+            {"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"thought"}]},
+            {"type":"message","role":"assistant","content":[{"type":"output_text","text":"hi"}]},
+            {"type":"message","role":"user","content":"next"}]})");
+    };
+    auto a1 = p.build(req("thread-a"));
+    auto a2 = p.build(req("thread-a"));
+    CHECK(a1["cache_prompt"].IsTrue());
+    REQUIRE(a1.HasMember("id_slot"));
+    CHECK(a1["id_slot"].GetInt() == a2["id_slot"].GetInt());  // same conversation, same slot
+    CHECK(a1["id_slot"].GetInt() >= 0);
+    CHECK(a1["id_slot"].GetInt() < 4);
+    std::set<int> slots;
+    for (int i = 0; i < 32; ++i) slots.insert(p.build(req("thread-" + std::to_string(i)))["id_slot"].GetInt());
+    CHECK(slots.size() > 1);  // conversations spread over the slots
+    CHECK(str(a1["messages"][0], "reasoning_content") == "thought");
+
+    Profile no_slots("null", "llamacpp");
+    CHECK_FALSE(no_slots.build(req("x")).HasMember("id_slot"));
+    CHECK(no_slots.build(req("x"))["cache_prompt"].IsTrue());
+    Profile off(R"({"cache_prompt":false})", "llamacpp");
+    CHECK_FALSE(off.build(req("x")).HasMember("cache_prompt"));
+}
+
+TEST_CASE("llamacpp: a named tool_choice is enforced with a schema (llama-server would ignore it)") {
+    Profile p("null", "llamacpp");
+    auto req = json(R"({"model":"m","input":"hi","tools":[{"type":"function","name":"f"},{"type":"function","name":"g"}],
+                        "tool_choice":{"type":"function","name":"g"}})");
+    auto out = p.build(req);
+    CHECK(str(out, "tool_choice") == "none");
+    CHECK(str(out["response_format"]["json_schema"]["schema"]["anyOf"][0]["properties"]["name"], "const") == "g");
+}
+
+TEST_CASE("llamacpp: a recorded llama-server stream, usage rebuilt from timings") {
+    Profile p("null", "llamacpp");
+    auto req = json(R"({"model":"m","input":"hi","tools":[{"type":"function","name":"exec_command"}]})");
+    // The shape llama-server streams (reasoning_content, tool call id/name first, argument
+    // fragments, finish chunk, then a choices:[] chunk with timings and no usage).
+    auto run = p.stream(req, {
+        R"({"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"created":1,"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk"})",
+        R"({"choices":[{"finish_reason":null,"index":0,"delta":{"reasoning_content":"Need to list"}}],"object":"chat.completion.chunk"})",
+        R"({"choices":[{"finish_reason":null,"index":0,"delta":{"reasoning_content":" files."}}],"object":"chat.completion.chunk"})",
+        R"({"choices":[{"finish_reason":null,"index":0,"delta":{"tool_calls":[{"index":0,"id":"Xk2","type":"function","function":{"name":"exec_command","arguments":"{\"cmd\":"}}]}}],"object":"chat.completion.chunk"})",
+        R"({"choices":[{"finish_reason":null,"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"ls\"}"}}]}}],"object":"chat.completion.chunk"})",
+        R"({"choices":[{"finish_reason":"tool_calls","index":0,"delta":{}}],"object":"chat.completion.chunk"})",
+        R"({"choices":[],"object":"chat.completion.chunk","timings":{"cache_n":120,"prompt_n":30,"prompt_ms":12.5,"predicted_n":9,"predicted_ms":80.1}})",
+    });
+    CHECK(run.terminal == "response.completed");
+    auto items = run.done_items();
+    REQUIRE(items.size() == 2);
+    CHECK(str((*items[0])["summary"][0], "text") == "Need to list files.");
+    CHECK(str(*items[1], "name") == "exec_command");
+    CHECK(str(*items[1], "arguments") == R"({"cmd":"ls"})");
+    const auto& u = (*run.response)["response"]["usage"];
+    CHECK(u["input_tokens"].GetInt() == 150);  // prompt_n + cache_n
+    CHECK(u["input_tokens_details"]["cached_tokens"].GetInt() == 120);
+    CHECK(u["output_tokens"].GetInt() == 9);
+    CHECK(u["total_tokens"].GetInt() == 159);
+}
+
+TEST_CASE("llamacpp: llama-server error shapes become clear errors") {
+    Profile p("null", "llamacpp");
+    auto map = [&](int status, const std::string& body, std::string* msg = nullptr) {
+        pulse_call call;
+        pulse_status_t s = p.vt().map_error(p.instance, &call, status, {body.data(), body.size()});
+        if (msg) *msg = call.message;
+        return s;
+    };
+    std::string msg;
+    CHECK(map(400, R"({"error":{"code":400,"message":"request (13392 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":13392,"n_ctx":8192}})", &msg) ==
+          PULSE_E_CONTEXT_LENGTH);
+    CHECK(msg.find("too long for the model") != std::string::npos);
+    CHECK(map(500, R"({"error":{"code":500,"message":"Failed to parse tool call arguments as JSON: [json.exception.parse_error.101]","type":"server_error"}})", &msg) ==
+          PULSE_E_INVALID_ARGUMENT);  // not retryable as it is
+    CHECK(msg.find("could not parse tool-call arguments") != std::string::npos);
+    CHECK(map(503, R"({"error":{"code":503,"message":"Loading model","type":"unavailable_error"}})") == PULSE_E_UNAVAILABLE);
 }

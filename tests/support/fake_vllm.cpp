@@ -21,7 +21,8 @@
 // Top-level options: "fail_first": N answers the first N requests with HTTP "fail_status"
 // (default 503); "prefix_cache": true simulates vLLM's prefix cache: cached_tokens is the
 // longest prefix (in 4-character "tokens") this process has seen before, so a restarted
-// backend starts cold.
+// backend starts cold. "loading_ms": N makes every request (and /v1/models) answer 503
+// "Loading model" for the first N ms, like llama-server while it loads.
 // Each request body is appended to --record as one JSON line, followed by a line
 // {"served": N, "chunks": K, "client_gone": bool} once the response ends.
 #include <Poco/Net/HTTPRequestHandler.h>
@@ -53,6 +54,13 @@ std::string g_record;
 std::string g_flavor = "vllm";
 std::mutex g_record_mutex;
 std::atomic<int> g_served{0};
+const auto g_started = std::chrono::steady_clock::now();
+
+bool still_loading() {
+    auto it = g_script.FindMember("loading_ms");
+    if (it == g_script.MemberEnd() || !it->value.IsInt64()) return false;
+    return std::chrono::steady_clock::now() - g_started < std::chrono::milliseconds(it->value.GetInt64());
+}
 std::mutex g_cache_mutex;
 std::vector<std::string> g_seen_prompts;  // the simulated prefix cache
 
@@ -115,6 +123,14 @@ class Handler : public Poco::Net::HTTPRequestHandler {
 public:
     void handleRequest(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) override {
         std::string path = req.getURI();
+        if (still_loading()) {
+            std::string b = R"({"error":{"code":503,"message":"Loading model","type":"unavailable_error"}})";
+            std::string discard((std::istreambuf_iterator<char>(req.stream())), {});
+            resp.setStatus(Poco::Net::HTTPResponse::HTTP_SERVICE_UNAVAILABLE);
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            return;
+        }
         if (req.getMethod() == "GET") {
             if (path == "/health") {
                 resp.setStatus(Poco::Net::HTTPResponse::HTTP_OK);

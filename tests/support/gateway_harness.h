@@ -82,7 +82,7 @@ struct Gateway {
     explicit Gateway(const std::string& models_toml, const std::string& server_toml = "", const std::string& upstream_toml = kUpstream,
                      const std::string& extra_toml = "", const std::vector<std::pair<std::string, std::string>>& extra_plugins = {}) {
         std::filesystem::create_directories(dir / "plugins");
-        for (const auto& src : {env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/qwen38.so",
+        for (const auto& src : {env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/qwen38.so", env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/llamacpp.so",
                                 env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/example_echo.so"}) {
             auto dst = dir / "plugins" / std::filesystem::path(src).filename();
             std::filesystem::copy_file(src, dst);

@@ -1,0 +1,84 @@
+#include "chat_profile.h"
+
+#include <memory>
+
+namespace pulse::chat {
+namespace {
+
+const pulse_host_api_t* g_host = nullptr;
+pulse_host_ctx_t* g_ctx = nullptr;
+const pulse_metrics_ext_t* g_metrics = nullptr;  // optional host service
+
+struct Profile {
+    Options options;
+    Log log;
+};
+
+struct Stream {
+    ChunkTranslator translator;
+};
+
+}  // namespace
+
+void bind_host(const pulse_host_api_t* host, pulse_host_ctx_t* ctx) {
+    g_host = host;
+    g_ctx = ctx;
+    g_metrics = static_cast<const pulse_metrics_ext_t*>(host->get_extension(ctx, PULSE_EXT_METRICS));
+    if (g_metrics && !PULSE_HAS_FIELD(g_metrics, pulse_metrics_ext_t, counter_add)) g_metrics = nullptr;
+}
+
+pulse_status_t profile_create(void* dialect, pulse_call_t* call, const pulse_json_t* config, void** out) {
+    return guard(g_host, call, [&] {
+        const auto& d = *static_cast<const Dialect*>(dialect);
+        auto p = std::make_unique<Profile>();
+        Json cfg(g_host->json, config);
+        p->options = Options::parse(cfg, d.name);
+        if (d.adjust) d.adjust(p->options, cfg);
+        p->log = Log(g_host, g_ctx);
+        *out = p.release();
+        return PULSE_OK;
+    });
+}
+
+void profile_destroy(void* instance) { delete static_cast<Profile*>(instance); }
+
+pulse_status_t profile_build_request(void* instance, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
+                                     pulse_upstream_req_t* out) {
+    return guard(g_host, call, [&] {
+        auto& p = *static_cast<Profile*>(instance);
+        Json req(g_host->json, request);
+        auto info = request_info(p.options, req);
+        for (const auto& t : info.dropped_tools) {
+            p.log(PULSE_LOG_INFO, "dropped tool of type '" + t + "': the backend cannot run hosted tools", call);
+            if (g_metrics) g_metrics->counter_add(g_ctx, str("pulse_tools_dropped_total"), str("type"), str(t), 1);
+        }
+        Writer w(g_host->json, g_host->request->body(out));
+        write_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log);
+        g_host->request->set_path(out, str("/chat/completions"));
+        return PULSE_OK;
+    });
+}
+
+pulse_status_t profile_stream_open(void* instance, pulse_call_t* call, const pulse_json_t* request, void** out) {
+    return guard(g_host, call, [&] {
+        auto& p = *static_cast<Profile*>(instance);
+        *out = new Stream{ChunkTranslator(g_host, request_info(p.options, Json(g_host->json, request)))};
+        return PULSE_OK;
+    });
+}
+
+pulse_status_t profile_stream_feed(void* stream, pulse_call_t* call, pulse_str_t data, pulse_delta_sink_t* sink) {
+    return guard(g_host, call, [&] { return static_cast<Stream*>(stream)->translator.feed(call, view(data), sink); });
+}
+
+pulse_status_t profile_stream_finish(void* stream, pulse_call_t* call, pulse_stream_end_t how, pulse_delta_sink_t* sink) {
+    return guard(g_host, call, [&] { return static_cast<Stream*>(stream)->translator.finish(call, how, sink); });
+}
+
+void profile_stream_close(void* stream) { delete static_cast<Stream*>(stream); }
+
+pulse_status_t profile_map_error(void*, pulse_call_t* call, int32_t status, pulse_str_t body) {
+    return guard(g_host, call, [&] { return map_http_error(g_host, call, status, view(body)); });
+}
+
+}  // namespace pulse::chat

@@ -1,0 +1,37 @@
+// The translation-profile plumbing every Chat Completions profile shares: the vtable functions
+// over chat_translation, parameterised by a Dialect. A profile plugin defines its Dialect and
+// its vtable from these functions, registers with `user` = &its Dialect, and is done.
+#pragma once
+
+#include <pulse/plugin.hpp>
+
+#include "chat_translation.h"
+
+namespace pulse::chat {
+
+struct Dialect {
+    const char* name;  // for messages ("qwen38", "llamacpp")
+    // Applies the dialect's defaults and checks to freshly parsed options (throw pulse::Error).
+    void (*adjust)(Options& options, const Json& config);
+};
+
+// Call from the plugin's init before registering: keeps the host table and context.
+void bind_host(const pulse_host_api_t* host, pulse_host_ctx_t* ctx);
+
+pulse_status_t profile_create(void* dialect, pulse_call_t* call, const pulse_json_t* config, void** out);
+void profile_destroy(void* instance);
+pulse_status_t profile_build_request(void* instance, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
+                                     pulse_upstream_req_t* out);
+pulse_status_t profile_stream_open(void* instance, pulse_call_t* call, const pulse_json_t* request, void** out);
+pulse_status_t profile_stream_feed(void* stream, pulse_call_t* call, pulse_str_t data, pulse_delta_sink_t* sink);
+pulse_status_t profile_stream_finish(void* stream, pulse_call_t* call, pulse_stream_end_t how, pulse_delta_sink_t* sink);
+void profile_stream_close(void* stream);
+pulse_status_t profile_map_error(void* instance, pulse_call_t* call, int32_t status, pulse_str_t body);
+
+}  // namespace pulse::chat
+
+// A complete translation vtable for a Dialect-based profile named NAME.
+#define PULSE_CHAT_PROFILE_VTABLE(NAME)                                                                           \
+    {sizeof(pulse_translation_vt_t), NAME, pulse::chat::profile_create, pulse::chat::profile_destroy,             \
+     pulse::chat::profile_build_request, pulse::chat::profile_stream_open, pulse::chat::profile_stream_feed,      \
+     pulse::chat::profile_stream_finish, pulse::chat::profile_stream_close, pulse::chat::profile_map_error}

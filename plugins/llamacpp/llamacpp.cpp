@@ -1,0 +1,44 @@
+// Translation profile "llamacpp": the Responses API <-> llama.cpp's llama-server Chat
+// Completions (--jinja tool calling). The translation is shared (plugins/common); what is
+// specific to llama-server (shared/ref/backends.md §2):
+//   - reasoning arrives as `reasoning_content`, and history replays it the same way;
+//   - `cache_prompt: true` by default, and with profile option `slots = N` a stable `id_slot`
+//     per Codex conversation (prompt_cache_key), so a conversation keeps its KV slot;
+//   - usage may be missing from the final chunk: it is rebuilt from `timings`
+//     (prompt_n + cache_n, cache_n, predicted_n);
+//   - a named tool_choice is silently treated as "auto", and "required" is not enforced on
+//     some templates: forced choices are enforced with a JSON schema (response_format);
+//   - HTTP 500 "Failed to parse tool call arguments as JSON" and exceed_context_size_error are
+//     mapped to clear 400s (not retryable as they are);
+//   - while loading, llama-server answers 503 "Loading model": the gateway treats that
+//     endpoint as loading (not ready), not as failed.
+#include "chat_profile.h"
+
+namespace {
+
+void adjust(pulse::chat::Options& o, const pulse::Json& cfg) {
+    if (!cfg["cache_prompt"].present()) o.cache_prompt = true;  // llama-server's prefix reuse
+    o.history_reasoning_field = "reasoning_content";
+}
+
+const pulse::chat::Dialect kDialect = {"llamacpp", adjust};
+const pulse_translation_vt_t kProfile = PULSE_CHAT_PROFILE_VTABLE("llamacpp");
+
+pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
+    pulse::chat::bind_host(host, ctx);
+    *state = nullptr;
+    return pulse::guard(host, call, [&] {
+        return host->register_translation(ctx, &kProfile, sizeof kProfile, const_cast<pulse::chat::Dialect*>(&kDialect));
+    });
+}
+
+void deinit(void*) {}
+
+const pulse_plugin_info_t kInfo = {
+    PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_TRANSLATION, "pulse.translation.llamacpp", "0.1.0"),
+    PULSE_BUILD_INFO, nullptr, init, deinit,
+};
+
+}  // namespace
+
+extern "C" PULSE_EXPORT const pulse_plugin_info_t* pulse_plugin_entry_v1(void) { return &kInfo; }
