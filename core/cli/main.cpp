@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/codex_launcher.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "config/config.h"
@@ -59,6 +60,7 @@ const char* kMainHelp =
     "  plugins [--config FILE]                 list plugins found, with status or rejection reason\n"
     "  config check FILE                       validate a config file and exit\n"
     "  model ...                               runtime controller commands (provided by a plugin)\n"
+    "  codex [options] [-- codex args]         run the Codex CLI against this gateway\n"
     "  version                                 print version and plugin ABI\n"
     "\n"
     "Every command takes --help. The config file defaults to $PULSE_CONFIG, else\n" PULSE_SYSCONF_DIR
@@ -466,6 +468,19 @@ int main(int argc, char** argv) {
         if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kMainHelp, stdout), kExitOk;
         if (cmd == "version" || cmd == "--version") return cmd_version();
         if (cmd == "model") return cmd_model(argc, argv);
+        if (cmd == "codex") {
+            auto listen_of = [](const std::string* config) {
+                Args a;
+                if (config) a.config = *config;
+                config::Config cfg = load_config(a, false);
+                std::string host = cfg.server.listen.host;
+                if (host == "0.0.0.0") host = "127.0.0.1";
+                if (host == "::") host = "::1";
+                if (host.find(':') != std::string::npos) host = "[" + host + "]";
+                return "http://" + host + ":" + std::to_string(cfg.server.listen.port);
+            };
+            return cli::cmd_codex(argc, argv, fs::read_symlink("/proc/self/exe").string(), listen_of);
+        }
         Args a;
         const char* help = cmd == "serve" ? kServeHelp : cmd == "plugins" ? kPluginsHelp : cmd == "config" ? kConfigHelp : kMainHelp;
         if (cmd != "serve" && cmd != "plugins" && cmd != "config")

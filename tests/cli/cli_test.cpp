@@ -4,6 +4,9 @@
 #include <Poco/Net/HTTPClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/ServerSocket.h>
+#include <rapidjson/document.h>
+#include <signal.h>
 
 #include <cstdlib>
 #include <regex>
@@ -213,4 +216,150 @@ url = "plugin://example-echo"
     CHECK(r.code == 0);
     CHECK(has(r.err, "received SIGTERM: draining"));
     CHECK(has(r.err, "stopped"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// pulse codex
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<std::string> lines_of(const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+}
+
+// A gateway serving model "echo" through the in-process example backend (always healthy).
+struct EchoGateway {
+    Site site;
+    std::unique_ptr<pulse::test::Child> child;
+    uint16_t port = 0;
+    explicit EchoGateway(const std::string& extra_server = "", const std::string& extra_models = "")
+        : site({"good_cpp", "example_echo"}, "[server]\nlisten = \"127.0.0.1:0\"\n" + extra_server +
+                                                  "[upstream]\nhealth_interval_s = 0.2\n"
+                                                  "[models.echo]\nprofile = \"test-profile\"\ncontext_window = 65536\n"
+                                                  "[[models.echo.endpoints]]\nurl = \"plugin://example-echo\"\n" + extra_models) {
+        child = std::make_unique<pulse::test::Child>(std::vector<std::string>{exe(), "serve", "--config", site.config.string()},
+                                                     kNoEnvOverrides);
+        std::smatch m;
+        static const std::regex listening(R"(listening on http://127\.0\.0\.1:(\d+))");
+        std::string log;
+        for (int i = 0; i < 500 && !std::regex_search(log, m, listening); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            log = child->stderr_so_far();
+        }
+        REQUIRE_MESSAGE(std::regex_search(log, m, listening), log);
+        port = static_cast<uint16_t>(std::stoi(m[1]));
+    }
+    std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+};
+
+std::string fake_codex() { return PULSE_SOURCE_ROOT "/tests/cli/fake_codex.sh"; }
+
+}  // namespace
+
+TEST_CASE("codex: no gateway running gives a clear message and how to start one") {
+    TempDir tmp;
+    auto r = run({exe(), "codex", "--gateway", "http://127.0.0.1:1", "--codex", fake_codex()},
+                 {{"FAKE_CODEX_OUT", (tmp / "argv").string()}, {"PULSE_CONFIG", ""}});
+    CHECK(r.code == 1);
+    CHECK(has(r.err, "no Pulse gateway at http://127.0.0.1:1"));
+    CHECK(has(r.err, "pulse serve"));
+    CHECK(has(r.err, "--start-gateway"));
+    CHECK_FALSE(fs::exists(tmp / "argv"));  // codex was not started
+}
+
+TEST_CASE("codex: provider, catalog, model and compaction settings go to codex as -c flags") {
+    EchoGateway gw;
+    TempDir tmp;
+    auto out = tmp / "argv";
+    auto r = run({exe(), "codex", "--gateway", gw.url() + "/v1", "--codex", fake_codex(), "--", "exec", "fix the test"},
+                 {{"FAKE_CODEX_OUT", out.string()}, {"FAKE_CODEX_EXIT", "7"}, {"PULSE_GATEWAY_API_KEY", ""}});
+    CAPTURE(r.err);
+    CHECK(r.code == 7);  // codex's own exit code (the launcher becomes codex)
+    auto argv = lines_of(pulse::test::read_file(out));
+    auto has_arg = [&](const std::string& a) { return std::find(argv.begin(), argv.end(), a) != argv.end(); };
+    CHECK(has_arg("model_provider=\"pulse\""));
+    CHECK(has_arg("model_providers.pulse={name=\"pulse\",base_url=\"" + gw.url() +
+                  "/v1\",wire_api=\"responses\",stream_idle_timeout_ms=300000}"));
+    CHECK(has_arg("model=\"echo\""));
+    CHECK(has_arg("model_context_window=65536"));
+    CHECK(has_arg("model_auto_compact_token_limit=58982"));
+    REQUIRE(argv.size() >= 2);
+    CHECK(argv[argv.size() - 2] == "exec");
+    CHECK(argv.back() == "fix the test");
+    // The catalog Codex 0.169 needs for this model.
+    rapidjson::Document cat;
+    cat.Parse(pulse::test::read_file(fs::path(out.string() + ".catalog")).c_str());
+    REQUIRE(cat.IsObject());
+    const auto& m0 = cat["models"][0];
+    CHECK(std::string(m0["slug"].GetString()) == "echo");
+    CHECK(m0["context_window"].GetInt() == 65536);
+    CHECK(std::string(m0["apply_patch_tool_type"].GetString()) == "freeform");
+    for (const char* k : {"display_name", "supported_reasoning_levels", "shell_type", "visibility", "supported_in_api", "priority",
+                          "support_verbosity", "truncation_policy", "experimental_supported_tools", "base_instructions"})
+        CHECK_MESSAGE(m0.HasMember(k), k);
+    // ~/.codex is not touched: everything is on the command line.
+    CHECK(pulse::test::read_file(fs::path(out.string() + ".env")) == "PULSE_GATEWAY_API_KEY=\n");
+}
+
+TEST_CASE("codex: unknown model and a model without a healthy backend are refused") {
+    EchoGateway gw("", "[models.dead]\nprofile = \"test-profile\"\n[[models.dead.endpoints]]\nurl = \"http://127.0.0.1:1/v1\"\n");
+    TempDir tmp;
+    auto r = run({exe(), "codex", "--gateway", gw.url(), "--model", "nope", "--codex", fake_codex()},
+                 {{"FAKE_CODEX_OUT", (tmp / "a").string()}});
+    CHECK(r.code == 1);
+    CHECK(has(r.err, "the gateway has no model 'nope' (it has: dead, echo)"));
+    // Wait (bounded) for the probe to mark the dead endpoint down.
+    for (int i = 0; i < 100; ++i) {
+        r = run({exe(), "codex", "--gateway", gw.url(), "--model", "dead", "--codex", fake_codex()}, {{"FAKE_CODEX_OUT", (tmp / "a").string()}});
+        if (has(r.err, "no healthy backend")) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    CHECK(r.code == 1);
+    CHECK(has(r.err, "model 'dead' has no healthy backend right now"));
+    CHECK(has(r.err, "(http://127.0.0.1:1/v1): down"));
+}
+
+TEST_CASE("codex: an API key is passed by name, never on the command line") {
+    EchoGateway gw("api_key = \"k3y\"\n");
+    TempDir tmp;
+    auto out = tmp / "argv";
+    auto r = run({exe(), "codex", "--gateway", gw.url(), "--codex", fake_codex()}, {{"FAKE_CODEX_OUT", out.string()}, {"PULSE_GATEWAY_API_KEY", ""}});
+    CHECK(r.code == 1);
+    CHECK(has(r.err, "wants an API key"));
+    r = run({exe(), "codex", "--gateway", gw.url(), "--codex", fake_codex()}, {{"FAKE_CODEX_OUT", out.string()}, {"PULSE_GATEWAY_API_KEY", "k3y"}});
+    CHECK(r.code == 0);
+    std::string argv = pulse::test::read_file(out);
+    CHECK(has(argv, "env_key=\"PULSE_GATEWAY_API_KEY\""));
+    CHECK_FALSE(has(argv, "k3y"));
+    CHECK(pulse::test::read_file(fs::path(out.string() + ".env")) == "PULSE_GATEWAY_API_KEY=k3y\n");
+}
+
+TEST_CASE("codex: --start-gateway starts pulse serve when none is running") {
+    Site site({"good_cpp", "example_echo"}, "[models.echo]\nprofile = \"test-profile\"\n[[models.echo.endpoints]]\nurl = \"plugin://example-echo\"\n");
+    // A fixed free port, so the launcher knows where the gateway will be.
+    uint16_t port;
+    {
+        Poco::Net::ServerSocket s(Poco::Net::SocketAddress("127.0.0.1", 0));
+        port = s.address().port();
+    }
+    std::string text = pulse::test::read_file(site.config);
+    std::ofstream(site.config) << "[server]\nlisten = \"127.0.0.1:" << port << "\"\n" << text;
+    TempDir tmp;
+    auto out = tmp / "argv";
+    auto r = run({exe(), "codex", "--config", site.config.string(), "--start-gateway", "--codex", fake_codex()},
+                 {{"FAKE_CODEX_OUT", out.string()}, {"XDG_RUNTIME_DIR", tmp.path().string()}, {"PULSE_PLUGIN_DIRS", ""},
+                  {"PULSE_GATEWAY_API_KEY", ""}, {"PULSE_QWEN_BACKENDS", ""}});
+    CAPTURE(r.err);
+    CHECK(r.code == 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(r.err, m, std::regex(R"(started the gateway \(pid (\d+))")));
+    pid_t gw_pid = std::stoi(m[1]);
+    CHECK(has(pulse::test::read_file(out), "base_url=\"http://127.0.0.1:" + std::to_string(port) + "/v1\""));
+    ::kill(gw_pid, SIGTERM);
+    for (int i = 0; i < 200 && ::kill(gw_pid, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(::kill(gw_pid, 0) != 0);  // it drained and exited
 }

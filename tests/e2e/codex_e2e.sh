@@ -12,9 +12,11 @@
 #   MODE "kill9": the gateway runs under a supervisor loop (like systemd Restart=) and is
 #   killed with SIGKILL while the first request is in flight; Codex's retry must still
 #   complete the turn.
+#   MODE "launcher": Codex is started through `pulse codex` (no -c flags of ours) instead.
 # The Codex binary comes from $PULSE_CODEX (tools/dev installs the pinned version).
 set -euo pipefail
-pulse=$1 fake=$2 plugins=$3 src=$4 profile=${5:-qwen38} flavor=${6:-vllm} mode=${7:-normal}
+pulse=$(realpath "$1") fake=$(realpath "$2") plugins=$(realpath "$3") src=$(realpath "$4")
+profile=${5:-qwen38} flavor=${6:-vllm} mode=${7:-normal}
 
 codex=${PULSE_CODEX:-}
 if [ -z "$codex" ] || [ ! -x "$codex" ]; then
@@ -67,14 +69,22 @@ fi
 mkdir -p "$work/home" "$work/codex-home" "$work/project"
 cd "$work/project"
 rc=0
-HOME="$work/home" CODEX_HOME="$work/codex-home" timeout 180 "$codex" exec \
-  --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox \
-  -c model_provider=pulse \
-  -c "model_providers.pulse={name=\"pulse\",base_url=\"http://127.0.0.1:$gport/v1\",wire_api=\"responses\",request_max_retries=$retries,stream_max_retries=$retries}" \
-  -c "model_catalog_json=\"$src/config/codex/model-catalog.json\"" \
-  -m qwen3.8-flash-next \
-  "Create hello.txt saying hello from pulse, then show its content." \
-  > "$work/codex.out" 2> "$work/codex.err" || rc=$?
+prompt="Create hello.txt saying hello from pulse, then show its content."
+if [ "$mode" = launcher ]; then
+  HOME="$work/home" CODEX_HOME="$work/codex-home" XDG_RUNTIME_DIR="$work" timeout 180 \
+    env -u PULSE_GATEWAY_API_KEY -u PULSE_CONFIG "$pulse" codex --gateway "http://127.0.0.1:$gport" --codex "$codex" -- \
+    exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "$prompt" \
+    > "$work/codex.out" 2> "$work/codex.err" || rc=$?
+else
+  HOME="$work/home" CODEX_HOME="$work/codex-home" timeout 180 "$codex" exec \
+    --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox \
+    -c model_provider=pulse \
+    -c "model_providers.pulse={name=\"pulse\",base_url=\"http://127.0.0.1:$gport/v1\",wire_api=\"responses\",request_max_retries=$retries,stream_max_retries=$retries}" \
+    -c "model_catalog_json=\"$src/config/codex/model-catalog.json\"" \
+    -m qwen3.8-flash-next \
+    "$prompt" \
+    > "$work/codex.out" 2> "$work/codex.err" || rc=$?
+fi
 
 [ "$rc" -eq 0 ] || fail "codex exited $rc"
 [ -f hello.txt ] || fail "hello.txt was not created"

@@ -1,0 +1,309 @@
+// `pulse codex`: start the Codex CLI for the current project against Pulse, for this one
+// process, without touching ~/.codex/config.toml. Checks the gateway first (and can start it),
+// writes a model catalog for the chosen model, and passes provider, catalog, model and
+// auto-compaction settings as -c flags.
+#include "cli/codex_launcher.h"
+
+#include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPRequest.h>
+#include <Poco/Net/HTTPResponse.h>
+#include <Poco/URI.h>
+#include <fcntl.h>
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace pulse::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kHelp =
+    "usage: pulse codex [--model ID] [--gateway URL] [--start-gateway] [--config FILE] [--codex BIN] [--] [codex args...]\n"
+    "\n"
+    "Runs the Codex CLI against Pulse for this one process (your ~/.codex/config.toml is not\n"
+    "touched). It checks the gateway's /health, writes a model catalog for the model, and passes\n"
+    "the provider, catalog, model and auto-compaction settings to codex as -c flags.\n"
+    "\n"
+    "  --model ID        the model (default: the gateway's first model)\n"
+    "  --gateway URL     the gateway (default: server.listen of --config, else http://127.0.0.1:8800)\n"
+    "  --start-gateway   start `pulse serve --config FILE` in the background if none is running\n"
+    "  --config FILE     the gateway config (for --gateway and --start-gateway; default $PULSE_CONFIG)\n"
+    "  --codex BIN       the codex executable (default $PULSE_CODEX_BIN, else `codex` on PATH)\n"
+    "\n"
+    "Everything after `--` (or any argument pulse does not know) goes to codex, e.g.\n"
+    "  pulse codex -- exec \"fix the failing test\"\n"
+    "If PULSE_GATEWAY_API_KEY is set, codex sends it as the bearer key.\n";
+
+struct Http {
+    int status = 0;  // 0: could not connect
+    std::string body, error;
+};
+
+Http get(const std::string& base, const std::string& path, double timeout_s = 3) {
+    Http r;
+    try {
+        Poco::URI uri(base);
+        Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
+        s.setTimeout(Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6)));
+        Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
+        if (const char* key = std::getenv("PULSE_GATEWAY_API_KEY"); key && *key) req.set("Authorization", std::string("Bearer ") + key);
+        s.sendRequest(req);
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        r.body.assign(std::istreambuf_iterator<char>(in), {});
+        r.status = static_cast<int>(resp.getStatus());
+    } catch (const Poco::Exception& e) {
+        r.error = e.displayText();
+    } catch (const std::exception& e) {
+        r.error = e.what();
+    }
+    return r;
+}
+
+std::string quote_toml(const std::string& s) {
+    std::string o = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') o += '\\';
+        o += c;
+    }
+    return o + "\"";
+}
+
+// The Codex 0.169 model catalog entry for `model` (docs/CODEX.md; shared/ref/codex-contract.md §1.1).
+std::string catalog_json(const std::string& model, int64_t context_window) {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    auto kv = [&](const char* k, const std::string& v) {
+        w.Key(k);
+        w.String(v.c_str());
+    };
+    w.StartObject();
+    w.Key("models");
+    w.StartArray();
+    w.StartObject();
+    kv("slug", model);
+    kv("display_name", model + " (local, via Pulse)");
+    kv("description", "A local model served through the Pulse gateway");
+    kv("default_reasoning_level", "medium");
+    w.Key("supported_reasoning_levels");
+    w.StartArray();
+    for (const char* level : {"minimal", "low", "medium", "high"}) {
+        w.StartObject();
+        kv("effort", level);
+        kv("description", std::string(level) == "minimal" ? "thinking off" : "thinking on");
+        w.EndObject();
+    }
+    w.EndArray();
+    kv("shell_type", "shell_command");
+    kv("visibility", "list");
+    w.Key("supported_in_api");
+    w.Bool(true);
+    w.Key("priority");
+    w.Int(1);
+    kv("base_instructions",
+       "You are Codex, a coding agent running on a local model through Pulse. You work in the user's project directory. "
+       "Read files before you change them, make focused edits with the apply_patch tool, run commands with exec_command "
+       "to check your work, and finish with a short summary of what you changed and how you verified it. Be concise.");
+    kv("default_reasoning_summary", "auto");
+    w.Key("support_verbosity");
+    w.Bool(false);
+    kv("apply_patch_tool_type", "freeform");
+    w.Key("truncation_policy");
+    w.StartObject();
+    kv("mode", "tokens");
+    w.Key("limit");
+    w.Int(10000);
+    w.EndObject();
+    w.Key("context_window");
+    w.Int64(context_window);
+    w.Key("max_context_window");
+    w.Int64(context_window);
+    w.Key("auto_compact_token_limit");
+    w.Int64(context_window * 9 / 10);
+    w.Key("effective_context_window_percent");
+    w.Int(95);
+    w.Key("experimental_supported_tools");
+    w.StartArray();
+    w.EndArray();
+    w.Key("input_modalities");
+    w.StartArray();
+    w.String("text");
+    w.EndArray();
+    w.EndObject();
+    w.EndArray();
+    w.EndObject();
+    return b.GetString();
+}
+
+// A private directory for the catalog (it is ours alone; 0700).
+fs::path private_dir() {
+    const char* x = std::getenv("XDG_RUNTIME_DIR");
+    fs::path d = x && *x ? fs::path(x) / "pulse" : fs::temp_directory_path() / ("pulse-" + std::to_string(::geteuid()));
+    fs::create_directories(d);
+    fs::permissions(d, fs::perms::owner_all);
+    return d;
+}
+
+int fail(const std::string& msg) {
+    std::fprintf(stderr, "pulse codex: %s\n", msg.c_str());
+    return 1;
+}
+
+}  // namespace
+
+int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of) {
+    std::optional<std::string> model, gateway, config, codex;
+    bool start = false;
+    std::vector<std::string> passthrough;
+    for (int i = 2; i < argc; ++i) {
+        std::string a = argv[i];
+        auto value = [&](std::optional<std::string>& out) {
+            if (i + 1 >= argc) return false;
+            out = argv[++i];
+            return true;
+        };
+        if (a == "--") {
+            for (++i; i < argc; ++i) passthrough.emplace_back(argv[i]);
+            break;
+        }
+        if (a == "--help" || a == "-h") return std::fputs(kHelp, stdout), 0;
+        if (a == "--model") {
+            if (!value(model)) return fail("--model needs a value"), 2;
+        } else if (a == "--gateway") {
+            if (!value(gateway)) return fail("--gateway needs a value"), 2;
+        } else if (a == "--config") {
+            if (!value(config)) return fail("--config needs a value"), 2;
+        } else if (a == "--codex") {
+            if (!value(codex)) return fail("--codex needs a value"), 2;
+        } else if (a == "--start-gateway") {
+            start = true;
+        } else {
+            passthrough.push_back(a);
+        }
+    }
+    if (!config)
+        if (const char* c = std::getenv("PULSE_CONFIG"); c && *c) config = c;
+    std::string url;
+    try {
+        url = gateway ? *gateway : listen_of(config ? &*config : nullptr);
+    } catch (const std::exception& e) {
+        return fail(e.what()), 3;
+    }
+    while (!url.empty() && url.back() == '/') url.pop_back();
+    if (url.size() > 3 && url.substr(url.size() - 3) == "/v1") url.resize(url.size() - 3);
+
+    // 1. Is a gateway there? Start one if asked.
+    Http health = get(url, "/health");
+    if (health.status == 0 && start) {
+        if (!config) return fail("--start-gateway needs --config FILE (or PULSE_CONFIG)"), 2;
+        fs::path log = private_dir() / "gateway.log";
+        pid_t pid = ::fork();
+        if (pid == 0) {
+            ::setsid();  // outlives this process (codex replaces it below)
+            int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+            if (fd >= 0) {
+                ::dup2(fd, 1);
+                ::dup2(fd, 2);
+            }
+            int nul = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+            if (nul >= 0) ::dup2(nul, 0);
+            ::execl(self_exe.c_str(), self_exe.c_str(), "serve", "--config", config->c_str(), static_cast<char*>(nullptr));
+            ::_exit(127);
+        }
+        std::fprintf(stderr, "pulse codex: started the gateway (pid %d, log %s)\n", pid, log.c_str());
+        for (int i = 0; i < 600 && health.status == 0; ++i) {  // up to 60 s
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            health = get(url, "/health");
+        }
+        if (health.status == 0) return fail("the gateway did not come up at " + url + " within 60 s; see " + log.string());
+    }
+    if (health.status == 0)
+        return fail("no Pulse gateway at " + url + " (" + health.error + "). Start one with `pulse serve" +
+                    (config ? " --config " + *config : std::string()) + "`, or run `pulse codex --start-gateway`");
+    Http models = get(url, "/v1/models");  // /v1 is where the key is checked
+    if (health.status == 401 || models.status == 401)
+        return fail("the gateway at " + url + " wants an API key: export PULSE_GATEWAY_API_KEY");
+
+    // 2. The model, and a healthy backend for it.
+    rapidjson::Document h;
+    h.Parse(health.body.c_str());
+    if (!h.IsObject() || !h.HasMember("models") || !h["models"].IsArray())
+        return fail(url + "/health did not answer like a Pulse gateway (HTTP " + std::to_string(health.status) + ")");
+    const rapidjson::Value* m = nullptr;
+    std::string known;
+    for (const auto& x : h["models"].GetArray()) {
+        std::string id = x["id"].GetString();
+        known += (known.empty() ? "" : ", ") + id;
+        if (!m && (!model || *model == id)) m = &x;
+    }
+    if (!m) return fail(model ? "the gateway has no model '" + *model + "' (it has: " + (known.empty() ? "none" : known) + ")"
+                              : std::string("the gateway has no models configured"));
+    std::string id = (*m)["id"].GetString();
+    bool ready = false;
+    std::string states;
+    for (const auto& e : (*m)["endpoints"].GetArray()) {
+        std::string st = e["state"].GetString();
+        ready = ready || st == "healthy";
+        states += "\n  " + std::string(e["name"].GetString()) + " (" + e["url"].GetString() + "): " + st;
+        if (e.HasMember("last_error")) states += " - " + std::string(e["last_error"].GetString());
+    }
+    if (!ready) return fail("model '" + id + "' has no healthy backend right now:" + states);
+
+    // 3. Its context window (from /v1/models), then the catalog.
+    int64_t context = 131072;
+    if (models.status == 200) {
+        rapidjson::Document d;
+        d.Parse(models.body.c_str());
+        if (d.IsObject() && d.HasMember("data") && d["data"].IsArray())
+            for (const auto& x : d["data"].GetArray())
+                if (x.HasMember("id") && id == x["id"].GetString() && x.HasMember("context_window") && x["context_window"].IsInt64())
+                    context = x["context_window"].GetInt64();
+    }
+    fs::path catalog = private_dir() / ("codex-catalog-" + id + ".json");
+    {
+        std::string text = catalog_json(id, context);
+        int fd = ::open(catalog.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+            return fail("cannot write " + catalog.string() + ": " + std::strerror(errno));
+        ::close(fd);
+    }
+
+    // 4. Codex, with everything on the command line.
+    std::string bin = codex ? *codex : [] {
+        const char* b = std::getenv("PULSE_CODEX_BIN");
+        return std::string(b && *b ? b : "codex");
+    }();
+    std::string provider = "model_providers.pulse={name=\"pulse\",base_url=" + quote_toml(url + "/v1") + ",wire_api=\"responses\"";
+    if (const char* key = std::getenv("PULSE_GATEWAY_API_KEY"); key && *key) provider += ",env_key=\"PULSE_GATEWAY_API_KEY\"";
+    provider += ",stream_idle_timeout_ms=300000}";
+    std::vector<std::string> args = {bin,
+                                     "-c", "model_provider=\"pulse\"",
+                                     "-c", provider,
+                                     "-c", "model_catalog_json=" + quote_toml(catalog.string()),
+                                     "-c", "model=" + quote_toml(id),
+                                     "-c", "model_context_window=" + std::to_string(context),
+                                     "-c", "model_auto_compact_token_limit=" + std::to_string(context * 9 / 10)};
+    args.insert(args.end(), passthrough.begin(), passthrough.end());
+    std::vector<char*> av;
+    for (auto& a : args) av.push_back(a.data());
+    av.push_back(nullptr);
+    std::fflush(stdout);
+    ::execvp(bin.c_str(), av.data());
+    return fail("cannot run " + bin + ": " + std::strerror(errno) +
+                " (install it with `npm install -g @openai/codex`, or pass --codex PATH)");
+}
+
+}  // namespace pulse::cli

@@ -1,0 +1,14 @@
+// `pulse codex`: launch the Codex CLI against this gateway for one process.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace pulse::cli {
+
+// argv[1] is "codex". `self_exe` starts the gateway for --start-gateway; `listen_of(config)`
+// gives the gateway URL a config file listens on (nullptr: the default config or built-in).
+// Returns an exit code, or does not return (it becomes codex).
+int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of);
+
+}  // namespace pulse::cli
