@@ -458,34 +458,46 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
         record(std::move(st));
         return statuses_.back();
     }
-    {
-        std::lock_guard lock(mutex_);
-        for (const auto& r : gen->ctx.registrations) {
-            auto& map = components_[kind_slot(r.kind)];
-            if (auto it = map.find(r.name); it != map.end()) {
-                if (gen->info->deinit) gen->info->deinit(gen->state);
-                gen->initialized = false;
-                st.state = State::failed;
-                st.reason = std::string(kind_word(r.kind)) + " '" + r.name + "' is already provided by plugin " +
-                            it->second->plugin_id() + " (" + it->second->generation->path.string() + "); fix: remove one of the two plugins";
-                record(std::move(st));
-                return statuses_.back();
-            }
-        }
-        for (const auto& r : gen->ctx.registrations) {
-            auto c = std::make_shared<Component>();
-            c->generation = gen;
-            c->registration = r;
-            components_[kind_slot(r.kind)][r.name] = c;
-            st.components.push_back(std::string(kind_word(r.kind)) + " " + r.name);
-        }
+    if (std::string clash = conflict(*gen); !clash.empty()) {
+        if (gen->info->deinit) gen->info->deinit(gen->state);
+        gen->initialized = false;
+        st.state = State::failed;
+        st.reason = clash;
+        record(std::move(st));
+        return statuses_.back();
     }
+    publish(gen, st);
     if (gen->ctx.registrations.empty()) log::warn("plugins", "plugin " + path.string() + " (" + st.id + ") registered no components");
     ids_[st.id] = path;
     generations_.push_back(gen);
     st.state = State::loaded;
     record(std::move(st));
     return statuses_.back();
+}
+
+std::string PluginManager::conflict(const Generation& gen) const {
+    std::lock_guard lock(mutex_);
+    for (const auto& r : gen.ctx.registrations) {
+        const auto& map = components_[kind_slot(r.kind)];
+        if (auto it = map.find(r.name); it != map.end())
+            return std::string(kind_word(r.kind)) + " '" + r.name + "' is already provided by plugin " + it->second->plugin_id() + " (" +
+                   it->second->generation->path.string() + "); fix: remove one of the two plugins";
+    }
+    return {};
+}
+
+void PluginManager::publish(const std::shared_ptr<Generation>& gen, PluginStatus& st, const std::shared_ptr<Generation>& replaced) {
+    std::lock_guard lock(mutex_);
+    if (replaced)
+        for (auto& map : components_)
+            for (auto it = map.begin(); it != map.end();) it = it->second->generation == replaced ? map.erase(it) : std::next(it);
+    for (const auto& r : gen->ctx.registrations) {
+        auto c = std::make_shared<Component>();
+        c->generation = gen;
+        c->registration = r;
+        components_[kind_slot(r.kind)][r.name] = c;
+        st.components.push_back(std::string(kind_word(r.kind)) + " " + r.name);
+    }
 }
 
 ReloadReport PluginManager::reload() {
@@ -529,21 +541,16 @@ ReloadReport PluginManager::reload() {
                 fail("plugin " + f.string() + " (" + st.id + "): a new backend or controller requires restart");
                 continue;
             }
-            if (ids_.count(st.id)) {
+            std::string refused = ids_.count(st.id) ? "duplicate plugin id '" + st.id + "': already loaded from " + ids_[st.id].string()
+                                                    : conflict(*gen);
+            if (!refused.empty()) {
                 if (gen->info->deinit) gen->info->deinit(gen->state);
                 gen->initialized = false;
                 retired_.push_back(gen);
-                fail("plugin " + f.string() + ": duplicate plugin id '" + st.id + "': already loaded from " + ids_[st.id].string());
+                fail("plugin " + f.string() + ": " + refused);
                 continue;
             }
-            std::lock_guard lock(mutex_);
-            for (const auto& r : gen->ctx.registrations) {
-                auto c = std::make_shared<Component>();
-                c->generation = gen;
-                c->registration = r;
-                components_[kind_slot(r.kind)][r.name] = c;
-                st.components.push_back(std::string(kind_word(r.kind)) + " " + r.name);
-            }
+            publish(gen, st);
             ids_[st.id] = f;
             generations_.push_back(gen);
             st.state = State::loaded;
@@ -587,19 +594,8 @@ ReloadReport PluginManager::reload() {
                  "' (translation); the old version keeps serving");
             continue;
         }
-        {
-            // Publish: new leases get the new generation; streams in flight keep theirs.
-            std::lock_guard lock(mutex_);
-            for (auto& map : components_)
-                for (auto it = map.begin(); it != map.end();)
-                    it = it->second->generation == old ? map.erase(it) : std::next(it);
-            for (const auto& r : gen->ctx.registrations) {
-                auto c = std::make_shared<Component>();
-                c->generation = gen;
-                c->registration = r;
-                components_[kind_slot(r.kind)][r.name] = c;
-            }
-        }
+        // New leases get the new generation; streams in flight keep theirs.
+        publish(gen, st, old);
         std::string old_version = old_version_of(statuses_, f);
         *cur = gen;
         retired_.push_back(old);

@@ -129,6 +129,11 @@ private:
     // registering anything. Fills `st`; returns null on failure (st.state/reason say why).
     std::shared_ptr<Generation> load_generation(const std::filesystem::path& path, PluginStatus& st, bool reloading);
     std::string stage(const std::filesystem::path& path, const std::string& sha, std::filesystem::path& out);
+    // "" when none of the generation's component names is taken, else the message.
+    std::string conflict(const Generation& gen) const;
+    // Makes a generation's components the current ones (replacing those of `replaced`, if any)
+    // and lists them in `st`.
+    void publish(const std::shared_ptr<Generation>& gen, PluginStatus& st, const std::shared_ptr<Generation>& replaced = nullptr);
     void record(PluginStatus status);
     void scan_dir(const std::filesystem::path& dir, bool configured);
     bool is_required(const std::string& id) const;

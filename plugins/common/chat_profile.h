@@ -35,3 +35,26 @@ pulse_status_t profile_map_error(void* instance, pulse_call_t* call, int32_t sta
     {sizeof(pulse_translation_vt_t), NAME, pulse::chat::profile_create, pulse::chat::profile_destroy,             \
      pulse::chat::profile_build_request, pulse::chat::profile_stream_open, pulse::chat::profile_stream_feed,      \
      pulse::chat::profile_stream_finish, pulse::chat::profile_stream_close, pulse::chat::profile_map_error}
+
+// Defines a whole translation-profile plugin around a Dialect: the vtable, init (which binds
+// the host and registers the profile with `user` = &DIALECT), deinit, the info struct and the
+// exported entry. ID and VERSION are the plugin's id and version strings.
+#define PULSE_CHAT_PROFILE_PLUGIN(ID, VERSION, NAME, DIALECT)                                              \
+    namespace {                                                                                            \
+    const pulse_translation_vt_t kChatProfileVt = PULSE_CHAT_PROFILE_VTABLE(NAME);                         \
+    pulse_status_t chat_profile_init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, \
+                                     void** state) {                                                       \
+        pulse::chat::bind_host(host, ctx);                                                                 \
+        *state = nullptr;                                                                                  \
+        return pulse::guard(host, call, [&] {                                                              \
+            return host->register_translation(ctx, &kChatProfileVt, sizeof kChatProfileVt,                \
+                                              const_cast<pulse::chat::Dialect*>(&(DIALECT)));              \
+        });                                                                                                \
+    }                                                                                                      \
+    void chat_profile_deinit(void*) {}                                                                     \
+    const pulse_plugin_info_t kChatProfileInfo = {                                                         \
+        PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_TRANSLATION, ID, VERSION), PULSE_BUILD_INFO, nullptr,            \
+        chat_profile_init, chat_profile_deinit,                                                            \
+    };                                                                                                     \
+    }                                                                                                      \
+    extern "C" PULSE_EXPORT const pulse_plugin_info_t* pulse_plugin_entry_v1(void) { return &kChatProfileInfo; }

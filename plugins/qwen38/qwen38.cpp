@@ -17,23 +17,7 @@ void adjust(pulse::chat::Options& o, const pulse::Json&) {
 }
 
 const pulse::chat::Dialect kDialect = {"qwen38", adjust};
-const pulse_translation_vt_t kProfile = PULSE_CHAT_PROFILE_VTABLE("qwen38");
-
-pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
-    pulse::chat::bind_host(host, ctx);
-    *state = nullptr;
-    return pulse::guard(host, call, [&] {
-        return host->register_translation(ctx, &kProfile, sizeof kProfile, const_cast<pulse::chat::Dialect*>(&kDialect));
-    });
-}
-
-void deinit(void*) {}
-
-const pulse_plugin_info_t kInfo = {
-    PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_TRANSLATION, "pulse.translation.qwen38", "0.1.0"),
-    PULSE_BUILD_INFO, nullptr, init, deinit,
-};
 
 }  // namespace
 
-extern "C" PULSE_EXPORT const pulse_plugin_info_t* pulse_plugin_entry_v1(void) { return &kInfo; }
+PULSE_CHAT_PROFILE_PLUGIN("pulse.translation.qwen38", "0.1.0", "qwen38", kDialect)

@@ -116,6 +116,14 @@ struct Profile {
     }
 };
 
+// Runs the profile's map_error on an upstream HTTP error; the message goes to *msg.
+pulse_status_t map_error(Profile& p, int status, const std::string& body, std::string* msg = nullptr) {
+    pulse_call call;
+    pulse_status_t s = p.vt().map_error(p.instance, &call, status, {body.data(), body.size()});
+    if (msg) *msg = call.message;
+    return s;
+}
+
 rapidjson::Document load_capture(const std::string& name) {
     std::string text = test::read_file(fs::path(PULSE_SOURCE_ROOT) / "tests/fixtures/codex" / name);
     rapidjson::Document cap;
@@ -585,12 +593,7 @@ TEST_CASE("in-stream errors and truncation become response.failed; nothing uncer
 
 TEST_CASE("map_error classifies backend HTTP errors") {
     Profile p;
-    auto map = [&](int status, const std::string& body, std::string* msg = nullptr) {
-        pulse_call call;
-        pulse_status_t s = p.vt().map_error(p.instance, &call, status, {body.data(), body.size()});
-        if (msg) *msg = call.message;
-        return s;
-    };
+    auto map = [&](int status, const std::string& body, std::string* msg = nullptr) { return map_error(p, status, body, msg); };
     std::string msg;
     CHECK(map(400, R"({"error":{"message":"This model's maximum context length is 262144 tokens. However, you requested 300000 tokens","type":"BadRequestError","param":null,"code":400}})", &msg) ==
           PULSE_E_CONTEXT_LENGTH);
@@ -672,12 +675,7 @@ TEST_CASE("llamacpp: a recorded llama-server stream, usage rebuilt from timings"
 
 TEST_CASE("llamacpp: llama-server error shapes become clear errors") {
     Profile p("null", "llamacpp");
-    auto map = [&](int status, const std::string& body, std::string* msg = nullptr) {
-        pulse_call call;
-        pulse_status_t s = p.vt().map_error(p.instance, &call, status, {body.data(), body.size()});
-        if (msg) *msg = call.message;
-        return s;
-    };
+    auto map = [&](int status, const std::string& body, std::string* msg = nullptr) { return map_error(p, status, body, msg); };
     std::string msg;
     CHECK(map(400, R"({"error":{"code":400,"message":"request (13392 tokens) exceeds the available context size (8192 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":13392,"n_ctx":8192}})", &msg) ==
           PULSE_E_CONTEXT_LENGTH);
