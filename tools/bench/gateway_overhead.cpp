@@ -6,8 +6,9 @@
 //   gateway_overhead --pulse BIN --fake BIN --plugins DIR [--tokens 64] [--delay-ms 2]
 //                    [--concurrency 1,16,64,256] [--samples 128] [--json FILE]
 //
-// TTFT here = request sent -> first content token seen by the client (a Chat Completions
-// chunk with non-empty delta.content directly; a response.output_text.delta through Pulse).
+// TTFB = request sent -> response headers received. TTFT = request sent -> first content token
+// seen by the client (a Chat Completions chunk with non-empty delta.content directly; a
+// response.output_text.delta through Pulse).
 #include <Poco/Net/HTTPClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
@@ -35,7 +36,7 @@ using pulse::test::Child;
 namespace {
 
 struct Sample {
-    double ttft_ms = -1, total_ms = -1;
+    double ttfb_ms = -1, ttft_ms = -1, total_ms = -1;
     int tokens = 0;
     bool ok = false;
 };
@@ -70,6 +71,7 @@ Sample one(uint16_t port, const std::string& path, const std::string& body, cons
         sess.sendRequest(req) << body;
         Poco::Net::HTTPResponse resp;
         std::istream& in = sess.receiveResponse(resp);
+        s.ttfb_ms = duration<double, std::milli>(steady_clock::now() - t0).count();  // headers received
         if (resp.getStatus() != 200) return s;
         std::string line;
         bool done = false;
@@ -173,14 +175,14 @@ int main(int argc, char** argv) {
     batch(4, gport, "/v1/responses", pulse_body, "response.output_text.delta");
 
     std::printf("gateway overhead: %d tokens per stream, %d ms between tokens, interleaved direct/pulse rounds\n", tokens, delay);
-    std::printf("%6s %7s | %-27s | %-27s | %-27s | %9s %9s %6s\n", "conc", "samples", "TTFT ms direct p50/p99", "TTFT ms pulse p50/p99",
-                "added TTFT ms p50/p99", "add tot50", "cpu us/tk", "errors");
+    std::printf("%6s %7s | %-21s | %-27s | %-27s | %-27s | %9s %9s %6s\n", "conc", "samples", "added TTFB ms p50/p99",
+                "TTFT ms direct p50/p99", "TTFT ms pulse p50/p99", "added TTFT ms p50/p99", "add tot50", "cpu us/tk", "errors");
     std::string json = "{\"tokens\":" + std::to_string(tokens) + ",\"delay_ms\":" + std::to_string(delay) + ",\"levels\":[";
     long idle_rss = rss_kib(gpid);
     for (size_t li = 0; li < levels.size(); ++li) {
         int c = levels[li];
         int rounds = std::max(2, samples / c);
-        std::vector<double> dt, pt, dtot, ptot;
+        std::vector<double> dt, pt, dtot, ptot, db, pb;
         double cpu = 0;
         long tokens_through = 0, peak_rss = idle_rss;
         int errors = 0;
@@ -205,6 +207,7 @@ int main(int argc, char** argv) {
                         if (!x.ok) ++errors;
                         else {
                             pt.push_back(x.ttft_ms);
+                            pb.push_back(x.ttfb_ms);
                             ptot.push_back(x.total_ms);
                             tokens_through += x.tokens;
                         }
@@ -215,6 +218,7 @@ int main(int argc, char** argv) {
                         if (!x.ok) ++errors;
                         else {
                             dt.push_back(x.ttft_ms);
+                            db.push_back(x.ttfb_ms);
                             dtot.push_back(x.total_ms);
                         }
                     }
@@ -225,19 +229,21 @@ int main(int argc, char** argv) {
         double add_tot = pct(ptot, 50) - pct(dtot, 50);
         double us_per_token = tokens_through ? cpu / static_cast<double>(tokens_through) : -1;
         double rss_per_stream = c > 0 ? static_cast<double>(peak_rss - idle_rss) / c : 0;
-        char d1[64], d2[64], d3[64];
+        double b50 = pct(pb, 50) - pct(db, 50), b99 = pct(pb, 99) - pct(db, 99);
+        char d0[64], d1[64], d2[64], d3[64];
+        std::snprintf(d0, sizeof d0, "%+.3f / %+.3f", b50, b99);
         std::snprintf(d1, sizeof d1, "%.3f / %.3f", d50, d99);
         std::snprintf(d2, sizeof d2, "%.3f / %.3f", p50, p99);
         std::snprintf(d3, sizeof d3, "%+.3f / %+.3f", p50 - d50, p99 - d99);
-        std::printf("%6d %7zu | %-27s | %-27s | %-27s | %+9.2f %9.2f %6d   rss +%.0f KiB/stream\n", c, pt.size(), d1, d2, d3, add_tot,
+        std::printf("%6d %7zu | %-21s | %-27s | %-27s | %-27s | %+9.2f %9.2f %6d   rss +%.0f KiB/stream\n", c, pt.size(), d0, d1, d2, d3, add_tot,
                     us_per_token, errors, rss_per_stream);
         std::fflush(stdout);
-        char row[512];
+        char row[640];
         std::snprintf(row, sizeof row,
-                      "%s{\"concurrency\":%d,\"samples\":%zu,\"ttft_direct_p50_ms\":%.4f,\"ttft_direct_p99_ms\":%.4f,"
+                      "%s{\"concurrency\":%d,\"samples\":%zu,\"added_ttfb_p50_ms\":%.4f,\"added_ttfb_p99_ms\":%.4f,\"ttft_direct_p50_ms\":%.4f,\"ttft_direct_p99_ms\":%.4f,"
                       "\"ttft_pulse_p50_ms\":%.4f,\"ttft_pulse_p99_ms\":%.4f,\"added_total_p50_ms\":%.4f,"
                       "\"added_total_p99_ms\":%.4f,\"cpu_us_per_token\":%.3f,\"rss_kib_per_stream\":%.1f,\"errors\":%d}",
-                      li ? "," : "", c, pt.size(), d50, d99, p50, p99, add_tot, pct(ptot, 99) - pct(dtot, 99), us_per_token,
+                      li ? "," : "", c, pt.size(), b50, b99, d50, d99, p50, p99, add_tot, pct(ptot, 99) - pct(dtot, 99), us_per_token,
                       rss_per_stream, errors);
         json += row;
     }
