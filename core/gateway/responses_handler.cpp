@@ -14,6 +14,9 @@
 #include <random>
 #include <thread>
 
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
 #include "common/log.h"
 #include "common/metrics.h"
 #include "gateway/gateway.h"
@@ -114,8 +117,14 @@ private:
             body.append(buf, static_cast<size_t>(in.gcount()));
             if (static_cast<int64_t>(body.size()) > limit) return too_large("");
         }
-        if (!cfg_.server.trace_file.empty()) trace(cfg_.server.trace_file, id_, "request", body);
         if (auto e = parse_body(body, doc_)) return invalid(*e), false;
+        // Traced once it is known to be JSON, so every trace line stays valid JSON.
+        if (!cfg_.server.trace_file.empty()) {
+            rapidjson::StringBuffer compact;  // one line, whatever whitespace the client sent
+            rapidjson::Writer<rapidjson::StringBuffer> w(compact);
+            doc_.Accept(w);
+            trace(cfg_.server.trace_file, id_, "request", std::string(compact.GetString(), compact.GetSize()));
+        }
         if (auto e = validate_request(doc_)) return invalid(*e), false;
 
         model_id_ = doc_["model"].GetString();

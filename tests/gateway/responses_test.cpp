@@ -5,6 +5,7 @@
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
 #include <Poco/Net/StreamSocket.h>
+#include <sys/stat.h>
 
 #include "support/gateway_harness.h"
 
@@ -279,4 +280,27 @@ TEST_CASE("/metrics: request, token and dropped-tool counters, Prometheus text a
     CHECK(str(d["pulse_requests_total"], "type") == "counter");
     CHECK(d["pulse_requests_total"]["series"][0]["value"].GetInt() == 1);
     CHECK(d["pulse_ttft_seconds"]["series"][0]["count"].GetInt() == 1);
+}
+
+TEST_CASE("trace file: whole requests and responses, one JSON line each, created 0600") {
+    FakeBackend be(R"({"turns":[{"content":"traced answer"}]})");
+    TempDir tmp;
+    auto trace = tmp / "trace.jsonl";
+    Gateway gw(model_toml(be.url()), "trace_file = \"" + trace.string() + "\"\n");
+    REQUIRE(post(gw.port, "/v1/responses", request(R"("a secret prompt")")).status == 200);
+    REQUIRE(post(gw.port, "/v1/responses", "{broken").status == 400);  // not traced: not JSON
+    struct stat sb {};
+    REQUIRE(::stat(trace.c_str(), &sb) == 0);
+    CHECK((sb.st_mode & 0777) == 0600);
+    std::istringstream in(read_file(trace));
+    std::vector<std::string> whats;
+    for (std::string line; std::getline(in, line);) {
+        rapidjson::Document d;
+        d.Parse(line.c_str());
+        REQUIRE_MESSAGE(d.IsObject(), line);
+        whats.push_back(str(d, "what"));
+        if (str(d, "what") == "request") CHECK(str(d["body"], "input") == "a secret prompt");
+        if (str(d, "what") == "response") CHECK(str(d["body"]["output"][0]["content"][0], "text") == "traced answer");
+    }
+    CHECK(whats == std::vector<std::string>{"request", "response"});
 }
