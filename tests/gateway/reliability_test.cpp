@@ -83,7 +83,7 @@ bool eventually(F cond, int ms = 10000) {
     return cond();
 }
 
-const char* kFast = "keepalive_s = 0.3\nconnect_timeout_s = 1\nhealth_interval_s = 0.2\n";
+const char* kFast = "keepalive_s = 0.3\nconnect_timeout_s = 5\nhealth_interval_s = 0.2\n";
 
 }  // namespace
 

@@ -76,7 +76,7 @@ struct Gateway {
     // the example backend.
     // Default upstream settings for tests: fast keepalives, one pass over the endpoints (no
     // retry window) unless a test asks for one.
-    static constexpr const char* kUpstream = "keepalive_s = 0.3\nconnect_timeout_s = 1\nretry_window_s = 0\nhealth_interval_s = 0.2\n";
+    static constexpr const char* kUpstream = "keepalive_s = 0.3\nconnect_timeout_s = 5\nretry_window_s = 0\nhealth_interval_s = 0.2\n";
 
     // `extra_plugins`: {built test plugin name, installed name} pairs copied into the plugin dir.
     explicit Gateway(const std::string& models_toml, const std::string& server_toml = "", const std::string& upstream_toml = kUpstream,
