@@ -71,12 +71,6 @@ std::vector<std::string> PrefixStore::bodies(const std::string& model) const {
     return out;
 }
 
-size_t PrefixStore::size(const std::string& model) const {
-    std::lock_guard lock(m_);
-    auto it = models_.find(model);
-    return it == models_.end() ? 0 : it->second.lru.size();
-}
-
 bool PrefixStore::dirty() const {
     std::lock_guard lock(m_);
     return dirty_;

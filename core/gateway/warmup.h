@@ -30,7 +30,6 @@ public:
     void remember(const std::string& model, const std::string& key, const std::string& upstream_body);
     // Most recent first.
     std::vector<std::string> bodies(const std::string& model) const;
-    size_t size(const std::string& model) const;
 
     // Persistence (the file holds prompts: created 0600, replaced atomically).
     void load(const std::filesystem::path& file);

@@ -600,7 +600,6 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         usage.input_tokens = t["prompt_n"].i64().value_or(0) + cache_n;
         usage.cached_tokens = cache_n;
         usage.output_tokens = t["predicted_n"].i64().value_or(-1);
-        usage_seen_ = true;
         if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;
     }
     if (u.is_object()) {
@@ -611,7 +610,6 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         usage.reasoning_tokens = u["completion_tokens_details"]["reasoning_tokens"].i64().value_or(-1);
         // llama-server: cached prompt tokens are in timings when usage lacks them.
         if (usage.cached_tokens < 0) usage.cached_tokens = chunk["timings"]["cache_n"].i64().value_or(-1);
-        usage_seen_ = true;
         if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;
     }
     return PULSE_OK;

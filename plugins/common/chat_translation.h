@@ -96,7 +96,6 @@ private:
     std::string forced_content_;            // schema-forced output is JSON in content
     std::optional<pulse_finish_t> finish_;
     uint32_t emitted_calls_ = 0;
-    bool usage_seen_ = false;
 };
 
 // Classifies an upstream HTTP error body (vLLM and llama-server shapes).
