@@ -163,6 +163,19 @@ url = "http://127.0.0.1:9/v1"
     CHECK(has(r.err, "model 'm': translation profile 'qwen38' is not provided by any loaded plugin (loaded profiles: none)"));
 }
 
+TEST_CASE("serve: a second gateway on a busy port fails loudly instead of sharing it") {
+    Site site({"good_cpp", "example_echo"}, "[models.echo]\nprofile = \"test-profile\"\n[[models.echo.endpoints]]\nurl = \"plugin://example-echo\"\n");
+    // The holder sets SO_REUSEPORT, so a gateway that also set it would share the port silently.
+    Poco::Net::ServerSocket holder;
+    holder.bind(Poco::Net::SocketAddress("127.0.0.1", 0), /*reuseAddress=*/true, /*reusePort=*/true);
+    holder.listen();
+    std::string text = pulse::test::read_file(site.config);
+    std::ofstream(site.config) << "[server]\nlisten = \"127.0.0.1:" << holder.address().port() << "\"\n" << text;
+    auto r = run({exe(), "serve", "--config", site.config.string()}, kNoEnvOverrides, 30);
+    CHECK(r.code == 1);
+    CHECK(has(r.err, "cannot listen on 127.0.0.1:" + std::to_string(holder.address().port())));
+}
+
 TEST_CASE("serve: without a config file is a config error") {
     auto r = run({exe(), "serve", "--config", "/nonexistent/pulse.toml"}, kNoEnvOverrides);
     CHECK(r.code == 3);

@@ -212,6 +212,33 @@ TEST_CASE("warmup: an endpoint that comes back gets the recorded prefixes replay
     }
 }
 
+TEST_CASE("warmup yields to real traffic: a real request preempts the warm request in flight") {
+    uint16_t port = free_port();
+    TempDir tmp;
+    // Slow answers, so a warm request is still running when the real one arrives.
+    auto script = tmp.write("s.json", R"({"turns":[{"content":"one two three four five six","delay_ms":400}]})");
+    std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
+    auto start_backend = [&] {
+        auto c = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port",
+                                                                  std::to_string(port), "--record", (tmp / "r.jsonl").string()});
+        wait_for([&] { return c->stdout_so_far(); }, std::regex("listening on (127)"));
+        return c;
+    };
+    auto backend = start_backend();
+    Gateway gw(model_toml({url}), "", std::string(kFast) + "retry_window_s = 10\n");
+    for (int i = 0; i < 3; ++i)  // three conversations to replay
+        check_stream(post(gw.port, "/v1/responses", request("\"conversation " + std::to_string(i) + "\"", "m",
+                                                            R"(,"prompt_cache_key":"c)" + std::to_string(i) + "\"")).body);
+    backend.reset();
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }));
+    backend = start_backend();
+    REQUIRE(eventually([&] { return gw.log().find("replaying 3 prompt prefixes") != std::string::npos; }));
+    // A warm request is running (each takes ~3 s); the real request must not wait for it.
+    auto real = check_stream(post(gw.port, "/v1/responses", request("\"real work\"")).body);
+    CHECK(real.terminal == "response.completed");
+    CHECK(eventually([&] { return get(gw.port, "/metrics").find(R"(outcome="preempted"} 1)") != std::string::npos; }));
+}
+
 TEST_CASE("warmup state persists across a gateway restart") {
     FakeBackend be(R"({"turns":[{"content":"ok"}]})");
     TempDir tmp;
