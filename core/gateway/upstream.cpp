@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <istream>
 #include <mutex>
 #include <stdexcept>
@@ -30,6 +31,38 @@ public:
     int pending() const { return buffered(); }
 };
 
+// Idle keep-alive connections per backend (host:port), so a request does not pay a TCP connect
+// and the backend's per-connection set-up. A connection goes back only after a clean stream
+// whose body was read to its end.
+class SessionPool {
+public:
+    std::unique_ptr<Session> take(const std::string& key) {
+        std::lock_guard lock(m_);
+        auto& v = idle_[key];
+        while (!v.empty()) {
+            auto s = std::move(v.back());
+            v.pop_back();
+            if (s->connected()) return s;
+        }
+        return nullptr;
+    }
+    void give(const std::string& key, std::unique_ptr<Session> s) {
+        std::lock_guard lock(m_);
+        auto& v = idle_[key];
+        if (v.size() < kMaxIdle) v.push_back(std::move(s));
+    }
+
+private:
+    static constexpr size_t kMaxIdle = 64;
+    std::mutex m_;
+    std::map<std::string, std::vector<std::unique_ptr<Session>>> idle_;
+};
+
+SessionPool& pool() {
+    static SessionPool* p = new SessionPool();  // never destroyed: sessions may outlive main
+    return *p;
+}
+
 // An HTTP upstream driven by the request thread: every next() waits on the socket with the
 // caller's timeout, reads what has arrived and parses SSE from it. No extra thread, no
 // hand-off between threads per token.
@@ -37,6 +70,7 @@ class HttpStream : public UpstreamStream {
 public:
     HttpStream(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& t)
         : uri_(ep.url), body_(req.body.text()), headers_(req.headers), timeouts_(t) {
+        key_ = uri_.getHost() + ":" + std::to_string(uri_.getPort());
         std::string base = uri_.getPath();
         while (!base.empty() && base.back() == '/') base.pop_back();
         path_ = base + req.path;
@@ -55,7 +89,18 @@ public:
                 case Phase::headers: {
                     if (!readable(deadline)) return UpEvent{};
                     Poco::Net::HTTPResponse response;
-                    std::istream& is = session_->receiveResponse(response);
+                    std::istream* isp = nullptr;
+                    try {
+                        isp = &session_->receiveResponse(response);
+                    } catch (const Poco::Exception&) {
+                        // A reused connection the backend had already closed: once, on a fresh one.
+                        if (!reused_) throw;
+                        reused_ = false;
+                        session_.reset();
+                        connect_and_send();
+                        return UpEvent{};
+                    }
+                    std::istream& is = *isp;
                     int status = static_cast<int>(response.getStatus());
                     if (status != 200) {
                         std::string text;
@@ -103,10 +148,14 @@ private:
     static Poco::Timespan span(double s) { return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(s * 1e6)); }
 
     void connect_and_send() {
-        session_ = std::make_unique<Session>(uri_.getHost(), uri_.getPort());
-        // The receive timeout only bounds reads that poll() said would not block.
-        session_->setTimeout(span(timeouts_.connect_timeout_s), span(30), span(timeouts_.idle_timeout_s));
-        session_->setKeepAlive(false);
+        if (!session_ && (session_ = pool().take(key_))) reused_ = true;
+        if (!session_) {
+            session_ = std::make_unique<Session>(uri_.getHost(), uri_.getPort());
+            // The receive timeout only bounds reads that poll() said would not block.
+            session_->setTimeout(span(timeouts_.connect_timeout_s), span(30), span(timeouts_.idle_timeout_s));
+            session_->setKeepAlive(true);
+            session_->setKeepAliveTimeout(Poco::Timespan(2, 0));  // under uvicorn's 5 s idle close
+        }
         Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, path_, Poco::Net::HTTPMessage::HTTP_1_1);
         request.setContentType("application/json");
         request.set("Accept", "text/event-stream");
@@ -169,8 +218,28 @@ private:
     UpEvent pop() {
         UpEvent e = std::move(events_.front());
         events_.pop_front();
-        if (e.kind == UpEvent::Kind::done) phase_ = Phase::finished;
+        if (e.kind == UpEvent::Kind::done) {
+            phase_ = Phase::finished;
+            recycle();
+        }
         return e;
+    }
+
+    // After [DONE]: if the body's end is already here, the connection can serve again.
+    void recycle() {
+        if (!session_ || cancelled_ || !in_) return;
+        try {
+            auto until = steady_clock::now() + milliseconds(20);
+            while (readable(until)) {
+                char buf[256];
+                if (in_->rdbuf()->in_avail() <= 0 && in_->get() == std::char_traits<char>::eof()) {
+                    pool().give(key_, std::move(session_));
+                    return;
+                }
+                in_->readsome(buf, sizeof buf);
+            }
+        } catch (...) {
+        }
     }
     UpEvent pop_or_done() { return events_.empty() ? UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false} : pop(); }
 
@@ -188,7 +257,9 @@ private:
     std::string path_, body_;
     std::vector<std::pair<std::string, std::string>> headers_;
     config::Upstream timeouts_;
+    std::string key_;
     std::unique_ptr<Session> session_;
+    bool reused_ = false;
     std::istream* in_ = nullptr;
     Phase phase_ = Phase::start;
     SseParser parser_;
