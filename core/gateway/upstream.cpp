@@ -97,7 +97,7 @@ public:
                         if (!reused_) throw;
                         reused_ = false;
                         session_.reset();
-                        connect_and_send();
+                        connect_and_send(/*from_pool=*/false);
                         return UpEvent{};
                     }
                     std::istream& is = *isp;
@@ -147,8 +147,18 @@ private:
 
     static Poco::Timespan span(double s) { return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(s * 1e6)); }
 
-    void connect_and_send() {
-        if (!session_ && (session_ = pool().take(key_))) reused_ = true;
+    void connect_and_send(bool from_pool = true) {
+        if (!session_ && from_pool && (session_ = pool().take(key_))) {
+            reused_ = true;
+            try {
+                send();
+                return;
+            } catch (const Poco::Exception&) {
+                // The backend closed the idle connection: a fresh one below.
+                reused_ = false;
+                session_.reset();
+            }
+        }
         if (!session_) {
             session_ = std::make_unique<Session>(uri_.getHost(), uri_.getPort());
             // The receive timeout only bounds reads that poll() said would not block.
@@ -156,6 +166,10 @@ private:
             session_->setKeepAlive(true);
             session_->setKeepAliveTimeout(Poco::Timespan(2, 0));  // under uvicorn's 5 s idle close
         }
+        send();
+    }
+
+    void send() {
         Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, path_, Poco::Net::HTTPMessage::HTTP_1_1);
         request.setContentType("application/json");
         request.set("Accept", "text/event-stream");
@@ -164,6 +178,7 @@ private:
         std::ostream& os = session_->sendRequest(request);
         os.write(body_.data(), static_cast<std::streamsize>(body_.size()));
         os.flush();
+        if (!os.good()) throw Poco::IOException("sending the request failed");
     }
 
     // Data can be read without blocking, or arrives before `deadline`. The session buffer
