@@ -174,11 +174,19 @@ int main(int argc, char** argv) {
     batch(4, fport, "/v1/chat/completions", direct_body, "\"content\":\"tok");
     batch(4, gport, "/v1/responses", pulse_body, "response.output_text.delta");
 
+    std::string json = "{\"tokens\":" + std::to_string(tokens) + ",\"delay_ms\":" + std::to_string(delay);
+    long idle_rss = rss_kib(gpid);
+    // The gateway's background CPU (health probes, control loop), measured while idle, so it
+    // is not charged to the tokens.
+    double idle0 = cpu_us(gpid);
+    auto idle_t0 = steady_clock::now();
+    std::this_thread::sleep_for(seconds(5));
+    double idle_us_per_s = (cpu_us(gpid) - idle0) / duration<double>(steady_clock::now() - idle_t0).count();
+    std::printf("gateway idle CPU: %.0f us/s (subtracted below)\n", idle_us_per_s);
+    json += ",\"idle_cpu_us_per_s\":" + std::to_string(idle_us_per_s) + ",\"levels\":[";
     std::printf("gateway overhead: %d tokens per stream, %d ms between tokens, interleaved direct/pulse rounds\n", tokens, delay);
     std::printf("%6s %7s | %-21s | %-27s | %-27s | %-27s | %9s %9s %6s\n", "conc", "samples", "added TTFB ms p50/p99",
                 "TTFT ms direct p50/p99", "TTFT ms pulse p50/p99", "added TTFT ms p50/p99", "add tot50", "cpu us/tk", "errors");
-    std::string json = "{\"tokens\":" + std::to_string(tokens) + ",\"delay_ms\":" + std::to_string(delay) + ",\"levels\":[";
-    long idle_rss = rss_kib(gpid);
     for (size_t li = 0; li < levels.size(); ++li) {
         int c = levels[li];
         int rounds = std::max(2, samples / c);
@@ -192,6 +200,7 @@ int main(int argc, char** argv) {
                 bool via_pulse = (arm == 0) == (r % 2 == 1);
                 if (via_pulse) {
                     double c0 = cpu_us(gpid);
+                    auto arm_t0 = steady_clock::now();
                     std::atomic<bool> sampling{true};
                     std::thread rss([&] {
                         while (sampling) {
@@ -202,7 +211,7 @@ int main(int argc, char** argv) {
                     auto s = batch(c, gport, "/v1/responses", pulse_body, "response.output_text.delta");
                     sampling = false;
                     rss.join();
-                    cpu += cpu_us(gpid) - c0;
+                    cpu += cpu_us(gpid) - c0 - idle_us_per_s * duration<double>(steady_clock::now() - arm_t0).count();
                     for (const auto& x : s) {
                         if (!x.ok) ++errors;
                         else {
