@@ -89,6 +89,25 @@ Sample one(uint16_t port, const std::string& path, const std::string& body, cons
     return s;
 }
 
+// The samples of one arm (direct or through Pulse) at one concurrency.
+struct Arm {
+    std::vector<double> ttfb, ttft, total;
+    long tokens = 0;
+    int errors = 0;
+    void add(const std::vector<Sample>& batch) {
+        for (const auto& x : batch) {
+            if (!x.ok) {
+                ++errors;
+                continue;
+            }
+            ttfb.push_back(x.ttfb_ms);
+            ttft.push_back(x.ttft_ms);
+            total.push_back(x.total_ms);
+            tokens += x.tokens;
+        }
+    }
+};
+
 std::vector<Sample> batch(int n, uint16_t port, const std::string& path, const std::string& body, const std::string& marker) {
     std::vector<Sample> out(static_cast<size_t>(n));
     std::vector<std::thread> ts;
@@ -190,10 +209,9 @@ int main(int argc, char** argv) {
     for (size_t li = 0; li < levels.size(); ++li) {
         int c = levels[li];
         int rounds = std::max(2, samples / c);
-        std::vector<double> dt, pt, dtot, ptot, db, pb;
+        Arm direct, via;
         double cpu = 0;
-        long tokens_through = 0, peak_rss = idle_rss;
-        int errors = 0;
+        long peak_rss = idle_rss;
         for (int r = 0; r < rounds; ++r) {
             // Alternate which arm goes first, so drift does not favour one.
             for (int arm = 0; arm < 2; ++arm) {
@@ -212,28 +230,15 @@ int main(int argc, char** argv) {
                     sampling = false;
                     rss.join();
                     cpu += cpu_us(gpid) - c0 - idle_us_per_s * duration<double>(steady_clock::now() - arm_t0).count();
-                    for (const auto& x : s) {
-                        if (!x.ok) ++errors;
-                        else {
-                            pt.push_back(x.ttft_ms);
-                            pb.push_back(x.ttfb_ms);
-                            ptot.push_back(x.total_ms);
-                            tokens_through += x.tokens;
-                        }
-                    }
+                    via.add(s);
                 } else {
-                    auto s = batch(c, fport, "/v1/chat/completions", direct_body, "\"content\":\"tok");
-                    for (const auto& x : s) {
-                        if (!x.ok) ++errors;
-                        else {
-                            dt.push_back(x.ttft_ms);
-                            db.push_back(x.ttfb_ms);
-                            dtot.push_back(x.total_ms);
-                        }
-                    }
+                    direct.add(batch(c, fport, "/v1/chat/completions", direct_body, "\"content\":\"tok"));
                 }
             }
         }
+        const auto &dt = direct.ttft, &pt = via.ttft, &dtot = direct.total, &ptot = via.total, &db = direct.ttfb, &pb = via.ttfb;
+        const long tokens_through = via.tokens;
+        const int errors = direct.errors + via.errors;
         double d50 = pct(dt, 50), d99 = pct(dt, 99), p50 = pct(pt, 50), p99 = pct(pt, 99);
         double add_tot = pct(ptot, 50) - pct(dtot, 50);
         double us_per_token = tokens_through ? cpu / static_cast<double>(tokens_through) : -1;
