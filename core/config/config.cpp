@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -325,6 +326,9 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         t.number("keepalive_s", cfg.upstream.keepalive_s, 0.05, 3600);
         t.number("idle_timeout_s", cfg.upstream.idle_timeout_s, 1, 86400);
         t.number("health_interval_s", cfg.upstream.health_interval_s, 0.05, 3600);
+        std::string frag;
+        t.str("endpoint_fragments", frag);
+        if (!frag.empty()) cfg.upstream.endpoint_fragments = resolve(base, frag);
         t.reject_unknown();
     }
     if (const toml::table* wt = top.subtable("warmup")) {
@@ -335,6 +339,11 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         if (!state.empty()) cfg.warmup.state_file = resolve(base, state).string();
         t.integer("max_prefixes", cfg.warmup.max_prefixes, 0, 100000);
         t.reject_unknown();
+    }
+    if (const toml::table* ct = top.subtable("controller")) {
+        // Validated by the controller plugin; the host only adds where relative paths start.
+        cfg.controller_json.clear();
+        to_json(*ct, cfg.controller_json);
     }
     if (const toml::table* mt = top.subtable("models")) {
         for (const auto& [id, node] : *mt) {
@@ -471,6 +480,55 @@ void apply_env(Config& cfg, Getenv getenv_fn) {
             std::string_view d = rest.substr(0, colon);
             rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
             if (!d.empty()) cfg.plugins.dirs.push_back(std::filesystem::absolute(std::string(d)).lexically_normal());
+        }
+    }
+}
+
+void apply_fragments(Config& cfg) {
+    const auto& dir = cfg.upstream.endpoint_fragments;
+    std::error_code ec;
+    if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return;
+    std::vector<std::filesystem::path> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+        if (e.path().extension() == ".toml" && e.is_regular_file()) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+        const std::string file = f.string();
+        toml::table root;
+        try {
+            root = toml::parse_file(file);
+        } catch (const toml::parse_error& e) {
+            throw ConfigError(where(file, e.source()) + ": " + std::string(e.description()));
+        }
+        Table top(root, "", file);
+        const toml::array* eps = top.array("endpoints");
+        top.reject_unknown();
+        if (!eps) continue;
+        for (size_t i = 0; i < eps->size(); ++i) {
+            const toml::table* et = eps->get(i)->as_table();
+            if (!et) throw ConfigError(where(file, eps->get(i)->source()) + ": 'endpoints' entries must be tables");
+            Table t(*et, "endpoints[" + std::to_string(i) + "]", file);
+            std::string upstream_model;
+            Endpoint e;
+            t.str("upstream_model", upstream_model);
+            t.str("name", e.name);
+            t.str("url", e.url);
+            t.reject_unknown();
+            if (upstream_model.empty() || e.name.empty() || e.url.empty())
+                t.fail_here("'upstream_model', 'name' and 'url' are required");
+            check_url(t, *et->get("url"), e.url);
+            bool matched = false;
+            for (auto& m : cfg.models) {
+                if (m.upstream_model != upstream_model) continue;
+                matched = true;
+                auto same = std::find_if(m.endpoints.begin(), m.endpoints.end(),
+                                         [&](const Endpoint& x) { return x.name == e.name || x.url == e.url; });
+                if (same == m.endpoints.end()) m.endpoints.push_back(e);
+                else if (same->name == e.name) *same = e;
+            }
+            if (!matched)
+                cfg.warnings.push_back(file + ": endpoint '" + e.name + "' is for upstream model '" + upstream_model +
+                                       "', which no configured model serves; ignored");
         }
     }
 }

@@ -78,6 +78,8 @@ struct Upstream {
     double keepalive_s = 10;
     double idle_timeout_s = 300;  // longest gap between upstream chunks once streaming
     double health_interval_s = 5;
+    // Directory of endpoint fragments (*.toml) written by `pulse model up`; "" = none.
+    std::filesystem::path endpoint_fragments;
 };
 
 struct Warmup {
@@ -94,6 +96,8 @@ struct Config {
     Warmup warmup;
     std::vector<Model> models;
     std::string log_level = "info";
+    std::string controller_json = "null";  // [controller] as JSON, for the runtime controller plugin
+    std::vector<std::string> warnings;     // non-fatal problems found while loading (logged by the CLI)
 
     const Model* find_model(std::string_view id) const;
 };
@@ -114,6 +118,14 @@ Config load_string(std::string_view text, const std::string& name,
 // `getenv` is injectable for tests. Throws ConfigError for malformed values.
 using Getenv = const char* (*)(const char*);
 void apply_env(Config& cfg, Getenv getenv_fn);
+
+// Merges the endpoint fragments in upstream.endpoint_fragments (files `*.toml`, name order):
+//   [[endpoints]]  upstream_model = "served-name"  name = "node"  url = "http://host:port/v1"
+// Each endpoint is added to every model whose upstream_model matches, after the configured ones;
+// one with the same name replaces it, one with the same url is already there. A fragment that
+// matches no model is a warning, a malformed one a ConfigError naming the file. A missing
+// directory means no fragments.
+void apply_fragments(Config& cfg);
 
 // Checks that need the whole config (after env overrides): exposure rules and so on.
 void validate(const Config& cfg);

@@ -254,6 +254,7 @@ void Gateway::handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerRes
         return;
     }
     if (path == "/v1/models" && method == "GET") return models(resp);
+    if (path == "/admin/reload") return admin_reload(req, resp);
     if (path == "/v1/responses" || path == "/responses") {
         if (method != "POST") {
             discard_body(req, resp);
@@ -264,6 +265,23 @@ void Gateway::handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerRes
     }
     discard_body(req, resp);
     send_error(resp, 404, "invalid_request_error", "no route for " + method + " " + path, {}, "not_found");
+}
+
+// Same effect as SIGHUP, for tools that cannot signal the process (`pulse model up` on another
+// user account, or through systemd's sandbox). Loopback clients only, API key as for /v1/*.
+void Gateway::admin_reload(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) {
+    discard_body(req, resp);
+    if (req.getMethod() != "POST") {
+        resp.set("Allow", "POST");
+        return send_error(resp, 405, "invalid_request_error", "use POST for /admin/reload");
+    }
+    const auto host = req.clientAddress().host();
+    const bool loopback = host.isLoopback() || host.toString().rfind("::ffff:127.", 0) == 0;
+    if (!loopback)
+        return send_error(resp, 403, "invalid_request_error", "/admin/reload is only served to loopback clients", {}, "forbidden");
+    if (!reload_hook_) return send_error(resp, 501, "server_error", "reload is not available in this process", {}, "not_implemented");
+    reload_hook_();
+    send_json(resp, 202, R"({"status":"reload requested"})");
 }
 
 void Gateway::health(Poco::Net::HTTPServerResponse& resp) {

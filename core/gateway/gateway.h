@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -86,6 +87,10 @@ public:
 
     void handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp);
 
+    // What `POST /admin/reload` does (the CLI raises SIGHUP); unset = the route answers 501.
+    // Set before start(); called on a request thread.
+    void set_reload_hook(std::function<void()> hook) { reload_hook_ = std::move(hook); }
+
     void set_draining(bool d) { draining_ = d; }
     int active_requests() const { return active_.load(); }
     std::shared_ptr<const Snapshot> snapshot() const;
@@ -97,6 +102,8 @@ private:
     void models(Poco::Net::HTTPServerResponse& resp);
     void responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp);
     bool authorized(const Poco::Net::HTTPServerRequest& req, const config::Config& cfg) const;
+    void admin_reload(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp);
+    std::function<void()> reload_hook_;
     void probe_loop();
     void probe_once(const Snapshot& snap);
     // Record an endpoint's state change (from a probe or a request); starts a warmup on recovery.

@@ -7,7 +7,12 @@
 
 namespace pulse::gateway {
 
+bool has_body(const Poco::Net::HTTPServerRequest& req) {
+    return req.getChunkedTransferEncoding() || (req.hasContentLength() && req.getContentLength64() > 0);
+}
+
 void discard_body(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp, int64_t max_bytes) {
+    if (!has_body(req)) return;
     try {
         std::istream& in = req.stream();
         char sink[65536];

@@ -22,6 +22,10 @@ void send_error(Poco::Net::HTTPServerResponse& resp, int status, std::string_vie
 
 // Reads and drops the rest of a request body (bounded), then marks the connection to close,
 // so a client that is still sending sees our status instead of a reset connection.
+// RFC 9112 §6.3: a request with neither Content-Length nor chunked Transfer-Encoding has no
+// body. POCO would read such a body until the client closes, which hangs a keep-alive client.
+bool has_body(const Poco::Net::HTTPServerRequest& req);
+
 void discard_body(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp, int64_t max_bytes = 64 << 20);
 
 std::string error_body(std::string_view type, std::string_view message, std::string_view param = {},

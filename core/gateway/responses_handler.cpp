@@ -113,7 +113,7 @@ private:
         std::string body;
         std::istream& in = req_.stream();
         char buf[65536];
-        while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+        while (has_body(req_) && (in.read(buf, sizeof buf) || in.gcount() > 0)) {
             body.append(buf, static_cast<size_t>(in.gcount()));
             if (static_cast<int64_t>(body.size()) > limit) return too_large("");
         }

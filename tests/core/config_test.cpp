@@ -219,3 +219,60 @@ TEST_CASE("an API key from the environment allows a public bind") {
     CHECK_NOTHROW(validate(c));
     g_env.clear();
 }
+
+TEST_CASE("endpoint fragments: added after the configured endpoints, replaced by name, deduplicated by url") {
+    pulse::test::TempDir d;
+    auto cfg_text = std::string(R"(
+[upstream]
+endpoint_fragments = "frags"
+[models.a]
+profile = "qwen38"
+upstream_model = "served"
+[[models.a.endpoints]]
+name = "local"
+url = "http://127.0.0.1:8888/v1"
+[models.b]
+profile = "qwen38"
+[[models.b.endpoints]]
+url = "http://127.0.0.1:7777/v1"
+)");
+    auto p = d.write("pulse.toml", cfg_text);
+    Config none = load_file(p);
+    apply_fragments(none);  // the directory does not exist: no fragments
+    CHECK(none.models[0].endpoints.size() == 1);
+
+    d.write("frags/1-spark.toml", "[[endpoints]]\nupstream_model = \"served\"\nname = \"spark\"\nurl = \"http://10.0.0.2:8888/v1\"\n"
+                                  "[[endpoints]]\nupstream_model = \"served\"\nname = \"again\"\nurl = \"http://127.0.0.1:8888/v1\"\n");
+    d.write("frags/2-local.toml", "[[endpoints]]\nupstream_model = \"served\"\nname = \"local\"\nurl = \"http://127.0.0.1:9999/v1\"\n");
+    d.write("frags/3-other.toml", "[[endpoints]]\nupstream_model = \"nobody\"\nname = \"x\"\nurl = \"http://127.0.0.1:1/v1\"\n");
+    Config c = load_file(p);
+    CHECK(c.upstream.endpoint_fragments == d.path() / "frags");
+    apply_fragments(c);
+    const auto& eps = c.models[0].endpoints;
+    REQUIRE(eps.size() == 2);
+    CHECK(eps[0].name == "local");
+    CHECK(eps[0].url == "http://127.0.0.1:9999/v1");  // same name: replaced in place
+    CHECK(eps[1].name == "spark");                     // "again" had the url of one already there
+    CHECK(c.models[1].endpoints.size() == 1);
+    REQUIRE(c.warnings.size() == 1);
+    CHECK(c.warnings[0].find("3-other.toml: endpoint 'x' is for upstream model 'nobody'") != std::string::npos);
+}
+
+TEST_CASE("endpoint fragments: malformed ones are errors naming the file") {
+    pulse::test::TempDir d;
+    auto p = d.write("pulse.toml", std::string("[upstream]\nendpoint_fragments = \"frags\"\n") + kMinimalModel);
+    auto error = [&](const std::string& text) {
+        d.write("frags/f.toml", text);
+        Config c = load_file(p);
+        try {
+            apply_fragments(c);
+        } catch (const ConfigError& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    CHECK(error("[[endpoints]]\nname = \"n\"\nurl = \"http://h/v1\"\n").find("f.toml") != std::string::npos);
+    CHECK(error("[[endpoints]]\nupstream_model = \"m\"\nname = \"n\"\nurl = \"ftp://h\"\n").find("must start with http://") != std::string::npos);
+    CHECK(error("[[endpoints]]\nupstream_model = \"m\"\nname = \"n\"\nurl = \"http://h/v1\"\nweight = 2\n").find("weight") != std::string::npos);
+    CHECK(error("[[endpoints]\n").find("f.toml:1") != std::string::npos);
+}

@@ -312,6 +312,34 @@ TEST_CASE("SIGHUP reloads the configuration: new endpoints for new requests") {
     CHECK(str(check_stream(post(gw.port, "/v1/responses", request()).body).item(0)["content"][0], "text") == "from two");
 }
 
+TEST_CASE("endpoint fragments: POST /admin/reload adds the endpoint `pulse model up` published") {
+    DeadPort dead;
+    FakeBackend node(R"({"turns":[{"content":"from the node"}]})");
+    TempDir frags;
+    Gateway gw(model_toml({"http://127.0.0.1:" + std::to_string(dead.port) + "/v1"}), "",
+               std::string(kFast) + "retry_window_s = 0\nendpoint_fragments = \"" + frags.path().string() + "\"\n");
+    CHECK(post(gw.port, "/v1/responses", request()).status == 503);
+    frags.write("spark1.toml", "[[endpoints]]\nupstream_model = \"m\"\nname = \"spark1\"\nurl = \"" + node.url() + "\"\n");
+    frags.write("other.toml", "[[endpoints]]\nupstream_model = \"not-served\"\nname = \"x\"\nurl = \"http://127.0.0.1:9/v1\"\n");
+    frags.write("notes.txt", "not a fragment");
+    CHECK(post(gw.port, "/admin/reload", "").status == 202);
+    REQUIRE(eventually([&] { return gw.log().find("configuration generation 2 is serving") != std::string::npos; }));
+    CHECK(gw.log().find("which no configured model serves; ignored") != std::string::npos);
+    CHECK(str(check_stream(post(gw.port, "/v1/responses", request()).body).item(0)["content"][0], "text") == "from the node");
+    std::string health = get(gw.port, "/health");
+    CHECK(health.find(R"("name":"ep0")") < health.find(R"("name":"spark1")"));  // after the configured ones
+
+    // Only POST; a malformed fragment is refused and the running config keeps serving.
+    int status = 0;
+    get(gw.port, "/admin/reload", &status);
+    CHECK(status == 405);
+    frags.write("bad.toml", "[[endpoints]]\nname = 1\n");
+    CHECK(post(gw.port, "/admin/reload", "").status == 202);
+    REQUIRE(eventually([&] { return gw.log().find("configuration not reloaded, the previous one keeps serving") != std::string::npos; }));
+    CHECK(gw.log().find("bad.toml") != std::string::npos);
+    CHECK(str(check_stream(post(gw.port, "/v1/responses", request()).body).item(0)["content"][0], "text") == "from the node");
+}
+
 TEST_CASE("SIGTERM drains: streams in flight complete, new work is refused") {
     FakeBackend be(R"({"turns":[{"content":"a slow but complete answer","delay_ms":200}]})");
     Gateway gw(model_toml({be.url()}), "drain_timeout_s = 20\n", kFast);

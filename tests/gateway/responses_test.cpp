@@ -224,6 +224,19 @@ TEST_CASE("bad input: clear 4xx, and the gateway keeps serving") {
         REQUIRE(d.IsObject());
         CHECK(str(d["error"], "message").find(b.needle) != std::string::npos);
     }
+    // A POST with neither Content-Length nor chunked encoding has an empty body (RFC 9112):
+    // answered at once on a connection the client keeps open, not after it gives up.
+    {
+        Poco::Net::StreamSocket sock(Poco::Net::SocketAddress("127.0.0.1", gw.port));
+        sock.setReceiveTimeout(Poco::Timespan(5, 0));
+        std::string raw = "POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n";
+        sock.sendBytes(raw.data(), static_cast<int>(raw.size()));
+        char buf[4096];
+        int n = sock.receiveBytes(buf, sizeof buf);
+        REQUIRE(n > 0);
+        std::string head(buf, static_cast<size_t>(n));
+        CHECK(head.rfind("HTTP/1.1 400", 0) == 0);
+    }
     CHECK(be.requests().empty());  // nothing reached the backend
     auto ok = post(gw.port, "/v1/responses", request());
     REQUIRE_MESSAGE(ok.status == 200, ok.body << "\n" << gw.log());
@@ -239,6 +252,7 @@ TEST_CASE("GET /v1/models lists the configured models; API key protects /v1") {
     CHECK(r.status == 401);
     r = post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer s3cret"}});
     CHECK(r.status == 200);
+    CHECK(post(gw.port, "/admin/reload", "").status == 401);  // the admin route needs the key too
 
     Poco::Net::HTTPClientSession s("127.0.0.1", gw.port);
     Poco::Net::HTTPRequest req("GET", "/v1/models", Poco::Net::HTTPMessage::HTTP_1_1);
