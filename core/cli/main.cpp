@@ -7,6 +7,7 @@
 //   3 configuration error
 //   4 plugin error (a required plugin or component is missing or failed)
 #include <pulse/plugin.h>
+#include <rapidjson/document.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -30,6 +31,7 @@
 #include "common/metrics.h"
 #include "config/config.h"
 #include "gateway/gateway.h"
+#include "plugin/host_api.h"
 #include "plugin/plugin_manager.h"
 #include "server/http_server.h"
 
@@ -157,6 +159,8 @@ config::Config load_config(const Args& a, bool required) {
                                   std::string(PULSE_SYSCONF_DIR) + "/pulse.toml)");
     }
     config::apply_env(cfg, [](const char* n) -> const char* { return std::getenv(n); });
+    config::apply_fragments(cfg);
+    for (const auto& w : cfg.warnings) log::warn("config", w);
     if (cfg.plugins.dirs.empty()) cfg.plugins.dirs.push_back(PULSE_PLUGIN_DIR);
     if (cfg.plugins.dropin_dirs.empty() && cfg.source.empty())
         cfg.plugins.dropin_dirs.push_back(fs::path(PULSE_SYSCONF_DIR) / "plugins.d");
@@ -231,6 +235,15 @@ int cmd_plugins(const Args& a) {
     return fatal.empty() ? kExitOk : kExitPlugin;
 }
 
+// How a client on this host reaches the gateway (a wildcard listen address means loopback).
+std::string gateway_client_url(const config::Config& cfg) {
+    std::string host = cfg.server.listen.host;
+    if (host == "0.0.0.0") host = "127.0.0.1";
+    if (host == "::") host = "::1";
+    if (host.find(':') != std::string::npos) host = "[" + host + "]";
+    return "http://" + host + ":" + std::to_string(cfg.server.listen.port);
+}
+
 int cmd_model(int argc, char** argv) {
     Args a;
     // Everything after `model` belongs to the controller except --config/--log-level.
@@ -257,9 +270,25 @@ int cmd_model(int argc, char** argv) {
     }
     auto lease = pm.controller(names[0]);
     const auto& vt = lease->registration.controller;
+    // The [controller] table, plus what the host knows that the controller needs: where relative
+    // paths start, and how to reach this site's gateway (URL, fragment directory, API key).
+    rapidjson::Document ccfg;
+    ccfg.Parse(cfg.controller_json.c_str());
+    if (!ccfg.IsObject()) ccfg.SetObject();
+    auto& al = ccfg.GetAllocator();
+    auto str = [&](const std::string& v) { return rapidjson::Value(v.c_str(), static_cast<rapidjson::SizeType>(v.size()), al); };
+    fs::path config_dir = cfg.source.empty() ? fs::current_path() : cfg.source.parent_path();
+    ccfg.RemoveMember("config_dir");
+    ccfg.AddMember("config_dir", str(config_dir.string()), al);
+    rapidjson::Value gw(rapidjson::kObjectType);
+    gw.AddMember("url", str(gateway_client_url(cfg)), al);
+    gw.AddMember("endpoint_fragments", str(cfg.upstream.endpoint_fragments.string()), al);
+    gw.AddMember("api_key", str(cfg.server.api_key), al);
+    ccfg.RemoveMember("gateway");
+    ccfg.AddMember("gateway", gw, al);
     pulse_call call;
     void* ctl = nullptr;
-    pulse_status_t rc = vt.create(lease->registration.user, &call, nullptr, &ctl);
+    pulse_status_t rc = vt.create(lease->registration.user, &call, host::view(&ccfg), &ctl);
     if (rc != PULSE_OK) {
         std::fprintf(stderr, "pulse: controller %s: create failed: %s\n", names[0].c_str(),
                      host::call_error(call, rc, lease->plugin_id()).c_str());
@@ -378,6 +407,7 @@ int cmd_serve(const Args& a) {
         std::fprintf(stderr, "pulse: cannot start: %zu plugin problem%s (see above)\n", fatal.size(), fatal.size() == 1 ? "" : "s");
         return kExitPlugin;
     }
+    gw.set_reload_hook([] { ::kill(::getpid(), SIGHUP); });
     gw.start();  // profile and backend instances; a rejected option is a config error (exit 3)
 
     server::HttpServer http(cfg.server, [&gw](auto& req, auto& resp) { gw.handle(req, resp); });
@@ -473,11 +503,7 @@ int main(int argc, char** argv) {
                 Args a;
                 if (config) a.config = *config;
                 config::Config cfg = load_config(a, false);
-                std::string host = cfg.server.listen.host;
-                if (host == "0.0.0.0") host = "127.0.0.1";
-                if (host == "::") host = "::1";
-                if (host.find(':') != std::string::npos) host = "[" + host + "]";
-                return "http://" + host + ":" + std::to_string(cfg.server.listen.port);
+                return gateway_client_url(cfg);
             };
             return cli::cmd_codex(argc, argv, fs::read_symlink("/proc/self/exe").string(), listen_of);
         }

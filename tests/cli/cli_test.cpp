@@ -149,6 +149,29 @@ TEST_CASE("model: runs the runtime controller plugin's command") {
     CHECK(has(r.err, "no runtime controller plugin is loaded"));
 }
 
+TEST_CASE("model: the shipped controller with the shipped config lists the shipped profiles") {
+    std::map<std::string, std::string> env = kNoEnvOverrides;
+    env["PULSE_PLUGIN_DIRS"] = std::getenv("PULSE_PLUGIN_BUILD_DIR");
+    const std::string cfg = std::string(PULSE_SOURCE_ROOT) + "/config/pulse.toml";
+    auto r = run({exe(), "model", "--config", cfg, "profiles"}, env);
+    CHECK(r.code == 0);
+    for (const char* p : {"qwen38/best", "qwen38/datagen", "qwen38/capture", "qwen38/tp2"}) CHECK(has(r.out, p));
+    // The example nodes file parses; its site path fills the MTP head mount.
+    r = run({exe(), "model", "--config", cfg, "render", "best", "--node", "spark1"}, env);
+    CHECK(r.code == 0);
+    CHECK(has(r.out, "EXTRA_DOCKER_ARGS='-v /srv/models/qwen38-mtp-head/mtp.safetensors:/opt/pulse/mtp-head.safetensors:ro'"));
+    // The dry run of the example node shows the ssh transport and runs nothing.
+    r = run({exe(), "model", "--config", cfg, "up", "best", "--node", "spark1", "--dry-run"}, env);
+    CHECK(r.code == 0);
+    CHECK(has(r.out, "steps run with: ssh -o BatchMode=yes -o ConnectTimeout=10 ops@spark1.lan bash -s"));
+    // An unknown [controller] key is a config error from the plugin.
+    Site bad({}, "[controller]\nnodez = \"x\"\n");
+    fs::copy_file(std::string(std::getenv("PULSE_PLUGIN_BUILD_DIR")) + "/recipe.so", bad.tmp / "plugins/recipe.so");
+    r = run({exe(), "model", "--config", bad.config.string(), "profiles"}, kNoEnvOverrides);
+    CHECK(r.code != 0);
+    CHECK(has(r.err, "[controller]: unknown key 'nodez'"));
+}
+
 TEST_CASE("serve: refuses to start when a model's profile is missing") {
     Site site({"good_minimal"}, R"(
 [server]

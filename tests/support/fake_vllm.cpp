@@ -4,6 +4,7 @@
 // `choices: []`, then `data: [DONE]`), and follows a script.
 //
 //   fake_vllm --script FILE [--port N] [--record FILE] [--flavor vllm|llamacpp]
+//             [--served-name NAME] [--max-model-len N]   (what /v1/models reports)
 //
 // The script is JSON: {"turns": [TURN, ...], "split": 8, "delay_ms": 0}. The turn for a request
 // is chosen by how many `tool` messages the request carries (so a client retry gets the same
@@ -52,6 +53,8 @@ namespace {
 rapidjson::Document g_script;
 std::string g_record;
 std::string g_flavor = "vllm";
+std::string g_served_name = "fake";
+std::string g_max_model_len = "262144";
 std::mutex g_record_mutex;
 std::atomic<int> g_served{0};
 const auto g_started = std::chrono::steady_clock::now();
@@ -138,7 +141,8 @@ public:
                 resp.send();
                 return;
             }
-            std::string body = R"({"object":"list","data":[{"id":"fake","object":"model","owned_by":"vllm","max_model_len":262144}]})";
+            std::string body = R"({"object":"list","data":[{"id":")" + g_served_name +
+                               R"(","object":"model","owned_by":"vllm","max_model_len":)" + g_max_model_len + "}]}";
             resp.setContentType("application/json");
             resp.sendBuffer(body.data(), body.size());
             return;
@@ -279,6 +283,8 @@ int main(int argc, char** argv) {
         else if (a == "--port") port = std::stoi(argv[i + 1]);
         else if (a == "--record") g_record = argv[i + 1];
         else if (a == "--flavor") g_flavor = argv[i + 1];
+        else if (a == "--served-name") g_served_name = argv[i + 1];
+        else if (a == "--max-model-len") g_max_model_len = std::to_string(std::stoll(argv[i + 1]));
     }
     std::ifstream in(script_path);
     std::string text((std::istreambuf_iterator<char>(in)), {});
@@ -304,6 +310,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     int sig;
     sigwait(&set, &sig);
-    server.stop();
+    server.stopAll(true);  // like a process that exits: open (keep-alive) connections close now
     return 0;
 }

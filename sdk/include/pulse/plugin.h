@@ -332,7 +332,9 @@ typedef struct pulse_backend_vt {
 typedef struct pulse_controller_vt {
     uint32_t struct_size;
     const char* name; /* static */
-    /* [control] `config` is the [controller] table as JSON (may be NULL). */
+    /* [control] `config` is the [controller] table as a JSON object, to which the host adds
+     * "config_dir" (where relative paths start) and "gateway" {url, endpoint_fragments,
+     * api_key}: how this site's gateway is reached and where it reads endpoint fragments. */
     pulse_status_t (*create)(void* user, pulse_call_t* call, const pulse_json_t* config,
                              void** out_controller);
     /* [control] */
