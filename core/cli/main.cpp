@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_cli.h"
 #include "cli/codex_launcher.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -62,6 +63,7 @@ const char* kMainHelp =
     "  plugins [--config FILE]                 list plugins found, with status or rejection reason\n"
     "  config check FILE                       validate a config file and exit\n"
     "  model ...                               runtime controller commands (provided by a plugin)\n"
+    "  bench decode|accept|ttft|quality|drift  measurements against any OpenAI-compatible server\n"
     "  codex [options] [-- codex args]         run the Codex CLI against this gateway\n"
     "  version                                 print version and plugin ABI\n"
     "\n"
@@ -498,6 +500,7 @@ int main(int argc, char** argv) {
         if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kMainHelp, stdout), kExitOk;
         if (cmd == "version" || cmd == "--version") return cmd_version();
         if (cmd == "model") return cmd_model(argc, argv);
+        if (cmd == "bench") return bench::run_bench(std::vector<std::string>(argv + 2, argv + argc));
         if (cmd == "codex") {
             auto listen_of = [](const std::string* config) {
                 Args a;

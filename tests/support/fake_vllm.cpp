@@ -19,6 +19,11 @@
 //   "truncate": true            close the stream without [DONE]
 //   "delay_ms": N               pause before each chunk (and "first_delay_ms" before the first)
 //   "usage": {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"}
+//   "match": text              the turn for any request whose body contains text (checked
+//                               first, in order; requests matching none use the rule above)
+// "spec": {"drafts_per_request": D, "accept": [p1, p2, ...]} simulates MTP counters: each
+// streamed response adds D drafts of K = len(accept) tokens and round(D * p_i) accepted at
+// position i to /metrics (vLLM names; the llamacpp flavor also reports timings.draft_n*).
 // Top-level options: "fail_first": N answers the first N requests with HTTP "fail_status"
 // (default 503); "prefix_cache": true simulates vLLM's prefix cache: cached_tokens is the
 // longest prefix (in 4-character "tokens") this process has seen before, so a restarted
@@ -34,6 +39,8 @@
 #include <Poco/Net/HTTPServerResponse.h>
 #include <Poco/Net/ServerSocket.h>
 #include <rapidjson/document.h>
+
+#include <cmath>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <signal.h>
@@ -64,6 +71,49 @@ bool still_loading() {
     if (it == g_script.MemberEnd() || !it->value.IsInt64()) return false;
     return std::chrono::steady_clock::now() - g_started < std::chrono::milliseconds(it->value.GetInt64());
 }
+std::mutex g_spec_mutex;
+double g_spec_drafts = 0, g_spec_draft_tokens = 0;
+std::vector<double> g_spec_per_pos;
+
+// Adds one response's simulated drafts; returns {draft tokens, accepted} for the timings.
+std::pair<int64_t, int64_t> spec_account() {
+    auto it = g_script.FindMember("spec");
+    if (it == g_script.MemberEnd() || !it->value.IsObject()) return {-1, -1};
+    const auto& spec = it->value;
+    double d = spec.HasMember("drafts_per_request") ? spec["drafts_per_request"].GetDouble() : 0;
+    std::lock_guard lock(g_spec_mutex);
+    const auto& acc = spec["accept"].GetArray();
+    g_spec_per_pos.resize(acc.Size(), 0);
+    int64_t accepted = 0;
+    for (rapidjson::SizeType i = 0; i < acc.Size(); ++i) {
+        double a = std::round(d * acc[i].GetDouble());
+        g_spec_per_pos[i] += a;
+        accepted += static_cast<int64_t>(a);
+    }
+    g_spec_drafts += d;
+    g_spec_draft_tokens += d * acc.Size();
+    return {static_cast<int64_t>(d * acc.Size()), accepted};
+}
+
+std::string spec_metrics() {
+    std::lock_guard lock(g_spec_mutex);
+    std::string m = "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.\n# TYPE vllm:spec_decode_num_drafts_total counter\n";
+    auto line = [&](const std::string& name, const std::string& labels, double v) {
+        char b[64];
+        std::snprintf(b, sizeof b, "%.1f", v);
+        m += name + "{engine=\"0\",model_name=\"fake\"" + labels + "} " + b + "\n";
+    };
+    line("vllm:spec_decode_num_drafts_total", "", g_spec_drafts);
+    line("vllm:spec_decode_num_draft_tokens_total", "", g_spec_draft_tokens);
+    double acc = 0;
+    for (double a : g_spec_per_pos) acc += a;
+    line("vllm:spec_decode_num_accepted_tokens_total", "", acc);
+    for (size_t i = 0; i < g_spec_per_pos.size(); ++i)
+        line("vllm:spec_decode_num_accepted_tokens_per_pos_total", ",position=\"" + std::to_string(i) + "\"", g_spec_per_pos[i]);
+    m += "vllm:num_requests_running{engine=\"0\",model_name=\"fake\"} 0.0\n";
+    return m;
+}
+
 std::mutex g_cache_mutex;
 std::vector<std::string> g_seen_prompts;  // the simulated prefix cache
 
@@ -141,6 +191,18 @@ public:
                 resp.send();
                 return;
             }
+            if (path == "/metrics") {
+                std::string m = spec_metrics();
+                resp.setContentType("text/plain; version=0.0.4");
+                resp.sendBuffer(m.data(), m.size());
+                return;
+            }
+            if (path == "/version") {
+                std::string v = R"({"version":"0.0.0-fake"})";
+                resp.setContentType("application/json");
+                resp.sendBuffer(v.data(), v.size());
+                return;
+            }
             std::string body = R"({"object":"list","data":[{"id":")" + g_served_name +
                                R"(","object":"model","owned_by":"vllm","max_model_len":)" + g_max_model_len + "}]}";
             resp.setContentType("application/json");
@@ -156,7 +218,11 @@ public:
             for (const auto& m : rq["messages"].GetArray())
                 if (m.IsObject() && get_str(m, "role") == "tool") ++tools_seen;
         const auto& turns = g_script["turns"];
-        const auto& turn = turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
+        const rapidjson::Value* picked = nullptr;
+        for (const auto& t : turns.GetArray())
+            if (!picked && t.HasMember("match") && t["match"].IsString() && body.find(t["match"].GetString()) != std::string::npos) picked = &t;
+        const auto& turn = picked ? *picked
+                                  : turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
         int served = ++g_served;
         if (served <= get_int(g_script, "fail_first", 0)) {
             int64_t st = get_int(g_script, "fail_status", 503);
@@ -253,9 +319,11 @@ public:
         std::string usage = R"({"prompt_tokens":)" + std::to_string(prompt) + R"(,"completion_tokens":)" + std::to_string(comp) +
                             R"(,"total_tokens":)" + std::to_string(prompt + comp) + R"(,"prompt_tokens_details":{"cached_tokens":)" +
                             std::to_string(cached) + R"(},"completion_tokens_details":{"reasoning_tokens":)" + std::to_string(rtok) + "}}";
+        auto [draft_n, draft_acc] = spec_account();
+        std::string draft = draft_n < 0 ? "" : R"(,"draft_n":)" + std::to_string(draft_n) + R"(,"draft_n_accepted":)" + std::to_string(draft_acc);
         if (g_flavor == "llamacpp")
             send(head + R"([],"usage":)" + usage + R"(,"timings":{"cache_n":)" + std::to_string(cached) + R"(,"prompt_n":)" +
-                 std::to_string(prompt - cached) + "}}");
+                 std::to_string(prompt - cached) + draft + "}}");
         else
             send(head + R"([],"usage":)" + usage + "}");
         if (!gone) {

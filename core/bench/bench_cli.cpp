@@ -1,0 +1,768 @@
+// `pulse bench decode|accept|ttft|quality|drift`: measurements against any OpenAI-compatible
+// server (and a Pulse gateway for the warmup cases). Definitions: docs/BENCHMARKS.md.
+#include "bench/bench_cli.h"
+
+#include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/prettywriter.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "bench/client.h"
+#include "bench/humaneval.h"
+#include "bench/prometheus.h"
+#include "bench/report.h"
+#include "bench/sandbox.h"
+#include "bench/stats.h"
+
+namespace pulse::bench {
+namespace fs = std::filesystem;
+using Alloc = rapidjson::Document::AllocatorType;
+
+const char* const kBenchHelp =
+    "usage: pulse bench TOOL [options]\n"
+    "\n"
+    "  decode   decode tok/s, TTFT and end-to-end time on fixed coding prompts (code_write, code_edit)\n"
+    "  accept   speculative-decoding acceptance from the server's /metrics deltas (or llama timings)\n"
+    "  ttft     time to first token: cold prefix cache, warm, first turn after a backend restart\n"
+    "  quality  HumanEval pass@k, each completion run in a sandbox\n"
+    "  drift    A/B of two configurations: identical outputs, first divergence, speed ratio\n"
+    "\n"
+    "common options:\n"
+    "  --endpoint [NAME=]URL     the server's OpenAI base URL, e.g. http://127.0.0.1:8888/v1\n"
+    "  --arms A=URL,B=URL        two or more endpoints (decode, drift); --interleave runs them A B A B\n"
+    "  --model M                 request model (default: the first /v1/models lists)\n"
+    "  --api-key-env VAR         read a bearer key from this environment variable\n"
+    "  --out DIR                 where JSON and charts go (default bench-results)\n"
+    "  --json                    print the result JSON on stdout; no progress, no table\n"
+    "  --no-plot                 skip the chart\n"
+    "  --timeout S               per request (default 600)\n"
+    "  --reps N --max-tokens N --prompts FILE --temperature T\n"
+    "  --chat-template-kwargs JSON   default {\"enable_thinking\": false}\n"
+    "decode: --reps 3, --max-tokens 600, --ignore-eos      accept: --metrics URL, --max-tokens 256\n"
+    "ttft: --cases cold,warm,restart --restart-cmd CMD --api chat|responses --prompt-words N\n"
+    "quality: --dataset PATH (HumanEval .jsonl[.gz]) --samples N --k 1,10 --limit N --mode chat|completions\n"
+    "         --exec-timeout S --cpu-s S\n"
+    "exit codes: 0 ok, 1 some request or run failed, 2 usage\n";
+
+namespace {
+
+struct Usage : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct Options {
+    std::string tool;
+    std::vector<Endpoint> arms;
+    std::string model, api_key_env, out = "bench-results", prompts, metrics, restart_cmd, api = "chat", dataset, mode = "chat";
+    std::string template_kwargs = R"({"enable_thinking":false})";
+    std::vector<std::string> cases = {"cold", "warm"};
+    std::vector<int> ks = {1};
+    bool json = false, plot = true, interleave = false, ignore_eos = false;
+    double timeout = 600, temperature = 0, exec_timeout = 10, ready_timeout = 900;
+    int reps = -1, max_tokens = -1, samples = 1, limit = 0, prompt_words = 1500, cpu_s = 5;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char c : s) {
+        if (c == sep) out.push_back(cur), cur.clear();
+        else cur += c;
+    }
+    if (!cur.empty()) out.push_back(cur);
+    return out;
+}
+
+Options parse(const std::vector<std::string>& args) {
+    Options o;
+    if (args.empty()) throw Usage("missing TOOL");
+    o.tool = args[0];
+    std::vector<std::string> endpoints;
+    for (size_t i = 1; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= args.size()) throw Usage(a + " needs a value");
+            return args[++i];
+        };
+        auto number = [&](double lo, double hi) {
+            std::string v = next();
+            char* end = nullptr;
+            double d = std::strtod(v.c_str(), &end);
+            if (v.empty() || *end || d < lo || d > hi) throw Usage(a + " " + v + ": expected a number from " + num(lo, 0) + " to " + num(hi, 0));
+            return d;
+        };
+        if (a == "--endpoint") endpoints.push_back(next());
+        else if (a == "--arms") for (auto& e : split(next(), ',')) endpoints.push_back(e);
+        else if (a == "--model") o.model = next();
+        else if (a == "--api-key-env") o.api_key_env = next();
+        else if (a == "--out") o.out = next();
+        else if (a == "--json") o.json = true;
+        else if (a == "--no-plot") o.plot = false;
+        else if (a == "--interleave") o.interleave = true;
+        else if (a == "--ignore-eos") o.ignore_eos = true;
+        else if (a == "--timeout") o.timeout = number(0.1, 86400);
+        else if (a == "--reps") o.reps = static_cast<int>(number(1, 10000));
+        else if (a == "--max-tokens") o.max_tokens = static_cast<int>(number(1, 1 << 20));
+        else if (a == "--prompts") o.prompts = next();
+        else if (a == "--temperature") o.temperature = number(0, 10);
+        else if (a == "--chat-template-kwargs") o.template_kwargs = next();
+        else if (a == "--metrics") o.metrics = next();
+        else if (a == "--cases") o.cases = split(next(), ',');
+        else if (a == "--restart-cmd") o.restart_cmd = next();
+        else if (a == "--ready-timeout") o.ready_timeout = number(1, 86400);
+        else if (a == "--api") o.api = next();
+        else if (a == "--prompt-words") o.prompt_words = static_cast<int>(number(1, 1000000));
+        else if (a == "--dataset") o.dataset = next();
+        else if (a == "--samples") o.samples = static_cast<int>(number(1, 1000));
+        else if (a == "--k") {
+            o.ks.clear();
+            for (auto& k : split(next(), ',')) o.ks.push_back(std::atoi(k.c_str()));
+        } else if (a == "--limit") o.limit = static_cast<int>(number(1, 1000000));
+        else if (a == "--mode") o.mode = next();
+        else if (a == "--exec-timeout") o.exec_timeout = number(0.1, 3600);
+        else if (a == "--cpu-s") o.cpu_s = static_cast<int>(number(1, 3600));
+        else throw Usage("unknown option " + a);
+    }
+    for (size_t i = 0; i < endpoints.size(); ++i) {
+        try {
+            o.arms.push_back(parse_endpoint(endpoints[i], endpoints.size() == 1 ? "endpoint" : std::string(1, static_cast<char>('a' + i))));
+        } catch (const std::invalid_argument& e) {
+            throw Usage(e.what());
+        }
+    }
+    if (o.arms.empty()) throw Usage("--endpoint URL (or --arms A=URL,B=URL) is required");
+    const char* key = o.api_key_env.empty() ? nullptr : std::getenv(o.api_key_env.c_str());
+    if (!o.api_key_env.empty() && !key) throw Usage("--api-key-env " + o.api_key_env + ": the variable is not set");
+    for (auto& e : o.arms) {
+        if (!o.model.empty()) e.model = o.model;
+        if (key) e.api_key = key;
+    }
+    rapidjson::Document kw;
+    kw.Parse(o.template_kwargs.c_str());
+    if (kw.HasParseError() || !kw.IsObject()) throw Usage("--chat-template-kwargs must be a JSON object");
+    if (o.api != "chat" && o.api != "responses") throw Usage("--api must be chat or responses");
+    if (o.mode != "chat" && o.mode != "completions") throw Usage("--mode must be chat or completions");
+    for (const auto& c : o.cases)
+        if (c != "cold" && c != "warm" && c != "restart") throw Usage("--cases: '" + c + "' is not one of cold, warm, restart");
+    for (int k : o.ks)
+        if (k < 1 || k > o.samples) throw Usage("--k " + std::to_string(k) + " needs 1 <= k <= --samples (" + std::to_string(o.samples) + ")");
+    return o;
+}
+
+fs::path data_dir() {
+    for (const char* d : {PULSE_BENCH_DATA_DIR, PULSE_BENCH_SOURCE_DATA_DIR})
+        if (fs::exists(d)) return d;
+    return PULSE_BENCH_DATA_DIR;
+}
+
+struct Prompt {
+    std::string id, kind, system, user;
+};
+
+std::vector<Prompt> load_prompts(const std::string& file) {
+    std::ifstream in(file);
+    if (!in) throw Usage("cannot read the prompt file " + file);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    rapidjson::Document d;
+    d.Parse(text.c_str());
+    if (d.HasParseError() || !d.IsObject() || !d.HasMember("prompts") || !d["prompts"].IsArray())
+        throw Usage(file + ": expected {\"prompts\": [{\"id\", \"kind\", \"system\", \"user\"}, ...]}");
+    std::vector<Prompt> out;
+    for (const auto& p : d["prompts"].GetArray()) {
+        auto s = [&](const char* k) { return p.IsObject() && p.HasMember(k) && p[k].IsString() ? std::string(p[k].GetString()) : std::string(); };
+        if (s("id").empty() || s("user").empty()) throw Usage(file + ": every prompt needs \"id\" and \"user\"");
+        out.push_back({s("id"), s("kind").empty() ? s("id") : s("kind"), s("system"), s("user")});
+    }
+    if (out.empty()) throw Usage(file + ": no prompts");
+    return out;
+}
+
+rapidjson::Value sv(const std::string& s, Alloc& a) { return rapidjson::Value(s.c_str(), static_cast<rapidjson::SizeType>(s.size()), a); }
+
+rapidjson::Document chat_body(const Options& o, const Prompt& p, int max_tokens) {
+    rapidjson::Document b(rapidjson::kObjectType);
+    auto& a = b.GetAllocator();
+    rapidjson::Value msgs(rapidjson::kArrayType);
+    if (!p.system.empty()) {
+        rapidjson::Value m(rapidjson::kObjectType);
+        m.AddMember("role", "system", a).AddMember("content", sv(p.system, a), a);
+        msgs.PushBack(m, a);
+    }
+    rapidjson::Value m(rapidjson::kObjectType);
+    m.AddMember("role", "user", a).AddMember("content", sv(p.user, a), a);
+    msgs.PushBack(m, a);
+    b.AddMember("messages", msgs, a);
+    b.AddMember("temperature", o.temperature, a);
+    b.AddMember("max_tokens", max_tokens, a);
+    if (o.ignore_eos) b.AddMember("ignore_eos", true, a);
+    rapidjson::Document kw;
+    kw.Parse(o.template_kwargs.c_str());
+    if (kw.MemberCount() > 0) b.AddMember("chat_template_kwargs", rapidjson::Value(kw, a), a);
+    return b;
+}
+
+// The conditions every result carries.
+rapidjson::Document start_doc(const Options& o, const std::vector<BackendInfo>& infos, int max_tokens, int reps) {
+    rapidjson::Document d(rapidjson::kObjectType);
+    auto& a = d.GetAllocator();
+    d.AddMember("tool", sv(o.tool, a), a);
+    rapidjson::Value c(rapidjson::kObjectType);
+    c.AddMember("date", sv(now_iso(), a), a);
+    c.AddMember("pulse_revision", sv(git_revision(), a), a);
+    rapidjson::Value eps(rapidjson::kArrayType);
+    for (size_t i = 0; i < o.arms.size(); ++i) eps.PushBack(endpoint_json(o.arms[i], infos[i], a), a);
+    c.AddMember("endpoints", eps, a);
+    rapidjson::Value sampler(rapidjson::kObjectType);
+    sampler.AddMember("temperature", o.temperature, a);
+    sampler.AddMember("max_tokens", max_tokens, a);
+    sampler.AddMember("ignore_eos", o.ignore_eos, a);
+    c.AddMember("sampler", sampler, a);
+    rapidjson::Document kw;
+    kw.Parse(o.template_kwargs.c_str());
+    c.AddMember("chat_template_kwargs", rapidjson::Value(kw, a), a);
+    c.AddMember("reps", reps, a);
+    c.AddMember("interleave", o.interleave, a);
+    c.AddMember("timeout_s", o.timeout, a);
+    d.AddMember("conditions", c, a);
+    return d;
+}
+
+std::vector<BackendInfo> probe_all(Options& o) {
+    std::vector<BackendInfo> infos;
+    for (auto& e : o.arms) {
+        BackendInfo info = probe_backend(e);
+        if (e.model.empty()) {
+            if (info.model.empty()) throw std::runtime_error(e.base + "/models lists no model (is the server up?); pass --model");
+            e.model = info.model;
+        }
+        infos.push_back(info);
+    }
+    return infos;
+}
+
+std::string stem(const Options& o) {
+    std::string t = now_iso();
+    t.erase(std::remove(t.begin(), t.end(), ':'), t.end());
+    return o.tool + "-" + t;
+}
+
+int finish(const Options& o, rapidjson::Document& doc, const Chart& chart, const std::string& text, bool any_failed) {
+    auto wrote = write_outputs(o.out, stem(o), doc, o.plot ? &chart : nullptr);
+    if (o.json) {
+        rapidjson::StringBuffer b;
+        rapidjson::PrettyWriter<rapidjson::StringBuffer> w(b);
+        doc.Accept(w);
+        std::printf("%s\n", b.GetString());
+    } else {
+        std::printf("%s", text.c_str());
+        for (const auto& l : wrote) std::printf("%s\n", l.c_str());
+    }
+    return any_failed ? 1 : 0;
+}
+
+struct RunRecord {
+    std::string arm, prompt, kind;
+    int rep = 0;
+    StreamResult r;
+};
+
+rapidjson::Value run_json(const RunRecord& x, Alloc& a) {
+    rapidjson::Value v(rapidjson::kObjectType);
+    v.AddMember("arm", sv(x.arm, a), a).AddMember("prompt", sv(x.prompt, a), a).AddMember("kind", sv(x.kind, a), a);
+    v.AddMember("rep", x.rep, a).AddMember("ok", x.r.ok, a);
+    if (!x.r.ok) v.AddMember("error", sv(x.r.error, a), a);
+    v.AddMember("ttft_s", x.r.ttft, a).AddMember("e2e_s", x.r.end, a).AddMember("decode_tps", x.r.decode_tps(), a);
+    v.AddMember("completion_tokens", x.r.completion_tokens, a).AddMember("prompt_tokens", x.r.prompt_tokens, a);
+    v.AddMember("cached_tokens", x.r.cached_tokens, a).AddMember("output_chunks", x.r.output_chunks, a);
+    v.AddMember("finish_reason", sv(x.r.finish_reason, a), a);
+    return v;
+}
+
+std::string mean_sd(const Summary& s, int dec = 1) { return num(s.mean, dec) + " ± " + num(s.stdev, dec); }
+
+// ---- decode -------------------------------------------------------------------------------------
+
+int decode(Options& o) {
+    int reps = o.reps > 0 ? o.reps : 3, max_tokens = o.max_tokens > 0 ? o.max_tokens : 600;
+    auto prompts = load_prompts(o.prompts.empty() ? (data_dir() / "decode_prompts.json").string() : o.prompts);
+    auto infos = probe_all(o);
+    // The order of runs: A B A B ... per (rep, prompt) with --interleave, else arm by arm.
+    std::vector<std::tuple<size_t, size_t, int>> order;  // arm, prompt, rep
+    if (o.interleave || o.arms.size() == 1)
+        for (int r = 0; r < reps; ++r)
+            for (size_t p = 0; p < prompts.size(); ++p)
+                for (size_t a = 0; a < o.arms.size(); ++a) order.emplace_back(a, p, r);
+    else
+        for (size_t a = 0; a < o.arms.size(); ++a)
+            for (int r = 0; r < reps; ++r)
+                for (size_t p = 0; p < prompts.size(); ++p) order.emplace_back(a, p, r);
+    Progress progress(order.size(), o.json);
+    std::vector<RunRecord> runs;
+    bool failed = false;
+    for (auto [a, p, r] : order) {
+        progress.step(prompts[p].id + " rep " + std::to_string(r + 1) + " on " + o.arms[a].name);
+        RunRecord x{o.arms[a].name, prompts[p].id, prompts[p].kind, r, stream_chat(o.arms[a], chat_body(o, prompts[p], max_tokens), o.timeout)};
+        if (x.r.ok && x.r.completion_tokens < 0) x.r.completion_tokens = x.r.output_chunks;  // no usage: chunks (flagged below)
+        failed = failed || !x.r.ok;
+        if (!x.r.ok && !o.json) std::fprintf(stderr, "  failed: %s\n", x.r.error.c_str());
+        runs.push_back(std::move(x));
+    }
+    auto doc = start_doc(o, infos, max_tokens, reps);
+    auto& al = doc.GetAllocator();
+    doc["conditions"].AddMember("prompts", sv(o.prompts.empty() ? "decode_prompts.json (shipped)" : o.prompts, al), al);
+    rapidjson::Value jr(rapidjson::kArrayType);
+    for (const auto& x : runs) jr.PushBack(run_json(x, al), al);
+    doc.AddMember("runs", jr, al);
+
+    std::vector<std::string> kinds;
+    for (const auto& p : prompts)
+        if (std::find(kinds.begin(), kinds.end(), p.kind) == kinds.end()) kinds.push_back(p.kind);
+    rapidjson::Value summ(rapidjson::kArrayType);
+    std::vector<std::vector<std::string>> rows;
+    Chart chart{"decode tok/s (mean, error bar = stdev)", "tokens/s", kinds, {}};
+    for (const auto& arm : o.arms) {
+        Chart::Series series{arm.name, {}, {}};
+        for (const auto& k : kinds) {
+            std::vector<double> tps, ttft, e2e;
+            for (const auto& x : runs)
+                if (x.arm == arm.name && x.kind == k && x.r.ok) tps.push_back(x.r.decode_tps()), ttft.push_back(x.r.ttft), e2e.push_back(x.r.end);
+            Summary st = summarize(tps), tt = summarize(ttft), ee = summarize(e2e);
+            rapidjson::Value s(rapidjson::kObjectType);
+            s.AddMember("arm", sv(arm.name, al), al).AddMember("kind", sv(k, al), al);
+            s.AddMember("decode_tps", summary_json(st, al), al).AddMember("ttft_s", summary_json(tt, al), al).AddMember("e2e_s", summary_json(ee, al), al);
+            summ.PushBack(s, al);
+            rows.push_back({arm.name, k, std::to_string(st.n), mean_sd(st), num(st.median), num(tt.median, 3), num(ee.median, 2),
+                            std::to_string(st.outliers.size())});
+            series.values.push_back(st.mean);
+            series.errors.push_back(st.stdev);
+        }
+        chart.series.push_back(series);
+    }
+    doc.AddMember("summary", summ, al);
+    std::string text = table({"ARM", "KIND", "N", "DECODE tok/s", "MEDIAN", "TTFT s", "E2E s", "OUTLIERS"}, rows);
+    // Pair by pair ratios against the first arm (absolute numbers drift; ratios in one run do not).
+    if (o.arms.size() > 1) {
+        rapidjson::Value pairs(rapidjson::kArrayType);
+        std::vector<std::vector<std::string>> prow;
+        for (size_t b = 1; b < o.arms.size(); ++b) {
+            std::vector<double> ratios;
+            for (const auto& x : runs) {
+                if (x.arm != o.arms[0].name || !x.r.ok) continue;
+                for (const auto& y : runs)
+                    if (y.arm == o.arms[b].name && y.prompt == x.prompt && y.rep == x.rep && y.r.ok && x.r.decode_tps() > 0)
+                        ratios.push_back(y.r.decode_tps() / x.r.decode_tps());
+            }
+            Summary rs = summarize(ratios);
+            rapidjson::Value pr(rapidjson::kObjectType);
+            pr.AddMember("arm", sv(o.arms[b].name, al), al).AddMember("baseline", sv(o.arms[0].name, al), al);
+            pr.AddMember("decode_tps_ratio", summary_json(rs, al), al);
+            pairs.PushBack(pr, al);
+            prow.push_back({o.arms[b].name + " / " + o.arms[0].name, std::to_string(rs.n), num(rs.median, 3), num(rs.mean, 3), num(rs.min, 3), num(rs.max, 3)});
+        }
+        doc.AddMember("pairs", pairs, al);
+        text += "\n" + table({"RATIO (decode tok/s, pair by pair)", "PAIRS", "MEDIAN", "MEAN", "MIN", "MAX"}, prow);
+    }
+    return finish(o, doc, chart, text, failed);
+}
+
+// ---- accept ------------------------------------------------------------------------------------------
+
+int accept(Options& o) {
+    int max_tokens = o.max_tokens > 0 ? o.max_tokens : 256;
+    auto prompts = load_prompts(o.prompts.empty() ? (data_dir() / "accept_prompts.json").string() : o.prompts);
+    auto infos = probe_all(o);
+    const Endpoint& ep = o.arms[0];
+    std::string murl = o.metrics.empty() ? ep.root() + "/metrics" : o.metrics;
+    HttpReply before = http_get(murl, 30, ep.api_key);
+    Progress progress(prompts.size(), o.json);
+    std::vector<RunRecord> runs;
+    bool failed = false;
+    int64_t t_draft = 0, t_acc = 0;
+    bool have_timings = false;
+    for (const auto& p : prompts) {
+        progress.step(p.id);
+        RunRecord x{ep.name, p.id, p.kind, 0, stream_chat(ep, chat_body(o, p, max_tokens), o.timeout)};
+        failed = failed || !x.r.ok;
+        if (x.r.draft_n >= 0) have_timings = true, t_draft += x.r.draft_n, t_acc += std::max<int64_t>(0, x.r.draft_accepted);
+        runs.push_back(std::move(x));
+    }
+    HttpReply after = http_get(murl, 30, ep.api_key);
+    SpecCounters b = parse_spec_counters(before.status == 200 ? before.body : ""), e = parse_spec_counters(after.status == 200 ? after.body : "");
+    auto doc = start_doc(o, infos, max_tokens, 1);
+    auto& al = doc.GetAllocator();
+    doc["conditions"].AddMember("metrics_url", sv(murl, al), al);
+    doc["conditions"].AddMember("prompts", sv(o.prompts.empty() ? "accept_prompts.json (shipped, 40 held-out prompts)" : o.prompts, al), al);
+    rapidjson::Value res(rapidjson::kObjectType);
+    std::string text;
+    Chart chart{"draft acceptance by position", "acceptance rate", {}, {{"accepted / drafts", {}, {}}}};
+    if (e.found) {
+        double drafts = e.drafts - b.drafts, dt = e.draft_tokens - b.draft_tokens, acc = e.accepted - b.accepted;
+        res.AddMember("source", sv(e.prefix + "spec_decode_* counters (deltas)", al), al);
+        res.AddMember("drafts", drafts, al).AddMember("draft_tokens", dt, al).AddMember("accepted_tokens", acc, al);
+        double rate = dt > 0 ? acc / dt : 0, mean_len = drafts > 0 ? 1 + acc / drafts : 0;
+        res.AddMember("acceptance_rate", rate, al).AddMember("mean_tokens_per_step", mean_len, al);
+        rapidjson::Value pp(rapidjson::kArrayType);
+        std::vector<std::vector<std::string>> rows;
+        for (const auto& [pos, v] : e.per_pos) {
+            double d = v - (b.per_pos.count(pos) ? b.per_pos.at(pos) : 0);
+            double r = drafts > 0 ? d / drafts : 0;
+            rapidjson::Value x(rapidjson::kObjectType);
+            x.AddMember("position", pos, al).AddMember("accepted", d, al).AddMember("rate", r, al);
+            pp.PushBack(x, al);
+            rows.push_back({std::to_string(pos), num(d, 0), num(r, 3)});
+            chart.categories.push_back(std::to_string(pos));
+            chart.series[0].values.push_back(r);
+        }
+        res.AddMember("per_position", pp, al);
+        text = "acceptance rate " + num(rate, 3) + " (" + num(acc, 0) + " of " + num(dt, 0) + " draft tokens), mean tokens per step " +
+               num(mean_len, 2) + " over " + num(drafts, 0) + " drafts\n" + table({"POSITION", "ACCEPTED", "RATE"}, rows);
+        if (drafts <= 0) text += "no drafts during the run: is speculative decoding on?\n";
+    } else if (have_timings) {
+        res.AddMember("source", "llama-server timings (draft_n, draft_n_accepted)", al);
+        res.AddMember("draft_tokens", t_draft, al).AddMember("accepted_tokens", t_acc, al);
+        double rate = t_draft > 0 ? static_cast<double>(t_acc) / static_cast<double>(t_draft) : 0;
+        res.AddMember("acceptance_rate", rate, al);
+        text = "acceptance rate " + num(rate, 3) + " (" + std::to_string(t_acc) + " of " + std::to_string(t_draft) +
+               " draft tokens, from response timings; per-position rates need --metrics)\n";
+    } else {
+        res.AddMember("source", "none", al);
+        text = "no speculative-decoding counters at " + murl + " (HTTP " + std::to_string(after.status) +
+               ") and no draft timings in the responses: nothing to report\n";
+        failed = true;
+    }
+    doc.AddMember("acceptance", res, al);
+    rapidjson::Value jr(rapidjson::kArrayType);
+    for (const auto& x : runs) jr.PushBack(run_json(x, al), al);
+    doc.AddMember("runs", jr, al);
+    return finish(o, doc, chart, text, failed);
+}
+
+// ---- ttft ----------------------------------------------------------------------------------------------
+
+std::string filler(int words) {
+    static const char* const vocab[] = {"the", "gateway", "streams", "tokens", "from", "a", "backend", "that", "serves", "requests",
+                                        "with", "prefix", "cache", "blocks", "and", "speculative", "drafts", "for", "coding", "agents"};
+    std::mt19937 rng(1234);
+    std::string s;
+    for (int i = 0; i < words; ++i) s += std::string(i ? " " : "") + vocab[rng() % 20];
+    return s;
+}
+
+int ttft(Options& o) {
+    int reps = o.reps > 0 ? o.reps : 3, max_tokens = o.max_tokens > 0 ? o.max_tokens : 16;
+    bool wants_restart = std::find(o.cases.begin(), o.cases.end(), "restart") != o.cases.end();
+    if (wants_restart && o.restart_cmd.empty()) throw Usage("the restart case needs --restart-cmd CMD (it restarts the backend)");
+    auto infos = probe_all(o);
+    Endpoint ep = o.arms[0];
+    const std::string context = "Project notes for the assistant.\n" + filler(o.prompt_words);
+    auto send = [&](const std::string& prefix, const std::string& key) {
+        Prompt p{"ttft", "ttft", prefix + context, "In one word: what streams tokens?"};
+        if (o.api == "chat") return stream_chat(ep, chat_body(o, p, max_tokens), o.timeout);
+        rapidjson::Document b(rapidjson::kObjectType);
+        auto& a = b.GetAllocator();
+        b.AddMember("instructions", sv(p.system, a), a);
+        b.AddMember("input", sv(p.user, a), a);
+        b.AddMember("store", false, a).AddMember("max_output_tokens", max_tokens, a).AddMember("temperature", o.temperature, a);
+        b.AddMember("prompt_cache_key", sv(key, a), a);
+        return stream_responses(ep, std::move(b), o.timeout);
+    };
+    size_t total = 0;
+    for (const auto& c : o.cases) total += c == "restart" ? 1 : static_cast<size_t>(reps) + (c == "warm");
+    Progress progress(total, o.json);
+    std::vector<RunRecord> runs;
+    bool failed = false;
+    std::string warmup_note;
+    double warmups = -1;
+    const std::string stable_key = "pulse-bench-ttft";
+    for (const auto& c : o.cases) {
+        if (c == "cold") {
+            for (int r = 0; r < reps; ++r) {
+                progress.step("cold rep " + std::to_string(r + 1));
+                std::string nonce = "Session " + std::to_string(std::random_device{}()) + "-" + std::to_string(r) + ".\n";
+                runs.push_back({ep.name, "cold", "cold", r, send(nonce, "pulse-bench-cold-" + nonce)});
+            }
+        } else if (c == "warm") {
+            progress.step("warm: priming the cache (not measured)");
+            StreamResult prime = send("", stable_key);
+            failed = failed || !prime.ok;
+            for (int r = 0; r < reps; ++r) {
+                progress.step("warm rep " + std::to_string(r + 1));
+                runs.push_back({ep.name, "warm", "warm", r, send("", stable_key)});
+            }
+        } else {  // restart
+            progress.step("restart: priming, restarting the backend, waiting for it");
+            StreamResult prime = send("", stable_key);
+            failed = failed || !prime.ok;
+            std::string gw_metrics = o.api == "responses" ? ep.root() + "/metrics" : "";
+            auto warmup_count = [&]() -> double {
+                if (gw_metrics.empty()) return -1;
+                HttpReply m = http_get(gw_metrics, 10, ep.api_key);
+                double sum = 0;
+                std::istringstream in(m.body);
+                for (std::string l; std::getline(in, l);)
+                    if (l.rfind("pulse_warmup_requests_total", 0) == 0) sum += std::strtod(l.c_str() + l.rfind(' ') + 1, nullptr);
+                return sum;
+            };
+            double w0 = warmup_count();
+            int rc = std::system(o.restart_cmd.c_str());
+            if (rc != 0) throw std::runtime_error("--restart-cmd exited with " + std::to_string(rc));
+            // Ready: the endpoint (or the gateway's view of it) lists models with 200, then the
+            // gateway's warmup requests stop increasing.
+            auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.ready_timeout);
+            while (true) {
+                HttpReply h = http_get(o.api == "responses" ? ep.root() + "/health" : ep.base + "/models", 5, ep.api_key);
+                if (h.status == 200) break;
+                if (std::chrono::steady_clock::now() > deadline) throw std::runtime_error("the backend was not ready after the restart");
+                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            }
+            if (!gw_metrics.empty()) {
+                double last = warmup_count();
+                for (int stable = 0, i = 0; stable < 3 && i < 600; ++i) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                    double now = warmup_count();
+                    stable = now == last ? stable + 1 : 0;
+                    last = now;
+                }
+                warmups = last - w0;
+                warmup_note = "gateway warmup requests during the restart: " + num(warmups, 0);
+            }
+            runs.push_back({ep.name, "restart", "restart", 0, send("", stable_key)});
+        }
+    }
+    auto doc = start_doc(o, infos, max_tokens, reps);
+    auto& al = doc.GetAllocator();
+    doc["conditions"].AddMember("api", sv(o.api, al), al).AddMember("prompt_words", o.prompt_words, al);
+    doc["conditions"].AddMember("restart_cmd", sv(o.restart_cmd, al), al);
+    if (warmups >= 0) doc.AddMember("gateway_warmup_requests", warmups, al);
+    rapidjson::Value jr(rapidjson::kArrayType), summ(rapidjson::kArrayType);
+    for (const auto& x : runs) jr.PushBack(run_json(x, al), al), failed = failed || !x.r.ok;
+    doc.AddMember("runs", jr, al);
+    std::vector<std::vector<std::string>> rows;
+    Chart chart{"time to first token by case (median, error bar = stdev)", "seconds", {}, {{"ttft", {}, {}}}};
+    for (const auto& c : o.cases) {
+        std::vector<double> t, cached, prompt_tok;
+        for (const auto& x : runs)
+            if (x.prompt == c && x.r.ok) t.push_back(x.r.ttft), cached.push_back(static_cast<double>(x.r.cached_tokens)), prompt_tok.push_back(static_cast<double>(x.r.prompt_tokens));
+        Summary s = summarize(t), cs = summarize(cached), ps = summarize(prompt_tok);
+        rapidjson::Value v(rapidjson::kObjectType);
+        v.AddMember("case", sv(c, al), al).AddMember("ttft_s", summary_json(s, al), al);
+        v.AddMember("cached_tokens", summary_json(cs, al), al).AddMember("prompt_tokens", summary_json(ps, al), al);
+        summ.PushBack(v, al);
+        rows.push_back({c, std::to_string(s.n), num(s.median, 3), num(s.min, 3), num(s.max, 3), num(cs.median, 0), num(ps.median, 0)});
+        chart.categories.push_back(c);
+        chart.series[0].values.push_back(s.median);
+        chart.series[0].errors.push_back(s.stdev);
+    }
+    doc.AddMember("summary", summ, al);
+    std::string text = table({"CASE", "N", "TTFT s (median)", "MIN", "MAX", "CACHED TOKENS", "PROMPT TOKENS"}, rows);
+    if (!warmup_note.empty()) text += warmup_note + "\n";
+    return finish(o, doc, chart, text, failed);
+}
+
+// ---- quality ---------------------------------------------------------------------------------------------
+
+int quality(Options& o) {
+    if (o.dataset.empty()) throw Usage("quality needs --dataset PATH (HumanEval.jsonl or .jsonl.gz; nothing is downloaded)");
+    std::vector<Problem> problems;
+    try {
+        problems = load_problems(o.dataset);
+    } catch (const std::runtime_error& e) {
+        throw Usage(e.what());
+    }
+    if (o.limit > 0 && static_cast<size_t>(o.limit) < problems.size()) problems.resize(static_cast<size_t>(o.limit));
+    if (o.samples > 1 && o.temperature == 0 && !o.json)
+        std::fprintf(stderr, "note: %d samples at temperature 0 are likely identical; pass --temperature for pass@k\n", o.samples);
+    int max_tokens = o.max_tokens > 0 ? o.max_tokens : 1024;
+    auto infos = probe_all(o);
+    const Endpoint& ep = o.arms[0];
+    SandboxLimits limits;
+    limits.wall_s = o.exec_timeout;
+    limits.cpu_s = o.cpu_s;
+    Progress progress(problems.size() * static_cast<size_t>(o.samples), o.json);
+    std::map<std::string, int> counts = {{"passed", 0}, {"failed", 0}, {"timeout", 0}, {"crashed", 0}, {"error", 0}};
+    std::vector<std::pair<int, int>> nc;  // per problem: samples, passed
+    auto doc = start_doc(o, infos, max_tokens, 1);
+    auto& al = doc.GetAllocator();
+    rapidjson::Value per(rapidjson::kArrayType);
+    fs::create_directories(o.out);
+    fs::path samples_path = fs::path(o.out) / (stem(o) + "-samples.jsonl");
+    std::ofstream samples(samples_path);
+    bool sandbox_broken = false;
+    for (const auto& pb : problems) {
+        int passed = 0;
+        rapidjson::Value outs(rapidjson::kArrayType);
+        for (int s = 0; s < o.samples; ++s) {
+            progress.step(pb.task_id + (o.samples > 1 ? " sample " + std::to_string(s + 1) : ""));
+            std::string completion, outcome, detail;
+            if (o.mode == "chat") {
+                Prompt p{pb.task_id, "humaneval", "You are a careful Python programmer.", chat_prompt(pb)};
+                StreamResult r = stream_chat(ep, chat_body(o, p, max_tokens), o.timeout);
+                if (r.ok) completion = completion_from_chat(pb, r.text);
+                else outcome = "error", detail = "request: " + r.error;
+            } else {
+                rapidjson::Document b(rapidjson::kObjectType);
+                auto& a = b.GetAllocator();
+                b.AddMember("model", sv(ep.model, a), a).AddMember("prompt", sv(pb.prompt, a), a);
+                b.AddMember("max_tokens", max_tokens, a).AddMember("temperature", o.temperature, a);
+                rapidjson::StringBuffer sb;
+                rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+                b.Accept(w);
+                HttpReply h = http_post(ep.base + "/completions", sb.GetString(), o.timeout, ep.api_key);
+                rapidjson::Document d;
+                d.Parse(h.body.c_str());
+                if (h.status == 200 && d.IsObject() && d.HasMember("choices") && d["choices"].IsArray() && !d["choices"].Empty() &&
+                    d["choices"][0].HasMember("text") && d["choices"][0]["text"].IsString())
+                    completion = completion_from_raw(d["choices"][0]["text"].GetString());
+                else outcome = "error", detail = "request: HTTP " + std::to_string(h.status) + " " + (h.error.empty() ? h.body.substr(0, 200) : h.error);
+            }
+            if (outcome.empty()) {
+                SandboxResult sr = run_python_sandboxed(program_for(pb, completion), limits);
+                outcome = outcome_name(sr.outcome);
+                detail = sr.detail.empty() && sr.outcome == Outcome::failed ? sr.output.substr(sr.output.size() > 400 ? sr.output.size() - 400 : 0) : sr.detail;
+                if (sr.outcome == Outcome::error) sandbox_broken = true;
+            }
+            if (outcome == "passed") ++passed;
+            ++counts[outcome];
+            rapidjson::Value x(rapidjson::kObjectType);
+            x.AddMember("outcome", sv(outcome, al), al).AddMember("detail", sv(detail, al), al);
+            outs.PushBack(x, al);
+            rapidjson::Document line(rapidjson::kObjectType);
+            auto& la = line.GetAllocator();
+            line.AddMember("task_id", sv(pb.task_id, la), la).AddMember("completion", sv(completion, la), la).AddMember("outcome", sv(outcome, la), la);
+            rapidjson::StringBuffer sb;
+            rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+            line.Accept(w);
+            samples << sb.GetString() << "\n";
+            if (!o.json && outcome != "passed") std::fprintf(stderr, "  %s: %s %s\n", pb.task_id.c_str(), outcome.c_str(), detail.substr(0, 160).c_str());
+        }
+        nc.emplace_back(o.samples, passed);
+        rapidjson::Value pv(rapidjson::kObjectType);
+        pv.AddMember("task_id", sv(pb.task_id, al), al).AddMember("passed", passed, al).AddMember("samples", outs, al);
+        per.PushBack(pv, al);
+    }
+    doc["conditions"].AddMember("dataset", sv(o.dataset, al), al).AddMember("problems", static_cast<uint64_t>(problems.size()), al);
+    doc["conditions"].AddMember("samples_per_problem", o.samples, al).AddMember("mode", sv(o.mode, al), al);
+    doc["conditions"].AddMember("exec_wall_timeout_s", o.exec_timeout, al).AddMember("exec_cpu_s", o.cpu_s, al);
+    rapidjson::Value pk(rapidjson::kObjectType), cj(rapidjson::kObjectType);
+    std::string text;
+    Chart chart{"HumanEval pass@k", "pass@k", {}, {{"pass@k", {}, {}}}};
+    for (int k : o.ks) {
+        double sum = 0;
+        for (auto [n, c] : nc) sum += pass_at_k(n, c, k);
+        double v = nc.empty() ? 0 : sum / static_cast<double>(nc.size());
+        pk.AddMember(sv("pass@" + std::to_string(k), al), rapidjson::Value(v), al);
+        text += "pass@" + std::to_string(k) + " = " + num(v, 4) + " over " + std::to_string(nc.size()) + " problems\n";
+        chart.categories.push_back("pass@" + std::to_string(k));
+        chart.series[0].values.push_back(v);
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const char* k : {"passed", "failed", "timeout", "crashed", "error"}) {
+        cj.AddMember(rapidjson::Value(k, al), rapidjson::Value(counts[k]), al);
+        rows.push_back({k, std::to_string(counts[k])});
+    }
+    doc.AddMember("pass_at_k", pk, al).AddMember("outcomes", cj, al).AddMember("problems", per, al);
+    doc.AddMember("samples_file", sv(samples_path.string(), al), al);
+    text += table({"OUTCOME", "SAMPLES"}, rows) + "samples: " + samples_path.string() + "\n";
+    if (sandbox_broken) text += "WARNING: the sandbox could not be set up for some samples (outcome 'error'); see the JSON\n";
+    return finish(o, doc, chart, text, counts["error"] > 0);
+}
+
+// ---- drift -------------------------------------------------------------------------------------------------
+
+int drift(Options& o) {
+    if (o.arms.size() != 2) throw Usage("drift compares exactly two arms: --arms A=URL,B=URL");
+    int max_tokens = o.max_tokens > 0 ? o.max_tokens : 600;
+    auto prompts = load_prompts(o.prompts.empty() ? (data_dir() / "decode_prompts.json").string() : o.prompts);
+    auto infos = probe_all(o);
+    Progress progress(prompts.size() * 2, o.json);
+    auto doc = start_doc(o, infos, max_tokens, 1);
+    auto& al = doc.GetAllocator();
+    rapidjson::Value per(rapidjson::kArrayType);
+    int identical = 0, compared = 0;
+    std::vector<double> div_chars, ratios;
+    bool failed = false;
+    std::vector<std::vector<std::string>> rows;
+    Chart chart{"decode tok/s per prompt", "tokens/s", {}, {{o.arms[0].name, {}, {}}, {o.arms[1].name, {}, {}}}};
+    for (const auto& p : prompts) {
+        progress.step(p.id + " on " + o.arms[0].name);
+        StreamResult a = stream_chat(o.arms[0], chat_body(o, p, max_tokens), o.timeout);
+        progress.step(p.id + " on " + o.arms[1].name);
+        StreamResult b = stream_chat(o.arms[1], chat_body(o, p, max_tokens), o.timeout);
+        rapidjson::Value v(rapidjson::kObjectType);
+        v.AddMember("prompt", sv(p.id, al), al);
+        if (!a.ok || !b.ok) {
+            failed = true;
+            v.AddMember("error", sv(!a.ok ? o.arms[0].name + ": " + a.error : o.arms[1].name + ": " + b.error, al), al);
+            per.PushBack(v, al);
+            continue;
+        }
+        ++compared;
+        size_t n = 0;
+        while (n < a.text.size() && n < b.text.size() && a.text[n] == b.text[n]) ++n;
+        bool same = a.text == b.text;
+        identical += same;
+        // Whitespace-separated words before the first differing character.
+        int words = 0;
+        for (size_t i = 0; i < n; ++i)
+            if ((i == 0 || std::isspace(static_cast<unsigned char>(a.text[i - 1]))) && !std::isspace(static_cast<unsigned char>(a.text[i]))) ++words;
+        double ratio = a.decode_tps() > 0 ? b.decode_tps() / a.decode_tps() : 0;
+        if (!same) div_chars.push_back(static_cast<double>(n));
+        if (ratio > 0) ratios.push_back(ratio);
+        v.AddMember("identical", same, al);
+        if (!same) v.AddMember("first_divergence_char", static_cast<uint64_t>(n), al).AddMember("first_divergence_word", words, al);
+        v.AddMember("decode_tps_a", a.decode_tps(), al).AddMember("decode_tps_b", b.decode_tps(), al).AddMember("decode_tps_ratio", ratio, al);
+        per.PushBack(v, al);
+        rows.push_back({p.id, same ? "yes" : "no", same ? "-" : std::to_string(n), num(a.decode_tps()), num(b.decode_tps()), num(ratio, 3)});
+        chart.categories.push_back(p.id);
+        chart.series[0].values.push_back(a.decode_tps());
+        chart.series[1].values.push_back(b.decode_tps());
+    }
+    Summary ds = summarize(div_chars), rs = summarize(ratios);
+    rapidjson::Value s(rapidjson::kObjectType);
+    s.AddMember("compared", compared, al).AddMember("identical", identical, al);
+    s.AddMember("identical_fraction", compared ? static_cast<double>(identical) / compared : 0.0, al);
+    s.AddMember("first_divergence_char", summary_json(ds, al), al).AddMember("decode_tps_ratio", summary_json(rs, al), al);
+    doc.AddMember("summary", s, al).AddMember("prompts", per, al);
+    std::string text = table({"PROMPT", "IDENTICAL", "DIVERGES AT", o.arms[0].name + " tok/s", o.arms[1].name + " tok/s", "RATIO"}, rows) +
+                       "identical outputs: " + std::to_string(identical) + "/" + std::to_string(compared) + "; decode ratio " +
+                       o.arms[1].name + "/" + o.arms[0].name + " median " + num(rs.median, 3) + "\n";
+    return finish(o, doc, chart, text, failed);
+}
+
+}  // namespace
+
+int run_bench(const std::vector<std::string>& args) {
+    if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
+        std::fputs(kBenchHelp, stdout);
+        return args.empty() ? 2 : 0;
+    }
+    try {
+        Options o = parse(args);
+        if (o.tool == "decode") return decode(o);
+        if (o.tool == "accept") return accept(o);
+        if (o.tool == "ttft") return ttft(o);
+        if (o.tool == "quality") return quality(o);
+        if (o.tool == "drift") return drift(o);
+        throw Usage("unknown tool '" + o.tool + "'");
+    } catch (const Usage& e) {
+        std::fprintf(stderr, "pulse bench: %s\n%s", e.what(), kBenchHelp);
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse bench: %s\n", e.what());
+        return 1;
+    }
+}
+
+}  // namespace pulse::bench

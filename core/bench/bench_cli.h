@@ -1,0 +1,12 @@
+// `pulse bench ...` (core/bench): measurement tools. Returns the process exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace pulse::bench {
+
+extern const char* const kBenchHelp;
+int run_bench(const std::vector<std::string>& args);  // args after "bench"
+
+}  // namespace pulse::bench
