@@ -1,0 +1,89 @@
+// The qwen35 hybrid model (hybrid-decoder-spec §4-6): hyperparameters and tensors bound from a
+// GGUF file, per-sequence state (KV cache for attention layers, conv window and delta-rule
+// state for Gated DeltaNet layers), and the forward pass on the CPU with f32 activations.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf.h"
+
+namespace pulse::decoder {
+
+struct HParams {
+    int64_t n_vocab = 0, n_embd = 0, n_layer = 0, n_ff = 0;
+    int64_t n_head = 0, n_head_kv = 0, head_dim = 0;
+    int64_t rope_dim = 0;
+    double rope_base = 10000, rms_eps = 1e-6, attn_scale = 0;
+    int64_t conv_kernel = 0, ssm_state = 0, ssm_groups = 0, ssm_heads = 0;
+    int64_t context_length = 0;
+    std::vector<bool> recurrent;  // per layer: Gated DeltaNet (true) or full attention
+    int64_t key_dim() const { return ssm_groups * ssm_state; }
+    int64_t value_dim() const { return ssm_heads * ssm_state; }
+    int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+// A matmul weight: rows of `n_in` values in the tensor's type, with an optional output scale.
+struct Matrix {
+    const TensorInfo* t = nullptr;
+    int64_t n_in = 0, n_out = 0;
+    float scale = 1;
+};
+
+struct Layer {
+    bool recurrent = false;
+    std::vector<float> attn_norm, post_norm;
+    Matrix ffn_gate, ffn_up, ffn_down;
+    // attention
+    Matrix q, k, v, o;
+    std::vector<float> q_norm, k_norm;
+    // Gated DeltaNet
+    Matrix qkv, gate, beta, alpha, out;
+    std::vector<float> conv, dt_bias, ssm_a, ssm_norm;  // conv: [conv_dim][K]
+};
+
+class Sequence;
+
+class Model {
+public:
+    // Binds and checks every tensor (names, shapes, types); throws GgufError naming the tensor.
+    static std::shared_ptr<Model> load(std::shared_ptr<GgufFile> file);
+
+    const HParams& hparams() const { return hp_; }
+    const GgufFile& file() const { return *file_; }
+    std::unique_ptr<Sequence> new_sequence() const;
+
+    // Runs `tokens` at positions seq.n_past... and returns the logits of the last one (n_vocab
+    // values), or of every token when `all_logits` (n_tokens x n_vocab).
+    std::vector<float> forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits = false) const;
+
+    int threads = 0;  // 0 = OpenMP's default
+
+private:
+    void token_step(Sequence& seq, int32_t token, float* logits) const;
+    void attention(const Layer& L, Sequence& seq, size_t attn_index, const float* h, float* out) const;
+    void deltanet(const Layer& L, Sequence& seq, size_t gdn_index, const float* h, float* out) const;
+
+    std::shared_ptr<GgufFile> file_;
+    HParams hp_;
+    const TensorInfo* tok_embd_ = nullptr;
+    Matrix output_;
+    std::vector<float> output_norm_;
+    std::vector<Layer> layers_;
+};
+
+// Per-sequence state. Copyable: a copy is a checkpoint (prefix reuse).
+class Sequence {
+public:
+    int64_t n_past = 0;
+    std::vector<std::vector<float>> k_cache, v_cache;  // per attention layer: [pos][Hkv*D]
+    std::vector<std::vector<float>> conv;              // per GDN layer: [(K-1)][conv_dim]
+    std::vector<std::vector<float>> state;             // per GDN layer: [Hv][S key][S value]
+};
+
+// y[n_out] = W · x[n_in] (dequantizing rows of W on the fly), times W's scale.
+void matvec(const Matrix& w, const float* x, float* y);
+
+}  // namespace pulse::decoder

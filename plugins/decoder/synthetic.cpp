@@ -1,0 +1,216 @@
+#include "synthetic.h"
+
+#include <cmath>
+#include <random>
+
+#include "gguf.h"
+#include "quants.h"
+
+namespace pulse::decoder {
+
+namespace {
+
+// GPT-2's byte -> printable code point table, UTF-8 encoded.
+std::string byte_token(int b) {
+    int cp;
+    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) cp = b;
+    else {
+        int n = 0;
+        for (int x = 0; x < b; ++x)
+            if (!((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF))) ++n;
+        cp = 0x100 + n;
+    }
+    std::string s;
+    if (cp < 0x80) s += static_cast<char>(cp);
+    else {
+        s += static_cast<char>(0xC0 | (cp >> 6));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    return s;
+}
+
+// Deterministic across platforms (std distributions are not): raw mt19937_64 draws.
+struct Rng {
+    std::mt19937_64 g;
+    explicit Rng(uint64_t seed) : g(seed) {}
+    int ternary() { return static_cast<int>(g() % 3) - 1; }
+    double unit() { return static_cast<double>(g() >> 11) / 9007199254740992.0; }  // [0, 1)
+};
+
+}  // namespace
+
+SynthVocab synthetic_vocab() {
+    SynthVocab v;
+    for (int b = 0; b < 256; ++b) {
+        v.tokens.push_back(byte_token(b));
+        v.types.push_back(1);  // byte-level BPE: byte tokens are normal tokens in Qwen vocabularies
+    }
+    const char* pairs[][2] = {{"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"i", "n"}, {"Ġ", "a"}, {"e", "r"}, {"o", "n"}, {"r", "e"},
+                              {"a", "n"}, {"Ġ", "s"}, {"e", "s"}, {"Ġ", "c"}, {"o", "r"}, {"e", "n"}, {"Ġ", "w"}, {"i", "s"},
+                              {"Ġ", "f"}, {"a", "t"}, {"i", "t"}, {"Ġ", "p"}, {"Ġ", "i"}, {"Ġ", "o"}, {"in", "g"}, {"Ġ", "d"},
+                              {"Ġ", "b"}, {"Ġ", "m"}, {"e", "d"}, {"Ċ", "Ċ"}, {"Ġ", "Ġ"}, {"ĠĠ", "ĠĠ"}, {"Ġ", "="}, {"(", ")"},
+                              {"d", "e"}, {"Ġ", "re"}, {"Ġ", "in"}, {"o", "u"}, {"Ġ", "h"}, {"l", "e"}, {"a", "l"}, {"Ġ", "n"}};
+    for (auto& p : pairs) {
+        v.merges.push_back(std::string(p[0]) + " " + p[1]);
+        v.tokens.push_back(std::string(p[0]) + p[1]);
+        v.types.push_back(1);
+    }
+    auto special = [&](const char* t, int type) {
+        v.tokens.push_back(t);
+        v.types.push_back(type);
+        return static_cast<int32_t>(v.tokens.size() - 1);
+    };
+    v.endoftext = special("<|endoftext|>", 3);
+    v.im_start = special("<|im_start|>", 3);
+    v.im_end = special("<|im_end|>", 3);
+    special("<think>", 4);
+    special("</think>", 4);
+    special("<tool_call>", 4);
+    special("</tool_call>", 4);
+    special("<tool_response>", 4);
+    special("</tool_response>", 4);
+    return v;
+}
+
+void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uint32_t type, uint64_t seed, bool twin) {
+    SynthVocab vocab = synthetic_vocab();
+    const int64_t V = static_cast<int64_t>(vocab.tokens.size());
+    Rng rng(seed);
+    GgufWriter w;
+    const std::string a = "qwen35";
+    w.set_string("general.architecture", a);
+    w.set_string("general.name", s.name);
+    w.set_u32("general.quantization_version", 2);
+    w.set_u32(a + ".context_length", 4096);
+    w.set_u32(a + ".embedding_length", static_cast<uint32_t>(s.n_embd));
+    w.set_u32(a + ".block_count", static_cast<uint32_t>(s.n_layer));
+    w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(s.n_ff));
+    w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(s.n_head));
+    w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
+    w.set_u32(a + ".attention.key_length", static_cast<uint32_t>(s.head_dim));
+    w.set_u32(a + ".attention.value_length", static_cast<uint32_t>(s.head_dim));
+    w.set_f32(a + ".attention.layer_norm_rms_epsilon", 1e-6f);
+    w.set_u32(a + ".rope.dimension_count", static_cast<uint32_t>(s.rope_dim));
+    w.set_i32s(a + ".rope.dimension_sections", s.sections);
+    w.set_f32(a + ".rope.freq_base", 10000000.f);
+    w.set_u32(a + ".ssm.conv_kernel", static_cast<uint32_t>(s.conv_kernel));
+    w.set_u32(a + ".ssm.state_size", static_cast<uint32_t>(s.ssm_state));
+    w.set_u32(a + ".ssm.group_count", static_cast<uint32_t>(s.ssm_groups));
+    w.set_u32(a + ".ssm.time_step_rank", static_cast<uint32_t>(s.ssm_heads));
+    w.set_u32(a + ".ssm.inner_size", static_cast<uint32_t>(s.ssm_heads * s.ssm_state));
+    w.set_u32(a + ".full_attention_interval", 4);
+    w.set_string("tokenizer.ggml.model", "gpt2");
+    w.set_string("tokenizer.ggml.pre", "qwen35");
+    w.set_strings("tokenizer.ggml.tokens", vocab.tokens);
+    w.set_i32s("tokenizer.ggml.token_type", vocab.types);
+    w.set_strings("tokenizer.ggml.merges", vocab.merges);
+    w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.endoftext));
+    w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.im_end));
+    w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(vocab.endoftext));
+    w.set_bool("tokenizer.ggml.add_bos_token", false);
+
+    // A matrix [n_in, n_out] of ternary weights times `scale` (a power of two: exact in fp16).
+    auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out, float scale) {
+        std::vector<float> x(static_cast<size_t>(n_in * n_out));
+        for (auto& e : x) e = static_cast<float>(rng.ternary()) * scale;
+        uint32_t t = type;
+        std::vector<uint8_t> bytes = quantize(t, x.data(), static_cast<int64_t>(x.size()));
+        if (twin && t != kF32) {
+            dequantize_row(t, bytes.data(), x.data(), static_cast<int64_t>(x.size()));
+            bytes = quantize(kF32, x.data(), static_cast<int64_t>(x.size()));
+            t = kF32;
+        }
+        w.add_tensor(name, {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)}, t, std::move(bytes));
+    };
+    auto f32 = [&](const std::string& name, std::vector<uint64_t> ne, const std::vector<float>& v) {
+        w.add_tensor(name, std::move(ne), kF32, quantize(kF32, v.data(), static_cast<int64_t>(v.size())));
+    };
+    auto around = [&](int64_t n, float centre, float spread) {
+        std::vector<float> v(static_cast<size_t>(n));
+        for (auto& e : v) e = centre + spread * static_cast<float>(rng.unit() * 2 - 1);
+        return v;
+    };
+    const int64_t E = s.n_embd;
+    auto pow2 = [](int e) { return std::ldexp(1.0f, e); };
+    // Tied output reuses the embedding: a smaller scale keeps its logits in the same range.
+    matrix("token_embd.weight", E, V, pow2(s.tied_output ? -3 : -1));
+    f32("output_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
+    if (!s.tied_output) matrix("output.weight", E, V, pow2(-3));
+    const int64_t kd = s.ssm_groups * s.ssm_state, vd = s.ssm_heads * s.ssm_state, conv_dim = 2 * kd + vd;
+    for (int64_t il = 0; il < s.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        bool recurrent = (il + 1) % 4 != 0;
+        f32(p + "attn_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
+        f32(p + "post_attention_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
+        if (recurrent) {
+            matrix(p + "attn_qkv.weight", E, conv_dim, pow2(-4));
+            matrix(p + "attn_gate.weight", E, vd, pow2(-4));
+            matrix(p + "ssm_beta.weight", E, s.ssm_heads, pow2(-4));
+            matrix(p + "ssm_alpha.weight", E, s.ssm_heads, pow2(-4));
+            matrix(p + "ssm_out.weight", vd, E, pow2(-4));
+            f32(p + "ssm_conv1d.weight", {static_cast<uint64_t>(s.conv_kernel), static_cast<uint64_t>(conv_dim)},
+                around(s.conv_kernel * conv_dim, 0, 0.5f));
+            f32(p + "ssm_dt.bias", {static_cast<uint64_t>(s.ssm_heads)}, around(s.ssm_heads, 0, 0.5f));
+            std::vector<float> ssm_a = around(s.ssm_heads, 0, 0.5f);
+            for (auto& x : ssm_a) x = -std::exp(x);  // the converter stores -exp(A_log)
+            f32(p + "ssm_a", {static_cast<uint64_t>(s.ssm_heads)}, ssm_a);
+            f32(p + "ssm_norm.weight", {static_cast<uint64_t>(s.ssm_state)}, around(s.ssm_state, 1, 0.1f));
+        } else {
+            matrix(p + "attn_q.weight", E, 2 * s.n_head * s.head_dim, pow2(-4));
+            matrix(p + "attn_k.weight", E, s.n_head_kv * s.head_dim, pow2(-4));
+            matrix(p + "attn_v.weight", E, s.n_head_kv * s.head_dim, pow2(-4));
+            matrix(p + "attn_output.weight", s.n_head * s.head_dim, E, pow2(-4));
+            f32(p + "attn_q_norm.weight", {static_cast<uint64_t>(s.head_dim)}, around(s.head_dim, 1, 0.1f));
+            f32(p + "attn_k_norm.weight", {static_cast<uint64_t>(s.head_dim)}, around(s.head_dim, 1, 0.1f));
+        }
+        matrix(p + "ffn_gate.weight", E, s.n_ff, pow2(-4));
+        matrix(p + "ffn_up.weight", E, s.n_ff, pow2(-4));
+        matrix(p + "ffn_down.weight", s.n_ff, E, pow2(-4));
+    }
+    w.write(path);
+}
+
+std::vector<FixtureFile> fixture_set(uint64_t seed) {
+    std::vector<FixtureFile> out;
+    SynthShape shape;
+    struct {
+        const char* name;
+        uint32_t type;
+    } types[] = {{"f32", kF32}, {"f16", kF16}, {"bf16", kBF16}, {"q8_0", kQ8_0}, {"tq1_0", kTQ1_0}, {"tq2_0", kTQ2_0}, {"q4_k", kQ4_K}, {"q6_k", kQ6_K}};
+    for (const auto& t : types) {
+        out.push_back({std::string("synth-") + t.name + ".gguf", shape, t.type, seed, false});
+        if (t.type != kF32) out.push_back({std::string("synth-") + t.name + ".f32twin.gguf", shape, t.type, seed, true});
+    }
+    SynthShape odd;
+    odd.n_layer = 8;
+    odd.n_head = 6;
+    odd.n_head_kv = 1;
+    odd.head_dim = 32;
+    odd.rope_dim = 8;
+    odd.sections = {2, 1, 1, 0};
+    odd.ssm_groups = 1;
+    odd.ssm_heads = 2;
+    odd.ssm_state = 128;
+    odd.n_ff = 768;
+    odd.tied_output = true;
+    out.push_back({"synth-tied-f32.gguf", odd, kF32, seed + 1, false});
+    return out;
+}
+
+SynthShape tiny_shape() {
+    SynthShape tiny;
+    tiny.n_embd = 32;
+    tiny.n_ff = 64;
+    tiny.n_head = 2;
+    tiny.n_head_kv = 1;
+    tiny.head_dim = 16;
+    tiny.rope_dim = 8;
+    tiny.sections = {2, 1, 1, 0};
+    tiny.ssm_groups = 1;
+    tiny.ssm_heads = 2;
+    tiny.ssm_state = 16;
+    tiny.tied_output = true;
+    return tiny;
+}
+
+}  // namespace pulse::decoder

@@ -1,0 +1,350 @@
+// The decoder: the GGUF reader against corrupt and unsupported files, the weight formats, and
+// the qwen35 forward pass against llama.cpp's logits (tests/fixtures/decoder/golden.json,
+// recorded by tools/decoder/golden.mjs from the synthetic fixture set).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include <rapidjson/document.h>
+
+#include "gguf.h"
+#include "model.h"
+#include "quants.h"
+#include "support/temp_dir.h"
+#include "synthetic.h"
+
+using namespace pulse::decoder;
+using pulse::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<uint8_t> tiny_bytes() {
+    static std::vector<uint8_t> bytes = [] {
+        TempDir d;
+        write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+        std::ifstream in(d / "t.gguf", std::ios::binary);
+        return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), {});
+    }();
+    return bytes;
+}
+
+std::string parse_error(const std::vector<uint8_t>& b) {
+    try {
+        GgufFile::parse(b.data(), b.size(), "x.gguf");
+    } catch (const GgufError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// A hand-made file: header, the given KV bytes and tensor infos, aligned data.
+struct Builder {
+    std::vector<uint8_t> b;
+    template <class T>
+    void put(T v) {
+        auto* p = reinterpret_cast<uint8_t*>(&v);
+        b.insert(b.end(), p, p + sizeof v);
+    }
+    void str(const std::string& s) {
+        put<uint64_t>(s.size());
+        b.insert(b.end(), s.begin(), s.end());
+    }
+    void header(uint64_t nt, uint64_t nkv, uint32_t version = 3) {
+        put<uint32_t>(0x46554747u);
+        put<uint32_t>(version);
+        put<uint64_t>(nt);
+        put<uint64_t>(nkv);
+    }
+    void tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t off) {
+        str(name);
+        put<uint32_t>(static_cast<uint32_t>(ne.size()));
+        for (auto x : ne) put<uint64_t>(x);
+        put<uint32_t>(type);
+        put<uint64_t>(off);
+    }
+    void pad_data(size_t data_bytes) {
+        b.resize((b.size() + 31) / 32 * 32, 0);
+        b.resize(b.size() + data_bytes, 0);
+    }
+};
+
+}  // namespace
+
+// ---- GGUF reader ----------------------------------------------------------------------------
+
+TEST_CASE("gguf: a synthetic model parses; metadata and tensors are typed and in bounds") {
+    auto b = tiny_bytes();
+    auto f = GgufFile::parse(b.data(), b.size(), "tiny.gguf");
+    CHECK(f->version() == 3);
+    CHECK(f->get_string("general.architecture") == "qwen35");
+    CHECK(f->get_uint("qwen35.embedding_length") == 32);
+    CHECK(f->get_float("qwen35.attention.layer_norm_rms_epsilon") == doctest::Approx(1e-6));
+    CHECK(f->get_array("tokenizer.ggml.tokens").items.size() == 305);
+    const auto& t = f->get_tensor("token_embd.weight");
+    CHECK(t.ne == std::vector<uint64_t>{32, 305});
+    CHECK(t.data >= b.data());
+    CHECK(t.data + t.nbytes <= b.data() + b.size());
+    CHECK_THROWS_WITH_AS(f->get_uint("qwen35.nope"), doctest::Contains("tiny.gguf: metadata qwen35.nope is required"), GgufError);
+    CHECK_THROWS_WITH_AS(f->get_uint("general.architecture"), doctest::Contains("expected an integer, found string"), GgufError);
+    CHECK_THROWS_WITH_AS(f->get_tensor("blk.99.attn_q.weight"), doctest::Contains("tensor 'blk.99.attn_q.weight' is required"), GgufError);
+}
+
+TEST_CASE("gguf: every truncation of a valid file is one clear error, never a crash") {
+    auto b = tiny_bytes();
+    int errors = 0;
+    // Cut points across the header, metadata, tensor infos and data.
+    for (size_t cut : {size_t(0), size_t(3), size_t(10), size_t(23), size_t(24), size_t(100), size_t(1000), size_t(5000), size_t(20000),
+                       b.size() / 2, b.size() - 100, b.size() - 1}) {
+        std::vector<uint8_t> t(b.begin(), b.begin() + static_cast<long>(cut));
+        std::string e = parse_error(t);
+        CAPTURE(cut);
+        CHECK(e.find("x.gguf: ") == 0);
+        errors += !e.empty();
+    }
+    CHECK(errors == 12);
+    CHECK(parse_error(std::vector<uint8_t>(b.begin(), b.end() - 1)).find("truncated: tensor '") != std::string::npos);
+}
+
+TEST_CASE("gguf: header problems name the field") {
+    Builder m;
+    m.put<uint32_t>(0x12345678);
+    m.b.resize(64);
+    CHECK(parse_error(m.b).find("not a GGUF file") != std::string::npos);
+    Builder v;
+    v.header(0, 0, 2);
+    CHECK(parse_error(v.b).find("GGUF version 2 is not supported (expected 3)") != std::string::npos);
+    Builder huge;
+    huge.header(1ull << 60, 0);
+    CHECK(parse_error(huge.b).find("tensor count 1152921504606846976 is impossible") != std::string::npos);
+}
+
+TEST_CASE("gguf: metadata problems: duplicate keys, bad types, bad bools, lying lengths, deep arrays") {
+    Builder dup;
+    dup.header(0, 2);
+    for (int i = 0; i < 2; ++i) {
+        dup.str("a.key");
+        dup.put<uint32_t>(4);
+        dup.put<uint32_t>(1);
+    }
+    CHECK(parse_error(dup.b).find("metadata key a.key appears twice") != std::string::npos);
+    Builder badtype;
+    badtype.header(0, 1);
+    badtype.str("k");
+    badtype.put<uint32_t>(13);
+    CHECK(parse_error(badtype.b).find("metadata k: unknown value type 13") != std::string::npos);
+    Builder badbool;
+    badbool.header(0, 1);
+    badbool.str("flag");
+    badbool.put<uint32_t>(7);
+    badbool.put<uint8_t>(2);
+    CHECK(parse_error(badbool.b).find("metadata flag: bool must be 0 or 1, found 2") != std::string::npos);
+    Builder longstr;
+    longstr.header(0, 1);
+    longstr.str("s");
+    longstr.put<uint32_t>(8);
+    longstr.put<uint64_t>(1ull << 40);
+    CHECK(parse_error(longstr.b).find("runs past the end of the file") != std::string::npos);
+    Builder longarr;
+    longarr.header(0, 1);
+    longarr.str("arr");
+    longarr.put<uint32_t>(9);
+    longarr.put<uint32_t>(4);
+    longarr.put<uint64_t>(1ull << 50);
+    CHECK(parse_error(longarr.b).find("cannot fit in the") != std::string::npos);
+    Builder deep;
+    deep.header(0, 1);
+    deep.str("nest");
+    deep.put<uint32_t>(9);
+    for (int i = 0; i < 6; ++i) {
+        deep.put<uint32_t>(9);
+        deep.put<uint64_t>(1);
+    }
+    CHECK(parse_error(deep.b).find("nested deeper than 4") != std::string::npos);
+    Builder align;
+    align.header(0, 1);
+    align.str("general.alignment");
+    align.put<uint32_t>(4);
+    align.put<uint32_t>(48);
+    CHECK(parse_error(align.b).find("general.alignment = 48: must be a power of two") != std::string::npos);
+}
+
+TEST_CASE("gguf: tensor problems: unknown and unsupported types by name and number, shapes, offsets, overlap") {
+    auto one = [](uint32_t type, std::vector<uint64_t> ne, uint64_t off = 0, size_t data = 4096) {
+        Builder t;
+        t.header(1, 0);
+        t.tensor("w", std::move(ne), type, off);
+        t.pad_data(data);
+        return parse_error(t.b);
+    };
+    CHECK(one(142, {256}).find("tensor 'w': ggml type PQ2_0 (PrismML fork) (142) is not supported") != std::string::npos);
+    CHECK(one(77, {256}).find("tensor 'w': unknown ggml type 77") != std::string::npos);
+    CHECK(one(2, {32}).find("ggml type Q4_0 (2) is not supported") != std::string::npos);
+    CHECK(one(kQ8_0, {33}).find("ne[0] = 33 is not a multiple of Q8_0's block of 32") != std::string::npos);
+    CHECK(one(kF32, {0}).find("ne[0] = 0") != std::string::npos);
+    CHECK(one(kF32, {4}, 7).find("offset 7 is not a multiple of the alignment 32") != std::string::npos);
+    CHECK(one(kF32, {2048}, 0, 100).find("truncated: tensor 'w' needs bytes 0-8192") != std::string::npos);
+    CHECK(one(kF32, {1, 1, 1, 1, 1}).find("5 dimensions (expected 1-4)") != std::string::npos);
+    Builder two;
+    two.header(2, 0);
+    two.tensor("a", {64}, kF32, 0);
+    two.tensor("b", {64}, kF32, 128);  // a spans 0-256
+    two.pad_data(1024);
+    CHECK(parse_error(two.b).find("tensors 'a' and 'b' overlap") != std::string::npos);
+    Builder same;
+    same.header(2, 0);
+    same.tensor("a", {8}, kF32, 0);
+    same.tensor("a", {8}, kF32, 32);
+    same.pad_data(64);
+    CHECK(parse_error(same.b).find("tensor name 'a' appears twice") != std::string::npos);
+}
+
+TEST_CASE("gguf: the loader rejects other architectures and wrong shapes, naming the tensor") {
+    TempDir d;
+    GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    w.write(d / "llama.gguf");
+    CHECK_THROWS_WITH_AS(Model::load(GgufFile::open(d / "llama.gguf")), doctest::Contains("general.architecture is 'llama'"), GgufError);
+    CHECK_THROWS_WITH_AS(GgufFile::open(d / "missing.gguf"), doctest::Contains("missing.gguf: cannot open"), GgufError);
+    // A model whose ffn_up has the wrong shape.
+    auto b = tiny_bytes();
+    auto f = GgufFile::parse(b.data(), b.size(), "tiny.gguf");
+    const auto& up = f->get_tensor("blk.0.ffn_up.weight");
+    size_t at = static_cast<size_t>(std::search(b.begin(), b.end(), up.name.begin(), up.name.end()) - b.begin()) + up.name.size();
+    uint64_t ne1 = 63;  // was 64 (n_ff); the data size shrinks, still in bounds
+    std::memcpy(b.data() + at + 4 + 8, &ne1, 8);
+    CHECK_THROWS_WITH_AS(Model::load(GgufFile::parse(b.data(), b.size(), "tiny.gguf")),
+                         doctest::Contains("tensor 'blk.0.ffn_up.weight' has shape [32, 63], expected [32, 64]"), GgufError);
+}
+
+// ---- weight formats ------------------------------------------------------------------------------
+
+TEST_CASE("formats: fp16 and bf16 conversions") {
+    CHECK(fp16_to_f32(0x3c00) == 1.0f);
+    CHECK(fp16_to_f32(0xc000) == -2.0f);
+    CHECK(fp16_to_f32(0x0001) == doctest::Approx(5.960464477539063e-08));  // smallest subnormal
+    CHECK(f32_to_fp16(1.0f) == 0x3c00);
+    CHECK(f32_to_fp16(65504.f) == 0x7bff);
+    CHECK(f32_to_fp16(1e6f) == 0x7c00);             // overflow -> inf
+    CHECK(f32_to_fp16(1.0f + 1.0f / 2048) == 0x3c00);  // halfway rounds to even
+    CHECK(bf16_to_f32(0x3f80) == 1.0f);
+    CHECK(f32_to_bf16(1.0f) == 0x3f80);
+    for (float x : {0.1f, -3.75f, 1234.5f, 6.1e-5f}) CHECK(fp16_to_f32(f32_to_fp16(x)) == doctest::Approx(x).epsilon(1e-3));
+}
+
+TEST_CASE("formats: ternary weights round-trip exactly through TQ1_0, TQ2_0 (and Q8_0 within fp16)") {
+    std::mt19937 g(3);
+    std::vector<float> x(512);
+    for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 3) - 1) * 0.0625f;
+    for (uint32_t t : {kTQ1_0, kTQ2_0, kF16, kBF16}) {
+        auto q = quantize(t, x.data(), 512);
+        std::vector<float> y(512);
+        dequantize_row(t, q.data(), y.data(), 512);
+        CHECK_MESSAGE(y == x, type_name(t));
+    }
+    auto q = quantize(kQ8_0, x.data(), 512);
+    std::vector<float> y(512);
+    dequantize_row(kQ8_0, q.data(), y.data(), 512);
+    for (size_t i = 0; i < x.size(); ++i) CHECK(y[i] == doctest::Approx(x[i]).epsilon(1e-3));
+}
+
+TEST_CASE("formats: TQ2_0 and TQ1_0 element order follows the spec's byte layout") {
+    // TQ2_0: byte qs[32h+m] holds elements 128h+m, +32, +64, +96 in bit pairs 0-1 ... 6-7.
+    std::vector<uint8_t> b(66, 0x55);  // every code 1 -> 0
+    b[33] = static_cast<uint8_t>((2 << 0) | (0 << 2) | (1 << 4) | (1 << 6));  // h=1, m=1
+    uint16_t one = f32_to_fp16(1.0f);
+    std::memcpy(b.data() + 64, &one, 2);
+    std::vector<float> y(256);
+    dequantize_row(kTQ2_0, b.data(), y.data(), 256);
+    CHECK(y[129] == 1.0f);   // 128 + 1, bits 0-1 = 2 -> +1
+    CHECK(y[161] == -1.0f);  // +32, bits 2-3 = 0 -> -1
+    CHECK(y[0] == 0.0f);
+    // TQ1_0: the most significant trit of qs[m] is element m.
+    std::vector<float> x(256, 0.f);
+    x[5] = 1.f;
+    x[37] = -1.f;   // trit 1 of qs[5]
+    x[250] = 1.f;   // qh part
+    auto q = quantize(kTQ1_0, x.data(), 256);
+    dequantize_row(kTQ1_0, q.data(), y.data(), 256);
+    CHECK(y == x);
+}
+
+TEST_CASE("formats: Q4_K and Q6_K decode what they encode (within their step)") {
+    std::mt19937 g(9);
+    std::vector<float> x(1024);
+    for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 1000.f;
+    for (auto [t, tol] : {std::pair{kQ4_K, 0.08f}, std::pair{kQ6_K, 0.02f}}) {
+        auto q = quantize(t, x.data(), 1024);
+        CHECK(q.size() == (t == kQ4_K ? 4 * 144u : 4 * 210u));
+        std::vector<float> y(1024);
+        dequantize_row(t, q.data(), y.data(), 1024);
+        float worst = 0;
+        for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]));
+        CHECK_MESSAGE(worst < tol, type_name(t) << " worst " << worst);
+    }
+}
+
+// ---- the forward pass against llama.cpp ----------------------------------------------------------
+
+TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type and shape") {
+    std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "tests/fixtures/decoder/golden.json");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    rapidjson::Document g;
+    g.Parse(text.c_str());
+    REQUIRE(g.IsObject());
+    TempDir d;
+    auto set = fixture_set();
+    int compared = 0;
+    for (const auto& r : g["results"].GetArray()) {
+        std::string golden = r["file"].GetString();
+        // A quantized file is compared with llama.cpp's run of its F32 twin (the same decoded
+        // weights); F32 files with llama.cpp's own run.
+        std::string file = golden;
+        if (auto p = file.find(".f32twin"); p != std::string::npos) file = file.substr(0, p) + ".gguf";
+        auto it = std::find_if(set.begin(), set.end(), [&](const FixtureFile& f) { return f.name == file; });
+        REQUIRE_MESSAGE(it != set.end(), file);
+        write_synthetic(d / file, it->shape, it->type, it->seed, it->twin);
+        auto model = Model::load(GgufFile::open(d / file));
+        auto seq = model->new_sequence();
+        std::vector<int32_t> prompt;
+        for (const auto& t : r["prompt"].GetArray()) prompt.push_back(t.GetInt());
+        auto logits = model->forward(*seq, prompt, true);
+        const int64_t V = model->hparams().n_vocab;
+        double worst = 0;
+        for (size_t p = 0; p < prompt.size(); ++p)
+            for (int64_t v = 0; v < V; ++v) worst = std::max(worst, std::fabs(logits[p * V + v] - r["logits"][static_cast<rapidjson::SizeType>(p)][static_cast<rapidjson::SizeType>(v)].GetDouble()));
+        CAPTURE(file);
+        CHECK(worst < 2e-3);
+        std::vector<float> last(logits.end() - V, logits.end());
+        std::vector<int> greedy;
+        for (rapidjson::SizeType i = 0; i < r["greedy"].Size(); ++i) {
+            int best = static_cast<int>(std::max_element(last.begin(), last.end()) - last.begin());
+            greedy.push_back(best);
+            last = model->forward(*seq, {best});
+        }
+        std::vector<int> want;
+        for (const auto& t : r["greedy"].GetArray()) want.push_back(t.GetInt());
+        CHECK(greedy == want);
+        fs::remove(d / file);
+        ++compared;
+    }
+    CHECK(compared == 9);
+}
+
+TEST_CASE("forward: a copied sequence is a checkpoint; continuing from it equals continuing the original") {
+    TempDir d;
+    write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+    auto m = Model::load(GgufFile::open(d / "t.gguf"));
+    auto a = m->new_sequence();
+    m->forward(*a, {297, 72, 101, 108});
+    Sequence checkpoint = *a;
+    auto x = m->forward(*a, {108, 111});
+    auto y = m->forward(checkpoint, {108, 111});
+    CHECK(x == y);
+    CHECK(checkpoint.n_past == 6);
+    CHECK_THROWS_AS(m->forward(checkpoint, {100000}), std::out_of_range);
+}

@@ -1,0 +1,30 @@
+// Writes seeded synthetic qwen35 GGUF files for the decoder's correctness fixtures:
+//   make_synthetic OUT_DIR [SEED]   the fixture set (synthetic.h: every type, F32 twins, an odd shape)
+//   make_synthetic --tiny FILE      one small F32 model (the GGUF fuzzer's seed)
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "gguf.h"
+#include "synthetic.h"
+
+using namespace pulse::decoder;
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        std::fprintf(stderr, "usage: make_synthetic OUT_DIR [SEED] | make_synthetic --tiny FILE\n");
+        return 2;
+    }
+    if (std::string(argv[1]) == "--tiny") {
+        if (argc < 3) return 2;
+        write_synthetic(argv[2], tiny_shape(), kF32, 7);
+        return 0;
+    }
+    std::filesystem::path out(argv[1]);
+    std::filesystem::create_directories(out);
+    uint64_t seed = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
+    for (const auto& f : fixture_set(seed)) write_synthetic(out / f.name, f.shape, f.type, f.seed, f.twin);
+    std::printf("wrote the synthetic qwen35 fixture set to %s (seed %llu)\n", out.c_str(), static_cast<unsigned long long>(seed));
+    return 0;
+}
