@@ -16,6 +16,7 @@
 #include "quants.h"
 #include "support/temp_dir.h"
 #include "synthetic.h"
+#include "tokenizer.h"
 
 using namespace pulse::decoder;
 using pulse::test::TempDir;
@@ -347,4 +348,71 @@ TEST_CASE("forward: a copied sequence is a checkpoint; continuing from it equals
     CHECK(x == y);
     CHECK(checkpoint.n_past == 6);
     CHECK_THROWS_AS(m->forward(checkpoint, {100000}), std::out_of_range);
+}
+
+// ---- tokenizer against llama.cpp ------------------------------------------------------------------
+
+namespace {
+bool valid_utf8(const std::string& s) {
+    for (size_t i = 0; i < s.size();) {
+        auto c = static_cast<unsigned char>(s[i]);
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!len || i + len > s.size()) return false;
+        for (size_t k = 1; k < len; ++k)
+            if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+        i += len;
+    }
+    return true;
+}
+}  // namespace
+
+TEST_CASE("tokenizer: encodes like llama.cpp on code, unicode, whitespace runs and special tokens; decodes back") {
+    auto b = tiny_bytes();
+    auto f = GgufFile::parse(b.data(), b.size(), "tiny.gguf");
+    Tokenizer tok = Tokenizer::load(*f);
+    CHECK(tok.size() == 305);
+    std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "tests/fixtures/decoder/tokens.json");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    rapidjson::Document g;
+    g.Parse(text.c_str());
+    REQUIRE(g.IsObject());
+    int n = 0;
+    for (const auto& c : g["cases"].GetArray()) {
+        std::string t = c["text"].GetString();
+        bool special = !c.HasMember("parse_special") || c["parse_special"].GetBool();
+        std::vector<int32_t> want;
+        for (const auto& x : c["ids"].GetArray()) want.push_back(x.GetInt());
+        CAPTURE(t);
+        auto ids = tok.encode(t, special);
+        CHECK(ids == want);
+        CHECK(tok.decode(ids) == t);
+        // Streaming: every emitted chunk is whole UTF-8, and together they are the text.
+        Utf8Stream s;
+        std::string joined;
+        for (int32_t id : ids) {
+            std::string chunk = s.push(tok.piece(id));
+            CHECK(valid_utf8(chunk));
+            joined += chunk;
+        }
+        joined += s.flush();
+        CHECK(joined == t);
+        ++n;
+    }
+    CHECK(n == 18);
+    CHECK(tok.is_eog(tok.find("<|im_end|>")));
+    CHECK(tok.is_eog(tok.find("<|endoftext|>")));
+    CHECK_FALSE(tok.is_eog(tok.find("<think>")));
+}
+
+TEST_CASE("tokenizer: vocabularies it cannot run are refused by name") {
+    TempDir d;
+    GgufWriter w;
+    w.set_string("tokenizer.ggml.model", "llama");
+    w.write(d / "spm.gguf");
+    CHECK_THROWS_WITH_AS(Tokenizer::load(*GgufFile::open(d / "spm.gguf")), doctest::Contains("tokenizer.ggml.model is 'llama'"), GgufError);
+    GgufWriter w2;
+    w2.set_string("tokenizer.ggml.model", "gpt2");
+    w2.set_string("tokenizer.ggml.pre", "llama3");
+    w2.write(d / "l3.gguf");
+    CHECK_THROWS_WITH_AS(Tokenizer::load(*GgufFile::open(d / "l3.gguf")), doctest::Contains("tokenizer.ggml.pre is 'llama3'; supported: qwen2, qwen35"), GgufError);
 }
