@@ -37,7 +37,7 @@ const char* kHelp =
     "touched). It checks the gateway's /health, writes a model catalog for the model, and passes\n"
     "the provider, catalog, model and auto-compaction settings to codex as -c flags.\n"
     "\n"
-    "  --model ID        the model (default: the gateway's first model)\n"
+    "  --model ID        the model (default: the first model with a healthy backend)\n"
     "  --gateway URL     the gateway (default: server.listen of --config, else http://127.0.0.1:8800)\n"
     "  --start-gateway   start `pulse serve --config FILE` in the background if none is running\n"
     "  --config FILE     the gateway config (for --gateway and --start-gateway; default $PULSE_CONFIG)\n"
@@ -244,10 +244,22 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
         return fail(url + "/health did not answer like a Pulse gateway (HTTP " + std::to_string(health.status) + ")");
     const rapidjson::Value* m = nullptr;
     std::string known;
+    auto healthy = [](const rapidjson::Value& x) {
+        if (x.HasMember("endpoints") && x["endpoints"].IsArray())
+            for (const auto& e : x["endpoints"].GetArray())
+                if (e.HasMember("state") && e["state"].IsString() && std::string(e["state"].GetString()) == "healthy") return true;
+        return false;
+    };
     for (const auto& x : h["models"].GetArray()) {
         std::string id = x["id"].GetString();
         known += (known.empty() ? "" : ", ") + id;
-        if (!m && (!model || *model == id)) m = &x;
+        if (!m && model && *model == id) m = &x;
+    }
+    // No --model: the first model (config order) with a healthy backend, else the first.
+    if (!model) {
+        for (const auto& x : h["models"].GetArray())
+            if (!m && healthy(x)) m = &x;
+        if (!m && !h["models"].Empty()) m = &h["models"][0];
     }
     if (!m) return fail(model ? "the gateway has no model '" + *model + "' (it has: " + (known.empty() ? "none" : known) + ")"
                               : std::string("the gateway has no models configured"));

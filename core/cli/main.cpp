@@ -28,6 +28,7 @@
 
 #include "bench/bench_cli.h"
 #include "cli/codex_launcher.h"
+#include "cli/decode_cmd.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "config/config.h"
@@ -64,6 +65,8 @@ const char* kMainHelp =
     "  config check FILE                       validate a config file and exit\n"
     "  model ...                               runtime controller commands (provided by a plugin)\n"
     "  bench decode|accept|ttft|quality|drift  measurements against any OpenAI-compatible server\n"
+    "  decode MODEL.gguf --prompt TEXT         run the in-process decoder directly\n"
+    "  gguf make-demo [FILE] | info FILE       the random-weight demo model; inspect a GGUF file\n"
     "  codex [options] [-- codex args]         run the Codex CLI against this gateway\n"
     "  version                                 print version and plugin ABI\n"
     "\n"
@@ -501,6 +504,8 @@ int main(int argc, char** argv) {
         if (cmd == "version" || cmd == "--version") return cmd_version();
         if (cmd == "model") return cmd_model(argc, argv);
         if (cmd == "bench") return bench::run_bench(std::vector<std::string>(argv + 2, argv + argc));
+        if (cmd == "decode") return cli::cmd_decode(std::vector<std::string>(argv + 2, argv + argc));
+        if (cmd == "gguf") return cli::cmd_gguf(std::vector<std::string>(argv + 2, argv + argc));
         if (cmd == "codex") {
             auto listen_of = [](const std::string* config) {
                 Args a;

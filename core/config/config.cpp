@@ -219,13 +219,14 @@ void check_url(const Table& t, const toml::node& n, const std::string& url) {
     bool http = url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0;
     bool plugin = url.rfind("plugin://", 0) == 0 && url.size() > 9;
     if (!http && !plugin)
-        t.fail(n, "endpoint url '" + url + "' must start with http:// or plugin://NAME");
+        t.fail(n, "endpoint url '" + url + "' must start with http://, plugin://NAME or decoder:///path/model.gguf");
     if (url.rfind("https://", 0) == 0)
         t.fail(n, "endpoint url '" + url + "': https upstreams are not supported; Pulse talks to local "
                   "backends over plain HTTP on loopback or a private network");
 }
 
-Endpoint parse_endpoint(const toml::node& node, const std::string& path, const std::string& file, size_t idx) {
+Endpoint parse_endpoint(const toml::node& node, const std::string& path, const std::string& file, size_t idx,
+                        const std::filesystem::path& base) {
     const toml::table* et = node.as_table();
     if (!et) throw ConfigError(where(file, node.source()) + ": '" + path + "' entries must be tables {name, url}");
     Table t(*et, path + "[" + std::to_string(idx) + "]", file);
@@ -238,12 +239,24 @@ Endpoint parse_endpoint(const toml::node& node, const std::string& path, const s
     }
     t.reject_unknown();
     if (e.url.empty()) t.fail_here("'" + t.qualified("url") + "' is required");
+    // decoder:///path/model.gguf: the in-process decoder backend with options.model = the path.
+    if (e.url.rfind("decoder://", 0) == 0) {
+        std::string model = e.url.substr(10);
+        if (model.empty()) t.fail(*et->get("url"), "endpoint url '" + e.url + "' names no model file (decoder:///path/model.gguf)");
+        if (e.options_json.find("\"model\"") != std::string::npos)
+            t.fail(*et->get("url"), "endpoint url '" + e.url + "' already names the model; drop options.model");
+        std::string quoted;
+        json_string(resolve(base, model).string(), quoted);
+        e.options_json = e.options_json == "null" || e.options_json == "{}" ? "{\"model\":" + quoted + "}"
+                                                                            : "{\"model\":" + quoted + "," + e.options_json.substr(1);
+        e.url = "plugin://decoder";
+    }
     check_url(t, *et->get("url"), e.url);
     if (e.name.empty()) e.name = "ep" + std::to_string(idx);
     return e;
 }
 
-Model parse_model(const std::string& id, const toml::table& mt, const std::string& file) {
+Model parse_model(const std::string& id, const toml::table& mt, const std::string& file, const std::filesystem::path& base) {
     Table t(mt, "models." + id, file);
     Model m;
     m.id = id;
@@ -255,7 +268,7 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
         t.fail(*mt.get("reasoning_output"), "'" + t.qualified("reasoning_output") + "' must be \"summary\", \"raw\" or \"both\"");
     if (const toml::array* eps = t.array("endpoints")) {
         for (size_t i = 0; i < eps->size(); ++i)
-            m.endpoints.push_back(parse_endpoint(*eps->get(i), t.qualified("endpoints"), file, i));
+            m.endpoints.push_back(parse_endpoint(*eps->get(i), t.qualified("endpoints"), file, i, base));
     }
     if (const toml::table* st = t.subtable("sampling")) {
         Table s(*st, t.qualified("sampling"), file);
@@ -346,12 +359,18 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         to_json(*ct, cfg.controller_json);
     }
     if (const toml::table* mt = top.subtable("models")) {
+        // In the order the file lists them (TOML tables iterate by key): the first is the
+        // default model of tools like `pulse codex`.
+        std::vector<std::pair<std::pair<uint32_t, uint32_t>, Model>> ordered;
         for (const auto& [id, node] : *mt) {
             if (!node.is_table())
                 throw ConfigError(where(file, node.source()) + ": 'models." + std::string(id.str()) +
                                   "' must be a table: [models.\"" + std::string(id.str()) + "\"]");
-            cfg.models.push_back(parse_model(std::string(id.str()), *node.as_table(), file));
+            ordered.emplace_back(std::make_pair(node.source().begin.line, node.source().begin.column),
+                                 parse_model(std::string(id.str()), *node.as_table(), file, base));
         }
+        std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        for (auto& [pos, m] : ordered) cfg.models.push_back(std::move(m));
     }
     top.reject_unknown();
     static const std::set<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};

@@ -5,6 +5,10 @@
 
 #include "gguf.h"
 #include "quants.h"
+#include "tokenizer.h"
+
+#include <map>
+#include <set>
 
 namespace pulse::decoder {
 
@@ -39,6 +43,121 @@ struct Rng {
 
 }  // namespace
 
+namespace {
+void add_specials(SynthVocab& v) {
+    auto special = [&](const char* t, int type) {
+        v.tokens.push_back(t);
+        v.types.push_back(type);
+        return static_cast<int32_t>(v.tokens.size() - 1);
+    };
+    v.endoftext = special("<|endoftext|>", 3);
+    v.im_start = special("<|im_start|>", 3);
+    v.im_end = special("<|im_end|>", 3);
+    special("<think>", 4);
+    special("</think>", 4);
+    special("<tool_call>", 4);
+    special("</tool_call>", 4);
+    special("<tool_response>", 4);
+    special("</tool_response>", 4);
+}
+
+const char* kCorpus =
+    "The quick brown fox jumps over the lazy dog. You are a coding agent running in a terminal on the user's machine. "
+    "Read the files in the repository, then make the change the user asked for, run the tests, and report what you did. "
+    "When a command fails, read its output and fix the problem before you continue. Keep the answer short and precise. "
+    "The function returns the number of items in the list, or an error when the input is not valid. "
+    "Please create a new file with the following content and then show me the result of running it. "
+    "def main(argv):\n    parser = argparse.ArgumentParser(description='process the input files')\n"
+    "    parser.add_argument('--output', default=None, help='where to write the result')\n"
+    "    args = parser.parse_args(argv)\n    for path in args.files:\n        with open(path) as f:\n"
+    "            for line in f:\n                print(line.strip())\n    return 0\n\n"
+    "if __name__ == '__main__':\n    sys.exit(main(sys.argv[1:]))\n"
+    "#include <string>\n#include <vector>\n\nint main(int argc, char** argv) {\n    std::vector<std::string> args(argv, argv + argc);\n"
+    "    for (const auto& a : args) std::printf(\"%s\\n\", a.c_str());\n    return 0;\n}\n"
+    "{\"type\": \"function\", \"name\": \"shell\", \"description\": \"Runs a shell command and returns its output\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {\"command\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}, "
+    "\"workdir\": {\"type\": \"string\", \"description\": \"The working directory to execute the command in\"}, "
+    "\"timeout_ms\": {\"type\": \"number\", \"description\": \"The timeout for the command in milliseconds\"}}, "
+    "\"required\": [\"command\"], \"additionalProperties\": false}}\n"
+    "You can use the apply_patch tool to edit files: *** Begin Patch\n*** Update File: src/main.rs\n@@ fn main()\n-    println!(\"old\");\n"
+    "+    println!(\"new\");\n*** End Patch\n"
+    "Instructions for the agent: the user will ask questions about the code, about the project, and about the environment. "
+    "Always explain what you are going to do before you do it, and summarize the changes when you are done. "
+    "Use the tools that are available to you; do not guess the content of a file that you have not read. ";
+}  // namespace
+
+SynthVocab trained_vocab(int n_merges) {
+    SynthVocab v;
+    std::string table[256];
+    for (int b = 0; b < 256; ++b) {
+        table[b] = byte_token(b);
+        v.tokens.push_back(table[b]);
+        v.types.push_back(1);
+    }
+    // Words as symbol sequences with their counts.
+    std::map<std::vector<std::string>, int> words;
+    for (auto piece : pretokenize_qwen(kCorpus)) {
+        std::vector<std::string> sym;
+        for (unsigned char c : piece) sym.push_back(table[c]);
+        ++words[sym];
+    }
+    std::set<std::string> known(v.tokens.begin(), v.tokens.end());
+    for (int m = 0; m < n_merges; ++m) {
+        std::map<std::pair<std::string, std::string>, int> pairs;
+        for (const auto& [w, n] : words)
+            for (size_t i = 0; i + 1 < w.size(); ++i) pairs[{w[i], w[i + 1]}] += n;
+        if (pairs.empty()) break;
+        auto best = pairs.begin();
+        for (auto it = pairs.begin(); it != pairs.end(); ++it)
+            if (it->second > best->second) best = it;  // ties: the first in order (deterministic)
+        if (best->second < 2) break;
+        auto [a, b] = best->first;
+        std::map<std::vector<std::string>, int> next;
+        for (const auto& [w, n] : words) {
+            std::vector<std::string> out;
+            for (size_t i = 0; i < w.size(); ++i) {
+                if (i + 1 < w.size() && w[i] == a && w[i + 1] == b) {
+                    out.push_back(a + b);
+                    ++i;
+                } else {
+                    out.push_back(w[i]);
+                }
+            }
+            next[out] += n;
+        }
+        words.swap(next);
+        v.merges.push_back(a + " " + b);
+        if (known.insert(a + b).second) {
+            v.tokens.push_back(a + b);
+            v.types.push_back(1);
+        }
+    }
+    add_specials(v);
+    return v;
+}
+
+void write_demo_model(const std::filesystem::path& path) {
+    static const SynthVocab vocab = trained_vocab(640);
+    SynthShape demo;
+    demo.name = "pulse-demo (RANDOM weights)";
+    demo.n_layer = 2;
+    demo.all_recurrent = true;
+    demo.n_embd = 64;
+    demo.n_ff = 128;
+    demo.n_head = 1;
+    demo.n_head_kv = 1;
+    demo.head_dim = 16;
+    demo.rope_dim = 8;
+    demo.sections = {2, 1, 1, 0};
+    demo.ssm_groups = 1;
+    demo.ssm_heads = 2;
+    demo.ssm_state = 32;
+    demo.context = 65536;
+    demo.vocab = &vocab;
+    demo.end_bias = 0.35f;
+    write_synthetic(path, demo, kQ8_0, 20261129);
+}
+
 SynthVocab synthetic_vocab() {
     SynthVocab v;
     for (int b = 0; b < 256; ++b) {
@@ -55,25 +174,12 @@ SynthVocab synthetic_vocab() {
         v.tokens.push_back(std::string(p[0]) + p[1]);
         v.types.push_back(1);
     }
-    auto special = [&](const char* t, int type) {
-        v.tokens.push_back(t);
-        v.types.push_back(type);
-        return static_cast<int32_t>(v.tokens.size() - 1);
-    };
-    v.endoftext = special("<|endoftext|>", 3);
-    v.im_start = special("<|im_start|>", 3);
-    v.im_end = special("<|im_end|>", 3);
-    special("<think>", 4);
-    special("</think>", 4);
-    special("<tool_call>", 4);
-    special("</tool_call>", 4);
-    special("<tool_response>", 4);
-    special("</tool_response>", 4);
+    add_specials(v);
     return v;
 }
 
 void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uint32_t type, uint64_t seed, bool twin) {
-    SynthVocab vocab = synthetic_vocab();
+    SynthVocab vocab = s.vocab ? *s.vocab : synthetic_vocab();
     const int64_t V = static_cast<int64_t>(vocab.tokens.size());
     Rng rng(seed);
     GgufWriter w;
@@ -81,7 +187,7 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
     w.set_string("general.architecture", a);
     w.set_string("general.name", s.name);
     w.set_u32("general.quantization_version", 2);
-    w.set_u32(a + ".context_length", 4096);
+    w.set_u32(a + ".context_length", static_cast<uint32_t>(s.context));
     w.set_u32(a + ".embedding_length", static_cast<uint32_t>(s.n_embd));
     w.set_u32(a + ".block_count", static_cast<uint32_t>(s.n_layer));
     w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(s.n_ff));
@@ -99,6 +205,7 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
     w.set_u32(a + ".ssm.time_step_rank", static_cast<uint32_t>(s.ssm_heads));
     w.set_u32(a + ".ssm.inner_size", static_cast<uint32_t>(s.ssm_heads * s.ssm_state));
     w.set_u32(a + ".full_attention_interval", 4);
+    if (s.all_recurrent) w.set_i32s(a + ".attention.recurrent_layers", std::vector<int32_t>(static_cast<size_t>(s.n_layer), 1));
     w.set_string("tokenizer.ggml.model", "gpt2");
     w.set_string("tokenizer.ggml.pre", "qwen35");
     w.set_strings("tokenizer.ggml.tokens", vocab.tokens);
@@ -133,13 +240,33 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
     const int64_t E = s.n_embd;
     auto pow2 = [](int e) { return std::ldexp(1.0f, e); };
     // Tied output reuses the embedding: a smaller scale keeps its logits in the same range.
-    matrix("token_embd.weight", E, V, pow2(s.tied_output ? -3 : -1));
-    f32("output_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
-    if (!s.tied_output) matrix("output.weight", E, V, pow2(-3));
+    if (s.end_bias > 0) {
+        // v: a fixed unit direction; embeddings carry it, <|im_end|> reads it, specials avoid it.
+        std::vector<float> v(static_cast<size_t>(E));
+        for (auto& x : v) x = static_cast<float>(rng.ternary() == 0 ? 1 : -1) / std::sqrt(static_cast<float>(E));
+        std::vector<float> emb(static_cast<size_t>(E * V)), out(static_cast<size_t>(E * V));
+        for (int64_t t = 0; t < V; ++t)
+            for (int64_t i = 0; i < E; ++i) {
+                emb[static_cast<size_t>(t * E + i)] = static_cast<float>(rng.ternary()) * pow2(-1) + v[static_cast<size_t>(i)] * 2.0f;
+                out[static_cast<size_t>(t * E + i)] = static_cast<float>(rng.ternary()) * pow2(-3);
+            }
+        for (int64_t i = 0; i < E; ++i) {
+            out[static_cast<size_t>(vocab.im_end * E + i)] = v[static_cast<size_t>(i)] * s.end_bias;
+            for (int64_t t = vocab.endoftext; t < V; ++t)
+                if (t != vocab.im_end) out[static_cast<size_t>(t * E + i)] = -v[static_cast<size_t>(i)] * 4 * s.end_bias;
+        }
+        w.add_tensor("token_embd.weight", {static_cast<uint64_t>(E), static_cast<uint64_t>(V)}, type, quantize(type, emb.data(), E * V));
+        f32("output_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
+        w.add_tensor("output.weight", {static_cast<uint64_t>(E), static_cast<uint64_t>(V)}, type, quantize(type, out.data(), E * V));
+    } else {
+        matrix("token_embd.weight", E, V, pow2(s.tied_output ? -3 : -1));
+        f32("output_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
+        if (!s.tied_output) matrix("output.weight", E, V, pow2(-3));
+    }
     const int64_t kd = s.ssm_groups * s.ssm_state, vd = s.ssm_heads * s.ssm_state, conv_dim = 2 * kd + vd;
     for (int64_t il = 0; il < s.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
-        bool recurrent = (il + 1) % 4 != 0;
+        bool recurrent = s.all_recurrent || (il + 1) % 4 != 0;
         f32(p + "attn_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
         f32(p + "post_attention_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
         if (recurrent) {

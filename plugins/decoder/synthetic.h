@@ -18,7 +18,14 @@ struct SynthShape {
     std::vector<int32_t> sections = {3, 3, 2, 0};
     int64_t ssm_groups = 2, ssm_heads = 4, ssm_state = 64, conv_kernel = 4;
     bool tied_output = false;
+    bool all_recurrent = false;  // every layer Gated DeltaNet (attention.recurrent_layers)
+    int64_t context = 4096;
+    // Demo only: every embedding row gets a shared direction v and the output row of
+    // <|im_end|> points along it (so answers end after a few dozen tokens), while the other
+    // special tokens point away from it (so random text does not open tool calls).
+    float end_bias = 0;
     std::string name = "pulse-synthetic";
+    const struct SynthVocab* vocab = nullptr;  // default: synthetic_vocab()
 };
 
 // The vocabulary every synthetic file carries (tokens, types, merges, special ids).
@@ -28,6 +35,14 @@ struct SynthVocab {
     int32_t endoftext = 0, im_start = 0, im_end = 0;
 };
 SynthVocab synthetic_vocab();
+// A byte-level BPE vocab with `merges` merges learned from a built-in English + code sample
+// (so ordinary text takes ~3 bytes per token instead of 1), plus the same special tokens.
+SynthVocab trained_vocab(int merges);
+
+// The demo model (`pulse gguf make-demo`, the decoder backend's make_demo option): RANDOM
+// weights, two Gated DeltaNet layers, a trained ~900-token vocab, 65,536 tokens of context,
+// Q8_0 — small enough to prefill a whole Codex prompt in seconds on a laptop CPU.
+void write_demo_model(const std::filesystem::path& path);
 
 // Writes `path` with every 2-D weight in `type` (1-D tensors, conv and SSM parameters in F32).
 // When `dequantized_twin` is set, writes instead the F32 file holding exactly the values the

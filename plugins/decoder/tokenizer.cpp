@@ -134,6 +134,8 @@ std::vector<std::string_view> pretokenize(std::string_view text) {
 
 }  // namespace
 
+std::vector<std::string_view> pretokenize_qwen(std::string_view text) { return pretokenize(text); }
+
 Tokenizer Tokenizer::load(const GgufFile& f) {
     Tokenizer t;
     std::string model = f.get_string("tokenizer.ggml.model");
@@ -264,6 +266,20 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
     return s;
 }
 
+std::string valid_utf8(const std::string& s) {
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size();) {
+        auto [cp, len] = next_cp(s, i);
+        bool bad = cp == 0xFFFD && !(len == 3 && s.compare(i, 3, "\xEF\xBF\xBD") == 0);
+        bad = bad || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF || (len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000);
+        if (bad) out += "\xEF\xBF\xBD";
+        else out.append(s, i, len);
+        i += len;
+    }
+    return out;
+}
+
 std::string Utf8Stream::push(const std::string& b) {
     pending_ += b;
     // Keep back an incomplete trailing sequence (at most 3 bytes).
@@ -275,14 +291,14 @@ std::string Utf8Stream::push(const std::string& b) {
         if (need > back) cut = pending_.size() - back;
         break;
     }
-    std::string out = pending_.substr(0, cut);
+    std::string out = valid_utf8(pending_.substr(0, cut));
     pending_.erase(0, cut);
     return out;
 }
 
 std::string Utf8Stream::flush() {
-    std::string out;
-    out.swap(pending_);
+    std::string out = valid_utf8(pending_);
+    pending_.clear();
     return out;
 }
 

@@ -48,7 +48,15 @@ private:
     bool add_bos_ = false;
 };
 
-// Feeds token bytes, returns only complete UTF-8 (the rest waits for the next token).
+// The Qwen pre-tokenizer's pieces of `text` (byte ranges into it).
+std::vector<std::string_view> pretokenize_qwen(std::string_view text);
+
+// `s` with every invalid UTF-8 sequence replaced by U+FFFD (JSON and clients need valid text;
+// a model, random weights above all, can emit any byte sequence).
+std::string valid_utf8(const std::string& s);
+
+// Feeds token bytes, returns only complete UTF-8 (the rest waits for the next token); what it
+// returns is always valid UTF-8.
 class Utf8Stream {
 public:
     std::string push(const std::string& bytes);

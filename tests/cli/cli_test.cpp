@@ -83,7 +83,7 @@ TEST_CASE("usage errors exit 2") {
 TEST_CASE("config check: valid file, invalid file, missing file") {
     auto r = run({exe(), "config", "check", PULSE_SOURCE_ROOT "/config/pulse.toml"}, kNoEnvOverrides);
     CHECK(r.code == 0);
-    CHECK(has(r.out, "ok (1 model, listen 127.0.0.1:8800)"));
+    CHECK(has(r.out, "ok (2 models, listen 127.0.0.1:8800)"));
 
     TempDir tmp;
     auto bad = tmp.write("bad.toml", "[server]\nlisten = \"127.0.0.1:8800\"\nthreads = 4\n");
@@ -347,7 +347,7 @@ TEST_CASE("codex: unknown model and a model without a healthy backend are refuse
     auto r = run({exe(), "codex", "--gateway", gw.url(), "--model", "nope", "--codex", fake_codex()},
                  {{"FAKE_CODEX_OUT", (tmp / "a").string()}});
     CHECK(r.code == 1);
-    CHECK(has(r.err, "the gateway has no model 'nope' (it has: dead, echo)"));
+    CHECK(has(r.err, "the gateway has no model 'nope' (it has: echo, dead)"));
     // Wait (bounded) for the probe to mark the dead endpoint down.
     for (int i = 0; i < 100; ++i) {
         r = run({exe(), "codex", "--gateway", gw.url(), "--model", "dead", "--codex", fake_codex()}, {{"FAKE_CODEX_OUT", (tmp / "a").string()}});

@@ -46,8 +46,9 @@ TEST_CASE("the shipped config/pulse.toml loads with the documented defaults") {
     CHECK(c.upstream.retry_window_s == 180);
     CHECK(c.upstream.keepalive_s == 10);
     CHECK(c.upstream.connect_timeout_s == 3);
-    REQUIRE(c.models.size() == 1);
-    const Model& m = c.models[0];
+    REQUIRE(c.models.size() == 2);
+    REQUIRE(c.find_model("qwen3.8-flash-next"));
+    const Model& m = *c.find_model("qwen3.8-flash-next");
     CHECK(m.id == "qwen3.8-flash-next");
     CHECK(m.profile == "qwen38");
     CHECK(m.context_window == 524288);
@@ -58,6 +59,14 @@ TEST_CASE("the shipped config/pulse.toml loads with the documented defaults") {
     CHECK_FALSE(m.sampling.max_output_tokens.has_value());
     CHECK(m.profile_options_json == "{}");
     CHECK(c.plugins.dirs.empty());
+    // The demo model, served in-process (written on first start with random weights).
+    REQUIRE(c.find_model("pulse-demo"));
+    const Model& demo = *c.find_model("pulse-demo");
+    CHECK(demo.id == "pulse-demo");
+    REQUIRE(demo.endpoints.size() == 1);
+    CHECK(demo.endpoints[0].url == "plugin://decoder");
+    CHECK(demo.endpoints[0].options_json == R"({"model":"/var/lib/pulse/pulse-demo.gguf","make_demo":true})");
+    CHECK(demo.profile_options_json == R"({"thinking":"off"})");
 }
 
 TEST_CASE("an empty file gives built-in defaults") {
@@ -112,7 +121,7 @@ TEST_CASE("models need a profile and endpoints with valid urls") {
           std::string::npos);
     CHECK(error_of("[models.m]\nprofile = \"qwen38\"\n").find("model 'm' has no endpoints") != std::string::npos);
     CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"ftp://x\"\n")
-              .find("must start with http:// or plugin://NAME") != std::string::npos);
+              .find("must start with http://, plugin://NAME or decoder:///path/model.gguf") != std::string::npos);
     CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"https://x\"\n")
               .find("https upstreams are not supported") != std::string::npos);
     CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nname = \"a\"\nurl = \"http://x:1/v1\"\n"
@@ -275,4 +284,35 @@ TEST_CASE("endpoint fragments: malformed ones are errors naming the file") {
     CHECK(error("[[endpoints]]\nupstream_model = \"m\"\nname = \"n\"\nurl = \"ftp://h\"\n").find("must start with http://") != std::string::npos);
     CHECK(error("[[endpoints]]\nupstream_model = \"m\"\nname = \"n\"\nurl = \"http://h/v1\"\nweight = 2\n").find("weight") != std::string::npos);
     CHECK(error("[[endpoints]\n").find("f.toml:1") != std::string::npos);
+}
+
+TEST_CASE("decoder:///path endpoints become the decoder backend with options.model (relative to the config)") {
+    pulse::test::TempDir d;
+    auto p = d.write("pulse.toml", R"([models.demo]
+profile = "qwen38"
+[[models.demo.endpoints]]
+url = "decoder://models/demo.gguf"
+[models.demo.endpoints.options]
+threads = 2
+[[models.demo.endpoints]]
+url = "decoder:///srv/x.gguf"
+)");
+    Config c = load_file(p);
+    REQUIRE(c.models[0].endpoints.size() == 2);
+    const auto& e = c.models[0].endpoints[0];
+    CHECK(e.url == "plugin://decoder");
+    CHECK(e.options_json == "{\"model\":\"" + (d.path() / "models/demo.gguf").string() + "\",\"threads\":2}");
+    CHECK(c.models[0].endpoints[1].options_json == "{\"model\":\"/srv/x.gguf\"}");
+    CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"decoder://\"\n").find("names no model file") != std::string::npos);
+    CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"decoder:///a.gguf\"\n[models.m.endpoints.options]\nmodel = \"/b\"\n")
+              .find("already names the model") != std::string::npos);
+}
+
+TEST_CASE("models keep the order the file lists them in (the first is the default elsewhere)") {
+    Config c = load_string("[models.zeta]\nprofile = \"p\"\n[[models.zeta.endpoints]]\nurl = \"http://127.0.0.1:1/v1\"\n"
+                           "[models.alpha]\nprofile = \"p\"\n[[models.alpha.endpoints]]\nurl = \"http://127.0.0.1:2/v1\"\n",
+                           "order.toml");
+    REQUIRE(c.models.size() == 2);
+    CHECK(c.models[0].id == "zeta");
+    CHECK(c.models[1].id == "alpha");
 }

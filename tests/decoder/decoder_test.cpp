@@ -353,7 +353,7 @@ TEST_CASE("forward: a copied sequence is a checkpoint; continuing from it equals
 // ---- tokenizer against llama.cpp ------------------------------------------------------------------
 
 namespace {
-bool valid_utf8(const std::string& s) {
+bool is_valid_utf8(const std::string& s) {
     for (size_t i = 0; i < s.size();) {
         auto c = static_cast<unsigned char>(s[i]);
         size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
@@ -391,7 +391,7 @@ TEST_CASE("tokenizer: encodes like llama.cpp on code, unicode, whitespace runs a
         std::string joined;
         for (int32_t id : ids) {
             std::string chunk = s.push(tok.piece(id));
-            CHECK(valid_utf8(chunk));
+            CHECK(is_valid_utf8(chunk));
             joined += chunk;
         }
         joined += s.flush();

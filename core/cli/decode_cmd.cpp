@@ -1,0 +1,264 @@
+#include "cli/decode_cmd.h"
+
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <sstream>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "engine.h"
+#include "gguf.h"
+#include "model.h"
+#include "synthetic.h"
+#include "tokenizer.h"
+
+namespace pulse::cli {
+
+namespace {
+
+const char* kDecodeHelp =
+    "usage: pulse decode MODEL.gguf (--prompt TEXT | --tokens ID,ID,...) [options]\n"
+    "\n"
+    "Runs the in-process decoder on a qwen35 GGUF file: prefill the prompt, generate N tokens.\n"
+    "  -n N              tokens to generate (default 32)\n"
+    "  --threads N       CPU threads (default: all)\n"
+    "  --logits K        print the top-K logits at each generated position\n"
+    "  --temperature T --top-k K --top-p P --min-p P --seed S   sampling (default: greedy)\n"
+    "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
+    "  --no-special      read <|...|> in --prompt as plain text\n"
+    "exit codes: 0 ok, 2 usage, 3 the file cannot be used\n";
+
+const char* kGgufHelp =
+    "usage: pulse gguf make-demo [FILE]     write the demo model (random weights, qwen35, ~1 MB)\n"
+    "       pulse gguf info FILE            metadata summary and tensor table\n"
+    "The demo model's weights are random: it answers with random text. It exists so a fresh\n"
+    "install can serve Codex end to end with no other server.\n";
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+int cmd_decode(const std::vector<std::string>& args) {
+    std::string path, prompt, tokens_csv;
+    bool json = false, special = true, have_prompt = false;
+    int64_t n = 32, topk_print = 0;
+    int threads = 0;
+    decoder::SamplerParams sp;
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+            return args[++i];
+        };
+        try {
+            if (a == "--help" || a == "-h") return std::fputs(kDecodeHelp, stdout), 0;
+            if (a == "--prompt") prompt = next(), have_prompt = true;
+            else if (a == "--tokens") tokens_csv = next();
+            else if (a == "-n") n = std::stoll(next());
+            else if (a == "--threads") threads = std::stoi(next());
+            else if (a == "--logits") topk_print = std::stoll(next());
+            else if (a == "--temperature") sp.temperature = std::stod(next());
+            else if (a == "--top-k") sp.top_k = std::stoll(next());
+            else if (a == "--top-p") sp.top_p = std::stod(next());
+            else if (a == "--min-p") sp.min_p = std::stod(next());
+            else if (a == "--seed") sp.seed = std::stoull(next());
+            else if (a == "--json") json = true;
+            else if (a == "--no-special") special = false;
+            else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unknown option " + a);
+            else if (path.empty()) path = a;
+            else throw std::invalid_argument("unexpected argument " + a);
+        } catch (const std::invalid_argument& e) {
+            std::fprintf(stderr, "pulse decode: %s\n%s", e.what(), kDecodeHelp);
+            return 2;
+        } catch (const std::out_of_range&) {
+            std::fprintf(stderr, "pulse decode: %s: value out of range\n", a.c_str());
+            return 2;
+        }
+    }
+    if (path.empty() || (have_prompt == !tokens_csv.empty()) || n < 0 || topk_print < 0) {
+        std::fprintf(stderr, "pulse decode: give MODEL.gguf and exactly one of --prompt or --tokens\n%s", kDecodeHelp);
+        return 2;
+    }
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+#endif
+    std::shared_ptr<decoder::GgufFile> file;
+    std::shared_ptr<decoder::Model> model;
+    decoder::Tokenizer tok;
+    try {
+        file = decoder::GgufFile::open(path);
+        model = decoder::Model::load(file);
+        tok = decoder::Tokenizer::load(*file);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse decode: %s\n", e.what());
+        return 3;
+    }
+    const int64_t V = model->hparams().n_vocab;
+    std::vector<int32_t> ids;
+    if (have_prompt) ids = tok.encode(prompt, special);
+    else {
+        std::stringstream ss(tokens_csv);
+        for (std::string t; std::getline(ss, t, ',');) {
+            char* end = nullptr;
+            long v = std::strtol(t.c_str(), &end, 10);
+            if (t.empty() || *end || v < 0 || v >= V) {
+                std::fprintf(stderr, "pulse decode: --tokens: '%s' is not a token id (0-%lld)\n", t.c_str(), static_cast<long long>(V - 1));
+                return 2;
+            }
+            ids.push_back(static_cast<int32_t>(v));
+        }
+    }
+    if (ids.empty()) {
+        std::fprintf(stderr, "pulse decode: the prompt is empty\n");
+        return 2;
+    }
+    auto seq = model->new_sequence();
+    double t0 = now_s();
+    std::vector<float> logits = model->forward(*seq, ids);
+    double t1 = now_s();
+    decoder::Sampler sampler(sp);
+    struct Step {
+        int32_t id;
+        std::string piece;
+        std::vector<std::pair<int32_t, float>> top;
+    };
+    std::vector<Step> steps;
+    decoder::Utf8Stream utf8;
+    for (int64_t i = 0; i < n; ++i) {
+        Step s;
+        if (topk_print > 0) {
+            std::vector<int32_t> idx(static_cast<size_t>(V));
+            std::iota(idx.begin(), idx.end(), 0);
+            size_t k = static_cast<size_t>(std::min<int64_t>(topk_print, V));
+            std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(), [&](int32_t a, int32_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+            for (size_t j = 0; j < k; ++j) s.top.emplace_back(idx[j], logits[static_cast<size_t>(idx[j])]);
+        }
+        s.id = sampler.sample(logits.data(), V);
+        s.piece = tok.piece(s.id);
+        bool eog = tok.is_eog(s.id);
+        if (!json) {
+            std::string out = utf8.push(s.piece);
+            std::fwrite(out.data(), 1, out.size(), stdout);
+            if (topk_print > 0) {
+                std::fprintf(stdout, "\n  [%lld] top:", static_cast<long long>(i));
+                for (auto [id, l] : s.top) std::fprintf(stdout, " %d=%.4f", id, l);
+                std::fprintf(stdout, "\n");
+            }
+            std::fflush(stdout);
+        }
+        steps.push_back(std::move(s));
+        if (eog) break;
+        if (i + 1 < n) logits = model->forward(*seq, {steps.back().id});
+    }
+    double t2 = now_s();
+    double prefill_tps = static_cast<double>(ids.size()) / std::max(t1 - t0, 1e-9);
+    double decode_tps = steps.size() > 1 ? static_cast<double>(steps.size() - 1) / std::max(t2 - t1, 1e-9) : 0;
+    if (!json) {
+        std::string rest = utf8.flush();
+        std::fwrite(rest.data(), 1, rest.size(), stdout);
+        std::fprintf(stderr, "\n[prompt %zu tokens, %.1f tok/s prefill; %zu generated, %.1f tok/s decode]\n", ids.size(), prefill_tps, steps.size(), decode_tps);
+        return 0;
+    }
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.StartObject();
+    w.Key("model");
+    w.String(path.c_str());
+    w.Key("prompt_tokens");
+    w.StartArray();
+    for (int32_t id : ids) w.Int(id);
+    w.EndArray();
+    w.Key("tokens");
+    w.StartArray();
+    for (const auto& s : steps) {
+        w.StartObject();
+        w.Key("id");
+        w.Int(s.id);
+        std::string shown = decoder::valid_utf8(s.piece);  // a piece can be part of a character
+        w.Key("piece");
+        w.String(shown.c_str(), static_cast<rapidjson::SizeType>(shown.size()));
+        std::string hex;
+        for (unsigned char c : s.piece) {
+            static const char* digits = "0123456789abcdef";
+            hex += digits[c >> 4];
+            hex += digits[c & 15];
+        }
+        w.Key("bytes");
+        w.String(hex.c_str());
+        if (!s.top.empty()) {
+            w.Key("top_logits");
+            w.StartArray();
+            for (auto [id, l] : s.top) {
+                w.StartArray();
+                w.Int(id);
+                w.Double(static_cast<double>(l));
+                w.EndArray();
+            }
+            w.EndArray();
+        }
+        w.EndObject();
+    }
+    w.EndArray();
+    std::string text;
+    for (const auto& s : steps) text += s.piece;
+    text = decoder::valid_utf8(text);
+    w.Key("text");
+    w.String(text.c_str(), static_cast<rapidjson::SizeType>(text.size()));
+    w.Key("prefill_tokens_per_s");
+    w.Double(prefill_tps);
+    w.Key("decode_tokens_per_s");
+    w.Double(decode_tps);
+    w.EndObject();
+    std::printf("%s\n", b.GetString());
+    return 0;
+}
+
+int cmd_gguf(const std::vector<std::string>& args) {
+    if (args.empty() || args[0] == "--help" || args[0] == "-h") return std::fputs(kGgufHelp, args.empty() ? stderr : stdout), args.empty() ? 2 : 0;
+    if (args[0] == "make-demo") {
+        std::string out = args.size() > 1 ? args[1] : "pulse-demo.gguf";
+        try {
+            decoder::write_demo_model(out);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "pulse gguf: %s\n", e.what());
+            return 1;
+        }
+        std::printf("wrote %s: a qwen35 demo model with RANDOM weights (its answers are random text)\n", out.c_str());
+        return 0;
+    }
+    if (args[0] == "info" && args.size() == 2) {
+        try {
+            auto f = decoder::GgufFile::open(args[1]);
+            std::printf("%s: GGUF v%u, %zu metadata keys, %zu tensors, alignment %llu\n", args[1].c_str(), f->version(), f->metadata().size(),
+                        f->tensors().size(), static_cast<unsigned long long>(f->alignment()));
+            for (const auto& [k, v] : f->metadata()) {
+                if (v.type == decoder::ValueType::array) std::printf("  %-48s array[%zu]\n", k.c_str(), v.items.size());
+                else if (v.type == decoder::ValueType::string) std::printf("  %-48s %s\n", k.c_str(), v.s.substr(0, 80).c_str());
+                else if (v.is_float()) std::printf("  %-48s %g\n", k.c_str(), v.f);
+                else if (v.type == decoder::ValueType::boolean) std::printf("  %-48s %s\n", k.c_str(), v.b ? "true" : "false");
+                else std::printf("  %-48s %lld\n", k.c_str(), static_cast<long long>(v.i + static_cast<int64_t>(v.u)));
+            }
+            for (const auto& t : f->tensors()) {
+                std::string shape;
+                for (auto x : t.ne) shape += (shape.empty() ? "" : " x ") + std::to_string(x);
+                std::printf("  %-40s %-8s %s\n", t.name.c_str(), decoder::type_name(t.type).c_str(), shape.c_str());
+            }
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "pulse gguf: %s\n", e.what());
+            return 3;
+        }
+        return 0;
+    }
+    std::fprintf(stderr, "pulse gguf: unknown subcommand\n%s", kGgufHelp);
+    return 2;
+}
+
+}  // namespace pulse::cli

@@ -1,0 +1,152 @@
+// Backend plugin "decoder": serves a GGUF qwen35 model in-process, speaking Chat Completions
+// chunks like an HTTP upstream, so the translation profiles work unchanged and it takes part in
+// failover like any endpoint. Endpoint options: model (path, required), threads, context.
+// In the gateway config: url = "decoder:///path/model.gguf" (sugar for plugin://decoder with
+// options.model), or url = "plugin://decoder" with [..endpoints.options] model = "...".
+#include <pulse/plugin.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <rapidjson/document.h>
+
+#include "engine.h"
+#include "synthetic.h"
+
+namespace {
+
+const pulse_host_api_t* g_host = nullptr;
+pulse_host_ctx_t* g_ctx = nullptr;
+
+struct Backend {
+    std::unique_ptr<pulse::decoder::Engine> engine;
+};
+
+struct Stream {
+    std::shared_ptr<pulse::decoder::Job> job;
+};
+
+pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, void** out) {
+    return pulse::guard(g_host, call, [&] {
+        pulse::Json cfg(g_host->json, config);
+        pulse::decoder::EngineOptions o;
+        bool make_demo = false;
+        for (size_t i = 0; i < cfg.size(); ++i) {
+            auto [key, value] = cfg.member_at(i);
+            if (key == "model" && value.string()) o.model = std::string(*value.string());
+            else if (key == "threads" && value.i64() && *value.i64() >= 0) o.threads = static_cast<int>(*value.i64());
+            else if (key == "context" && value.i64() && *value.i64() > 0) o.context = *value.i64();
+            else if (key == "make_demo" && value.boolean()) make_demo = *value.boolean();
+            else
+                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
+                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false)");
+        }
+        if (o.model.empty()) throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'model' (the GGUF file) is required");
+        auto b = std::make_unique<Backend>();
+        std::error_code ec;
+        if (make_demo && !std::filesystem::exists(o.model, ec)) {
+            // The out-of-the-box model: random weights, said loudly.
+            std::filesystem::create_directories(o.model.parent_path(), ec);
+            try {
+                pulse::decoder::write_demo_model(o.model);
+            } catch (const std::exception& e) {
+                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: cannot write the demo model to " + o.model.string() + ": " + e.what());
+            }
+            pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: wrote the demo model " + o.model.string() + " (RANDOM weights: its answers are random text)");
+        }
+        try {
+            b->engine = std::make_unique<pulse::decoder::Engine>(o);
+        } catch (const std::exception& e) {
+            throw pulse::Error(PULSE_E_INVALID_ARGUMENT, std::string("decoder: ") + e.what());
+        }
+        *out = b.release();
+        return PULSE_OK;
+    });
+}
+
+void destroy(void* b) { delete static_cast<Backend*>(b); }
+
+pulse_status_t stream_start(void* backend, pulse_call_t* call, const pulse_json_t* request, void** out) {
+    return pulse::guard(g_host, call, [&] {
+        auto& b = *static_cast<Backend*>(backend);
+        rapidjson::Document req;
+        std::string text = pulse::Json(g_host->json, request).dump();
+        req.Parse(text.c_str());
+        if (req.HasParseError() || !req.IsObject()) throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: the request is not a JSON object");
+        auto s = std::make_unique<Stream>();
+        try {
+            s->job = b.engine->submit(std::move(req));
+        } catch (const std::length_error& e) {
+            throw pulse::Error(PULSE_E_CONTEXT_LENGTH, e.what());
+        } catch (const std::invalid_argument& e) {
+            throw pulse::Error(PULSE_E_INVALID_ARGUMENT, std::string("decoder: ") + e.what());
+        }
+        *out = s.release();
+        return PULSE_OK;
+    });
+}
+
+pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms, pulse_chunk_sink_t* sink) {
+    auto& job = *static_cast<Stream*>(stream)->job;
+    std::unique_lock lock(job.mu);
+    job.cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !job.chunks.empty() || job.done || job.cancelled; });
+    if (job.cancelled) return g_host->set_error(call, PULSE_E_CANCELLED, pulse::str("cancelled"));
+    if (!job.chunks.empty()) {
+        std::string chunk = std::move(job.chunks.front());
+        job.chunks.pop_front();
+        lock.unlock();
+        return g_host->chunk->data(sink, pulse::str(chunk));
+    }
+    if (!job.done) return PULSE_TIMEOUT;
+    if (job.error_status) return g_host->set_error(call, PULSE_E_INTERNAL, pulse::str(job.error));
+    return PULSE_END;
+}
+
+void stream_cancel(void* stream) {
+    auto& job = *static_cast<Stream*>(stream)->job;
+    job.cancelled = true;
+    std::lock_guard lock(job.mu);
+    job.cv.notify_all();
+}
+
+void stream_close(void* stream) {
+    auto* s = static_cast<Stream*>(stream);
+    s->job->cancelled = true;  // a job still queued or running stops at its next token
+    delete s;
+}
+
+pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
+    auto& e = *static_cast<Backend*>(backend)->engine;
+    pulse::Writer w(g_host->json, out);
+    w.begin_object()
+        .kv("status", "ok")
+        .kv("model", e.name())
+        .kv("context", e.context())
+        .kv("queued", static_cast<int64_t>(e.queued()))
+        .kv("concurrency", int64_t{1})
+        .kv("note", "one sequence at a time: requests queue")
+        .end_object();
+    return w.ok() ? PULSE_OK : PULSE_E_INTERNAL;
+}
+
+const pulse_backend_vt_t kBackend = {
+    sizeof(pulse_backend_vt_t), "decoder", create, destroy, stream_start, stream_next, stream_cancel, stream_close, health,
+};
+
+pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
+    g_host = host;
+    g_ctx = ctx;
+    *state = nullptr;
+    return pulse::guard(host, call, [&] { return host->register_backend(ctx, &kBackend, sizeof kBackend, nullptr); });
+}
+void deinit(void*) {}
+
+const pulse_plugin_info_t kInfo = {
+    PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_BACKEND, "pulse.backend.decoder", "0.1.0"), PULSE_BUILD_INFO, nullptr, init, deinit,
+};
+
+}  // namespace
+
+extern "C" PULSE_EXPORT const pulse_plugin_info_t* pulse_plugin_entry_v1(void) { return &kInfo; }

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# End to end with the real Codex CLI against the demo model served in-process by the decoder
+# backend (no other server): `pulse codex` -> `pulse serve` -> decoder:// (random weights,
+# written on first start by make_demo). Codex must accept the turn: exit 0, a completed
+# response logged. The content is random by design.
+#   codex_demo_e2e.sh PULSE_EXE PLUGIN_DIR
+set -euo pipefail
+pulse=$(realpath "$1") plugins=$(realpath "$2")
+codex=${PULSE_CODEX:-}
+if [ -z "$codex" ] || [ ! -x "$codex" ]; then
+  echo "codex CLI not found (PULSE_CODEX='$codex'); run the suite with tools/dev test, which installs it"
+  [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
+  exit 77
+fi
+fake=/dev/null
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+enter_netns "$@"
+
+mkdir -p "$work/plugins"
+install -m 0755 "$plugins"/*.so "$work/plugins/"
+cat > "$work/pulse.toml" <<TOML
+[server]
+listen = "127.0.0.1:0"
+[plugins]
+dirs = ["plugins"]
+dropin_dirs = []
+runtime_dir = "$work/run"
+[models."pulse-demo"]
+profile = "qwen38"
+context_window = 65536
+reasoning_output = "summary"
+[[models."pulse-demo".endpoints]]
+name = "demo"
+url = "decoder://$work/pulse-demo.gguf"
+[models."pulse-demo".endpoints.options]
+make_demo = true
+[models."pulse-demo".sampling]
+temperature = 0.7
+top_p = 0.95
+top_k = 20
+max_output_tokens = 2048
+[models."pulse-demo".profile_options]
+thinking = "off"
+TOML
+env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
+  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
+pids+=($!)
+gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+grep -q 'RANDOM weights' "$work/pulse.log" || fail "the demo model was not announced as random"
+
+mkdir -p "$work/home" "$work/codex-home" "$work/project"
+cd "$work/project"
+rc=0
+HOME="$work/home" CODEX_HOME="$work/codex-home" XDG_RUNTIME_DIR="$work" timeout 240 \
+  env -u PULSE_GATEWAY_API_KEY -u PULSE_CONFIG "$pulse" codex --model pulse-demo --gateway "http://127.0.0.1:$gport" --codex "$codex" -- \
+  exec --skip-git-repo-check "Say hello." > "$work/codex.out" 2> "$work/codex.err" || rc=$?
+[ "$rc" -eq 0 ] || fail "codex exited $rc"
+grep -q 'model=pulse-demo endpoint=demo outcome=completed' "$work/pulse.log" || fail "no completed response from the decoder"
+echo "codex demo e2e: ok — codex exit 0 against the in-process decoder (random weights)"
