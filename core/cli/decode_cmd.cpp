@@ -16,6 +16,7 @@
 
 #include "engine.h"
 #include "gguf.h"
+#include "kernels.h"
 #include "model.h"
 #include "synthetic.h"
 #include "tokenizer.h"
@@ -216,6 +217,16 @@ int cmd_decode(const std::vector<std::string>& args) {
     w.Double(prefill_tps);
     w.Key("decode_tokens_per_s");
     w.Double(decode_tps);
+    // KV cache + recurrent state of the sequence: what memory beyond the mapped weights holds.
+    size_t state = 0;
+    for (const auto& v : seq->k_cache) state += v.size() * sizeof(float);
+    for (const auto& v : seq->v_cache) state += v.size() * sizeof(float);
+    for (const auto& v : seq->conv) state += v.size() * sizeof(float);
+    for (const auto& v : seq->state) state += v.size() * sizeof(float);
+    w.Key("state_bytes");
+    w.Uint64(state);
+    w.Key("kernels");
+    w.String(decoder::kernel_name());
     w.EndObject();
     std::printf("%s\n", b.GetString());
     return 0;

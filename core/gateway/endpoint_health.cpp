@@ -17,6 +17,16 @@ bool EndpointHealth::mark_unhealthy(const std::string& why) {
     return true;
 }
 
+void EndpointHealth::set_detail(std::string json) {
+    std::lock_guard lock(m_);
+    detail_ = std::move(json);
+}
+
+std::string EndpointHealth::detail() const {
+    std::lock_guard lock(m_);
+    return detail_;
+}
+
 std::string EndpointHealth::last_error() const {
     std::lock_guard lock(m_);
     return last_error_;

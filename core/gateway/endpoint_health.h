@@ -25,6 +25,9 @@ public:
     bool mark_unhealthy(const std::string& why);
 
     std::string last_error() const;
+    // What an in-process backend's health hook last said (a JSON object; "" for HTTP).
+    void set_detail(std::string json);
+    std::string detail() const;
     // Seconds since the last state change.
     double seconds_in_state() const;
 
@@ -38,6 +41,7 @@ private:
     std::atomic<bool> healthy_{true};
     mutable std::mutex m_;
     std::string last_error_;
+    std::string detail_;
     std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
 };
 

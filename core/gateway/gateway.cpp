@@ -202,10 +202,13 @@ void Gateway::probe_once(const Snapshot& snap) {
     for (const auto& m : snap.models)
         for (const auto& ep : m->endpoints) {
             auto it = result.find(ep.health->key());
-            if (it == result.end())
-                it = result.emplace(ep.health->key(), ep.backend ? ep.backend->health()
+            if (it == result.end()) {
+                std::string detail;
+                it = result.emplace(ep.health->key(), ep.backend ? ep.backend->health(&detail)
                                                                  : probe_http(*ep.cfg, snap.cfg.upstream.connect_timeout_s))
                          .first;
+                if (ep.backend) ep.health->set_detail(std::move(detail));
+            }
             if (it->second.empty()) endpoint_ok(m->cfg->id, ep);
             else endpoint_failed(ep, it->second);
         }
@@ -323,6 +326,10 @@ void Gateway::health(Poco::Net::HTTPServerResponse& resp) {
             if (!ok) {
                 w.Key("last_error");
                 w.String(e.health->last_error().c_str());
+            }
+            if (std::string d = e.health->detail(); !d.empty()) {  // an in-process backend's own report
+                w.Key("backend");
+                w.RawValue(d.c_str(), d.size(), rapidjson::kObjectType);
             }
             w.EndObject();
         }

@@ -380,12 +380,13 @@ std::string probe_http(const config::Endpoint& ep, double timeout_s) {
     }
 }
 
-std::string BackendInstance::health() {
+std::string BackendInstance::health(std::string* detail) {
     const auto& vt = lease_->registration.backend;
     if (!vt.health) return {};
     pulse_call call;
     pulse_json_writer w;
     pulse_status_t rc = vt.health(backend_, &call, &w);
+    if (detail) *detail = w.complete() && !w.text().empty() && w.text().front() == '{' ? std::string(w.text()) : std::string();
     return rc == PULSE_OK ? std::string() : host::call_error(call, rc, lease_->plugin_id());
 }
 

@@ -58,8 +58,9 @@ public:
     ~BackendInstance();
     std::unique_ptr<UpstreamStream> open(const std::string& request_json, const std::string& request_id);
     const std::string& name() const { return lease_->registration.name; }
-    // The backend's own health hook; "" when healthy (or when it has no hook).
-    std::string health();
+    // The backend's own health hook; "" when healthy (or when it has no hook). `detail` gets
+    // the JSON object the hook wrote, when it wrote one.
+    std::string health(std::string* detail = nullptr);
 
 private:
     plugin::ComponentLease lease_;

@@ -3,6 +3,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include <cstring>
 #include <stdexcept>
 
 namespace pulse::decoder {
@@ -146,6 +147,14 @@ size_t partial_tag(const std::string& s, const std::string& tag) {
         if (s.compare(s.size() - n, n, tag, 0, n) == 0) return n;
     return 0;
 }
+
+// What must wait for more text: a possible start of `tag`, and the whitespace before it (the
+// template puts a newline before </think> and <tool_call> that is not part of the text).
+size_t held_back(const std::string& s, const std::string& tag, const char* ws) {
+    size_t k = partial_tag(s, tag);
+    while (k < s.size() && std::strchr(ws, s[s.size() - k - 1])) ++k;
+    return k;
+}
 }  // namespace
 
 void OutputParser::run(std::vector<Event>& out, bool final) {
@@ -153,13 +162,13 @@ void OutputParser::run(std::vector<Event>& out, bool final) {
         if (state_ == think) {
             auto end = buf_.find("</think>");
             if (end == std::string::npos) {
-                size_t keep = final ? 0 : partial_tag(buf_, "</think>");
+                size_t keep = final ? 0 : held_back(buf_, "</think>", "\n");
                 if (buf_.size() > keep) out.push_back({Event::reasoning, buf_.substr(0, buf_.size() - keep), "", ""});
                 buf_.erase(0, buf_.size() - keep);
                 return;
             }
             std::string r = buf_.substr(0, end);
-            if (!r.empty() && r.back() == '\n') r.pop_back();  // the template's newline before </think>
+            while (!r.empty() && r.back() == '\n') r.pop_back();  // the template's newline before </think>
             if (!r.empty()) out.push_back({Event::reasoning, r, "", ""});
             buf_.erase(0, end + 8);
             state_ = text;
@@ -176,14 +185,14 @@ void OutputParser::run(std::vector<Event>& out, bool final) {
             }
             auto start = buf_.find("<tool_call>");
             if (start == std::string::npos) {
-                size_t keep = final ? 0 : partial_tag(buf_, "<tool_call>");
+                size_t keep = final ? 0 : held_back(buf_, "<tool_call>", " \n");
                 std::string emit = buf_.substr(0, buf_.size() - keep);
                 if (!emit.empty()) out.push_back({Event::content, emit, "", ""});
                 buf_.erase(0, buf_.size() - keep);
                 return;
             }
             std::string before = buf_.substr(0, start);
-            while (!before.empty() && before.back() == '\n') before.pop_back();  // the newline before a call
+            while (!before.empty() && (before.back() == '\n' || before.back() == ' ')) before.pop_back();  // the newline before a call
             if (!before.empty()) out.push_back({Event::content, before, "", ""});
             buf_.erase(0, start + 11);
             state_ = call;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels.h"
 #include "quants.h"
 
 namespace pulse::decoder {
@@ -37,19 +38,10 @@ void matvec(const Matrix& w, const float* x, float* y) {
     const uint64_t rb = t.row_bytes();
 #pragma omp parallel
     {
-        std::vector<float> row(static_cast<size_t>(w.n_in));
+        std::vector<float> scratch(static_cast<size_t>(w.n_in));
 #pragma omp for schedule(static)
-        for (int64_t o = 0; o < w.n_out; ++o) {
-            const float* r;
-            if (t.type == kF32) r = reinterpret_cast<const float*>(t.data + static_cast<uint64_t>(o) * rb);
-            else {
-                dequantize_row(t.type, t.data + static_cast<uint64_t>(o) * rb, row.data(), w.n_in);
-                r = row.data();
-            }
-            float acc = 0;
-            for (int64_t i = 0; i < w.n_in; ++i) acc += r[i] * x[i];
-            y[o] = acc * w.scale;
-        }
+        for (int64_t o = 0; o < w.n_out; ++o)
+            y[o] = dot_row(t.type, t.data + static_cast<uint64_t>(o) * rb, x, w.n_in, scratch.data()) * w.scale;
     }
 }
 

@@ -83,7 +83,7 @@ struct Gateway {
                      const std::string& extra_toml = "", const std::vector<std::pair<std::string, std::string>>& extra_plugins = {}) {
         std::filesystem::create_directories(dir / "plugins");
         for (const auto& src : {env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/qwen38.so", env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/llamacpp.so",
-                                env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/example_echo.so"}) {
+                                env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/decoder.so", env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/example_echo.so"}) {
             auto dst = dir / "plugins" / std::filesystem::path(src).filename();
             std::filesystem::copy_file(src, dst);
             std::filesystem::permissions(dst, std::filesystem::perms(0755));

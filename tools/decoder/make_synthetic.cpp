@@ -1,6 +1,7 @@
 // Writes seeded synthetic qwen35 GGUF files for the decoder's correctness fixtures:
 //   make_synthetic OUT_DIR [SEED]   the fixture set (synthetic.h: every type, F32 twins, an odd shape)
 //   make_synthetic --tiny FILE      one small F32 model (the GGUF fuzzer's seed)
+//   make_synthetic --bench TYPE FILE  ~200M parameters (16 layers, E 1024) for tools/bench/decoder
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,26 @@ int main(int argc, char** argv) {
     if (std::string(argv[1]) == "--tiny") {
         if (argc < 3) return 2;
         write_synthetic(argv[2], tiny_shape(), kF32, 7);
+        return 0;
+    }
+    if (std::string(argv[1]) == "--bench") {
+        if (argc < 4) return 2;
+        std::string t = argv[2];
+        uint32_t type = t == "q8_0" ? kQ8_0 : t == "tq2_0" ? kTQ2_0 : t == "tq1_0" ? kTQ1_0 : t == "q4_k" ? kQ4_K : t == "f16" ? kF16 : kF32;
+        SynthShape b;
+        b.name = "pulse-bench-200m";
+        b.n_layer = 16;
+        b.n_embd = 1024;
+        b.n_ff = 2816;
+        b.n_head = 8;
+        b.n_head_kv = 2;
+        b.head_dim = 128;
+        b.rope_dim = 32;
+        b.sections = {11, 11, 10, 0};
+        b.ssm_groups = 4;
+        b.ssm_heads = 8;
+        b.ssm_state = 128;
+        write_synthetic(argv[3], b, type, 42);
         return 0;
     }
     std::filesystem::path out(argv[1]);

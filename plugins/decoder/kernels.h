@@ -1,0 +1,20 @@
+// CPU kernels behind one small interface: the forward pass calls these, and each has an AVX2
+// (+FMA, F16C) implementation chosen at run time with a portable scalar fallback. Activations
+// stay f32 (llama.cpp rounds them to 8 bits for quantized weights; we keep the accuracy and
+// fuse the weight decode into the dot product instead).
+#pragma once
+
+#include <cstdint>
+
+namespace pulse::decoder {
+
+// sum_i a[i] * b[i]
+float dot_f32(const float* a, const float* b, int64_t n);
+// sum_i decode(row)[i] * x[i] for one row of `type` (n elements; `scratch` holds n floats for
+// the types without a fused kernel).
+float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch);
+
+// "avx2" or "scalar": what this CPU runs (for logs and benchmarks).
+const char* kernel_name();
+
+}  // namespace pulse::decoder

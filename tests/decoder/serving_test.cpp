@@ -1,0 +1,228 @@
+// The decoder's serving side: the Qwen3.5 chat format (golden renders), the streaming output
+// parser (think blocks, XML tool calls, held-back partial tags), the sampler, the engine (queue,
+// prefix checkpoints, stop strings, max tokens, cancel), and the backend plugin through a real
+// gateway (decoder:// endpoint, /health report).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include <rapidjson/document.h>
+
+#include "chat_format.h"
+#include "engine.h"
+#include "support/gateway_harness.h"
+#include "synthetic.h"
+
+using namespace pulse::decoder;
+using namespace pulse::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+rapidjson::Document json(const std::string& s) {
+    rapidjson::Document d;
+    d.Parse(s.c_str());
+    REQUIRE_MESSAGE(!d.HasParseError(), s);
+    return d;
+}
+
+const char* kTools = R"([{"type":"function","function":{"name":"shell","description":"Run a command",
+  "parameters":{"type":"object","properties":{"cmd":{"type":"string"},"timeout":{"type":"integer"},"env":{"type":"object"}}}}}])";
+
+// Drains a job: every chunk until done (bounded).
+std::vector<rapidjson::Document> drain(Job& job) {
+    std::vector<rapidjson::Document> out;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::unique_lock lock(job.mu);
+    while (std::chrono::steady_clock::now() < deadline) {
+        job.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return !job.chunks.empty() || job.done; });
+        while (!job.chunks.empty()) {
+            out.push_back(json(job.chunks.front()));
+            job.chunks.pop_front();
+        }
+        if (job.done) break;
+    }
+    REQUIRE(job.done);
+    return out;
+}
+
+struct TinyEngine {
+    TempDir d;
+    std::unique_ptr<Engine> engine;
+    TinyEngine() {
+        write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+        EngineOptions o;
+        o.model = d / "t.gguf";
+        o.threads = 1;
+        engine = std::make_unique<Engine>(o);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("chat format: system, tools, a tool loop and thinking render as the Qwen3.5 template does") {
+    auto req = json(std::string(R"({"messages":[
+      {"role":"system","content":"Be brief."},
+      {"role":"user","content":"List files"},
+      {"role":"assistant","content":"","reasoning_content":"I will run ls.","tool_calls":[{"id":"c1","type":"function","function":{"name":"shell","arguments":"{\"cmd\":\"ls\",\"timeout\":5}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"a.txt"},
+      {"role":"tool","tool_call_id":"c2","content":"b.txt"}],
+      "tools":)") + kTools + "}");
+    bool thinking = false;
+    std::string p = render_chat(req, &thinking);
+    CHECK(thinking);
+    std::string want_head = "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+                            "{\"type\":\"function\",\"function\":{\"name\":\"shell\"";
+    CHECK(p.rfind(want_head, 0) == 0);
+    CHECK(p.find("</IMPORTANT><|im_end|>\n<|im_start|>user\nList files<|im_end|>\n") != std::string::npos);
+    // The reasoning of a turn after the last user message is kept; its call renders as XML.
+    CHECK(p.find("<|im_start|>assistant\n<think>\nI will run ls.\n</think>\n\n<tool_call>\n<function=shell>\n"
+                 "<parameter=cmd>\nls\n</parameter>\n<parameter=timeout>\n5\n</parameter>\n</function>\n</tool_call><|im_end|>\n") !=
+          std::string::npos);
+    // Consecutive tool results share one user turn.
+    CHECK(p.find("<|im_start|>user\n<tool_response>\na.txt\n</tool_response>\n<tool_response>\nb.txt\n</tool_response><|im_end|>\n") !=
+          std::string::npos);
+    CHECK(p.rfind("<|im_start|>assistant\n<think>\n") == p.size() - std::string("<|im_start|>assistant\n<think>\n").size());
+}
+
+TEST_CASE("chat format: thinking off, reasoning of earlier turns dropped, no tools, bad input refused") {
+    auto req = json(R"({"chat_template_kwargs":{"enable_thinking":false},"messages":[
+      {"role":"user","content":[{"type":"text","text":"hi"}]},
+      {"role":"assistant","content":"hello","reasoning_content":"old thoughts"},
+      {"role":"user","content":"again"}]})");
+    bool thinking = true;
+    std::string p = render_chat(req, &thinking);
+    CHECK_FALSE(thinking);
+    CHECK(p == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n"
+               "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    CHECK_THROWS_WITH_AS(render_chat(json(R"({"messages":[{"role":"narrator","content":"x"}]})")), doctest::Contains("role 'narrator'"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(render_chat(json(R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"[1"}}]}]})")),
+                    std::invalid_argument);
+}
+
+TEST_CASE("output parser: think block, text, a typed XML tool call, fed one character at a time") {
+    auto tools = json(kTools);
+    OutputParser p(&tools, true);
+    std::string out = "Let me look.\n</think>\n\nChecking <b> now.\n<tool_call>\n<function=shell>\n<parameter=cmd>\nls -la\n</parameter>\n"
+                      "<parameter=timeout>\n30\n</parameter>\n<parameter=env>\n{\"A\": 1}\n</parameter>\n</function>\n</tool_call>";
+    std::string reasoning, content;
+    std::vector<OutputParser::Event> calls;
+    for (char c : out)
+        for (auto& e : p.feed(std::string(1, c))) {
+            if (e.kind == OutputParser::Event::reasoning) reasoning += e.text;
+            else if (e.kind == OutputParser::Event::content) content += e.text;
+            else calls.push_back(e);
+            CHECK(e.text.find("<tool") == std::string::npos);  // a partial tag never leaks
+        }
+    for (auto& e : p.finish()) CHECK(e.kind != OutputParser::Event::tool_call);
+    CHECK(reasoning == "Let me look.");
+    CHECK(content == "Checking <b> now.");
+    REQUIRE(calls.size() == 1);
+    CHECK(calls[0].name == "shell");
+    CHECK(calls[0].arguments == R"({"cmd":"ls -la","timeout":30,"env":{"A":1}})");
+    CHECK(p.saw_tool_call());
+    CHECK_FALSE(p.broken_call());
+}
+
+TEST_CASE("output parser: an unterminated call is dropped and flagged; a lone '<' is text") {
+    OutputParser p(nullptr, false);
+    std::string content;
+    for (auto& e : p.feed("a < b <tool_call>\n<function=f>\n<parameter=x>\n1")) content += e.text;
+    for (auto& e : p.finish()) content += e.text;
+    CHECK(content == "a < b");
+    CHECK(p.broken_call());
+    CHECK_FALSE(p.saw_tool_call());
+}
+
+TEST_CASE("sampler: greedy is argmax; a seed makes sampling reproducible; top-k 1 and min-p 1 are greedy") {
+    std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.f, 1.95f};
+    CHECK(Sampler({}).sample(logits.data(), 5) == 1);
+    SamplerParams sp;
+    sp.temperature = 1.0;
+    sp.seed = 7;
+    Sampler a(sp), b(sp);
+    std::vector<int32_t> xa, xb;
+    for (int i = 0; i < 50; ++i) xa.push_back(a.sample(logits.data(), 5)), xb.push_back(b.sample(logits.data(), 5));
+    CHECK(xa == xb);
+    CHECK(std::set<int32_t>(xa.begin(), xa.end()).size() > 1);  // it does sample
+    sp.top_k = 1;
+    Sampler k1(sp);
+    for (int i = 0; i < 20; ++i) CHECK(k1.sample(logits.data(), 5) == 1);
+    sp.top_k = 0;
+    sp.min_p = 1.0;
+    Sampler m1(sp);
+    for (int i = 0; i < 20; ++i) CHECK(m1.sample(logits.data(), 5) == 1);
+}
+
+TEST_CASE("engine: streams Chat Completions chunks with usage; the next turn reuses the prefix") {
+    TinyEngine t;
+    auto req = R"({"model":"tiny","max_tokens":6,"temperature":0,"chat_template_kwargs":{"enable_thinking":false},
+                   "messages":[{"role":"user","content":"hello there"}]})";
+    auto job = t.engine->submit(json(req));
+    auto chunks = drain(*job);
+    REQUIRE(chunks.size() >= 3);
+    CHECK(std::string(chunks[0]["choices"][0]["delta"]["role"].GetString()) == "assistant");
+    const auto& usage = chunks.back()["usage"];
+    CHECK(usage["prompt_tokens"].GetInt() == static_cast<int>(job->tokens.size()));
+    CHECK(usage["prompt_tokens_details"]["cached_tokens"].GetInt() == 0);
+    int completion = usage["completion_tokens"].GetInt();
+    CHECK(completion >= 1);
+    CHECK(completion <= 7);
+    std::string finish = chunks[chunks.size() - 2]["choices"][0]["finish_reason"].GetString();
+    CHECK((finish == "length" || finish == "stop"));
+    // Same conversation again: everything but the last prompt token comes from a checkpoint.
+    auto again = t.engine->submit(json(req));
+    auto chunks2 = drain(*again);
+    CHECK(chunks2.back()["usage"]["prompt_tokens_details"]["cached_tokens"].GetInt() == static_cast<int>(again->tokens.size()) - 1);
+    // Greedy and from the same state: the same text.
+    auto text = [](const std::vector<rapidjson::Document>& cs) {
+        std::string s;
+        for (const auto& c : cs)
+            if (c["choices"].Size() && c["choices"][0]["delta"].HasMember("content")) s += c["choices"][0]["delta"]["content"].GetString();
+        return s;
+    };
+    CHECK(text(chunks) == text(chunks2));
+}
+
+TEST_CASE("engine: max tokens ends with length; an over-long prompt is refused before any output; cancel stops") {
+    TinyEngine t;
+    auto job = t.engine->submit(json(R"({"max_tokens":3,"temperature":0,"messages":[{"role":"user","content":"x"}]})"));
+    auto chunks = drain(*job);
+    CHECK(chunks.back()["usage"]["completion_tokens"].GetInt() <= 4);
+    std::string big(5000, 'z');  // 1 token per byte here: over the 4096-token context
+    CHECK_THROWS_WITH_AS(t.engine->submit(json(R"({"messages":[{"role":"user","content":")" + big + R"("}]})")),
+                         doctest::Contains("maximum context length is 4096 tokens"), std::length_error);
+    auto long_job = t.engine->submit(json(R"({"max_tokens":3000,"temperature":1,"seed":3,"messages":[{"role":"user","content":"go"}]})"));
+    long_job->cancelled = true;
+    drain(*long_job);
+    CHECK(long_job->done);
+}
+
+TEST_CASE("backend plugin through the gateway: a decoder:// endpoint answers, /health reports the queue") {
+    TempDir d;
+    write_synthetic(d / "tiny.gguf", tiny_shape(), kF32, 7);
+    Gateway gw("[models.tiny]\nprofile = \"qwen38\"\n[[models.tiny.endpoints]]\nname = \"local\"\nurl = \"decoder://" + (d / "tiny.gguf").string() +
+               "\"\n[models.tiny.sampling]\nmax_output_tokens = 8\n[models.tiny.profile_options]\nthinking = \"off\"\n");
+    auto r = post(gw.port, "/v1/responses", R"({"model":"tiny","input":"hi","stream":false,"store":false})");
+    REQUIRE_MESSAGE(r.status == 200, r.body << gw.log());
+    auto resp = json(r.body);
+    std::string status = resp["status"].GetString();
+    CHECK((status == "completed" || status == "incomplete"));
+    CHECK(resp["usage"]["input_tokens"].GetInt() > 5);
+    // The backend's own report is in /health (probes run every 0.2 s in the harness).
+    std::string health;
+    for (int i = 0; i < 50; ++i) {
+        Poco::Net::HTTPClientSession s("127.0.0.1", gw.port);
+        Poco::Net::HTTPRequest req("GET", "/health", Poco::Net::HTTPMessage::HTTP_1_1);
+        s.sendRequest(req);
+        Poco::Net::HTTPResponse resp2;
+        health.assign(std::istreambuf_iterator<char>(s.receiveResponse(resp2)), {});
+        if (health.find("one sequence at a time") != std::string::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    CHECK(health.find(R"("backend":{"status":"ok","model":"pulse-synthetic")") != std::string::npos);
+    CHECK(health.find("one sequence at a time") != std::string::npos);
+}
