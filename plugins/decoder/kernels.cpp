@@ -93,6 +93,24 @@ __attribute__((target("avx2,fma,f16c"))) float dot_tq2_0_avx2(const uint8_t* s, 
     return hsum(total);
 }
 
+__attribute__((target("avx2,fma"))) void dot4_f32_avx2(const float* w, const float* x, int64_t n, float out[4]) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 wv = _mm256_loadu_ps(w + i);
+        s0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + n + i), s1);
+        s2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * n + i), s2);
+        s3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * n + i), s3);
+    }
+    out[0] = hsum(s0);
+    out[1] = hsum(s1);
+    out[2] = hsum(s2);
+    out[3] = hsum(s3);
+    for (; i < n; ++i)
+        for (int k = 0; k < 4; ++k) out[k] += w[i] * x[k * n + i];
+}
+
 bool have_avx2() {
     static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     return yes;
@@ -106,6 +124,13 @@ float dot_f32(const float* a, const float* b, int64_t n) {
     if (have_avx2()) return dot_f32_avx2(a, b, n);
 #endif
     return dot_f32_scalar(a, b, n);
+}
+
+void dot4_f32(const float* w, const float* x, int64_t n, float out[4]) {
+#ifdef PULSE_X86
+    if (have_avx2()) return dot4_f32_avx2(w, x, n, out);
+#endif
+    for (int k = 0; k < 4; ++k) out[k] = dot_f32_scalar(w, x + k * n, n);
 }
 
 float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch) {

@@ -10,6 +10,9 @@ namespace pulse::decoder {
 
 // sum_i a[i] * b[i]
 float dot_f32(const float* a, const float* b, int64_t n);
+// out[k] = sum_i w[i] * x[k*n + i] for k < 4: four activation rows against one weight row,
+// loading the weights once.
+void dot4_f32(const float* w, const float* x, int64_t n, float out[4]);
 // sum_i decode(row)[i] * x[i] for one row of `type` (n elements; `scratch` holds n floats for
 // the types without a fused kernel).
 float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch);

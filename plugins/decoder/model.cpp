@@ -45,6 +45,32 @@ void matvec(const Matrix& w, const float* x, float* y) {
     }
 }
 
+void matmat(const Matrix& w, const float* x, int64_t B, float* y) {
+    if (B == 1) return matvec(w, x, y);
+    const TensorInfo& t = *w.t;
+    const uint64_t rb = t.row_bytes();
+#pragma omp parallel
+    {
+        std::vector<float> scratch(static_cast<size_t>(w.n_in));
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < w.n_out; ++o) {
+            // Decode the row once, then one dot per token (four at a time).
+            const float* r = reinterpret_cast<const float*>(t.data + static_cast<uint64_t>(o) * rb);
+            if (t.type != kF32) {
+                dequantize_row(t.type, t.data + static_cast<uint64_t>(o) * rb, scratch.data(), w.n_in);
+                r = scratch.data();
+            }
+            int64_t b = 0;
+            for (; b + 4 <= B; b += 4) {
+                float d[4];
+                dot4_f32(r, x + b * w.n_in, w.n_in, d);
+                for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + o] = d[k] * w.scale;
+            }
+            for (; b < B; ++b) y[b * w.n_out + o] = dot_f32(r, x + b * w.n_in, w.n_in) * w.scale;
+        }
+    }
+}
+
 std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file) {
     auto m = std::shared_ptr<Model>(new Model);
     m->file_ = file;
@@ -192,163 +218,196 @@ std::unique_ptr<Sequence> Model::new_sequence() const {
 }
 
 std::vector<float> Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits) const {
-    std::vector<float> logits(static_cast<size_t>(hp_.n_vocab) * (all_logits ? tokens.size() : 1));
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        bool want = all_logits || i + 1 == tokens.size();
-        token_step(seq, tokens[i], want ? logits.data() + (all_logits ? i * static_cast<size_t>(hp_.n_vocab) : 0) : nullptr);
+    const size_t V = static_cast<size_t>(hp_.n_vocab);
+    std::vector<float> logits(V * (all_logits ? tokens.size() : 1));
+    // Batches of up to 64 tokens: every weight row is read once per batch (prefill), and the
+    // recurrent and attention state still advance token by token inside the batch.
+    constexpr size_t kBatch = 64;
+    for (size_t i = 0; i < tokens.size(); i += kBatch) {
+        size_t n = std::min(kBatch, tokens.size() - i);
+        bool last = i + n == tokens.size();
+        float* out = all_logits ? logits.data() + i * V : (last ? logits.data() : nullptr);
+        batch_step(seq, tokens.data() + i, static_cast<int64_t>(n), out, all_logits);
     }
     return logits;
 }
 
-void Model::token_step(Sequence& seq, int32_t token, float* logits) const {
-    const int64_t E = hp_.n_embd;
-    if (token < 0 || token >= hp_.n_vocab) throw std::out_of_range("token id " + std::to_string(token) + " is outside the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
-    std::vector<float> x(static_cast<size_t>(E)), h(static_cast<size_t>(E)), tmp(static_cast<size_t>(E));
-    dequantize_row(tok_embd_->type, tok_embd_->data + static_cast<uint64_t>(token) * tok_embd_->row_bytes(), x.data(), E);
-    std::vector<float> g(static_cast<size_t>(hp_.n_ff)), u(static_cast<size_t>(hp_.n_ff));
+void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* logits, bool all_logits) const {
+    const int64_t E = hp_.n_embd, F = hp_.n_ff;
+    const size_t uE = static_cast<size_t>(E);
+    std::vector<float> x(static_cast<size_t>(B) * uE), h(x.size()), tmp(x.size());
+    for (int64_t b = 0; b < B; ++b) {
+        int32_t token = tokens[b];
+        if (token < 0 || token >= hp_.n_vocab)
+            throw std::out_of_range("token id " + std::to_string(token) + " is outside the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
+        dequantize_row(tok_embd_->type, tok_embd_->data + static_cast<uint64_t>(token) * tok_embd_->row_bytes(), x.data() + b * E, E);
+    }
+    std::vector<float> g(static_cast<size_t>(B * F)), u(g.size());
     size_t ai = 0, gi = 0;
     for (const auto& L : layers_) {
-        rmsnorm(x.data(), L.attn_norm.data(), h.data(), E, hp_.rms_eps);
-        if (L.recurrent) deltanet(L, seq, gi++, h.data(), tmp.data());
-        else attention(L, seq, ai++, h.data(), tmp.data());
-        for (int64_t i = 0; i < E; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
-        rmsnorm(x.data(), L.post_norm.data(), h.data(), E, hp_.rms_eps);
-        matvec(L.ffn_gate, h.data(), g.data());
-        matvec(L.ffn_up, h.data(), u.data());
+        for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * E, L.attn_norm.data(), h.data() + b * E, E, hp_.rms_eps);
+        if (L.recurrent) deltanet(L, seq, gi++, h.data(), tmp.data(), B);
+        else attention(L, seq, ai++, h.data(), tmp.data(), B);
+        for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+        for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * E, L.post_norm.data(), h.data() + b * E, E, hp_.rms_eps);
+        matmat(L.ffn_gate, h.data(), B, g.data());
+        matmat(L.ffn_up, h.data(), B, u.data());
         for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
-        matvec(L.ffn_down, g.data(), tmp.data());
-        for (int64_t i = 0; i < E; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
+        matmat(L.ffn_down, g.data(), B, tmp.data());
+        for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
     }
-    ++seq.n_past;
+    seq.n_past += B;
     if (!logits) return;
-    rmsnorm(x.data(), output_norm_.data(), h.data(), E, hp_.rms_eps);
-    matvec(output_, h.data(), logits);
+    if (all_logits) {
+        for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * E, output_norm_.data(), h.data() + b * E, E, hp_.rms_eps);
+        matmat(output_, h.data(), B, logits);
+    } else {
+        rmsnorm(x.data() + (B - 1) * E, output_norm_.data(), h.data(), E, hp_.rms_eps);
+        matvec(output_, h.data(), logits);
+    }
 }
 
-void Model::attention(const Layer& L, Sequence& seq, size_t ai, const float* h, float* out) const {
+void Model::attention(const Layer& L, Sequence& seq, size_t ai, const float* h, float* out, int64_t B) const {
     const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim, R = hp_.rope_dim;
-    std::vector<float> qg(static_cast<size_t>(2 * H * D)), kx(static_cast<size_t>(Hkv * D)), vx(static_cast<size_t>(Hkv * D));
-    matvec(L.q, h, qg.data());
-    matvec(L.k, h, kx.data());
-    matvec(L.v, h, vx.data());
-    const int64_t p = seq.n_past;
-    // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
-    auto rope = [&](float* v) {
-        for (int64_t i = 0; i < R / 2; ++i) {
-            double theta = static_cast<double>(p) * std::pow(hp_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
-            float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
-            float a = v[i], b = v[i + R / 2];
-            v[i] = a * c - b * s;
-            v[i + R / 2] = a * s + b * c;
+    std::vector<float> qg_all(static_cast<size_t>(B * 2 * H * D)), kx_all(static_cast<size_t>(B * Hkv * D)), vx_all(kx_all.size());
+    matmat(L.q, h, B, qg_all.data());
+    matmat(L.k, h, B, kx_all.data());
+    matmat(L.v, h, B, vx_all.data());
+    std::vector<float> o_all(static_cast<size_t>(B * H * D), 0.f);
+    for (int64_t b = 0; b < B; ++b) {
+        const float* qg = qg_all.data() + b * 2 * H * D;
+        std::vector<float> kn(kx_all.begin() + b * Hkv * D, kx_all.begin() + (b + 1) * Hkv * D);
+        std::vector<float> vx(vx_all.begin() + b * Hkv * D, vx_all.begin() + (b + 1) * Hkv * D);
+        const int64_t p = seq.n_past + b;
+        // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
+        auto rope = [&](float* v) {
+            for (int64_t i = 0; i < R / 2; ++i) {
+                double theta = static_cast<double>(p) * std::pow(hp_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+                float c = static_cast<float>(std::cos(theta)), sn = static_cast<float>(std::sin(theta));
+                float a = v[i], bb = v[i + R / 2];
+                v[i] = a * c - bb * sn;
+                v[i + R / 2] = a * sn + bb * c;
+            }
+        };
+        std::vector<float> q(static_cast<size_t>(H * D)), gate(static_cast<size_t>(H * D));
+        for (int64_t j = 0; j < H; ++j) {
+            rmsnorm(qg + 2 * D * j, L.q_norm.data(), q.data() + D * j, D, hp_.rms_eps);
+            std::memcpy(gate.data() + D * j, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
+            rope(q.data() + D * j);
         }
-    };
-    std::vector<float> q(static_cast<size_t>(H * D)), gate(static_cast<size_t>(H * D));
-    for (int64_t j = 0; j < H; ++j) {
-        rmsnorm(qg.data() + 2 * D * j, L.q_norm.data(), q.data() + D * j, D, hp_.rms_eps);
-        std::memcpy(gate.data() + D * j, qg.data() + 2 * D * j + D, static_cast<size_t>(D) * 4);
-        rope(q.data() + D * j);
-    }
-    std::vector<float> kn(static_cast<size_t>(Hkv * D));
-    for (int64_t j = 0; j < Hkv; ++j) {
-        rmsnorm(kx.data() + D * j, L.k_norm.data(), kn.data() + D * j, D, hp_.rms_eps);
-        rope(kn.data() + D * j);
-    }
-    // The cache holds K and V at f16 precision, as llama.cpp's default F16 cache does.
-    for (auto& x : kn) x = fp16_to_f32(f32_to_fp16(x));
-    for (auto& x : vx) x = fp16_to_f32(f32_to_fp16(x));
-    auto& kc = seq.k_cache[ai];
-    auto& vc = seq.v_cache[ai];
-    kc.insert(kc.end(), kn.begin(), kn.end());
-    vc.insert(vc.end(), vx.begin(), vx.end());
-    const int64_t n = static_cast<int64_t>(kc.size()) / (Hkv * D);
-    const float scale = hp_.attn_scale > 0 ? static_cast<float>(hp_.attn_scale) : 1.f / std::sqrt(static_cast<float>(D));
-    std::vector<float> o(static_cast<size_t>(H * D), 0.f);
-    const int64_t group = H / Hkv;
+        for (int64_t j = 0; j < Hkv; ++j) {
+            std::vector<float> raw(kn.begin() + D * j, kn.begin() + D * (j + 1));
+            rmsnorm(raw.data(), L.k_norm.data(), kn.data() + D * j, D, hp_.rms_eps);
+            rope(kn.data() + D * j);
+        }
+        // The cache holds K and V at f16 precision, as llama.cpp's default F16 cache does.
+        for (auto& xv : kn) xv = fp16_to_f32(f32_to_fp16(xv));
+        for (auto& xv : vx) xv = fp16_to_f32(f32_to_fp16(xv));
+        auto& kc = seq.k_cache[ai];
+        auto& vc = seq.v_cache[ai];
+        kc.insert(kc.end(), kn.begin(), kn.end());
+        vc.insert(vc.end(), vx.begin(), vx.end());
+        const int64_t n = static_cast<int64_t>(kc.size()) / (Hkv * D);
+        const float scale = hp_.attn_scale > 0 ? static_cast<float>(hp_.attn_scale) : 1.f / std::sqrt(static_cast<float>(D));
+        float* o = o_all.data() + b * H * D;
+        const int64_t group = H / Hkv;
 #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < H; ++j) {
-        const int64_t kvh = j / group;  // GQA: blocks of consecutive query heads share a KV head
-        std::vector<float> w(static_cast<size_t>(n));
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < n; ++t) {
-            const float* kt = kc.data() + (t * Hkv + kvh) * D;
-            float dot = 0;
-            for (int64_t d = 0; d < D; ++d) dot += q[static_cast<size_t>(j * D + d)] * kt[d];
-            w[static_cast<size_t>(t)] = dot * scale;
-            mx = std::max(mx, w[static_cast<size_t>(t)]);
+        for (int64_t j = 0; j < H; ++j) {
+            const int64_t kvh = j / group;  // GQA: blocks of consecutive query heads share a KV head
+            std::vector<float> w(static_cast<size_t>(n));
+            float mx = -INFINITY;
+            for (int64_t t = 0; t < n; ++t) {
+                w[static_cast<size_t>(t)] = dot_f32(q.data() + j * D, kc.data() + (t * Hkv + kvh) * D, D) * scale;
+                mx = std::max(mx, w[static_cast<size_t>(t)]);
+            }
+            double sum = 0;
+            for (auto& xw : w) sum += (xw = std::exp(xw - mx));
+            float* oj = o + j * D;
+            for (int64_t t = 0; t < n; ++t) {
+                const float* vt = vc.data() + (t * Hkv + kvh) * D;
+                float a = static_cast<float>(w[static_cast<size_t>(t)] / sum);
+                for (int64_t d = 0; d < D; ++d) oj[d] += a * vt[d];
+            }
+            for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>(j * D + d)]);
         }
-        double sum = 0;
-        for (auto& x : w) sum += (x = std::exp(x - mx));
-        float* oj = o.data() + j * D;
-        for (int64_t t = 0; t < n; ++t) {
-            const float* vt = vc.data() + (t * Hkv + kvh) * D;
-            float a = static_cast<float>(w[static_cast<size_t>(t)] / sum);
-            for (int64_t d = 0; d < D; ++d) oj[d] += a * vt[d];
-        }
-        for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>(j * D + d)]);
     }
-    matvec(L.o, o.data(), out);
+    matmat(L.o, o_all.data(), B, out);
 }
 
-void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, const float* h, float* out) const {
+void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, const float* h, float* out, int64_t B) const {
     const int64_t K = hp_.conv_kernel, C = hp_.conv_dim(), S = hp_.ssm_state, Hk = hp_.ssm_groups, Hv = hp_.ssm_heads;
-    const int64_t kd = hp_.key_dim();
-    std::vector<float> qkv(static_cast<size_t>(C)), z(static_cast<size_t>(hp_.value_dim())), beta(static_cast<size_t>(Hv)), alpha(static_cast<size_t>(Hv));
-    matvec(L.qkv, h, qkv.data());
-    matvec(L.gate, h, z.data());
-    matvec(L.beta, h, beta.data());
-    matvec(L.alpha, h, alpha.data());
-    // Causal depthwise conv over the last K inputs (window of K-1 previous + current), then SiLU.
+    const int64_t kd = hp_.key_dim(), VD = hp_.value_dim();
+    std::vector<float> qkv_all(static_cast<size_t>(B * C)), z_all(static_cast<size_t>(B * VD)), beta_all(static_cast<size_t>(B * Hv)), alpha_all(beta_all.size());
+    matmat(L.qkv, h, B, qkv_all.data());
+    matmat(L.gate, h, B, z_all.data());
+    matmat(L.beta, h, B, beta_all.data());
+    matmat(L.alpha, h, B, alpha_all.data());
+    std::vector<float> o_all(static_cast<size_t>(B * VD));
     auto& win = seq.conv[gi];
-    std::vector<float> y(static_cast<size_t>(C));
-    for (int64_t c = 0; c < C; ++c) {
-        float acc = 0;
-        for (int64_t t = 0; t < K - 1; ++t) acc += L.conv[static_cast<size_t>(c * K + t)] * win[static_cast<size_t>(t * C + c)];
-        acc += L.conv[static_cast<size_t>(c * K + K - 1)] * qkv[static_cast<size_t>(c)];
-        y[static_cast<size_t>(c)] = silu(acc);
-    }
-    if (K > 1) {
-        std::memmove(win.data(), win.data() + C, static_cast<size_t>((K - 2) * C) * 4);
-        std::memcpy(win.data() + (K - 2) * C, qkv.data(), static_cast<size_t>(C) * 4);
-    }
-    float* q = y.data();
-    float* kk = y.data() + kd;
-    float* v = y.data() + 2 * kd;
-    for (int64_t m = 0; m < Hk; ++m) {
-        l2norm(q + m * S, S, hp_.rms_eps);
-        l2norm(kk + m * S, S, hp_.rms_eps);
-    }
     auto& st = seq.state[gi];
-    std::vector<float> o(static_cast<size_t>(Hv * S));
     const float inv_sqrt_s = 1.f / std::sqrt(static_cast<float>(S));
+    for (int64_t b = 0; b < B; ++b) {
+        const float* qkv = qkv_all.data() + b * C;
+        const float* z = z_all.data() + b * VD;
+        const float* beta = beta_all.data() + b * Hv;
+        const float* alpha = alpha_all.data() + b * Hv;
+        // Causal depthwise conv over the last K inputs (window of K-1 previous + current), then SiLU.
+        std::vector<float> y(static_cast<size_t>(C));
+        for (int64_t c = 0; c < C; ++c) {
+            float acc = 0;
+            for (int64_t t = 0; t < K - 1; ++t) acc += L.conv[static_cast<size_t>(c * K + t)] * win[static_cast<size_t>(t * C + c)];
+            acc += L.conv[static_cast<size_t>(c * K + K - 1)] * qkv[c];
+            y[static_cast<size_t>(c)] = silu(acc);
+        }
+        if (K > 1) {
+            std::memmove(win.data(), win.data() + C, static_cast<size_t>((K - 2) * C) * 4);
+            std::memcpy(win.data() + (K - 2) * C, qkv, static_cast<size_t>(C) * 4);
+        }
+        float* q = y.data();
+        float* kk = y.data() + kd;
+        float* v = y.data() + 2 * kd;
+        for (int64_t m = 0; m < Hk; ++m) {
+            l2norm(q + m * S, S, hp_.rms_eps);
+            l2norm(kk + m * S, S, hp_.rms_eps);
+        }
+        float* o = o_all.data() + b * VD;
 #pragma omp parallel for schedule(static)
-    for (int64_t hh = 0; hh < Hv; ++hh) {
-        const int64_t m = hh % Hk;  // tiled key head for this value head
-        const float b = sigmoid(beta[static_cast<size_t>(hh)]);
-        const float decay = std::exp(softplus(alpha[static_cast<size_t>(hh)] + L.dt_bias[static_cast<size_t>(hh)]) * L.ssm_a[static_cast<size_t>(hh)]);
-        float* Sm = st.data() + hh * S * S;  // Sm[i * S + j]: i = key dim, j = value dim
-        const float* km = kk + m * S;
-        const float* qm = q + m * S;
-        const float* vh = v + hh * S;
-        for (int64_t i = 0; i < S * S; ++i) Sm[i] *= decay;
-        std::vector<float> delta(static_cast<size_t>(S));
-        for (int64_t j = 0; j < S; ++j) {
-            float acc = 0;
-            for (int64_t i = 0; i < S; ++i) acc += Sm[i * S + j] * km[i];
-            delta[static_cast<size_t>(j)] = b * (vh[j] - acc);
+        for (int64_t hh = 0; hh < Hv; ++hh) {
+            const int64_t m = hh % Hk;  // tiled key head for this value head
+            const float bt = sigmoid(beta[hh]);
+            const float decay = std::exp(softplus(alpha[hh] + L.dt_bias[static_cast<size_t>(hh)]) * L.ssm_a[static_cast<size_t>(hh)]);
+            float* Sm = st.data() + hh * S * S;  // Sm[i * S + j]: i = key dim, j = value dim
+            const float* km = kk + m * S;
+            const float* qm = q + m * S;
+            const float* vh = v + hh * S;
+            std::vector<float> delta(static_cast<size_t>(S), 0.f), acc(static_cast<size_t>(S), 0.f);
+            // S <- decay*S; delta = beta*(v - S^T k); S += k delta^T; o = S^T q / sqrt(S)
+            for (int64_t i = 0; i < S; ++i) {
+                float* row = Sm + i * S;
+                const float ki = km[i];
+                for (int64_t j = 0; j < S; ++j) {
+                    row[j] *= decay;
+                    acc[static_cast<size_t>(j)] += row[j] * ki;
+                }
+            }
+            for (int64_t j = 0; j < S; ++j) delta[static_cast<size_t>(j)] = bt * (vh[j] - acc[static_cast<size_t>(j)]);
+            std::fill(acc.begin(), acc.end(), 0.f);
+            for (int64_t i = 0; i < S; ++i) {
+                float* row = Sm + i * S;
+                const float ki = km[i], qi = qm[i];
+                for (int64_t j = 0; j < S; ++j) {
+                    row[j] += ki * delta[static_cast<size_t>(j)];
+                    acc[static_cast<size_t>(j)] += row[j] * qi;
+                }
+            }
+            float* oh = o + hh * S;
+            for (int64_t j = 0; j < S; ++j) oh[j] = acc[static_cast<size_t>(j)] * inv_sqrt_s;
+            std::vector<float> normed(static_cast<size_t>(S));
+            rmsnorm(oh, L.ssm_norm.data(), normed.data(), S, hp_.rms_eps);
+            for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[hh * S + j]);
         }
-        for (int64_t i = 0; i < S; ++i)
-            for (int64_t j = 0; j < S; ++j) Sm[i * S + j] += km[i] * delta[static_cast<size_t>(j)];
-        float* oh = o.data() + hh * S;
-        for (int64_t j = 0; j < S; ++j) {
-            float acc = 0;
-            for (int64_t i = 0; i < S; ++i) acc += Sm[i * S + j] * qm[i];
-            oh[j] = acc * inv_sqrt_s;
-        }
-        std::vector<float> normed(static_cast<size_t>(S));
-        rmsnorm(oh, L.ssm_norm.data(), normed.data(), S, hp_.rms_eps);
-        for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[static_cast<size_t>(hh * S + j)]);
     }
-    matvec(L.out, o.data(), out);
+    matmat(L.out, o_all.data(), B, out);
 }
 
 }  // namespace pulse::decoder

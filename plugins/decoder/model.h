@@ -62,9 +62,11 @@ public:
     int threads = 0;  // 0 = OpenMP's default
 
 private:
-    void token_step(Sequence& seq, int32_t token, float* logits) const;
-    void attention(const Layer& L, Sequence& seq, size_t attn_index, const float* h, float* out) const;
-    void deltanet(const Layer& L, Sequence& seq, size_t gdn_index, const float* h, float* out) const;
+    // B tokens at positions seq.n_past...: every matmul runs once for the batch; attention and
+    // the delta rule advance token by token. Logits of the last token, or of all when asked.
+    void batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* logits, bool all_logits) const;
+    void attention(const Layer& L, Sequence& seq, size_t attn_index, const float* h, float* out, int64_t B) const;
+    void deltanet(const Layer& L, Sequence& seq, size_t gdn_index, const float* h, float* out, int64_t B) const;
 
     std::shared_ptr<GgufFile> file_;
     HParams hp_;
@@ -85,5 +87,7 @@ public:
 
 // y[n_out] = W · x[n_in] (dequantizing rows of W on the fly), times W's scale.
 void matvec(const Matrix& w, const float* x, float* y);
+// Y[b][n_out] = W · X[b][n_in] for b < B: each row of W is decoded once for the whole batch.
+void matmat(const Matrix& w, const float* x, int64_t B, float* y);
 
 }  // namespace pulse::decoder

@@ -336,6 +336,28 @@ TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type a
     CHECK(compared == 9);
 }
 
+TEST_CASE("forward: a batched prefill gives the logits of token-by-token steps") {
+    TempDir d;
+    for (uint32_t type : {kF32, kQ8_0, kTQ2_0}) {
+        write_synthetic(d / "m.gguf", SynthShape{}, type, 5);
+        auto m = Model::load(GgufFile::open(d / "m.gguf"));
+        std::vector<int32_t> toks;
+        for (int i = 0; i < 70; ++i) toks.push_back((i * 37 + 11) % 300);  // more than one 64-token batch
+        auto batched_seq = m->new_sequence();
+        auto batched = m->forward(*batched_seq, toks, true);
+        auto single_seq = m->new_sequence();
+        const int64_t V = m->hparams().n_vocab;
+        double worst = 0;
+        for (size_t i = 0; i < toks.size(); ++i) {
+            auto l = m->forward(*single_seq, {toks[i]});
+            for (int64_t v = 0; v < V; ++v) worst = std::max(worst, std::fabs(static_cast<double>(l[static_cast<size_t>(v)]) - batched[i * V + v]));
+        }
+        CAPTURE(type_name(type));
+        CHECK(worst < 1e-4);
+        CHECK(batched_seq->n_past == 70);
+    }
+}
+
 TEST_CASE("forward: a copied sequence is a checkpoint; continuing from it equals continuing the original") {
     TempDir d;
     write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
