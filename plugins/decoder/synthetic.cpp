@@ -324,6 +324,23 @@ std::vector<FixtureFile> fixture_set(uint64_t seed) {
     return out;
 }
 
+SynthShape bench_shape() {
+    SynthShape b;
+    b.name = "pulse-bench-200m";
+    b.n_layer = 16;
+    b.n_embd = 1024;
+    b.n_ff = 2816;
+    b.n_head = 8;
+    b.n_head_kv = 2;
+    b.head_dim = 128;
+    b.rope_dim = 32;
+    b.sections = {11, 11, 10, 0};
+    b.ssm_groups = 4;
+    b.ssm_heads = 8;
+    b.ssm_state = 128;
+    return b;
+}
+
 SynthShape tiny_shape() {
     SynthShape tiny;
     tiny.n_embd = 32;

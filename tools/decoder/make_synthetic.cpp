@@ -26,20 +26,7 @@ int main(int argc, char** argv) {
         if (argc < 4) return 2;
         std::string t = argv[2];
         uint32_t type = t == "q8_0" ? kQ8_0 : t == "tq2_0" ? kTQ2_0 : t == "tq1_0" ? kTQ1_0 : t == "q4_k" ? kQ4_K : t == "f16" ? kF16 : kF32;
-        SynthShape b;
-        b.name = "pulse-bench-200m";
-        b.n_layer = 16;
-        b.n_embd = 1024;
-        b.n_ff = 2816;
-        b.n_head = 8;
-        b.n_head_kv = 2;
-        b.head_dim = 128;
-        b.rope_dim = 32;
-        b.sections = {11, 11, 10, 0};
-        b.ssm_groups = 4;
-        b.ssm_heads = 8;
-        b.ssm_state = 128;
-        write_synthetic(argv[3], b, type, 42);
+        write_synthetic(argv[3], bench_shape(), type, 42);
         return 0;
     }
     std::filesystem::path out(argv[1]);
