@@ -6,6 +6,7 @@
 #include <pulse/plugin.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -47,14 +48,31 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         auto b = std::make_unique<Backend>();
         std::error_code ec;
         if (make_demo && !std::filesystem::exists(o.model, ec)) {
-            // The out-of-the-box model: random weights, said loudly.
-            std::filesystem::create_directories(o.model.parent_path(), ec);
-            try {
-                pulse::decoder::write_demo_model(o.model);
-            } catch (const std::exception& e) {
-                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: cannot write the demo model to " + o.model.string() + ": " + e.what());
+            // The out-of-the-box model: random weights, said loudly. Where the configured place
+            // is not writable (a developer running as themselves), the user's cache holds it.
+            auto write = [](const std::filesystem::path& p) {
+                std::error_code e;
+                std::filesystem::create_directories(p.parent_path(), e);
+                try {
+                    pulse::decoder::write_demo_model(p);
+                    return std::string();
+                } catch (const std::exception& x) {
+                    return std::string(x.what());
+                }
+            };
+            std::string err = write(o.model);
+            if (!err.empty()) {
+                const char* home = std::getenv("HOME");
+                std::filesystem::path alt = std::filesystem::path(home && *home ? home : "/tmp") / ".cache" / "pulse" / o.model.filename();
+                if (std::filesystem::exists(alt, ec) || write(alt).empty()) {
+                    pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: cannot write the demo model to " + o.model.string() + " (" + err +
+                                                                  "); using " + alt.string());
+                    o.model = alt;
+                } else {
+                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: cannot write the demo model to " + o.model.string() + ": " + err);
+                }
             }
-            pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: wrote the demo model " + o.model.string() + " (RANDOM weights: its answers are random text)");
+            pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: serving the demo model " + o.model.string() + " (RANDOM weights: its answers are random text)");
         }
         try {
             b->engine = std::make_unique<pulse::decoder::Engine>(o);

@@ -226,3 +226,18 @@ TEST_CASE("backend plugin through the gateway: a decoder:// endpoint answers, /h
     CHECK(health.find(R"("backend":{"status":"ok","model":"pulse-synthetic")") != std::string::npos);
     CHECK(health.find("one sequence at a time") != std::string::npos);
 }
+
+TEST_CASE("backend plugin: make_demo writes the demo model, or into ~/.cache when the path is not writable") {
+    TempDir home;
+    std::string old_home = std::getenv("HOME") ? std::getenv("HOME") : "";
+    setenv("HOME", home.path().c_str(), 1);  // the gateway child inherits it
+    Gateway gw("[models.demo]\nprofile = \"qwen38\"\n[[models.demo.endpoints]]\nname = \"d\"\nurl = \"decoder:///proc/pulse-demo.gguf\"\n"
+               "[models.demo.endpoints.options]\nmake_demo = true\n[models.demo.sampling]\nmax_output_tokens = 16\n");
+    setenv("HOME", old_home.c_str(), 1);
+    auto fallback = home.path() / ".cache/pulse/pulse-demo.gguf";
+    CHECK(fs::exists(fallback));
+    CHECK(gw.log().find("cannot write the demo model to /proc/pulse-demo.gguf") != std::string::npos);
+    CHECK(gw.log().find("RANDOM weights") != std::string::npos);
+    auto r = post(gw.port, "/v1/responses", R"({"model":"demo","input":"hi","stream":false,"store":false})");
+    CHECK_MESSAGE(r.status == 200, r.body);
+}
