@@ -1,5 +1,7 @@
 #include "kernels.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "gguf.h"
@@ -111,6 +113,47 @@ __attribute__((target("avx2,fma"))) void dot4_f32_avx2(const float* w, const flo
         for (int k = 0; k < 4; ++k) out[k] += w[i] * x[k * n + i];
 }
 
+// |w| x sign(x, w): the maddubs trick for signed x signed int8 products.
+__attribute__((target("avx2,fma"))) inline void i8_block4(__m256i w, const int8_t* xq, int64_t n, const float* scale, __m256 acc[4]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i aw = _mm256_sign_epi8(w, w);
+    for (int k = 0; k < 4; ++k) {
+        __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k * n));
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
+        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale[k]), acc[k]);
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) void dot4_q8_0_i8(const uint8_t* s, const int8_t* xq, const float* xd, int64_t n, float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int64_t nb = n / 32;
+    for (int64_t b = 0; b < nb; ++b, s += 34) {
+        float dw = _cvtsh_ss(rd16(s));
+        float sc[4] = {dw * xd[b], dw * xd[nb + b], dw * xd[2 * nb + b], dw * xd[3 * nb + b]};
+        i8_block4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 2)), xq + 32 * b, n, sc, acc);
+    }
+    for (int k = 0; k < 4; ++k) out[k] = hsum(acc[k]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void dot4_tq2_0_i8(const uint8_t* s, const int8_t* xq, const float* xd, int64_t n, float out[4]) {
+    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int64_t nb = n / 32;
+    for (int64_t blk = 0; blk < n / 256; ++blk, s += 66) {
+        float dw = _cvtsh_ss(rd16(s + 64));
+        for (int h = 0; h < 2; ++h) {
+            __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32 * h));
+            for (int l = 0; l < 4; ++l) {
+                int64_t j = blk * 8 + 4 * h + l;  // the 32-element activation block
+                float sc[4] = {dw * xd[j], dw * xd[nb + j], dw * xd[2 * nb + j], dw * xd[3 * nb + j]};
+                __m256i w = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 2 * l), three), one);
+                i8_block4(w, xq + 32 * j, n, sc, acc);
+            }
+        }
+    }
+    for (int k = 0; k < 4; ++k) out[k] = hsum(acc[k]);
+}
+
 bool have_avx2() {
     static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     return yes;
@@ -131,6 +174,36 @@ void dot4_f32(const float* w, const float* x, int64_t n, float out[4]) {
     if (have_avx2()) return dot4_f32_avx2(w, x, n, out);
 #endif
     for (int k = 0; k < 4; ++k) out[k] = dot_f32_scalar(w, x + k * n, n);
+}
+
+void quantize_act_q8(const float* x, int64_t n, int8_t* q, float* d) {
+    for (int64_t b = 0; b < n / 32; ++b) {
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * b + i]));
+        float scale = amax / 127, inv = scale ? 1 / scale : 0;
+        d[b] = scale;
+        for (int i = 0; i < 32; ++i) q[32 * b + i] = static_cast<int8_t>(std::lrint(x[32 * b + i] * inv));
+    }
+}
+
+bool has_i8_kernel(uint32_t type) {
+#ifdef PULSE_X86
+    return have_avx2() && (type == kQ8_0 || type == kTQ2_0);
+#else
+    (void)type;
+    return false;
+#endif
+}
+
+bool dot4_row_i8(uint32_t type, const uint8_t* row, const int8_t* xq, const float* xd, int64_t n, float out[4]) {
+#ifdef PULSE_X86
+    if (have_avx2()) {
+        if (type == kQ8_0) return dot4_q8_0_i8(row, xq, xd, n, out), true;
+        if (type == kTQ2_0) return dot4_tq2_0_i8(row, xq, xd, n, out), true;
+    }
+#endif
+    (void)type, (void)row, (void)xq, (void)xd, (void)n, (void)out;
+    return false;
 }
 
 float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch) {

@@ -17,6 +17,14 @@ void dot4_f32(const float* w, const float* x, int64_t n, float out[4]);
 // the types without a fused kernel).
 float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch);
 
+// Int8 activations (the llama.cpp way, opt-in): x quantized per 32-element block to int8 with an
+// f32 scale, dotted against Q8_0 or TQ2_0 rows with 8-bit multiplies. Four activation rows at a
+// time. `xq`/`xd` hold 4 rows, each n int8 values / n/32 scales. Returns false when this CPU or
+// type has no int8 kernel (the caller then uses the f32 path).
+void quantize_act_q8(const float* x, int64_t n, int8_t* q, float* d);
+bool dot4_row_i8(uint32_t type, const uint8_t* row, const int8_t* xq, const float* xd, int64_t n, float out[4]);
+bool has_i8_kernel(uint32_t type);
+
 // "avx2" or "scalar": what this CPU runs (for logs and benchmarks).
 const char* kernel_name();
 

@@ -45,28 +45,48 @@ void matvec(const Matrix& w, const float* x, float* y) {
     }
 }
 
-void matmat(const Matrix& w, const float* x, int64_t B, float* y) {
+void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
     if (B == 1) return matvec(w, x, y);
     const TensorInfo& t = *w.t;
     const uint64_t rb = t.row_bytes();
+    const int64_t n = w.n_in;
+    // int8 activations: quantize every row of X once, then 8-bit dots four tokens at a time.
+    const bool i8 = int8 && B >= 4 && n % 32 == 0 && has_i8_kernel(t.type);
+    std::vector<int8_t> xq;
+    std::vector<float> xd;
+    if (i8) {
+        xq.resize(static_cast<size_t>(B * n));
+        xd.resize(static_cast<size_t>(B * (n / 32)));
+        for (int64_t b = 0; b < B; ++b) quantize_act_q8(x + b * n, n, xq.data() + b * n, xd.data() + b * (n / 32));
+    }
 #pragma omp parallel
     {
-        std::vector<float> scratch(static_cast<size_t>(w.n_in));
+        std::vector<float> scratch(static_cast<size_t>(n));
 #pragma omp for schedule(static)
         for (int64_t o = 0; o < w.n_out; ++o) {
+            const uint8_t* raw = t.data + static_cast<uint64_t>(o) * rb;
+            int64_t b = 0;
+            if (i8) {
+                for (; b + 4 <= B; b += 4) {
+                    float d[4];
+                    dot4_row_i8(t.type, raw, xq.data() + b * n, xd.data() + b * (n / 32), n, d);
+                    for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + o] = d[k] * w.scale;
+                }
+                for (; b < B; ++b) y[b * w.n_out + o] = dot_row(t.type, raw, x + b * n, n, scratch.data()) * w.scale;
+                continue;
+            }
             // Decode the row once, then one dot per token (four at a time).
-            const float* r = reinterpret_cast<const float*>(t.data + static_cast<uint64_t>(o) * rb);
+            const float* r = reinterpret_cast<const float*>(raw);
             if (t.type != kF32) {
-                dequantize_row(t.type, t.data + static_cast<uint64_t>(o) * rb, scratch.data(), w.n_in);
+                dequantize_row(t.type, raw, scratch.data(), n);
                 r = scratch.data();
             }
-            int64_t b = 0;
             for (; b + 4 <= B; b += 4) {
                 float d[4];
-                dot4_f32(r, x + b * w.n_in, w.n_in, d);
+                dot4_f32(r, x + b * n, n, d);
                 for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + o] = d[k] * w.scale;
             }
-            for (; b < B; ++b) y[b * w.n_out + o] = dot_f32(r, x + b * w.n_in, w.n_in) * w.scale;
+            for (; b < B; ++b) y[b * w.n_out + o] = dot_f32(r, x + b * n, n) * w.scale;
         }
     }
 }
@@ -250,17 +270,17 @@ void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* l
         else attention(L, seq, ai++, h.data(), tmp.data(), B);
         for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
         for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * E, L.post_norm.data(), h.data() + b * E, E, hp_.rms_eps);
-        matmat(L.ffn_gate, h.data(), B, g.data());
-        matmat(L.ffn_up, h.data(), B, u.data());
+        matmat(L.ffn_gate, h.data(), B, g.data(), int8_prefill);
+        matmat(L.ffn_up, h.data(), B, u.data(), int8_prefill);
         for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
-        matmat(L.ffn_down, g.data(), B, tmp.data());
+        matmat(L.ffn_down, g.data(), B, tmp.data(), int8_prefill);
         for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
     }
     seq.n_past += B;
     if (!logits) return;
     if (all_logits) {
         for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * E, output_norm_.data(), h.data() + b * E, E, hp_.rms_eps);
-        matmat(output_, h.data(), B, logits);
+        matmat(output_, h.data(), B, logits, int8_prefill);
     } else {
         rmsnorm(x.data() + (B - 1) * E, output_norm_.data(), h.data(), E, hp_.rms_eps);
         matvec(output_, h.data(), logits);
@@ -270,9 +290,9 @@ void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* l
 void Model::attention(const Layer& L, Sequence& seq, size_t ai, const float* h, float* out, int64_t B) const {
     const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim, R = hp_.rope_dim;
     std::vector<float> qg_all(static_cast<size_t>(B * 2 * H * D)), kx_all(static_cast<size_t>(B * Hkv * D)), vx_all(kx_all.size());
-    matmat(L.q, h, B, qg_all.data());
-    matmat(L.k, h, B, kx_all.data());
-    matmat(L.v, h, B, vx_all.data());
+    matmat(L.q, h, B, qg_all.data(), int8_prefill);
+    matmat(L.k, h, B, kx_all.data(), int8_prefill);
+    matmat(L.v, h, B, vx_all.data(), int8_prefill);
     std::vector<float> o_all(static_cast<size_t>(B * H * D), 0.f);
     for (int64_t b = 0; b < B; ++b) {
         const float* qg = qg_all.data() + b * 2 * H * D;
@@ -331,17 +351,17 @@ void Model::attention(const Layer& L, Sequence& seq, size_t ai, const float* h, 
             for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>(j * D + d)]);
         }
     }
-    matmat(L.o, o_all.data(), B, out);
+    matmat(L.o, o_all.data(), B, out, int8_prefill);
 }
 
 void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, const float* h, float* out, int64_t B) const {
     const int64_t K = hp_.conv_kernel, C = hp_.conv_dim(), S = hp_.ssm_state, Hk = hp_.ssm_groups, Hv = hp_.ssm_heads;
     const int64_t kd = hp_.key_dim(), VD = hp_.value_dim();
     std::vector<float> qkv_all(static_cast<size_t>(B * C)), z_all(static_cast<size_t>(B * VD)), beta_all(static_cast<size_t>(B * Hv)), alpha_all(beta_all.size());
-    matmat(L.qkv, h, B, qkv_all.data());
-    matmat(L.gate, h, B, z_all.data());
-    matmat(L.beta, h, B, beta_all.data());
-    matmat(L.alpha, h, B, alpha_all.data());
+    matmat(L.qkv, h, B, qkv_all.data(), int8_prefill);
+    matmat(L.gate, h, B, z_all.data(), int8_prefill);
+    matmat(L.beta, h, B, beta_all.data(), int8_prefill);
+    matmat(L.alpha, h, B, alpha_all.data(), int8_prefill);
     std::vector<float> o_all(static_cast<size_t>(B * VD));
     auto& win = seq.conv[gi];
     auto& st = seq.state[gi];
@@ -407,7 +427,7 @@ void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, const float* h, f
             for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[hh * S + j]);
         }
     }
-    matmat(L.out, o_all.data(), B, out);
+    matmat(L.out, o_all.data(), B, out, int8_prefill);
 }
 
 }  // namespace pulse::decoder

@@ -60,6 +60,9 @@ public:
     std::vector<float> forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits = false) const;
 
     int threads = 0;  // 0 = OpenMP's default
+    // Batched prefill with int8 activations for Q8_0/TQ2_0 weights (faster, less exact: see
+    // docs/DECODER.md); single-token decode always keeps f32 activations.
+    bool int8_prefill = false;
 
 private:
     // B tokens at positions seq.n_past...: every matmul runs once for the batch; attention and
@@ -88,6 +91,6 @@ public:
 // y[n_out] = W · x[n_in] (dequantizing rows of W on the fly), times W's scale.
 void matvec(const Matrix& w, const float* x, float* y);
 // Y[b][n_out] = W · X[b][n_in] for b < B: each row of W is decoded once for the whole batch.
-void matmat(const Matrix& w, const float* x, int64_t B, float* y);
+void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8 = false);
 
 }  // namespace pulse::decoder

@@ -12,6 +12,7 @@
 #include <rapidjson/document.h>
 
 #include "gguf.h"
+#include "kernels.h"
 #include "model.h"
 #include "quants.h"
 #include "support/temp_dir.h"
@@ -334,6 +335,40 @@ TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type a
         ++compared;
     }
     CHECK(compared == 9);
+}
+
+TEST_CASE("forward: int8 prefill (opt-in) stays within its measured tolerance of llama.cpp's F32 twin run") {
+    std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "tests/fixtures/decoder/golden.json");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    rapidjson::Document g;
+    g.Parse(text.c_str());
+    TempDir d;
+    int compared = 0;
+    for (const auto& r : g["results"].GetArray()) {
+        std::string golden = r["file"].GetString();
+        if (golden != "synth-q8_0.f32twin.gguf" && golden != "synth-tq2_0.f32twin.gguf") continue;
+        std::string file = golden.substr(0, golden.find(".f32twin")) + ".gguf";
+        auto set = fixture_set();
+        auto it = std::find_if(set.begin(), set.end(), [&](const FixtureFile& f) { return f.name == file; });
+        write_synthetic(d / file, it->shape, it->type, it->seed, it->twin);
+        auto model = Model::load(GgufFile::open(d / file));
+        model->int8_prefill = true;
+        auto seq = model->new_sequence();
+        std::vector<int32_t> prompt;
+        for (const auto& t : r["prompt"].GetArray()) prompt.push_back(t.GetInt());
+        auto logits = model->forward(*seq, prompt, true);
+        const int64_t V = model->hparams().n_vocab;
+        double worst = 0;
+        for (size_t p = 0; p < prompt.size(); ++p)
+            for (int64_t v = 0; v < V; ++v) worst = std::max(worst, std::fabs(logits[p * V + v] - r["logits"][static_cast<rapidjson::SizeType>(p)][static_cast<rapidjson::SizeType>(v)].GetDouble()));
+        CAPTURE(file);
+        // Measured 0.16 for both (8-bit activation rounding; llama.cpp's own quantized runs move
+        // these logits by up to ~0.8). The test allows 0.3.
+        CHECK(worst < 0.3);
+        if (std::string(kernel_name()) == "avx2") CHECK(worst > 1e-3);  // the int8 path really ran
+        ++compared;
+    }
+    CHECK(compared == 2);
 }
 
 TEST_CASE("forward: a batched prefill gives the logits of token-by-token steps") {

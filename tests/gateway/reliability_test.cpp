@@ -135,9 +135,10 @@ TEST_CASE("health: probes take a dead endpoint out of the rotation and bring it 
 }
 
 TEST_CASE("a llama-server that is still loading is 'loading', and a request waits for it inside the window") {
-    FakeBackend be(R"({"loading_ms":1500,"flavor":"llamacpp","turns":[{"content":"loaded now"}]})", "llamacpp");
+    // Loading lasts long enough for a slow (sanitizer) gateway start to see it.
+    FakeBackend be(R"({"loading_ms":4000,"flavor":"llamacpp","turns":[{"content":"loaded now"}]})", "llamacpp");
     Gateway gw(model_toml({be.url()}, "m", "llamacpp"), "", std::string(kFast) + "retry_window_s = 20\n");
-    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"loading")") != std::string::npos; }, 5000));
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"loading")") != std::string::npos; }, 8000));
     auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
     CHECK(st.terminal == "response.completed");
     CHECK(str(st.item(0)["content"][0], "text") == "loaded now");

@@ -82,8 +82,12 @@ struct Gateway {
     explicit Gateway(const std::string& models_toml, const std::string& server_toml = "", const std::string& upstream_toml = kUpstream,
                      const std::string& extra_toml = "", const std::vector<std::pair<std::string, std::string>>& extra_plugins = {}) {
         std::filesystem::create_directories(dir / "plugins");
-        for (const auto& src : {env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/qwen38.so", env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/llamacpp.so",
-                                env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/decoder.so", env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/example_echo.so"}) {
+        std::vector<std::string> plugins = {env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/qwen38.so", env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/llamacpp.so",
+                                            env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/example_echo.so"};
+        // The decoder backend only where a model uses it (it is the slowest plugin to load).
+        if (models_toml.find("decoder:") != std::string::npos || models_toml.find("plugin://decoder") != std::string::npos)
+            plugins.push_back(env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/decoder.so");
+        for (const auto& src : plugins) {
             auto dst = dir / "plugins" / std::filesystem::path(src).filename();
             std::filesystem::copy_file(src, dst);
             std::filesystem::permissions(dst, std::filesystem::perms(0755));
