@@ -1,5 +1,7 @@
 #include "plugin/host_api.h"
 
+#include <cmath>
+
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -157,7 +159,8 @@ bool j_get_i64(const pulse_json_t* v, int64_t* out) {
     }
     if (x.IsDouble()) {
         double d = x.GetDouble();
-        if (d == static_cast<double>(static_cast<int64_t>(d)) && d >= -9.2e18 && d <= 9.2e18) {
+        // Range first: converting an out-of-range double to int64 is undefined behaviour.
+        if (d >= -9.2e18 && d <= 9.2e18 && d == std::trunc(d)) {
             *out = static_cast<int64_t>(d);
             return true;
         }

@@ -8,6 +8,7 @@
 #include "quants.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define PULSE_X86 1
 #endif
@@ -155,7 +156,12 @@ __attribute__((target("avx2,fma,f16c"))) void dot4_tq2_0_i8(const uint8_t* s, co
 }
 
 bool have_avx2() {
-    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    // F16C through cpuid: not every compiler's __builtin_cpu_supports knows "f16c" (clang 14).
+    static const bool yes = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+        return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }();
     return yes;
 }
 #endif

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels.h"
 #include "quants.h"
 
 namespace pulse::decoder {
@@ -13,87 +12,12 @@ namespace {
 
 std::string k(const std::string& arch, const char* key) { return arch + "." + key; }
 
-float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
-float silu(float x) { return x * sigmoid(x); }
-float softplus(float x) { return x > 20 ? x : std::log1p(std::exp(x)); }
-
-void rmsnorm(const float* x, const float* w, float* out, int64_t n, double eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-    float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
-    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
-}
-
-void l2norm(float* x, int64_t n, double eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-    float r = static_cast<float>(1.0 / std::sqrt(ss + eps));
-    for (int64_t i = 0; i < n; ++i) x[i] *= r;
-}
-
 }  // namespace
 
-void matvec(const Matrix& w, const float* x, float* y) {
-    const TensorInfo& t = *w.t;
-    const uint64_t rb = t.row_bytes();
-#pragma omp parallel
-    {
-        std::vector<float> scratch(static_cast<size_t>(w.n_in));
-#pragma omp for schedule(static)
-        for (int64_t o = 0; o < w.n_out; ++o)
-            y[o] = dot_row(t.type, t.data + static_cast<uint64_t>(o) * rb, x, w.n_in, scratch.data()) * w.scale;
-    }
-}
-
-void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
-    if (B == 1) return matvec(w, x, y);
-    const TensorInfo& t = *w.t;
-    const uint64_t rb = t.row_bytes();
-    const int64_t n = w.n_in;
-    // int8 activations: quantize every row of X once, then 8-bit dots four tokens at a time.
-    const bool i8 = int8 && B >= 4 && n % 32 == 0 && has_i8_kernel(t.type);
-    std::vector<int8_t> xq;
-    std::vector<float> xd;
-    if (i8) {
-        xq.resize(static_cast<size_t>(B * n));
-        xd.resize(static_cast<size_t>(B * (n / 32)));
-        for (int64_t b = 0; b < B; ++b) quantize_act_q8(x + b * n, n, xq.data() + b * n, xd.data() + b * (n / 32));
-    }
-#pragma omp parallel
-    {
-        std::vector<float> scratch(static_cast<size_t>(n));
-#pragma omp for schedule(static)
-        for (int64_t o = 0; o < w.n_out; ++o) {
-            const uint8_t* raw = t.data + static_cast<uint64_t>(o) * rb;
-            int64_t b = 0;
-            if (i8) {
-                for (; b + 4 <= B; b += 4) {
-                    float d[4];
-                    dot4_row_i8(t.type, raw, xq.data() + b * n, xd.data() + b * (n / 32), n, d);
-                    for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + o] = d[k] * w.scale;
-                }
-                for (; b < B; ++b) y[b * w.n_out + o] = dot_row(t.type, raw, x + b * n, n, scratch.data()) * w.scale;
-                continue;
-            }
-            // Decode the row once, then one dot per token (four at a time).
-            const float* r = reinterpret_cast<const float*>(raw);
-            if (t.type != kF32) {
-                dequantize_row(t.type, raw, scratch.data(), n);
-                r = scratch.data();
-            }
-            for (; b + 4 <= B; b += 4) {
-                float d[4];
-                dot4_f32(r, x + b * n, n, d);
-                for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + o] = d[k] * w.scale;
-            }
-            for (; b < B; ++b) y[b * w.n_out + o] = dot_f32(r, x + b * n, n) * w.scale;
-        }
-    }
-}
-
-std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file) {
+std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::string& device) {
     auto m = std::shared_ptr<Model>(new Model);
     m->file_ = file;
+    m->dev_ = make_device(device);
     const GgufFile& f = *file;
     const std::string arch = f.get_string("general.architecture");
     if (arch != "qwen35")
@@ -265,169 +189,53 @@ void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* l
     std::vector<float> g(static_cast<size_t>(B * F)), u(g.size());
     size_t ai = 0, gi = 0;
     for (const auto& L : layers_) {
-        for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * E, L.attn_norm.data(), h.data() + b * E, E, hp_.rms_eps);
+        dev_->rmsnorm(x.data(), L.attn_norm.data(), h.data(), B, E, hp_.rms_eps);
         if (L.recurrent) deltanet(L, seq, gi++, h.data(), tmp.data(), B);
         else attention(L, seq, ai++, h.data(), tmp.data(), B);
-        for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
-        for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * E, L.post_norm.data(), h.data() + b * E, E, hp_.rms_eps);
-        matmat(L.ffn_gate, h.data(), B, g.data(), int8_prefill);
-        matmat(L.ffn_up, h.data(), B, u.data(), int8_prefill);
-        for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
-        matmat(L.ffn_down, g.data(), B, tmp.data(), int8_prefill);
-        for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+        dev_->add(x.data(), tmp.data(), static_cast<int64_t>(x.size()));
+        dev_->rmsnorm(x.data(), L.post_norm.data(), h.data(), B, E, hp_.rms_eps);
+        dev_->matmul(L.ffn_gate, h.data(), B, g.data(), int8_prefill);
+        dev_->matmul(L.ffn_up, h.data(), B, u.data(), int8_prefill);
+        dev_->swiglu(g.data(), u.data(), static_cast<int64_t>(g.size()));
+        dev_->matmul(L.ffn_down, g.data(), B, tmp.data(), int8_prefill);
+        dev_->add(x.data(), tmp.data(), static_cast<int64_t>(x.size()));
     }
     seq.n_past += B;
     if (!logits) return;
     if (all_logits) {
-        for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * E, output_norm_.data(), h.data() + b * E, E, hp_.rms_eps);
-        matmat(output_, h.data(), B, logits, int8_prefill);
+        dev_->rmsnorm(x.data(), output_norm_.data(), h.data(), B, E, hp_.rms_eps);
+        dev_->matmul(output_, h.data(), B, logits, int8_prefill);
     } else {
-        rmsnorm(x.data() + (B - 1) * E, output_norm_.data(), h.data(), E, hp_.rms_eps);
-        matvec(output_, h.data(), logits);
+        dev_->rmsnorm(x.data() + (B - 1) * E, output_norm_.data(), h.data(), 1, E, hp_.rms_eps);
+        dev_->matmul(output_, h.data(), 1, logits, false);
     }
 }
 
 void Model::attention(const Layer& L, Sequence& seq, size_t ai, const float* h, float* out, int64_t B) const {
-    const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim, R = hp_.rope_dim;
-    std::vector<float> qg_all(static_cast<size_t>(B * 2 * H * D)), kx_all(static_cast<size_t>(B * Hkv * D)), vx_all(kx_all.size());
-    matmat(L.q, h, B, qg_all.data(), int8_prefill);
-    matmat(L.k, h, B, kx_all.data(), int8_prefill);
-    matmat(L.v, h, B, vx_all.data(), int8_prefill);
-    std::vector<float> o_all(static_cast<size_t>(B * H * D), 0.f);
-    for (int64_t b = 0; b < B; ++b) {
-        const float* qg = qg_all.data() + b * 2 * H * D;
-        std::vector<float> kn(kx_all.begin() + b * Hkv * D, kx_all.begin() + (b + 1) * Hkv * D);
-        std::vector<float> vx(vx_all.begin() + b * Hkv * D, vx_all.begin() + (b + 1) * Hkv * D);
-        const int64_t p = seq.n_past + b;
-        // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
-        auto rope = [&](float* v) {
-            for (int64_t i = 0; i < R / 2; ++i) {
-                double theta = static_cast<double>(p) * std::pow(hp_.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
-                float c = static_cast<float>(std::cos(theta)), sn = static_cast<float>(std::sin(theta));
-                float a = v[i], bb = v[i + R / 2];
-                v[i] = a * c - bb * sn;
-                v[i + R / 2] = a * sn + bb * c;
-            }
-        };
-        std::vector<float> q(static_cast<size_t>(H * D)), gate(static_cast<size_t>(H * D));
-        for (int64_t j = 0; j < H; ++j) {
-            rmsnorm(qg + 2 * D * j, L.q_norm.data(), q.data() + D * j, D, hp_.rms_eps);
-            std::memcpy(gate.data() + D * j, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
-            rope(q.data() + D * j);
-        }
-        for (int64_t j = 0; j < Hkv; ++j) {
-            std::vector<float> raw(kn.begin() + D * j, kn.begin() + D * (j + 1));
-            rmsnorm(raw.data(), L.k_norm.data(), kn.data() + D * j, D, hp_.rms_eps);
-            rope(kn.data() + D * j);
-        }
-        // The cache holds K and V at f16 precision, as llama.cpp's default F16 cache does.
-        for (auto& xv : kn) xv = fp16_to_f32(f32_to_fp16(xv));
-        for (auto& xv : vx) xv = fp16_to_f32(f32_to_fp16(xv));
-        auto& kc = seq.k_cache[ai];
-        auto& vc = seq.v_cache[ai];
-        kc.insert(kc.end(), kn.begin(), kn.end());
-        vc.insert(vc.end(), vx.begin(), vx.end());
-        const int64_t n = static_cast<int64_t>(kc.size()) / (Hkv * D);
-        const float scale = hp_.attn_scale > 0 ? static_cast<float>(hp_.attn_scale) : 1.f / std::sqrt(static_cast<float>(D));
-        float* o = o_all.data() + b * H * D;
-        const int64_t group = H / Hkv;
-#pragma omp parallel for schedule(static)
-        for (int64_t j = 0; j < H; ++j) {
-            const int64_t kvh = j / group;  // GQA: blocks of consecutive query heads share a KV head
-            std::vector<float> w(static_cast<size_t>(n));
-            float mx = -INFINITY;
-            for (int64_t t = 0; t < n; ++t) {
-                w[static_cast<size_t>(t)] = dot_f32(q.data() + j * D, kc.data() + (t * Hkv + kvh) * D, D) * scale;
-                mx = std::max(mx, w[static_cast<size_t>(t)]);
-            }
-            double sum = 0;
-            for (auto& xw : w) sum += (xw = std::exp(xw - mx));
-            float* oj = o + j * D;
-            for (int64_t t = 0; t < n; ++t) {
-                const float* vt = vc.data() + (t * Hkv + kvh) * D;
-                float a = static_cast<float>(w[static_cast<size_t>(t)] / sum);
-                for (int64_t d = 0; d < D; ++d) oj[d] += a * vt[d];
-            }
-            for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>(j * D + d)]);
-        }
-    }
-    matmat(L.o, o_all.data(), B, out, int8_prefill);
+    const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
+    std::vector<float> qg(static_cast<size_t>(B * 2 * H * D)), k(static_cast<size_t>(B * Hkv * D)), v(k.size()), o(static_cast<size_t>(B * H * D));
+    dev_->matmul(L.q, h, B, qg.data(), int8_prefill);
+    dev_->matmul(L.k, h, B, k.data(), int8_prefill);
+    dev_->matmul(L.v, h, B, v.data(), int8_prefill);
+    AttentionOp op{qg.data(), k.data(), v.data(), B, seq.n_past, H, Hkv, D, hp_.rope_dim, hp_.rope_base, hp_.rms_eps,
+                   hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D)), L.q_norm.data(), L.k_norm.data(),
+                   &seq.k_cache[ai], &seq.v_cache[ai], o.data()};
+    dev_->attention(op);
+    dev_->matmul(L.o, o.data(), B, out, int8_prefill);
 }
 
 void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, const float* h, float* out, int64_t B) const {
-    const int64_t K = hp_.conv_kernel, C = hp_.conv_dim(), S = hp_.ssm_state, Hk = hp_.ssm_groups, Hv = hp_.ssm_heads;
-    const int64_t kd = hp_.key_dim(), VD = hp_.value_dim();
-    std::vector<float> qkv_all(static_cast<size_t>(B * C)), z_all(static_cast<size_t>(B * VD)), beta_all(static_cast<size_t>(B * Hv)), alpha_all(beta_all.size());
-    matmat(L.qkv, h, B, qkv_all.data(), int8_prefill);
-    matmat(L.gate, h, B, z_all.data(), int8_prefill);
-    matmat(L.beta, h, B, beta_all.data(), int8_prefill);
-    matmat(L.alpha, h, B, alpha_all.data(), int8_prefill);
-    std::vector<float> o_all(static_cast<size_t>(B * VD));
-    auto& win = seq.conv[gi];
-    auto& st = seq.state[gi];
-    const float inv_sqrt_s = 1.f / std::sqrt(static_cast<float>(S));
-    for (int64_t b = 0; b < B; ++b) {
-        const float* qkv = qkv_all.data() + b * C;
-        const float* z = z_all.data() + b * VD;
-        const float* beta = beta_all.data() + b * Hv;
-        const float* alpha = alpha_all.data() + b * Hv;
-        // Causal depthwise conv over the last K inputs (window of K-1 previous + current), then SiLU.
-        std::vector<float> y(static_cast<size_t>(C));
-        for (int64_t c = 0; c < C; ++c) {
-            float acc = 0;
-            for (int64_t t = 0; t < K - 1; ++t) acc += L.conv[static_cast<size_t>(c * K + t)] * win[static_cast<size_t>(t * C + c)];
-            acc += L.conv[static_cast<size_t>(c * K + K - 1)] * qkv[c];
-            y[static_cast<size_t>(c)] = silu(acc);
-        }
-        if (K > 1) {
-            std::memmove(win.data(), win.data() + C, static_cast<size_t>((K - 2) * C) * 4);
-            std::memcpy(win.data() + (K - 2) * C, qkv, static_cast<size_t>(C) * 4);
-        }
-        float* q = y.data();
-        float* kk = y.data() + kd;
-        float* v = y.data() + 2 * kd;
-        for (int64_t m = 0; m < Hk; ++m) {
-            l2norm(q + m * S, S, hp_.rms_eps);
-            l2norm(kk + m * S, S, hp_.rms_eps);
-        }
-        float* o = o_all.data() + b * VD;
-#pragma omp parallel for schedule(static)
-        for (int64_t hh = 0; hh < Hv; ++hh) {
-            const int64_t m = hh % Hk;  // tiled key head for this value head
-            const float bt = sigmoid(beta[hh]);
-            const float decay = std::exp(softplus(alpha[hh] + L.dt_bias[static_cast<size_t>(hh)]) * L.ssm_a[static_cast<size_t>(hh)]);
-            float* Sm = st.data() + hh * S * S;  // Sm[i * S + j]: i = key dim, j = value dim
-            const float* km = kk + m * S;
-            const float* qm = q + m * S;
-            const float* vh = v + hh * S;
-            std::vector<float> delta(static_cast<size_t>(S), 0.f), acc(static_cast<size_t>(S), 0.f);
-            // S <- decay*S; delta = beta*(v - S^T k); S += k delta^T; o = S^T q / sqrt(S)
-            for (int64_t i = 0; i < S; ++i) {
-                float* row = Sm + i * S;
-                const float ki = km[i];
-                for (int64_t j = 0; j < S; ++j) {
-                    row[j] *= decay;
-                    acc[static_cast<size_t>(j)] += row[j] * ki;
-                }
-            }
-            for (int64_t j = 0; j < S; ++j) delta[static_cast<size_t>(j)] = bt * (vh[j] - acc[static_cast<size_t>(j)]);
-            std::fill(acc.begin(), acc.end(), 0.f);
-            for (int64_t i = 0; i < S; ++i) {
-                float* row = Sm + i * S;
-                const float ki = km[i], qi = qm[i];
-                for (int64_t j = 0; j < S; ++j) {
-                    row[j] += ki * delta[static_cast<size_t>(j)];
-                    acc[static_cast<size_t>(j)] += row[j] * qi;
-                }
-            }
-            float* oh = o + hh * S;
-            for (int64_t j = 0; j < S; ++j) oh[j] = acc[static_cast<size_t>(j)] * inv_sqrt_s;
-            std::vector<float> normed(static_cast<size_t>(S));
-            rmsnorm(oh, L.ssm_norm.data(), normed.data(), S, hp_.rms_eps);
-            for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[hh * S + j]);
-        }
-    }
-    matmat(L.out, o_all.data(), B, out, int8_prefill);
+    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads, VD = hp_.value_dim();
+    std::vector<float> qkv(static_cast<size_t>(B * C)), z(static_cast<size_t>(B * VD)), beta(static_cast<size_t>(B * Hv)), alpha(beta.size()),
+        o(static_cast<size_t>(B * VD));
+    dev_->matmul(L.qkv, h, B, qkv.data(), int8_prefill);
+    dev_->matmul(L.gate, h, B, z.data(), int8_prefill);
+    dev_->matmul(L.beta, h, B, beta.data(), int8_prefill);
+    dev_->matmul(L.alpha, h, B, alpha.data(), int8_prefill);
+    DeltaNetOp op{qkv.data(), z.data(), beta.data(), alpha.data(), B, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps,
+                  L.conv.data(), L.dt_bias.data(), L.ssm_a.data(), L.ssm_norm.data(), seq.conv[gi].data(), seq.state[gi].data(), o.data()};
+    dev_->deltanet(op);
+    dev_->matmul(L.out, o.data(), B, out, int8_prefill);
 }
 
 }  // namespace pulse::decoder

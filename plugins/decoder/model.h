@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "device.h"
 #include "gguf.h"
 
 namespace pulse::decoder {
@@ -23,13 +24,6 @@ struct HParams {
     int64_t key_dim() const { return ssm_groups * ssm_state; }
     int64_t value_dim() const { return ssm_heads * ssm_state; }
     int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
-};
-
-// A matmul weight: rows of `n_in` values in the tensor's type, with an optional output scale.
-struct Matrix {
-    const TensorInfo* t = nullptr;
-    int64_t n_in = 0, n_out = 0;
-    float scale = 1;
 };
 
 struct Layer {
@@ -49,7 +43,8 @@ class Sequence;
 class Model {
 public:
     // Binds and checks every tensor (names, shapes, types); throws GgufError naming the tensor.
-    static std::shared_ptr<Model> load(std::shared_ptr<GgufFile> file);
+    static std::shared_ptr<Model> load(std::shared_ptr<GgufFile> file, const std::string& device = "cpu");
+    const Device& device() const { return *dev_; }
 
     const HParams& hparams() const { return hp_; }
     const GgufFile& file() const { return *file_; }
@@ -72,6 +67,7 @@ private:
     void deltanet(const Layer& L, Sequence& seq, size_t gdn_index, const float* h, float* out, int64_t B) const;
 
     std::shared_ptr<GgufFile> file_;
+    std::unique_ptr<Device> dev_;
     HParams hp_;
     const TensorInfo* tok_embd_ = nullptr;
     Matrix output_;
@@ -87,10 +83,5 @@ public:
     std::vector<std::vector<float>> conv;              // per GDN layer: [(K-1)][conv_dim]
     std::vector<std::vector<float>> state;             // per GDN layer: [Hv][S key][S value]
 };
-
-// y[n_out] = W · x[n_in] (dequantizing rows of W on the fly), times W's scale.
-void matvec(const Matrix& w, const float* x, float* y);
-// Y[b][n_out] = W · X[b][n_in] for b < B: each row of W is decoded once for the whole batch.
-void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8 = false);
 
 }  // namespace pulse::decoder
