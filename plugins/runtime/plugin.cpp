@@ -3,7 +3,8 @@
 //
 // [controller] keys (relative paths start at the pulse config's directory):
 //   nodes = "nodes.toml"                 the site's nodes file
-//   profiles = "<datadir>/pulse/profiles"  runtime families and profiles
+//   profiles = "<datadir>/pulse/profiles"  runtime families and profiles (a build tree that is
+//                                        not installed uses the source tree's profiles/)
 //   state_dir = "/var/lib/pulse"         node state, run logs, locks
 #include <pulse/plugin.hpp>
 
@@ -16,6 +17,9 @@
 
 #ifndef PULSE_PROFILES_DIR
 #define PULSE_PROFILES_DIR "/usr/share/pulse/profiles"
+#endif
+#ifndef PULSE_SOURCE_PROFILES_DIR
+#define PULSE_SOURCE_PROFILES_DIR ""
 #endif
 
 namespace {
@@ -50,6 +54,10 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         auto inst = std::make_unique<Instance>();
         inst->settings.nodes_file = path("nodes", "nodes.toml");
         inst->settings.profiles_dir = path("profiles", PULSE_PROFILES_DIR);
+        // Run from a build tree (not installed): the source tree's profiles.
+        std::error_code ec;
+        if (!c["profiles"].present() && !fs::exists(inst->settings.profiles_dir, ec) && fs::exists(PULSE_SOURCE_PROFILES_DIR, ec))
+            inst->settings.profiles_dir = PULSE_SOURCE_PROFILES_DIR;
         inst->settings.state_dir = path("state_dir", "/var/lib/pulse");
         pulse::Json gw = c["gateway"];
         inst->settings.gateway.url = std::string(gw["url"].string_or("http://127.0.0.1:8800"));
