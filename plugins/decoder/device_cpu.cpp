@@ -29,12 +29,19 @@ void l2norm(float* x, int64_t n, double eps) {
     for (int64_t i = 0; i < n; ++i) x[i] *= r;
 }
 
+// Per-thread buffer for one decoded weight row: matmuls run per token, so no allocation there.
+std::vector<float>& row_scratch(int64_t n) {
+    thread_local std::vector<float> buf;
+    if (buf.size() < static_cast<size_t>(n)) buf.resize(static_cast<size_t>(n));
+    return buf;
+}
+
 void matvec(const Matrix& w, const float* x, float* y) {
     const TensorInfo& t = *w.t;
     const uint64_t rb = t.row_bytes();
 #pragma omp parallel
     {
-        std::vector<float> scratch(static_cast<size_t>(w.n_in));
+        std::vector<float>& scratch = row_scratch(w.n_in);
 #pragma omp for schedule(static)
         for (int64_t o = 0; o < w.n_out; ++o)
             y[o] = dot_row(t.type, t.data + static_cast<uint64_t>(o) * rb, x, w.n_in, scratch.data()) * w.scale;
@@ -57,7 +64,7 @@ void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
     }
 #pragma omp parallel
     {
-        std::vector<float> scratch(static_cast<size_t>(n));
+        std::vector<float>& scratch = row_scratch(n);
 #pragma omp for schedule(static)
         for (int64_t o = 0; o < w.n_out; ++o) {
             const uint8_t* raw = t.data + static_cast<uint64_t>(o) * rb;

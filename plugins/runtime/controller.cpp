@@ -131,9 +131,9 @@ public:
             fd_ = -1;
             return;
         }
+        // Who holds it, for the message a second command prints (best effort: the lock is the flock).
         std::string me = "pid " + std::to_string(::getpid()) + " since " + utc_stamp("%Y-%m-%dT%H:%M:%SZ") + "\n";
-        if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
-        }
+        if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
     }
     ~NodeLock() {
         if (fd_ >= 0) ::close(fd_);

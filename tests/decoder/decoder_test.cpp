@@ -292,35 +292,62 @@ TEST_CASE("formats: Q4_K and Q6_K decode what they encode (within their step)") 
 
 // ---- the forward pass against llama.cpp ----------------------------------------------------------
 
-TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type and shape") {
+namespace {
+
+// tests/fixtures/decoder/golden.json: llama.cpp's logits and greedy continuations.
+rapidjson::Document load_golden() {
     std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "tests/fixtures/decoder/golden.json");
     std::string text((std::istreambuf_iterator<char>(in)), {});
     rapidjson::Document g;
     g.Parse(text.c_str());
     REQUIRE(g.IsObject());
-    TempDir d;
+    return g;
+}
+
+// The fixture a golden entry is checked with: a quantized file is compared with llama.cpp's run
+// of its F32 twin (the same decoded weights), an F32 file with llama.cpp's own run. Writes it
+// into `dir` and returns its name.
+std::string write_fixture_for(const std::string& golden, const TempDir& dir) {
+    std::string file = golden;
+    if (auto p = file.find(".f32twin"); p != std::string::npos) file = file.substr(0, p) + ".gguf";
     auto set = fixture_set();
+    auto it = std::find_if(set.begin(), set.end(), [&](const FixtureFile& f) { return f.name == file; });
+    REQUIRE_MESSAGE(it != set.end(), file);
+    write_synthetic(dir / file, it->shape, it->type, it->seed, it->twin);
+    return file;
+}
+
+std::vector<int32_t> golden_prompt(const rapidjson::Value& r) {
+    std::vector<int32_t> prompt;
+    for (const auto& t : r["prompt"].GetArray()) prompt.push_back(t.GetInt());
+    return prompt;
+}
+
+// Largest |logit - golden| over every prompt position.
+double worst_logit_diff(const std::vector<float>& logits, int64_t V, const rapidjson::Value& r) {
+    double worst = 0;
+    const auto& want = r["logits"];
+    for (rapidjson::SizeType p = 0; p < want.Size(); ++p)
+        for (int64_t v = 0; v < V; ++v)
+            worst = std::max(worst, std::fabs(logits[p * static_cast<size_t>(V) + static_cast<size_t>(v)] -
+                                              want[p][static_cast<rapidjson::SizeType>(v)].GetDouble()));
+    return worst;
+}
+
+}  // namespace
+
+TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type and shape") {
+    auto g = load_golden();
+    TempDir d;
     int compared = 0;
     for (const auto& r : g["results"].GetArray()) {
-        std::string golden = r["file"].GetString();
-        // A quantized file is compared with llama.cpp's run of its F32 twin (the same decoded
-        // weights); F32 files with llama.cpp's own run.
-        std::string file = golden;
-        if (auto p = file.find(".f32twin"); p != std::string::npos) file = file.substr(0, p) + ".gguf";
-        auto it = std::find_if(set.begin(), set.end(), [&](const FixtureFile& f) { return f.name == file; });
-        REQUIRE_MESSAGE(it != set.end(), file);
-        write_synthetic(d / file, it->shape, it->type, it->seed, it->twin);
+        std::string file = write_fixture_for(r["file"].GetString(), d);
         auto model = Model::load(GgufFile::open(d / file));
         auto seq = model->new_sequence();
-        std::vector<int32_t> prompt;
-        for (const auto& t : r["prompt"].GetArray()) prompt.push_back(t.GetInt());
-        auto logits = model->forward(*seq, prompt, true);
+        auto logits = model->forward(*seq, golden_prompt(r), true);
         const int64_t V = model->hparams().n_vocab;
-        double worst = 0;
-        for (size_t p = 0; p < prompt.size(); ++p)
-            for (int64_t v = 0; v < V; ++v) worst = std::max(worst, std::fabs(logits[p * V + v] - r["logits"][static_cast<rapidjson::SizeType>(p)][static_cast<rapidjson::SizeType>(v)].GetDouble()));
         CAPTURE(file);
-        CHECK(worst < 2e-3);
+        CHECK(worst_logit_diff(logits, V, r) < 2e-3);
         std::vector<float> last(logits.end() - V, logits.end());
         std::vector<int> greedy;
         for (rapidjson::SizeType i = 0; i < r["greedy"].Size(); ++i) {
@@ -338,29 +365,17 @@ TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type a
 }
 
 TEST_CASE("forward: int8 prefill (opt-in) stays within its measured tolerance of llama.cpp's F32 twin run") {
-    std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "tests/fixtures/decoder/golden.json");
-    std::string text((std::istreambuf_iterator<char>(in)), {});
-    rapidjson::Document g;
-    g.Parse(text.c_str());
+    auto g = load_golden();
     TempDir d;
     int compared = 0;
     for (const auto& r : g["results"].GetArray()) {
         std::string golden = r["file"].GetString();
         if (golden != "synth-q8_0.f32twin.gguf" && golden != "synth-tq2_0.f32twin.gguf") continue;
-        std::string file = golden.substr(0, golden.find(".f32twin")) + ".gguf";
-        auto set = fixture_set();
-        auto it = std::find_if(set.begin(), set.end(), [&](const FixtureFile& f) { return f.name == file; });
-        write_synthetic(d / file, it->shape, it->type, it->seed, it->twin);
+        std::string file = write_fixture_for(golden, d);
         auto model = Model::load(GgufFile::open(d / file));
         model->int8_prefill = true;
         auto seq = model->new_sequence();
-        std::vector<int32_t> prompt;
-        for (const auto& t : r["prompt"].GetArray()) prompt.push_back(t.GetInt());
-        auto logits = model->forward(*seq, prompt, true);
-        const int64_t V = model->hparams().n_vocab;
-        double worst = 0;
-        for (size_t p = 0; p < prompt.size(); ++p)
-            for (int64_t v = 0; v < V; ++v) worst = std::max(worst, std::fabs(logits[p * V + v] - r["logits"][static_cast<rapidjson::SizeType>(p)][static_cast<rapidjson::SizeType>(v)].GetDouble()));
+        double worst = worst_logit_diff(model->forward(*seq, golden_prompt(r), true), model->hparams().n_vocab, r);
         CAPTURE(file);
         // Measured 0.16 for both (8-bit activation rounding; llama.cpp's own quantized runs move
         // these logits by up to ~0.8). The test allows 0.3.
