@@ -313,6 +313,7 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         t.integer("max_streams", cfg.server.max_streams, 1, 65536);
         t.integer("queue", cfg.server.queue, 0, 65536);
         t.number("send_timeout_s", cfg.server.send_timeout_s, 0.1, 3600);
+        t.integer("stream_threads", cfg.server.stream_threads, 0, 64);
         t.number("drain_timeout_s", cfg.server.drain_timeout_s, 0, 86400);
         std::string trace;
         t.str("trace_file", trace);

@@ -61,6 +61,7 @@ struct Server {
     int64_t max_streams = 256;           // worker threads = concurrent requests
     int64_t queue = 64;                  // accepted connections waiting for a worker
     double send_timeout_s = 30;
+    int64_t stream_threads = 1;          // epoll threads relaying HTTP streams; 0 = a thread per stream
     double drain_timeout_s = 30;
     std::string trace_file;
 };

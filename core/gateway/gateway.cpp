@@ -142,6 +142,7 @@ void Gateway::start() {
     prefixes_ = std::make_unique<PrefixStore>(w.enabled ? static_cast<size_t>(w.max_prefixes) : 0, 64u << 20);
     if (w.enabled && !w.state_file.empty()) prefixes_->load(w.state_file);
     if (w.enabled) warmer_ = std::make_unique<Warmer>(*prefixes_, snap->cfg.upstream);
+    if (snap->cfg.server.stream_threads > 0) relay_ = std::make_unique<StreamLoop>(static_cast<int>(snap->cfg.server.stream_threads));
     prober_ = std::thread([this] { probe_loop(); });
 }
 
@@ -154,8 +155,8 @@ void Gateway::reload(config::Config cfg) {
     }
     auto old = snapshot();
     if (cfg.server.listen.host != old->cfg.server.listen.host || cfg.server.listen.port != old->cfg.server.listen.port ||
-        cfg.server.max_streams != old->cfg.server.max_streams)
-        log::warn("reload", "server.listen and server.max_streams take effect only after a restart");
+        cfg.server.max_streams != old->cfg.server.max_streams || cfg.server.stream_threads != old->cfg.server.stream_threads)
+        log::warn("reload", "server.listen, server.max_streams and server.stream_threads take effect only after a restart");
     std::shared_ptr<const Snapshot> next = build(std::move(cfg));  // throws: the old snapshot keeps serving
     std::lock_guard lock(snap_mutex_);
     retired_.push_back(current_);
@@ -182,6 +183,7 @@ void Gateway::stop() {
     probe_cv_.notify_all();
     if (prober_.joinable()) prober_.join();
     if (warmer_) warmer_->stop();
+    relay_.reset();  // after the server: no request thread waits on it any more
     auto snap = snapshot();
     if (snap && prefixes_ && !snap->cfg.warmup.state_file.empty() && prefixes_->dirty()) prefixes_->save(snap->cfg.warmup.state_file);
 }

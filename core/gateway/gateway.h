@@ -23,6 +23,7 @@
 #include "config/config.h"
 #include "gateway/endpoint_health.h"
 #include "gateway/response_builder.h"
+#include "gateway/stream_loop.h"
 #include "gateway/upstream.h"
 #include "gateway/warmup.h"
 #include "plugin/plugin_manager.h"
@@ -124,6 +125,7 @@ private:
 
     std::unique_ptr<PrefixStore> prefixes_;
     std::unique_ptr<Warmer> warmer_;
+    std::unique_ptr<StreamLoop> relay_;  // null when server.stream_threads = 0
 
     std::atomic<bool> draining_{false};
     std::atomic<int> active_{0};

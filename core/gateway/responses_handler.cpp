@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <istream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -85,7 +87,7 @@ void trace(const std::string& file, const std::string& id, const char* what, con
 }  // namespace
 
 // One /v1/responses request from receipt to the last byte.
-class ResponseSession {
+class ResponseSession : public RelayJob {
 public:
     ResponseSession(Gateway& gw, Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp)
         : gw_(gw), req_(req), resp_(resp), snap_(gw.snapshot()), cfg_(snap_->cfg), id_(new_response_id()) {}
@@ -182,6 +184,15 @@ private:
 
     void emit(std::string_view type, const std::string& json) {
         if (!streaming_ || lost_) return;
+        last_event_ = steady_clock::now();
+        if (relay_) {  // the stream loop frames and sends it (take_output)
+            relay_out_ += "event: ";
+            relay_out_ += type;
+            relay_out_ += "\ndata: ";
+            relay_out_ += json;
+            relay_out_ += "\n\n";
+            return;
+        }
         if (!out_) {
             resp_.setStatusAndReason(Poco::Net::HTTPResponse::HTTP_OK);
             resp_.setContentType("text/event-stream");
@@ -194,13 +205,12 @@ private:
         out_->write(ev.data(), static_cast<std::streamsize>(ev.size()));
         unflushed_ = true;
         if (!out_->good()) lost_ = true;
-        last_event_ = steady_clock::now();
         // No flush here: the attempt loop flushes whenever the upstream has nothing more queued,
         // so events that arrive together leave in one write.
     }
 
     void flush() {
-        if (!out_ || !unflushed_ || lost_) return;
+        if (relay_ || !out_ || !unflushed_ || lost_) return;
         out_->flush();
         unflushed_ = false;
         if (!out_->good()) lost_ = true;
@@ -214,12 +224,13 @@ private:
     }
 
     // Sends the request to endpoint `i` and follows it to the end, or to the point where
-    // another endpoint should be tried.
+    // another endpoint should be tried. Once the backend accepted it, an HTTP stream goes to
+    // the stream loop (relay()); other streams are followed on this thread.
     Attempt attempt(size_t i) {
         const EndpointRef& ep = rt_->endpoints[i];
         InFlight in_flight(*ep.health);
         std::unique_ptr<UpstreamStream> up = ep.backend ? ep.backend->open(upstream_body_, id_) : open_http(*ep.cfg, upreq_, cfg_.upstream);
-        bool accepted = false, fed = false;
+        accepted_ = fed_ = false;
         for (;;) {
             // Drain what is already queued before flushing: under load many tokens go out in
             // one write instead of one syscall each.
@@ -234,78 +245,144 @@ private:
             }
             if (lost_) {
                 up->cancel();
-                call_.reset();
-                vt_->stream_finish(stream_, &call_, PULSE_STREAM_CANCELLED, builder_.get());
-                outcome_ = "cancelled";
-                return Attempt::final;
+                return cancel_stream();
             }
-            switch (e.kind) {
-                case UpEvent::Kind::timeout:
-                    keepalive_if_due();
-                    break;
-                case UpEvent::Kind::accepted:
-                    accepted = true;
-                    served_by_ = ep.cfg->name;
-                    gw_.endpoint_ok(model_id_, ep);
-                    builder_->start();
-                    break;
-                case UpEvent::Kind::rejected: {
-                    pulse_status_t s = e.status;
-                    call_.reset();
-                    if (e.http_status) {
-                        s = vt_->map_error ? vt_->map_error(rt_->instance, &call_, e.http_status, pulse_str_t{e.text.data(), e.text.size()})
-                                           : (e.http_status >= 500 || e.http_status == 429 ? PULSE_E_UNAVAILABLE : PULSE_E_INVALID_ARGUMENT);
-                        last_error_ = call_.has_message ? call_.message
-                                                        : "backend answered HTTP " + std::to_string(e.http_status) + ": " + e.text.substr(0, 300);
-                    } else {
-                        last_error_ = e.text;
-                    }
-                    last_status_ = s;
-                    log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " refused the request: " + last_error_);
-                    if (!retryable(s)) return Attempt::final;
-                    gw_.endpoint_failed(ep, last_error_);
-                    return Attempt::retry;
-                }
-                case UpEvent::Kind::failed:
-                    last_status_ = e.status ? e.status : PULSE_E_UNAVAILABLE;
-                    last_error_ = e.text;
-                    if (!accepted || e.before_accept || !fed) {
-                        // No output came from this endpoint: another one (or this one, later) may serve it.
-                        log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + e.text);
-                        gw_.endpoint_failed(ep, e.text);
-                        return Attempt::retry;
-                    }
-                    call_.reset();
-                    vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
-                    outcome_ = builder_->end(PULSE_STREAM_TRUNCATED, e.text);
-                    return Attempt::served;
-                case UpEvent::Kind::data: {
-                    if (!ttft_) ttft_ = duration_cast<milliseconds>(steady_clock::now() - t0_);
-                    fed = true;
-                    call_.reset();
-                    pulse_status_t s = vt_->stream_feed(stream_, &call_, {e.text.data(), e.text.size()}, builder_.get());
-                    if (s < 0) {
-                        builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
-                        outcome_ = "failed";
-                        up->cancel();
-                        return Attempt::served;
-                    }
-                    keepalive_if_due();
-                    break;
-                }
-                case UpEvent::Kind::done: {
-                    call_.reset();
-                    pulse_status_t s = vt_->stream_finish(stream_, &call_, PULSE_STREAM_CLEAN, builder_.get());
-                    if (s < 0) builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
-                    outcome_ = builder_->ended() ? (builder_->failure() ? "failed" : "completed") : builder_->end(PULSE_STREAM_CLEAN);
-                    if (outcome_ == "completed" || outcome_ == "incomplete")
-                        gw_.prefixes_->remember(model_id_, prefix_key(cache_key_, upstream_body_), upstream_body_);
-                    return Attempt::served;
-                }
+            const bool accepted_now = e.kind == UpEvent::Kind::accepted;
+            if (auto a = on_event(std::move(e), ep, up.get())) return *a;
+            // SSE headers must have left through POCO before the loop writes raw chunks.
+            if (accepted_now && gw_.relay_ && (!streaming_ || out_)) {
+                if (auto body = up->detach()) return relay(std::move(body), ep);
             }
         }
     }
 
+    Attempt cancel_stream() {
+        call_.reset();
+        vt_->stream_finish(stream_, &call_, PULSE_STREAM_CANCELLED, builder_.get());
+        outcome_ = "cancelled";
+        return Attempt::final;
+    }
+
+    // One event from endpoint `ep`; a value when the attempt is over. `up` is null when the
+    // stream loop drives the stream (it closes the connection itself).
+    std::optional<Attempt> on_event(UpEvent e, const EndpointRef& ep, UpstreamStream* up) {
+        switch (e.kind) {
+            case UpEvent::Kind::timeout:
+                keepalive_if_due();
+                return std::nullopt;
+            case UpEvent::Kind::accepted:
+                accepted_ = true;
+                served_by_ = ep.cfg->name;
+                gw_.endpoint_ok(model_id_, ep);
+                builder_->start();
+                return std::nullopt;
+            case UpEvent::Kind::rejected: {
+                pulse_status_t s = e.status;
+                call_.reset();
+                if (e.http_status) {
+                    s = vt_->map_error ? vt_->map_error(rt_->instance, &call_, e.http_status, pulse_str_t{e.text.data(), e.text.size()})
+                                       : (e.http_status >= 500 || e.http_status == 429 ? PULSE_E_UNAVAILABLE : PULSE_E_INVALID_ARGUMENT);
+                    last_error_ = call_.has_message ? call_.message
+                                                    : "backend answered HTTP " + std::to_string(e.http_status) + ": " + e.text.substr(0, 300);
+                } else {
+                    last_error_ = e.text;
+                }
+                last_status_ = s;
+                log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " refused the request: " + last_error_);
+                if (!retryable(s)) return Attempt::final;
+                gw_.endpoint_failed(ep, last_error_);
+                return Attempt::retry;
+            }
+            case UpEvent::Kind::failed:
+                last_status_ = e.status ? e.status : PULSE_E_UNAVAILABLE;
+                last_error_ = e.text;
+                if (!accepted_ || e.before_accept || !fed_) {
+                    // No output came from this endpoint: another one (or this one, later) may serve it.
+                    log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + e.text);
+                    gw_.endpoint_failed(ep, e.text);
+                    return Attempt::retry;
+                }
+                call_.reset();
+                vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
+                outcome_ = builder_->end(PULSE_STREAM_TRUNCATED, e.text);
+                return Attempt::served;
+            case UpEvent::Kind::data: {
+                if (!ttft_) ttft_ = duration_cast<milliseconds>(steady_clock::now() - t0_);
+                fed_ = true;
+                call_.reset();
+                pulse_status_t s = vt_->stream_feed(stream_, &call_, {e.text.data(), e.text.size()}, builder_.get());
+                if (s < 0) {
+                    builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
+                    outcome_ = "failed";
+                    if (up) up->cancel();
+                    return Attempt::served;
+                }
+                keepalive_if_due();
+                return std::nullopt;
+            }
+            case UpEvent::Kind::done: {
+                call_.reset();
+                pulse_status_t s = vt_->stream_finish(stream_, &call_, PULSE_STREAM_CLEAN, builder_.get());
+                if (s < 0) builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
+                outcome_ = builder_->ended() ? (builder_->failure() ? "failed" : "completed") : builder_->end(PULSE_STREAM_CLEAN);
+                if (outcome_ == "completed" || outcome_ == "incomplete")
+                    gw_.prefixes_->remember(model_id_, prefix_key(cache_key_, upstream_body_), upstream_body_);
+                return Attempt::served;
+            }
+        }
+        return std::nullopt;
+    }
+
+    // The rest of an accepted HTTP stream, relayed by the stream loop while this thread sleeps.
+    Attempt relay(std::unique_ptr<DetachedBody> body, const EndpointRef& ep) {
+        flush();
+        if (lost_) return cancel_stream();  // `body` closes the connection
+        relay_ep_ = &ep;
+        relay_result_.reset();
+        relay_ = true;
+        std::string unsent;
+        gw_.relay_->run(*this, std::move(body), unsent);
+        relay_ = false;
+        if (!unsent.empty() && !lost_) {
+            // The client was slow to take the last bytes: finish them the blocking way (send timeout).
+            try {
+                socket_->sendBytes(unsent.data(), static_cast<int>(unsent.size()));
+            } catch (const Poco::Exception&) {
+                lost_ = true;
+            }
+        }
+        return relay_result_.value_or(Attempt::final);
+    }
+
+public:  // RelayJob: called on the stream loop's thread while relay() waits
+    int client_fd() const override { return socket_->impl()->sockfd(); }
+    bool on_upstream(UpEvent e) override {
+        relay_result_ = on_event(std::move(e), *relay_ep_, nullptr);
+        return relay_result_.has_value();
+    }
+    bool on_timer() override {
+        keepalive_if_due();
+        return false;
+    }
+    steady_clock::time_point next_timer() const override { return streaming_ ? last_event_ + keepalive_ : steady_clock::time_point::max(); }
+    void on_client_lost() override {
+        lost_ = true;
+        relay_result_ = cancel_stream();
+    }
+    void take_output(std::string& wire) override {
+        if (relay_out_.empty()) return;
+        char size[20];
+        int n = std::snprintf(size, sizeof size, "%zx\r\n", relay_out_.size());
+        wire.append(size, static_cast<size_t>(n));
+        wire += relay_out_;
+        wire += "\r\n";
+        relay_out_.clear();
+    }
+    steady_clock::duration send_timeout() const override {
+        return duration_cast<steady_clock::duration>(duration<double>(cfg_.server.send_timeout_s));
+    }
+
+private:
     // Waits before the next round, keeping the client alive and noticing if it leaves.
     void wait_backoff(milliseconds d) {
         auto until = steady_clock::now() + d;
@@ -422,6 +499,13 @@ private:
     steady_clock::time_point last_event_ = steady_clock::now();
     steady_clock::time_point last_gone_check_ = steady_clock::now();
     bool unflushed_ = false;
+    bool accepted_ = false, fed_ = false;  // of the current attempt
+
+    // While the stream loop relays (relay()): events go to relay_out_ instead of POCO's stream.
+    bool relay_ = false;
+    std::string relay_out_;
+    const EndpointRef* relay_ep_ = nullptr;
+    std::optional<Attempt> relay_result_;
 
     pulse_status_t last_status_ = PULSE_E_UNAVAILABLE;
     std::string last_error_ = "no endpoint configured";

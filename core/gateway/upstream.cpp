@@ -7,6 +7,10 @@
 #include <Poco/URI.h>
 
 #include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <deque>
@@ -16,6 +20,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
+#include "gateway/http_body.h"
 #include "gateway/sse.h"
 
 namespace pulse::gateway {
@@ -29,6 +34,12 @@ class Session : public Poco::Net::HTTPClientSession {
 public:
     using Poco::Net::HTTPClientSession::HTTPClientSession;
     int pending() const { return buffered(); }
+    // The bytes read past the response headers, out of POCO's buffer (no syscall).
+    std::string take_buffered() {
+        std::string s(static_cast<size_t>(std::max(0, buffered())), '\0');
+        if (!s.empty()) s.resize(static_cast<size_t>(std::max(0, read(s.data(), static_cast<std::streamsize>(s.size())))));
+        return s;
+    }
 };
 
 // Idle keep-alive connections per backend (host:port), so a request does not pay a TCP connect
@@ -62,6 +73,108 @@ SessionPool& pool() {
     static SessionPool* p = new SessionPool();  // never destroyed: sessions may outlive main
     return *p;
 }
+
+// An accepted response body read by the stream loop: raw recv(MSG_DONTWAIT) on the socket,
+// HTTP framing, then SSE. The same events and failure texts as HttpStream's blocking reads.
+class HttpBody : public DetachedBody {
+public:
+    HttpBody(std::unique_ptr<Session> s, std::string key, BodyDecoder framing, std::string buffered, double idle_timeout_s)
+        : session_(std::move(s)), key_(std::move(key)), fd_(session_->socket().impl()->sockfd()), framing_(std::move(framing)),
+          early_(std::move(buffered)), idle_(duration_cast<steady_clock::duration>(duration<double>(idle_timeout_s))),
+          idle_timeout_s_(idle_timeout_s) {}
+
+    int fd() const override { return fd_; }
+
+    void read(std::vector<UpEvent>& out) override {
+        if (exhausted_) return;
+        if (!early_.empty()) {
+            std::string e = std::move(early_);
+            early_.clear();
+            consume(e, out);
+        }
+        // Bounded per call, so one fast stream cannot keep the loop from the others; level-
+        // triggered epoll calls again for what is left.
+        char buf[16384];
+        for (int i = 0; i < 4 && !exhausted_; ++i) {
+            ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+            if (n > 0) {
+                last_byte_ = steady_clock::now();
+                consume(std::string_view(buf, static_cast<size_t>(n)), out);
+                if (static_cast<size_t>(n) < sizeof buf) break;  // drained: skip the EAGAIN syscall
+            } else if (n == 0) {
+                exhausted_ = true;
+                bool clean_end = framing_.at_eof();
+                if (!done_) fail(out, clean_end ? "the backend stream ended without its terminal [DONE] marker"
+                                                : "the backend closed the connection in the middle of the response body");
+            } else if (errno == EINTR) {
+                continue;
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                exhausted_ = true;
+                if (!done_) fail(out, std::strerror(errno));
+            } else {
+                break;
+            }
+        }
+    }
+
+    steady_clock::time_point idle_deadline() const override { return done_ || exhausted_ ? steady_clock::time_point::max() : last_byte_ + idle_; }
+    UpEvent idle_failure() const override {
+        return failure("no data from the backend for " + std::to_string(static_cast<int>(idle_timeout_s_)) + " s (upstream.idle_timeout_s)");
+    }
+    bool reusable() const override { return done_ && framing_.complete() && !broken_; }
+    bool ended() const override { return done_; }
+    bool exhausted() const override { return exhausted_ || framing_.complete(); }
+    void recycle() override {
+        if (reusable() && session_) pool().give(key_, std::move(session_));
+    }
+
+private:
+    static UpEvent failure(const std::string& what) {
+        UpEvent e;
+        e.kind = UpEvent::Kind::failed;
+        e.status = PULSE_E_UNAVAILABLE;
+        e.text = "the backend connection broke mid-stream: " + what;
+        return e;
+    }
+    void fail(std::vector<UpEvent>& out, const std::string& what) {
+        broken_ = exhausted_ = true;
+        out.push_back(failure(what));
+    }
+
+    void consume(std::string_view raw, std::vector<UpEvent>& out) {
+        body_.clear();
+        if (!framing_.feed(raw, body_)) {
+            if (!done_) return fail(out, "bad HTTP framing: " + framing_.error());
+            broken_ = exhausted_ = true;  // after [DONE]: the answer is whole, only the connection is spoiled
+            return;
+        }
+        if (done_) return;  // after the terminal marker only the body's end matters
+        const bool body_over = framing_.complete();
+        parser_.feed(body_, [&](std::string_view, std::string_view data) {
+            if (done_) return;
+            if (data == "[DONE]") {
+                done_ = true;
+                out.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
+            } else {
+                out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false});
+            }
+        });
+        if (parser_.overflowed() && !done_) fail(out, "the backend sent an SSE line over 16 MiB");
+        // A keep-alive connection does not close after the body: its end is the end.
+        if (body_over && !done_ && !broken_) fail(out, "the backend stream ended without its terminal [DONE] marker");
+    }
+
+    std::unique_ptr<Session> session_;
+    std::string key_;
+    int fd_;
+    BodyDecoder framing_;
+    std::string early_, body_;
+    SseParser parser_;
+    steady_clock::duration idle_;
+    double idle_timeout_s_;
+    steady_clock::time_point last_byte_ = steady_clock::now();
+    bool done_ = false, broken_ = false, exhausted_ = false;
+};
 
 // An HTTP upstream driven by the request thread: every next() waits on the socket with the
 // caller's timeout, reads what has arrived and parses SSE from it. No extra thread, no
@@ -115,6 +228,12 @@ public:
                         return e;
                     }
                     in_ = &is;
+                    if (response.getChunkedTransferEncoding())
+                        framing_ = BodyDecoder::Framing::chunked;
+                    else if (response.hasContentLength())
+                        framing_ = BodyDecoder::Framing::length, length_ = response.getContentLength64();
+                    else
+                        framing_ = BodyDecoder::Framing::until_close;
                     phase_ = Phase::body;
                     last_byte_ = steady_clock::now();
                     return UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false};
@@ -130,6 +249,16 @@ public:
             return fail(phase_ == Phase::body, e.what());
         }
         return UpEvent{};
+    }
+
+    std::unique_ptr<DetachedBody> detach() override {
+        // Only straight after acceptance, before POCO's body stream has read anything.
+        if (phase_ != Phase::body || !events_.empty() || !in_ || in_->rdbuf()->in_avail() > 0 || !session_) return nullptr;
+        phase_ = Phase::finished;
+        in_ = nullptr;
+        std::string early = session_->take_buffered();
+        return std::make_unique<HttpBody>(std::move(session_), key_, BodyDecoder(framing_, length_), std::move(early),
+                                          timeouts_.idle_timeout_s);
     }
 
     void cancel() override {
@@ -276,6 +405,8 @@ private:
     std::unique_ptr<Session> session_;
     bool reused_ = false;
     std::istream* in_ = nullptr;
+    BodyDecoder::Framing framing_ = BodyDecoder::Framing::until_close;
+    int64_t length_ = 0;
     Phase phase_ = Phase::start;
     SseParser parser_;
     std::deque<UpEvent> events_;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "plugin/host_api.h"
@@ -32,9 +33,35 @@ struct UpEvent {
     bool before_accept = false;
 };
 
+// The body of an accepted HTTP response, taken over by the stream loop (stream_loop.h) and read
+// there without blocking. Destroying it closes the connection unless recycle() gave it back.
+class DetachedBody {
+public:
+    virtual ~DetachedBody() = default;
+    virtual int fd() const = 0;
+    // Reads what has arrived, never blocking, and appends the events it completes (data, done,
+    // failed) to `out`. After `done` it only looks for the body's end (see reusable()).
+    virtual void read(std::vector<UpEvent>& out) = 0;
+    // When the backend counts as silent for too long (upstream.idle_timeout_s), and the
+    // failure to report then.
+    virtual std::chrono::steady_clock::time_point idle_deadline() const = 0;
+    virtual UpEvent idle_failure() const = 0;
+    // The terminal marker and the end of the HTTP body were both read: the connection can
+    // serve another request.
+    virtual bool reusable() const = 0;
+    // The terminal marker was read.
+    virtual bool ended() const = 0;
+    // The connection can no longer give anything (EOF, error, or a body that ended).
+    virtual bool exhausted() const = 0;
+    virtual void recycle() = 0;
+};
+
 class UpstreamStream {
 public:
     virtual ~UpstreamStream() = default;
+    // Right after `accepted`: hands the rest of the body to the caller for non-blocking reads,
+    // or nullptr when this kind of stream cannot be read that way (plugin backends).
+    virtual std::unique_ptr<DetachedBody> detach() { return nullptr; }
     // Waits up to `wait` for the next event.
     virtual UpEvent next(std::chrono::milliseconds wait) = 0;
     // Makes the backend stop work for this request promptly (closes the connection).

@@ -24,7 +24,9 @@
 // "spec": {"drafts_per_request": D, "accept": [p1, p2, ...]} simulates MTP counters: each
 // streamed response adds D drafts of K = len(accept) tokens and round(D * p_i) accepted at
 // position i to /metrics (vLLM names; the llamacpp flavor also reports timings.draft_n*).
-// Top-level options: "fail_first": N answers the first N requests with HTTP "fail_status"
+// Top-level options: "step_ms": N paces every stream by one process-wide clock instead: each
+// chunk leaves at the next multiple of N ms, so concurrent streams send their tokens together,
+// as a batched engine (vLLM, llama-server) does at each decode step. "fail_first": N answers the first N requests with HTTP "fail_status"
 // (default 503); "prefix_cache": true simulates vLLM's prefix cache: cached_tokens is the
 // longest prefix (in 4-character "tokens") this process has seen before, so a restarted
 // backend starts cold. "loading_ms": N makes every request (and /v1/models) answer 503
@@ -172,6 +174,13 @@ std::vector<std::string> words(const std::string& text) {
     return out;
 }
 
+// The next tick of the process-wide decode-step clock ("step_ms").
+std::chrono::steady_clock::time_point next_step(int64_t step_ms) {
+    static const auto epoch = std::chrono::steady_clock::now();
+    const auto step = std::chrono::milliseconds(step_ms);
+    return epoch + step * ((std::chrono::steady_clock::now() - epoch) / step + 1);
+}
+
 class Handler : public Poco::Net::HTTPRequestHandler {
 public:
     void handleRequest(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) override {
@@ -252,6 +261,7 @@ public:
         std::ostream& out = resp.send();
         int64_t delay = get_int(turn, "delay_ms", get_int(g_script, "delay_ms", 0));
         int64_t first_delay = get_int(turn, "first_delay_ms", 0);
+        const int64_t step = get_int(g_script, "step_ms", 0);
         size_t split = static_cast<size_t>(get_int(g_script, "split", 8));
         std::string model = rq.IsObject() ? get_str(rq, "model", "fake") : "fake";
         std::string head = R"({"id":"chatcmpl-fake)" + std::to_string(served) +
@@ -262,6 +272,7 @@ public:
             if (gone) return;
             if (chunks == 0 && first_delay) std::this_thread::sleep_for(std::chrono::milliseconds(first_delay));
             else if (delay) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+            else if (step) std::this_thread::sleep_until(next_step(step));
             out << "data: " << data << "\n\n";
             out.flush();
             if (!out.good()) gone = true;

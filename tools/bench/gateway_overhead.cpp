@@ -4,7 +4,11 @@
 // the gateway's CPU time per streamed token, and its RSS per concurrent stream.
 //
 //   gateway_overhead --pulse BIN --fake BIN --plugins DIR [--tokens 64] [--delay-ms 2]
-//                    [--concurrency 1,16,64,256] [--samples 128] [--json FILE]
+//                    [--concurrency 1,16,64,256] [--samples 128] [--json FILE] [--lockstep]
+//
+// --lockstep: the fake backend paces all streams by one clock (a token every --delay-ms for
+// every stream at once), like a batched engine's decode steps; without it each stream sleeps
+// --delay-ms between its own tokens, so streams drift apart.
 //
 // TTFB = request sent -> response headers received. TTFT = request sent -> first content token
 // seen by the client (a Chat Completions chunk with non-empty delta.content directly; a
@@ -161,6 +165,8 @@ int main(int argc, char** argv) {
     int tokens = std::stoi(arg(argc, argv, "--tokens", "64"));
     int delay = std::stoi(arg(argc, argv, "--delay-ms", "2"));
     int samples = std::stoi(arg(argc, argv, "--samples", "128"));
+    bool lockstep = false;
+    for (int i = 1; i < argc; ++i) lockstep = lockstep || std::string(argv[i]) == "--lockstep";
     std::vector<int> levels;
     {
         std::istringstream in(arg(argc, argv, "--concurrency", "1,16,64,256"));
@@ -171,7 +177,7 @@ int main(int argc, char** argv) {
     pulse::test::TempDir dir;
     std::string words;
     for (int i = 0; i < tokens; ++i) words += "tok" + std::to_string(i) + " ";
-    auto script = dir.write("script.json", R"({"delay_ms":)" + std::to_string(delay) + R"(,"turns":[{"content":")" + words + R"("}]})");
+    auto script = dir.write("script.json", std::string(R"({")") + (lockstep ? "step_ms" : "delay_ms") + R"(":)" + std::to_string(delay) + R"(,"turns":[{"content":")" + words + R"("}]})");
     Child fk({fake, "--script", script.string(), "--port", "0"});
     uint16_t fport = wait_port(fk, false, std::regex(R"(listening on 127\.0\.0\.1:(\d+))"));
 
@@ -193,7 +199,7 @@ int main(int argc, char** argv) {
     batch(4, fport, "/v1/chat/completions", direct_body, "\"content\":\"tok");
     batch(4, gport, "/v1/responses", pulse_body, "response.output_text.delta");
 
-    std::string json = "{\"tokens\":" + std::to_string(tokens) + ",\"delay_ms\":" + std::to_string(delay);
+    std::string json = "{\"tokens\":" + std::to_string(tokens) + ",\"delay_ms\":" + std::to_string(delay) + ",\"lockstep\":" + (lockstep ? "true" : "false");
     long idle_rss = rss_kib(gpid);
     // The gateway's background CPU (health probes, control loop), measured while idle, so it
     // is not charged to the tokens.
@@ -203,7 +209,8 @@ int main(int argc, char** argv) {
     double idle_us_per_s = (cpu_us(gpid) - idle0) / duration<double>(steady_clock::now() - idle_t0).count();
     std::printf("gateway idle CPU: %.0f us/s (subtracted below)\n", idle_us_per_s);
     json += ",\"idle_cpu_us_per_s\":" + std::to_string(idle_us_per_s) + ",\"levels\":[";
-    std::printf("gateway overhead: %d tokens per stream, %d ms between tokens, interleaved direct/pulse rounds\n", tokens, delay);
+    std::printf("gateway overhead: %d tokens per stream, %d ms between tokens (%s), interleaved direct/pulse rounds\n", tokens, delay,
+                lockstep ? "one clock for all streams" : "each stream its own timer");
     std::printf("%6s %7s | %-21s | %-27s | %-27s | %-27s | %9s %9s %6s\n", "conc", "samples", "added TTFB ms p50/p99",
                 "TTFT ms direct p50/p99", "TTFT ms pulse p50/p99", "added TTFT ms p50/p99", "add tot50", "cpu us/tk", "errors");
     for (size_t li = 0; li < levels.size(); ++li) {

@@ -1,0 +1,376 @@
+#include "gateway/stream_loop.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <stdexcept>
+
+#include "common/log.h"
+
+namespace pulse::gateway {
+
+using namespace std::chrono;
+using Clock = steady_clock;
+
+namespace {
+
+// A submitted job, living on the submitting thread's stack until `done` is signalled.
+struct Slot;
+struct Handle {
+    enum Kind { wake, upstream, client, linger } kind;
+    Slot* slot = nullptr;
+    void* linger_body = nullptr;  // Linger* for kind == linger
+};
+
+struct Slot {
+    RelayJob* job;
+    std::unique_ptr<DetachedBody> body;
+    std::string* unsent;
+    int cfd;
+    std::string out;  // framed bytes the client socket has not taken yet
+    size_t off = 0;
+    bool want_out = false, blocked = false, over = false, lost = false;
+    Clock::time_point blocked_since;
+    size_t index = 0;  // position in the thread's active list
+    Handle up{Handle::upstream, this}, cl{Handle::client, this};
+
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+};
+
+// After its job ended, a body whose terminal marker came but whose HTTP end had not yet: read
+// for a moment more so the connection can go back to the pool instead of being closed.
+struct Linger {
+    std::unique_ptr<DetachedBody> body;
+    Clock::time_point deadline;
+    Handle h{Handle::linger};
+    bool dead = false;
+};
+constexpr auto kLinger = milliseconds(20);
+
+}  // namespace
+
+class StreamLoop::Thread {
+public:
+    Thread() {
+        ep_ = ::epoll_create1(EPOLL_CLOEXEC);
+        wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (ep_ < 0 || wake_fd_ < 0) throw std::runtime_error(std::string("stream loop: ") + std::strerror(errno));
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.ptr = &wake_;
+        ::epoll_ctl(ep_, EPOLL_CTL_ADD, wake_fd_, &ev);
+        thread_ = std::thread([this] { main(); });
+    }
+
+    ~Thread() {
+        {
+            std::lock_guard lock(inbox_m_);
+            stopping_ = true;
+        }
+        wake();
+        thread_.join();
+        ::close(wake_fd_);
+        ::close(ep_);
+    }
+
+    void run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent) {
+        Slot s;
+        s.job = &job;
+        s.body = std::move(body);
+        s.unsent = &unsent;
+        s.cfd = job.client_fd();
+        {
+            std::lock_guard lock(inbox_m_);
+            if (stopping_) {
+                job.on_client_lost();
+                return;
+            }
+            inbox_.push_back(&s);
+        }
+        wake();
+        std::unique_lock lock(s.m);
+        s.cv.wait(lock, [&] { return s.done; });
+    }
+
+private:
+    void wake() {
+        uint64_t one = 1;
+        ssize_t n = ::write(wake_fd_, &one, sizeof one);
+        (void)n;  // a full counter still wakes the loop
+    }
+
+    void main() {
+        epoll_event evs[128];
+        for (;;) {
+            int timeout = -1;
+            if (next_scan_ != Clock::time_point::max()) {
+                auto left = duration_cast<milliseconds>(next_scan_ - Clock::now()) + milliseconds(1);
+                timeout = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 10000));
+            }
+            int n = ::epoll_wait(ep_, evs, 128, timeout);
+            if (n < 0 && errno != EINTR) {
+                log::error("relay", std::string("epoll_wait failed: ") + std::strerror(errno));
+                n = 0;
+            }
+            bool stop = false;
+            for (int i = 0; i < n; ++i) {
+                auto* h = static_cast<Handle*>(evs[i].data.ptr);
+                switch (h->kind) {
+                    case Handle::wake: stop = admit() || stop; break;
+                    case Handle::upstream:
+                        if (!h->slot->over) pump(*h->slot);
+                        break;
+                    case Handle::client:
+                        if (h->slot->over) break;
+                        if (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+                            lose(*h->slot);
+                        else if (evs[i].events & EPOLLOUT)
+                            flush(*h->slot);
+                        break;
+                    case Handle::linger: drain(*static_cast<Linger*>(h->linger_body)); break;
+                }
+            }
+            if (Clock::now() >= next_scan_) scan();
+            if (stop) {
+                for (Slot* s : active_) lose(*s);
+            }
+            release();
+            if (stop) return;
+        }
+    }
+
+    // New jobs from the inbox. Returns true when the loop is stopping.
+    bool admit() {
+        uint64_t v;
+        ssize_t r = ::read(wake_fd_, &v, sizeof v);
+        (void)r;
+        std::vector<Slot*> in;
+        bool stopping;
+        {
+            std::lock_guard lock(inbox_m_);
+            in.swap(inbox_);
+            stopping = stopping_;
+        }
+        for (Slot* s : in) {
+            s->index = active_.size();
+            active_.push_back(s);
+            epoll_event ce{};
+            ce.events = EPOLLRDHUP;  // not EPOLLIN: a pipelined next request must not count as activity
+            ce.data.ptr = &s->cl;
+            epoll_event ue{};
+            ue.events = EPOLLIN;
+            ue.data.ptr = &s->up;
+            if (::epoll_ctl(ep_, EPOLL_CTL_ADD, s->cfd, &ce) != 0) {
+                lose(*s);
+                continue;
+            }
+            if (::epoll_ctl(ep_, EPOLL_CTL_ADD, s->body->fd(), &ue) != 0) {
+                UpEvent e;
+                e.kind = UpEvent::Kind::failed;
+                e.status = PULSE_E_UNAVAILABLE;
+                e.text = std::string("the backend connection broke mid-stream: ") + std::strerror(errno);
+                if (s->job->on_upstream(std::move(e))) end(*s);
+                continue;
+            }
+            pump(*s);  // bytes that came with the response headers
+            next_scan_ = std::min({next_scan_, s->job->next_timer(), s->body->idle_deadline()});
+        }
+        return stopping;
+    }
+
+    void pump(Slot& s) {
+        events_.clear();
+        s.body->read(events_);
+        for (auto& e : events_) {
+            if (s.job->on_upstream(std::move(e))) {
+                end(s);
+                return;
+            }
+        }
+        flush(s);
+    }
+
+    // Sends what the job produced. A full socket is waited for with EPOLLOUT, up to the send timeout.
+    void flush(Slot& s) {
+        s.job->take_output(s.out);
+        if (!send_some(s)) return lose(s);
+        if (s.off < s.out.size()) {
+            if (!s.blocked) {
+                s.blocked = true;
+                s.blocked_since = Clock::now();
+                next_scan_ = std::min(next_scan_, s.blocked_since + s.job->send_timeout());
+            }
+            if (!s.want_out) watch_out(s, true);
+        } else {
+            s.out.clear();
+            s.off = 0;
+            s.blocked = false;
+            if (s.want_out) watch_out(s, false);
+        }
+    }
+
+    // Returns false when the client socket failed.
+    bool send_some(Slot& s) {
+        while (s.off < s.out.size()) {
+            ssize_t n = ::send(s.cfd, s.out.data() + s.off, s.out.size() - s.off, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n > 0) {
+                s.off += static_cast<size_t>(n);
+            } else if (n < 0 && errno == EINTR) {
+                continue;
+            } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                return true;
+            } else {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    void watch_out(Slot& s, bool on) {
+        epoll_event ce{};
+        ce.events = EPOLLRDHUP | (on ? EPOLLOUT : 0u);
+        ce.data.ptr = &s.cl;
+        ::epoll_ctl(ep_, EPOLL_CTL_MOD, s.cfd, &ce);
+        s.want_out = on;
+    }
+
+    void lose(Slot& s) {
+        if (s.over) return;
+        s.lost = true;
+        s.job->on_client_lost();
+        end(s);
+    }
+
+    // The job is over: last output, deregistration, the connection's fate. The submitter is
+    // woken in release(), after this round of events (later events may name this slot).
+    void end(Slot& s) {
+        if (s.over) return;
+        s.over = true;
+        ::epoll_ctl(ep_, EPOLL_CTL_DEL, s.cfd, nullptr);
+        if (!s.lost) {
+            s.job->take_output(s.out);
+            if (send_some(s)) s.unsent->assign(s.out, s.off);
+        }
+        DetachedBody& b = *s.body;
+        if (b.reusable()) {
+            ::epoll_ctl(ep_, EPOLL_CTL_DEL, b.fd(), nullptr);
+            b.recycle();
+        } else if (b.ended() && !b.exhausted()) {
+            auto& l = lingers_.emplace_back();
+            l.body = std::move(s.body);
+            l.deadline = Clock::now() + kLinger;
+            l.h.linger_body = &l;
+            epoll_event ue{};
+            ue.events = EPOLLIN;
+            ue.data.ptr = &l.h;
+            ::epoll_ctl(ep_, EPOLL_CTL_MOD, l.body->fd(), &ue);
+            next_scan_ = std::min(next_scan_, l.deadline);
+        } else {
+            ::epoll_ctl(ep_, EPOLL_CTL_DEL, b.fd(), nullptr);
+        }
+        ended_.push_back(&s);
+    }
+
+    void drain(Linger& l) {
+        if (l.dead) return;
+        events_.clear();
+        l.body->read(events_);
+        if (l.body->reusable()) {
+            ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
+            l.body->recycle();
+            l.dead = true;
+        } else if (l.body->exhausted()) {
+            ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
+            l.dead = true;
+        }
+    }
+
+    // Timers of every stream: send timeouts, idle backends, keepalives, lingering bodies.
+    void scan() {
+        auto now = Clock::now();
+        next_scan_ = Clock::time_point::max();
+        for (size_t i = 0; i < active_.size(); ++i) {
+            Slot& s = *active_[i];
+            if (s.over) continue;
+            if (s.blocked && now - s.blocked_since >= s.job->send_timeout()) {
+                lose(s);
+                continue;
+            }
+            if (now >= s.body->idle_deadline()) {
+                if (s.job->on_upstream(s.body->idle_failure())) {
+                    end(s);
+                    continue;
+                }
+            }
+            if (now >= s.job->next_timer()) {
+                if (s.job->on_timer()) {
+                    end(s);
+                    continue;
+                }
+                flush(s);
+                if (s.over) continue;
+            }
+            next_scan_ = std::min({next_scan_, s.job->next_timer(), s.body->idle_deadline()});
+            if (s.blocked) next_scan_ = std::min(next_scan_, s.blocked_since + s.job->send_timeout());
+        }
+        for (auto& l : lingers_) {
+            if (l.dead) continue;
+            if (now >= l.deadline) {
+                ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
+                l.dead = true;  // closed below: the backend took too long to end its body
+            } else {
+                next_scan_ = std::min(next_scan_, l.deadline);
+            }
+        }
+    }
+
+    // Wakes the submitters of the jobs that ended this round and forgets them.
+    void release() {
+        for (Slot* s : ended_) {
+            Slot* last = active_.back();
+            active_[s->index] = last;
+            last->index = s->index;
+            active_.pop_back();
+        }
+        for (Slot* s : ended_) {
+            std::lock_guard lock(s->m);
+            s->done = true;
+            s->cv.notify_one();  // under the lock: `s` is gone once the submitter returns
+        }
+        ended_.clear();
+        lingers_.remove_if([](const Linger& l) { return l.dead; });
+    }
+
+    int ep_ = -1, wake_fd_ = -1;
+    Handle wake_{Handle::wake};
+    std::thread thread_;
+    std::mutex inbox_m_;
+    std::vector<Slot*> inbox_;
+    bool stopping_ = false;
+
+    // Loop-thread state.
+    std::vector<Slot*> active_, ended_;
+    std::list<Linger> lingers_;
+    std::vector<UpEvent> events_;
+    Clock::time_point next_scan_ = Clock::time_point::max();
+};
+
+StreamLoop::StreamLoop(int threads) {
+    for (int i = 0; i < std::max(1, threads); ++i) threads_.push_back(std::make_unique<Thread>());
+}
+
+StreamLoop::~StreamLoop() = default;
+
+void StreamLoop::run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent) {
+    threads_[next_.fetch_add(1, std::memory_order_relaxed) % threads_.size()]->run(job, std::move(body), unsent);
+}
+
+}  // namespace pulse::gateway

@@ -1,0 +1,61 @@
+// The streaming phase of HTTP upstreams, driven by a few epoll threads instead of one thread
+// per stream (docs/ARCHITECTURE.md, "Threads").
+//
+// A request thread does everything up to the backend's acceptance (parsing, translation,
+// connect, failover, waiting for the response headers) the blocking way, then hands the
+// accepted body and the client socket to a loop and sleeps until the loop is done with them.
+// The loop reads every backend that has data, runs the translation for it, and writes what it
+// produced to the clients; tokens that arrive together (one decode step of a batched backend)
+// cost one wake-up, not one per stream. Backend plugins keep the thread-per-stream path.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gateway/upstream.h"
+
+namespace pulse::gateway {
+
+// One relayed stream, as the loop sees it. Every call comes on the loop thread while the
+// thread that submitted the job waits in StreamLoop::run(), so the job's state needs no lock.
+class RelayJob {
+public:
+    virtual ~RelayJob() = default;
+    virtual int client_fd() const = 0;
+    // One upstream event (data, done, failed). Returns true when the job is over.
+    virtual bool on_upstream(UpEvent e) = 0;
+    // Periodic duties (keepalive events) when next_timer() has passed. Returns true when over.
+    virtual bool on_timer() = 0;
+    virtual std::chrono::steady_clock::time_point next_timer() const = 0;
+    // The client went away or stopped reading; the job ends.
+    virtual void on_client_lost() = 0;
+    // Appends the bytes produced for the client since the last call, ready for the wire.
+    virtual void take_output(std::string& wire) = 0;
+    // How long the client may leave its socket full before it counts as gone.
+    virtual std::chrono::steady_clock::duration send_timeout() const = 0;
+};
+
+class StreamLoop {
+public:
+    explicit StreamLoop(int threads);
+    ~StreamLoop();  // jobs still running end as if their client had gone
+    StreamLoop(const StreamLoop&) = delete;
+    StreamLoop& operator=(const StreamLoop&) = delete;
+
+    // Relays `body` to the job's client on a loop thread; returns when the job is over. Bytes
+    // the client socket had not taken by then are left in `unsent` (already framed) for the
+    // caller to write with a blocking send.
+    void run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent);
+
+private:
+    class Thread;
+    std::vector<std::unique_ptr<Thread>> threads_;
+    std::atomic<size_t> next_{0};
+};
+
+}  // namespace pulse::gateway
