@@ -100,7 +100,8 @@ public:
     }
 
 private:
-    enum class Attempt { served, retry, final };
+    // again: the same endpoint once more on a fresh connection (a pooled one had gone stale).
+    enum class Attempt { served, retry, final, again };
 
     bool read_and_validate() {
         const int64_t limit = cfg_.server.max_body_bytes;
@@ -185,7 +186,7 @@ private:
     void emit(std::string_view type, const std::string& json) {
         if (!streaming_ || lost_) return;
         last_event_ = steady_clock::now();
-        if (relay_) {  // the stream loop frames and sends it (take_output)
+        if (relay_ || raw_) {  // framed by take_output, sent by the stream loop or by flush()
             relay_out_ += "event: ";
             relay_out_ += type;
             relay_out_ += "\ndata: ";
@@ -193,14 +194,7 @@ private:
             relay_out_ += "\n\n";
             return;
         }
-        if (!out_) {
-            resp_.setStatusAndReason(Poco::Net::HTTPResponse::HTTP_OK);
-            resp_.setContentType("text/event-stream");
-            resp_.set("Cache-Control", "no-cache");
-            resp_.set("X-Accel-Buffering", "no");
-            resp_.setChunkedTransferEncoding(true);
-            out_ = &resp_.send();
-        }
+        if (!out_) open_poco_stream();
         std::string ev = sse_event(type, json);
         out_->write(ev.data(), static_cast<std::streamsize>(ev.size()));
         unflushed_ = true;
@@ -209,11 +203,36 @@ private:
         // so events that arrive together leave in one write.
     }
 
+    void open_poco_stream() {
+        resp_.setStatusAndReason(Poco::Net::HTTPResponse::HTTP_OK);
+        resp_.setContentType("text/event-stream");
+        resp_.set("Cache-Control", "no-cache");
+        resp_.set("X-Accel-Buffering", "no");
+        resp_.setChunkedTransferEncoding(true);
+        out_ = &resp_.send();
+    }
+
     void flush() {
+        if (raw_ && !relay_ && !lost_) {
+            std::string wire;
+            take_output(wire);
+            write_raw(wire);
+            return;
+        }
         if (relay_ || !out_ || !unflushed_ || lost_) return;
         out_->flush();
         unflushed_ = false;
         if (!out_->good()) lost_ = true;
+    }
+
+    // Bytes for the client written the blocking way (send timeout), past POCO's streams.
+    void write_raw(const std::string& wire) {
+        if (wire.empty() || lost_) return;
+        try {
+            socket_->sendBytes(wire.data(), static_cast<int>(wire.size()));
+        } catch (const Poco::Exception&) {
+            lost_ = true;
+        }
     }
 
     void keepalive_if_due() {
@@ -229,8 +248,17 @@ private:
     Attempt attempt(size_t i) {
         const EndpointRef& ep = rt_->endpoints[i];
         InFlight in_flight(*ep.health);
-        std::unique_ptr<UpstreamStream> up = ep.backend ? ep.backend->open(upstream_body_, id_) : open_http(*ep.cfg, upreq_, cfg_.upstream);
         accepted_ = fed_ = false;
+        if (!ep.backend && gw_.relay_) {
+            for (bool fresh = false;; fresh = true) {
+                UpEvent error;
+                std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, upreq_, cfg_.upstream, fresh, error);
+                Attempt a = body ? relay(std::move(body), ep) : on_event(std::move(error), ep, nullptr).value_or(Attempt::retry);
+                if (a != Attempt::again || fresh) return a == Attempt::again ? Attempt::retry : a;
+                log::info("upstream", "the backend had closed the pooled connection to " + ep.cfg->name + "; sending again on a fresh one");
+            }
+        }
+        std::unique_ptr<UpstreamStream> up = ep.backend ? ep.backend->open(upstream_body_, id_) : open_http(*ep.cfg, upreq_, cfg_.upstream);
         for (;;) {
             // Drain what is already queued before flushing: under load many tokens go out in
             // one write instead of one syscall each.
@@ -247,12 +275,7 @@ private:
                 up->cancel();
                 return cancel_stream();
             }
-            const bool accepted_now = e.kind == UpEvent::Kind::accepted;
             if (auto a = on_event(std::move(e), ep, up.get())) return *a;
-            // SSE headers must have left through POCO before the loop writes raw chunks.
-            if (accepted_now && gw_.relay_ && (!streaming_ || out_)) {
-                if (auto body = up->detach()) return relay(std::move(body), ep);
-            }
         }
     }
 
@@ -294,6 +317,7 @@ private:
                 return Attempt::retry;
             }
             case UpEvent::Kind::failed:
+                if (e.stale) return Attempt::again;
                 last_status_ = e.status ? e.status : PULSE_E_UNAVAILABLE;
                 last_error_ = e.text;
                 if (!accepted_ || e.before_accept || !fed_) {
@@ -333,8 +357,16 @@ private:
         return std::nullopt;
     }
 
-    // The rest of an accepted HTTP stream, relayed by the stream loop while this thread sleeps.
+    // A sent HTTP request's response, followed by the stream loop while this thread sleeps.
     Attempt relay(std::unique_ptr<DetachedBody> body, const EndpointRef& ep) {
+        if (streaming_ && !out_ && !raw_) {
+            // Nothing sent yet: the loop writes the HTTP head itself, with the first events,
+            // in one send. (An HTTP/1.0 client gets POCO's framing, opened here.)
+            if (req_.getVersion() == Poco::Net::HTTPMessage::HTTP_1_1)
+                raw_ = true;
+            else
+                open_poco_stream();
+        }
         flush();
         if (lost_) return cancel_stream();  // `body` closes the connection
         relay_ep_ = &ep;
@@ -343,14 +375,7 @@ private:
         std::string unsent;
         gw_.relay_->run(*this, std::move(body), unsent);
         relay_ = false;
-        if (!unsent.empty() && !lost_) {
-            // The client was slow to take the last bytes: finish them the blocking way (send timeout).
-            try {
-                socket_->sendBytes(unsent.data(), static_cast<int>(unsent.size()));
-            } catch (const Poco::Exception&) {
-                lost_ = true;
-            }
-        }
+        write_raw(unsent);  // the client was slow to take the last bytes: the blocking way (send timeout)
         return relay_result_.value_or(Attempt::final);
     }
 
@@ -371,6 +396,11 @@ public:  // RelayJob: called on the stream loop's thread while relay() waits
     }
     void take_output(std::string& wire) override {
         if (relay_out_.empty()) return;
+        if (raw_ && !head_sent_) {
+            head_sent_ = true;
+            wire += "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n";
+        }
         char size[20];
         int n = std::snprintf(size, sizeof size, "%zx\r\n", relay_out_.size());
         wire.append(size, static_cast<size_t>(n));
@@ -443,6 +473,7 @@ private:
             }
         }
         flush();
+        if (raw_ && head_sent_) write_raw("0\r\n\r\n");  // the last chunk: POCO never saw this response
         if (!cfg_.server.trace_file.empty() && builder_->ended()) trace(cfg_.server.trace_file, id_, "response", builder_->final_response());
     }
 
@@ -502,7 +533,8 @@ private:
     bool accepted_ = false, fed_ = false;  // of the current attempt
 
     // While the stream loop relays (relay()): events go to relay_out_ instead of POCO's stream.
-    bool relay_ = false;
+    // raw_: this response's HTTP head, chunks and terminator are written by us, not by POCO.
+    bool relay_ = false, raw_ = false, head_sent_ = false;
     std::string relay_out_;
     const EndpointRef* relay_ep_ = nullptr;
     std::optional<Attempt> relay_result_;

@@ -34,12 +34,6 @@ class Session : public Poco::Net::HTTPClientSession {
 public:
     using Poco::Net::HTTPClientSession::HTTPClientSession;
     int pending() const { return buffered(); }
-    // The bytes read past the response headers, out of POCO's buffer (no syscall).
-    std::string take_buffered() {
-        std::string s(static_cast<size_t>(std::max(0, buffered())), '\0');
-        if (!s.empty()) s.resize(static_cast<size_t>(std::max(0, read(s.data(), static_cast<std::streamsize>(s.size())))));
-        return s;
-    }
 };
 
 // Idle keep-alive connections per backend (host:port), so a request does not pay a TCP connect
@@ -74,54 +68,103 @@ SessionPool& pool() {
     return *p;
 }
 
-// An accepted response body read by the stream loop: raw recv(MSG_DONTWAIT) on the socket,
-// HTTP framing, then SSE. The same events and failure texts as HttpStream's blocking reads.
+// Where and what to POST: built once per attempt.
+struct RequestTarget {
+    RequestTarget(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& t)
+        : uri(ep.url), body(req.body.text()), headers(req.headers), timeouts(t) {
+        key = uri.getHost() + ":" + std::to_string(uri.getPort());
+        std::string base = uri.getPath();
+        while (!base.empty() && base.back() == '/') base.pop_back();
+        path = base + req.path;
+    }
+    Poco::URI uri;
+    std::string key, path, body;
+    std::vector<std::pair<std::string, std::string>> headers;
+    config::Upstream timeouts;
+};
+
+Poco::Timespan span(double s) { return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(s * 1e6)); }
+
+void send_request(Session& s, const RequestTarget& t) {
+    Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, t.path, Poco::Net::HTTPMessage::HTTP_1_1);
+    request.setContentType("application/json");
+    request.set("Accept", "text/event-stream");
+    request.setContentLength(static_cast<std::streamsize>(t.body.size()));
+    for (const auto& [k, v] : t.headers) request.set(k, v);
+    std::ostream& os = s.sendRequest(request);
+    os.write(t.body.data(), static_cast<std::streamsize>(t.body.size()));
+    os.flush();
+    if (!os.good()) throw Poco::IOException("sending the request failed");
+}
+
+// Sends the request on an idle pooled connection (unless !from_pool) or a new one, bounded by
+// the connect and send timeouts. `reused` says which. Throws Poco::Exception.
+std::unique_ptr<Session> connect_and_send(const RequestTarget& t, bool from_pool, bool& reused) {
+    reused = false;
+    if (from_pool) {
+        if (auto s = pool().take(t.key)) {
+            try {
+                send_request(*s, t);
+                reused = true;
+                return s;
+            } catch (const Poco::Exception&) {
+                // The backend closed the idle connection: a fresh one below.
+            }
+        }
+    }
+    auto s = std::make_unique<Session>(t.uri.getHost(), t.uri.getPort());
+    // The receive timeout only bounds reads that poll() said would not block.
+    s->setTimeout(span(t.timeouts.connect_timeout_s), span(30), span(t.timeouts.idle_timeout_s));
+    s->setKeepAlive(true);
+    s->setKeepAliveTimeout(Poco::Timespan(2, 0));  // under uvicorn's 5 s idle close
+    send_request(*s, t);
+    return s;
+}
+
+// A sent request's response, read by the stream loop: raw recv(MSG_DONTWAIT) on the socket,
+// the response head, HTTP framing, then SSE. The same events and failure texts as HttpStream's
+// blocking reads.
 class HttpBody : public DetachedBody {
 public:
-    HttpBody(std::unique_ptr<Session> s, std::string key, BodyDecoder framing, std::string buffered, double idle_timeout_s)
-        : session_(std::move(s)), key_(std::move(key)), fd_(session_->socket().impl()->sockfd()), framing_(std::move(framing)),
-          early_(std::move(buffered)), idle_(duration_cast<steady_clock::duration>(duration<double>(idle_timeout_s))),
-          idle_timeout_s_(idle_timeout_s) {}
+    HttpBody(std::unique_ptr<Session> s, std::string key, bool reused, double idle_timeout_s)
+        : session_(std::move(s)), key_(std::move(key)), fd_(session_->socket().impl()->sockfd()), reused_(reused),
+          idle_(duration_cast<steady_clock::duration>(duration<double>(idle_timeout_s))), idle_timeout_s_(idle_timeout_s) {}
 
     int fd() const override { return fd_; }
 
     void read(std::vector<UpEvent>& out) override {
-        if (exhausted_) return;
-        if (!early_.empty()) {
-            std::string e = std::move(early_);
-            early_.clear();
-            consume(e, out);
-        }
         // Bounded per call, so one fast stream cannot keep the loop from the others; level-
         // triggered epoll calls again for what is left.
         char buf[16384];
         for (int i = 0; i < 4 && !exhausted_; ++i) {
             ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
             if (n > 0) {
+                got_bytes_ = true;
                 last_byte_ = steady_clock::now();
                 consume(std::string_view(buf, static_cast<size_t>(n)), out);
                 if (static_cast<size_t>(n) < sizeof buf) break;  // drained: skip the EAGAIN syscall
             } else if (n == 0) {
                 exhausted_ = true;
-                bool clean_end = framing_.at_eof();
-                if (!done_) fail(out, clean_end ? "the backend stream ended without its terminal [DONE] marker"
-                                                : "the backend closed the connection in the middle of the response body");
+                at_end(out, "the connection was closed");
             } else if (errno == EINTR) {
                 continue;
             } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
                 exhausted_ = true;
-                if (!done_) fail(out, std::strerror(errno));
+                at_end(out, std::strerror(errno));
             } else {
                 break;
             }
         }
     }
 
-    steady_clock::time_point idle_deadline() const override { return done_ || exhausted_ ? steady_clock::time_point::max() : last_byte_ + idle_; }
-    UpEvent idle_failure() const override {
-        return failure("no data from the backend for " + std::to_string(static_cast<int>(idle_timeout_s_)) + " s (upstream.idle_timeout_s)");
+    steady_clock::time_point idle_deadline() const override {
+        // No limit while waiting for the head: a backend may hold it back through a long prefill.
+        return phase_ != Phase::body || done_ || exhausted_ ? steady_clock::time_point::max() : last_byte_ + idle_;
     }
-    bool reusable() const override { return done_ && framing_.complete() && !broken_; }
+    UpEvent idle_failure() const override {
+        return failure(true, "no data from the backend for " + std::to_string(static_cast<int>(idle_timeout_s_)) + " s (upstream.idle_timeout_s)");
+    }
+    bool reusable() const override { return done_ && framing_.complete() && !broken_ && !close_; }
     bool ended() const override { return done_; }
     bool exhausted() const override { return exhausted_ || framing_.complete(); }
     void recycle() override {
@@ -129,19 +172,77 @@ public:
     }
 
 private:
-    static UpEvent failure(const std::string& what) {
+    enum class Phase { head, body, rejected, over };
+    static constexpr size_t kMaxHead = 64 * 1024, kMaxRejectBody = 64 * 1024;
+
+    static UpEvent failure(bool accepted, const std::string& what) {
         UpEvent e;
         e.kind = UpEvent::Kind::failed;
         e.status = PULSE_E_UNAVAILABLE;
-        e.text = "the backend connection broke mid-stream: " + what;
+        e.before_accept = !accepted;
+        e.text = (accepted ? "the backend connection broke mid-stream: " : "cannot reach the backend: ") + what;
         return e;
     }
     void fail(std::vector<UpEvent>& out, const std::string& what) {
         broken_ = exhausted_ = true;
-        out.push_back(failure(what));
+        out.push_back(failure(phase_ == Phase::body, what));
+        phase_ = Phase::over;
+    }
+
+    // EOF or a socket error.
+    void at_end(std::vector<UpEvent>& out, const std::string& why) {
+        switch (phase_) {
+            case Phase::head: {
+                broken_ = true;
+                UpEvent e = failure(false, "no response (" + why + ")");
+                // A pooled connection the backend had closed while idle: nothing was processed.
+                e.stale = reused_ && !got_bytes_;
+                out.push_back(std::move(e));
+                phase_ = Phase::over;
+                return;
+            }
+            case Phase::rejected:
+                framing_.at_eof();
+                return reject(out);
+            case Phase::body:
+                if (done_) return;
+                fail(out, framing_.at_eof() ? "the backend stream ended without its terminal [DONE] marker"
+                                            : "the backend closed the connection in the middle of the response body (" + why + ")");
+                return;
+            case Phase::over: return;
+        }
     }
 
     void consume(std::string_view raw, std::vector<UpEvent>& out) {
+        if (phase_ == Phase::head) {
+            head_.append(raw);
+            size_t end;
+            while (phase_ == Phase::head && (end = head_.find("\r\n\r\n")) != std::string::npos) {
+                std::string rest = head_.substr(end + 4);
+                head_.resize(end);
+                if (!parse_head()) return fail(out, "malformed response head from the backend");
+                if (status_ / 100 == 1) {  // interim (100 Continue): the real head follows
+                    head_ = std::move(rest);
+                    continue;
+                }
+                if (status_ == 200) {
+                    phase_ = Phase::body;
+                    out.push_back(UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false});
+                } else {
+                    phase_ = Phase::rejected;
+                }
+                head_.clear();
+                if (!rest.empty()) consume(rest, out);
+                return;
+            }
+            if (phase_ == Phase::head && head_.size() > kMaxHead) fail(out, "response head over 64 KiB");
+            return;
+        }
+        if (phase_ == Phase::rejected) {
+            if (!framing_.feed(raw, text_) || framing_.complete() || text_.size() >= kMaxRejectBody) reject(out);
+            return;
+        }
+        if (phase_ != Phase::body) return;
         body_.clear();
         if (!framing_.feed(raw, body_)) {
             if (!done_) return fail(out, "bad HTTP framing: " + framing_.error());
@@ -159,21 +260,78 @@ private:
                 out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false});
             }
         });
-        if (parser_.overflowed() && !done_) fail(out, "the backend sent an SSE line over 16 MiB");
+        if (parser_.overflowed() && !done_) return fail(out, "the backend sent an SSE line over 16 MiB");
         // A keep-alive connection does not close after the body: its end is the end.
-        if (body_over && !done_ && !broken_) fail(out, "the backend stream ended without its terminal [DONE] marker");
+        if (body_over && !done_) fail(out, "the backend stream ended without its terminal [DONE] marker");
+    }
+
+    void reject(std::vector<UpEvent>& out) {
+        UpEvent e;
+        e.kind = UpEvent::Kind::rejected;
+        e.http_status = status_;
+        e.text = text_.substr(0, kMaxRejectBody);
+        out.push_back(std::move(e));
+        broken_ = exhausted_ = true;
+        phase_ = Phase::over;
+    }
+
+    // Status line and the headers that frame the body (RFC 9112 §6.3).
+    bool parse_head() {
+        std::string_view h(head_);
+        size_t eol = h.find("\r\n");
+        std::string_view line = h.substr(0, eol);
+        if (line.size() < 12 || line.substr(0, 7) != "HTTP/1." || line[8] != ' ') return false;
+        status_ = 0;
+        for (size_t i = 9; i < 12; ++i) {
+            if (line[i] < '0' || line[i] > '9') return false;
+            status_ = status_ * 10 + (line[i] - '0');
+        }
+        bool chunked = false, has_length = false;
+        int64_t length = 0;
+        close_ = line.substr(0, 8) == "HTTP/1.0";
+        while (eol != std::string_view::npos) {
+            h.remove_prefix(eol + 2);
+            eol = h.find("\r\n");
+            std::string_view f = h.substr(0, eol);
+            size_t colon = f.find(':');
+            if (colon == std::string_view::npos) continue;
+            std::string name(f.substr(0, colon));
+            for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            std::string value(f.substr(colon + 1));
+            for (auto& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            if (name == "transfer-encoding") {
+                chunked = value.find("chunked") != std::string::npos;
+            } else if (name == "content-length") {
+                try {
+                    length = std::stoll(value);
+                    has_length = length >= 0;
+                } catch (...) {
+                    return false;
+                }
+            } else if (name == "connection") {
+                if (value.find("close") != std::string::npos) close_ = true;
+            }
+        }
+        framing_ = chunked ? BodyDecoder(BodyDecoder::Framing::chunked)
+                   : has_length ? BodyDecoder(BodyDecoder::Framing::length, length)
+                                : BodyDecoder(BodyDecoder::Framing::until_close);
+        if (!chunked && !has_length) close_ = true;
+        return true;
     }
 
     std::unique_ptr<Session> session_;
     std::string key_;
     int fd_;
-    BodyDecoder framing_;
-    std::string early_, body_;
+    bool reused_;
+    Phase phase_ = Phase::head;
+    int status_ = 0;
+    std::string head_, body_, text_;
+    BodyDecoder framing_{BodyDecoder::Framing::until_close};
     SseParser parser_;
     steady_clock::duration idle_;
     double idle_timeout_s_;
     steady_clock::time_point last_byte_ = steady_clock::now();
-    bool done_ = false, broken_ = false, exhausted_ = false;
+    bool done_ = false, broken_ = false, exhausted_ = false, close_ = false, got_bytes_ = false;
 };
 
 // An HTTP upstream driven by the request thread: every next() waits on the socket with the
@@ -182,12 +340,7 @@ private:
 class HttpStream : public UpstreamStream {
 public:
     HttpStream(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& t)
-        : uri_(ep.url), body_(req.body.text()), headers_(req.headers), timeouts_(t) {
-        key_ = uri_.getHost() + ":" + std::to_string(uri_.getPort());
-        std::string base = uri_.getPath();
-        while (!base.empty() && base.back() == '/') base.pop_back();
-        path_ = base + req.path;
-    }
+        : target_(ep, req, t), timeouts_(t) {}
 
     UpEvent next(milliseconds wait) override {
         if (!events_.empty()) return pop();
@@ -208,6 +361,7 @@ public:
                     } catch (const Poco::Exception&) {
                         // A reused connection the backend had already closed: once, on a fresh one.
                         if (!reused_) throw;
+                        log::info("upstream", "the backend had closed the pooled connection to " + target_.key + "; sending again on a fresh one");
                         reused_ = false;
                         session_.reset();
                         connect_and_send(/*from_pool=*/false);
@@ -228,12 +382,6 @@ public:
                         return e;
                     }
                     in_ = &is;
-                    if (response.getChunkedTransferEncoding())
-                        framing_ = BodyDecoder::Framing::chunked;
-                    else if (response.hasContentLength())
-                        framing_ = BodyDecoder::Framing::length, length_ = response.getContentLength64();
-                    else
-                        framing_ = BodyDecoder::Framing::until_close;
                     phase_ = Phase::body;
                     last_byte_ = steady_clock::now();
                     return UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false};
@@ -251,16 +399,6 @@ public:
         return UpEvent{};
     }
 
-    std::unique_ptr<DetachedBody> detach() override {
-        // Only straight after acceptance, before POCO's body stream has read anything.
-        if (phase_ != Phase::body || !events_.empty() || !in_ || in_->rdbuf()->in_avail() > 0 || !session_) return nullptr;
-        phase_ = Phase::finished;
-        in_ = nullptr;
-        std::string early = session_->take_buffered();
-        return std::make_unique<HttpBody>(std::move(session_), key_, BodyDecoder(framing_, length_), std::move(early),
-                                          timeouts_.idle_timeout_s);
-    }
-
     void cancel() override {
         cancelled_ = true;
         if (session_) {
@@ -274,40 +412,9 @@ public:
 private:
     enum class Phase { start, headers, body, finished };
 
-    static Poco::Timespan span(double s) { return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(s * 1e6)); }
-
     void connect_and_send(bool from_pool = true) {
-        if (!session_ && from_pool && (session_ = pool().take(key_))) {
-            reused_ = true;
-            try {
-                send();
-                return;
-            } catch (const Poco::Exception&) {
-                // The backend closed the idle connection: a fresh one below.
-                reused_ = false;
-                session_.reset();
-            }
-        }
-        if (!session_) {
-            session_ = std::make_unique<Session>(uri_.getHost(), uri_.getPort());
-            // The receive timeout only bounds reads that poll() said would not block.
-            session_->setTimeout(span(timeouts_.connect_timeout_s), span(30), span(timeouts_.idle_timeout_s));
-            session_->setKeepAlive(true);
-            session_->setKeepAliveTimeout(Poco::Timespan(2, 0));  // under uvicorn's 5 s idle close
-        }
-        send();
-    }
-
-    void send() {
-        Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, path_, Poco::Net::HTTPMessage::HTTP_1_1);
-        request.setContentType("application/json");
-        request.set("Accept", "text/event-stream");
-        request.setContentLength(static_cast<std::streamsize>(body_.size()));
-        for (const auto& [k, v] : headers_) request.set(k, v);
-        std::ostream& os = session_->sendRequest(request);
-        os.write(body_.data(), static_cast<std::streamsize>(body_.size()));
-        os.flush();
-        if (!os.good()) throw Poco::IOException("sending the request failed");
+        session_.reset();
+        session_ = gateway::connect_and_send(target_, from_pool, reused_);
     }
 
     // Data can be read without blocking, or arrives before `deadline`. The session buffer
@@ -377,7 +484,7 @@ private:
             while (readable(until)) {
                 char buf[256];
                 if (in_->rdbuf()->in_avail() <= 0 && in_->get() == std::char_traits<char>::eof()) {
-                    pool().give(key_, std::move(session_));
+                    pool().give(target_.key, std::move(session_));
                     return;
                 }
                 in_->readsome(buf, sizeof buf);
@@ -397,16 +504,11 @@ private:
         return e;
     }
 
-    Poco::URI uri_;
-    std::string path_, body_;
-    std::vector<std::pair<std::string, std::string>> headers_;
+    RequestTarget target_;
     config::Upstream timeouts_;
-    std::string key_;
     std::unique_ptr<Session> session_;
     bool reused_ = false;
     std::istream* in_ = nullptr;
-    BodyDecoder::Framing framing_ = BodyDecoder::Framing::until_close;
-    int64_t length_ = 0;
     Phase phase_ = Phase::start;
     SseParser parser_;
     std::deque<UpEvent> events_;
@@ -519,6 +621,21 @@ std::string BackendInstance::health(std::string* detail) {
     pulse_status_t rc = vt.health(backend_, &call, &w);
     if (detail) *detail = w.complete() && !w.text().empty() && w.text().front() == '{' ? std::string(w.text()) : std::string();
     return rc == PULSE_OK ? std::string() : host::call_error(call, rc, lease_->plugin_id());
+}
+
+std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,
+                                        bool fresh, UpEvent& error) {
+    RequestTarget t(ep, req, timeouts);
+    try {
+        bool reused = false;
+        auto s = connect_and_send(t, !fresh, reused);
+        return std::make_unique<HttpBody>(std::move(s), t.key, reused, timeouts.idle_timeout_s);
+    } catch (const Poco::Exception& e) {
+        error = UpEvent{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE, "cannot reach the backend: " + e.displayText(), true};
+    } catch (const std::exception& e) {
+        error = UpEvent{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE, std::string("cannot reach the backend: ") + e.what(), true};
+    }
+    return nullptr;
 }
 
 std::unique_ptr<UpstreamStream> open_http(const config::Endpoint& ep, const pulse_upstream_req& req,

@@ -31,16 +31,18 @@ struct UpEvent {
     pulse_status_t status = PULSE_OK;
     std::string text;
     bool before_accept = false;
+    bool stale = false;  // failed: a pooled connection had been closed by the backend; nothing was processed
 };
 
-// The body of an accepted HTTP response, taken over by the stream loop (stream_loop.h) and read
-// there without blocking. Destroying it closes the connection unless recycle() gave it back.
+// The response to a sent HTTP request, read by the stream loop (stream_loop.h) without
+// blocking: accepted or rejected, then the body's events. Destroying it closes the connection
+// unless recycle() gave it back to the pool.
 class DetachedBody {
 public:
     virtual ~DetachedBody() = default;
     virtual int fd() const = 0;
-    // Reads what has arrived, never blocking, and appends the events it completes (data, done,
-    // failed) to `out`. After `done` it only looks for the body's end (see reusable()).
+    // Reads what has arrived, never blocking, and appends the events it completes (accepted,
+    // rejected, data, done, failed) to `out`. After `done` it only looks for the body's end.
     virtual void read(std::vector<UpEvent>& out) = 0;
     // When the backend counts as silent for too long (upstream.idle_timeout_s), and the
     // failure to report then.
@@ -59,9 +61,6 @@ public:
 class UpstreamStream {
 public:
     virtual ~UpstreamStream() = default;
-    // Right after `accepted`: hands the rest of the body to the caller for non-blocking reads,
-    // or nullptr when this kind of stream cannot be read that way (plugin backends).
-    virtual std::unique_ptr<DetachedBody> detach() { return nullptr; }
     // Waits up to `wait` for the next event.
     virtual UpEvent next(std::chrono::milliseconds wait) = 0;
     // Makes the backend stop work for this request promptly (closes the connection).
@@ -73,6 +72,12 @@ public:
 // most its timeout, so the caller can keep the client alive while it waits.
 std::unique_ptr<UpstreamStream> open_http(const config::Endpoint& ep, const pulse_upstream_req& req,
                                           const config::Upstream& timeouts);
+
+// Sends `req` to the endpoint the blocking way (an idle pooled connection unless `fresh`;
+// bounded by the connect timeout) and returns the connection for the stream loop to read the
+// response from. On failure: nullptr and a `failed` (before acceptance) event in `error`.
+std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,
+                                        bool fresh, UpEvent& error);
 
 // Active health probe of an HTTP endpoint: GET {base}/models must answer 200 within the
 // connect timeout. Returns "" when healthy, else why not.

@@ -153,6 +153,48 @@ TEST_CASE("keepalive: response.in_progress events while the backend prefills") {
     CHECK(st.keepalives >= 2);
 }
 
+TEST_CASE("one client connection carries several streamed turns (keep-alive)") {
+    FakeBackend be(R"({"turns":[{"content":"alpha beta gamma"}]})");
+    Gateway gw(model_toml(be.url()));
+    Poco::Net::HTTPClientSession s("127.0.0.1", gw.port);
+    s.setKeepAlive(true);
+    s.setTimeout(Poco::Timespan(20, 0));
+    for (int turn = 0; turn < 3; ++turn) {
+        CAPTURE(turn);
+        std::string body = request();
+        Poco::Net::HTTPRequest req("POST", "/v1/responses", Poco::Net::HTTPMessage::HTTP_1_1);
+        req.setKeepAlive(true);
+        req.setContentLength(static_cast<std::streamsize>(body.size()));
+        s.sendRequest(req) << body;
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        REQUIRE(resp.getStatus() == Poco::Net::HTTPResponse::HTTP_OK);
+        CHECK(resp.getContentType() == "text/event-stream");
+        CHECK(resp.getChunkedTransferEncoding());
+        std::string text(std::istreambuf_iterator<char>(in), {});
+        auto st = check_stream(text);
+        CHECK(st.terminal == "response.completed");
+    }
+    CHECK(be.requests().size() == 3);
+}
+
+TEST_CASE("a backend restarted between turns: the pooled connection is stale, the turn still completes") {
+    const std::string script = R"({"turns":[{"content":"first answer"}]})";
+    auto be = std::make_unique<FakeBackend>(script);
+    const uint16_t port = be->port;
+    Gateway gw(model_toml(be->url()));  // one endpoint, no retry window: a failure would be a 503
+    auto r1 = post(gw.port, "/v1/responses", request());
+    REQUIRE(r1.status == 200);
+    CHECK(check_stream(r1.body).terminal == "response.completed");
+    be.reset();  // the gateway still holds the idle keep-alive connection to it
+    be = std::make_unique<FakeBackend>(script, "vllm", port);
+    auto r2 = post(gw.port, "/v1/responses", request());
+    REQUIRE(r2.status == 200);
+    CHECK(check_stream(r2.body).terminal == "response.completed");
+    CHECK(be->requests().size() == 1);  // the new backend served it once
+    CHECK(gw.log().find("had closed the pooled connection") != std::string::npos);
+}
+
 TEST_CASE("a client that disconnects cancels the backend request") {
     FakeBackend be(R"({"turns":[{"content":"one two three four five six seven eight nine ten eleven twelve","delay_ms":200}]})");
     Gateway gw(model_toml(be.url()));

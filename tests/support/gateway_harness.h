@@ -9,6 +9,7 @@
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
 
+#include <cstdlib>
 #include <regex>
 #include <sstream>
 
@@ -46,11 +47,11 @@ struct FakeBackend {
     uint16_t port = 0;
     std::filesystem::path record;
 
-    explicit FakeBackend(const std::string& script, const std::string& flavor = "vllm") {
+    explicit FakeBackend(const std::string& script, const std::string& flavor = "vllm", uint16_t fixed_port = 0) {
         auto s = dir.write("script.json", script);
         record = dir / "requests.jsonl";
         child = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", s.string(), "--port",
-                                                                 "0", "--record", record.string(), "--flavor", flavor});
+                                                                 std::to_string(fixed_port), "--record", record.string(), "--flavor", flavor});
         port = static_cast<uint16_t>(std::stoi(wait_for([&] { return child->stdout_so_far(); },
                                                         std::regex(R"(listening on 127\.0\.0\.1:(\d+))"))));
     }
@@ -97,7 +98,12 @@ struct Gateway {
             std::filesystem::copy_file(env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/" + from + ".so", dst);
             std::filesystem::permissions(dst, std::filesystem::perms(0755));
         }
-        auto cfg = dir.write("pulse.toml", "[server]\nlisten = \"127.0.0.1:0\"\n" + server_toml + "\n[upstream]\n" + upstream_toml +
+        // PULSE_TEST_STREAM_THREADS runs a suite against the other streaming path (0 = a thread
+        // per stream instead of the epoll relay); meson registers the gateway suites both ways.
+        std::string threads;
+        if (const char* t = std::getenv("PULSE_TEST_STREAM_THREADS"); t && server_toml.find("stream_threads") == std::string::npos)
+            threads = std::string("stream_threads = ") + t + "\n";
+        auto cfg = dir.write("pulse.toml", "[server]\nlisten = \"127.0.0.1:0\"\n" + threads + server_toml + "\n[upstream]\n" + upstream_toml +
                                                "\n[plugins]\ndirs = [\"plugins\"]\ndropin_dirs = []\nruntime_dir = \"" +
                                                (dir / "run").string() + "\"\n" + extra_toml + "\n" + models_toml);
         config = cfg;

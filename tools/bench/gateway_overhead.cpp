@@ -5,6 +5,7 @@
 //
 //   gateway_overhead --pulse BIN --fake BIN --plugins DIR [--tokens 64] [--delay-ms 2]
 //                    [--concurrency 1,16,64,256] [--samples 128] [--json FILE] [--lockstep]
+//                    [--stream-threads N]   (the gateway's server.stream_threads; 0 = a thread per stream)
 //
 // --lockstep: the fake backend paces all streams by one clock (a token every --delay-ms for
 // every stream at once), like a batched engine's decode steps; without it each stream sleeps
@@ -165,6 +166,7 @@ int main(int argc, char** argv) {
     int tokens = std::stoi(arg(argc, argv, "--tokens", "64"));
     int delay = std::stoi(arg(argc, argv, "--delay-ms", "2"));
     int samples = std::stoi(arg(argc, argv, "--samples", "128"));
+    const std::string stream_threads = arg(argc, argv, "--stream-threads", "1");
     bool lockstep = false;
     for (int i = 1; i < argc; ++i) lockstep = lockstep || std::string(argv[i]) == "--lockstep";
     std::vector<int> levels;
@@ -184,7 +186,7 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(dir / "plugins");
     std::filesystem::copy_file(plugins + "/qwen38.so", dir / "plugins/qwen38.so");
     std::filesystem::permissions(dir / "plugins/qwen38.so", std::filesystem::perms(0755));
-    auto cfg = dir.write("pulse.toml", "log_level = \"warn\"\n[server]\nlisten = \"127.0.0.1:0\"\nmax_streams = 300\nqueue = 512\n"
+    auto cfg = dir.write("pulse.toml", "log_level = \"warn\"\n[server]\nlisten = \"127.0.0.1:0\"\nmax_streams = 300\nqueue = 512\nstream_threads = " + stream_threads + "\n"
                                        "[upstream]\nretry_window_s = 0\n[warmup]\nenabled = false\n"
                                        "[plugins]\ndirs = [\"plugins\"]\ndropin_dirs = []\nruntime_dir = \"" + (dir / "run").string() +
                                        "\"\n[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"http://127.0.0.1:" +

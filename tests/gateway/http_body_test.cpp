@@ -1,0 +1,101 @@
+// HTTP/1.1 body framing for upstream responses read in arbitrary pieces (core/gateway/http_body).
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "gateway/http_body.h"
+
+using pulse::gateway::BodyDecoder;
+
+namespace {
+
+struct Outcome {
+    bool ok = true;
+    bool complete = false;
+    std::string body, error;
+};
+
+// Feeds `raw` split into pieces of `piece` bytes (0 = all at once).
+Outcome decode(BodyDecoder d, const std::string& raw, size_t piece = 0) {
+    Outcome o;
+    if (piece == 0) piece = raw.size() ? raw.size() : 1;
+    for (size_t i = 0; i < raw.size() && o.ok; i += piece) o.ok = d.feed(std::string_view(raw).substr(i, piece), o.body);
+    o.complete = d.complete();
+    o.error = d.error();
+    return o;
+}
+
+BodyDecoder chunked() { return BodyDecoder(BodyDecoder::Framing::chunked); }
+
+}  // namespace
+
+TEST_CASE("chunked: the body and its end, whatever the split") {
+    // Two chunks (one with an extension), the last chunk and a trailer field.
+    const std::string raw = "5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nX-Trailer: t\r\n\r\n";
+    for (size_t piece = 1; piece <= raw.size(); ++piece) {
+        CAPTURE(piece);
+        Outcome o = decode(chunked(), raw, piece);
+        CHECK(o.ok);
+        CHECK(o.complete);
+        CHECK(o.body == "hello, world");
+    }
+}
+
+TEST_CASE("chunked: hex sizes in either case, and a body that has not ended yet") {
+    Outcome o = decode(chunked(), "1a\r\n" + std::string(26, 'x') + "\r\nA\r\n" + std::string(10, 'y') + "\r\n");
+    CHECK(o.ok);
+    CHECK_FALSE(o.complete);
+    CHECK(o.body == std::string(26, 'x') + std::string(10, 'y'));
+}
+
+TEST_CASE("chunked: malformed framing is an error that names the problem") {
+    CHECK(decode(chunked(), "zz\r\n").error == "malformed chunk size line");
+    CHECK(decode(chunked(), "3\r\nabcX\r\n").error == "chunk data not followed by CRLF");
+    CHECK(decode(chunked(), "3\rabc").error == "chunk size line not ended by CRLF");
+    CHECK(decode(chunked(), "ffffffffffffffff\r\n").error == "chunk size too large");
+    Outcome after = decode(chunked(), "0\r\n\r\nextra");
+    CHECK_FALSE(after.ok);
+    CHECK(after.error == "the backend sent bytes after the end of the body");
+    // Once failed, it stays failed.
+    BodyDecoder d = chunked();
+    std::string out;
+    CHECK_FALSE(d.feed("q\r\n", out));
+    CHECK_FALSE(d.feed("0\r\n\r\n", out));
+    CHECK_FALSE(d.complete());
+}
+
+TEST_CASE("chunked: EOF is a clean end only after the last chunk") {
+    BodyDecoder d = chunked();
+    std::string out;
+    CHECK(d.feed("3\r\nabc\r\n", out));
+    CHECK_FALSE(d.at_eof());
+    BodyDecoder e = chunked();
+    CHECK(e.feed("0\r\n\r\n", out));
+    CHECK(e.at_eof());
+}
+
+TEST_CASE("Content-Length: exactly that many bytes; more is an error") {
+    Outcome o = decode(BodyDecoder(BodyDecoder::Framing::length, 5), "hello", 2);
+    CHECK(o.ok);
+    CHECK(o.complete);
+    CHECK(o.body == "hello");
+    CHECK(decode(BodyDecoder(BodyDecoder::Framing::length, 0), "").complete);
+    Outcome over = decode(BodyDecoder(BodyDecoder::Framing::length, 3), "hello");
+    CHECK_FALSE(over.ok);
+    CHECK(over.error == "the backend sent more than its Content-Length");
+    BodyDecoder short_body(BodyDecoder::Framing::length, 10);
+    std::string out;
+    CHECK(short_body.feed("abc", out));
+    CHECK_FALSE(short_body.at_eof());  // closed before Content-Length bytes: not a clean end
+}
+
+TEST_CASE("no framing header: the body runs to the connection's close") {
+    BodyDecoder d(BodyDecoder::Framing::until_close);
+    std::string out;
+    CHECK(d.feed("data: x\n\n", out));
+    CHECK_FALSE(d.complete());
+    CHECK(d.at_eof());
+    CHECK(d.complete());
+    CHECK(out == "data: x\n\n");
+}
