@@ -473,7 +473,6 @@ private:
             }
         }
         flush();
-        if (raw_ && head_sent_) write_raw("0\r\n\r\n");  // the last chunk: POCO never saw this response
         if (!cfg_.server.trace_file.empty() && builder_->ended()) trace(cfg_.server.trace_file, id_, "response", builder_->final_response());
     }
 
@@ -499,6 +498,9 @@ public:
                                    " cached=" + std::to_string(u.cached) + " out=" + std::to_string(u.output) +
                                    " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +
                                    " total_ms=" + std::to_string(duration_cast<milliseconds>(steady_clock::now() - t0_).count()));
+        // The last chunk of a response written past POCO goes out only now, after the trace,
+        // metrics and log above, as POCO's would: a client that saw the end sees its accounting.
+        if (raw_ && head_sent_) write_raw("0\r\n\r\n");
     }
 
 private:
