@@ -243,8 +243,8 @@ private:
     }
 
     // Sends the request to endpoint `i` and follows it to the end, or to the point where
-    // another endpoint should be tried. Once the backend accepted it, an HTTP stream goes to
-    // the stream loop (relay()); other streams are followed on this thread.
+    // another endpoint should be tried. An HTTP endpoint's response is read by the stream loop
+    // (relay()) once the request is sent; a backend plugin's stream is followed on this thread.
     Attempt attempt(size_t i) {
         const EndpointRef& ep = rt_->endpoints[i];
         InFlight in_flight(*ep.health);

@@ -1,5 +1,6 @@
 #include "gateway/stream_loop.h"
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -108,6 +109,7 @@ private:
     }
 
     void main() {
+        ::pthread_setname_np(::pthread_self(), "pulse-relay");  // what `top -H` shows
         epoll_event evs[128];
         for (;;) {
             int timeout = -1;
