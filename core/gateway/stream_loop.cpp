@@ -182,8 +182,8 @@ private:
                 if (s->job->on_upstream(std::move(e))) end(*s);
                 continue;
             }
-            pump(*s);  // bytes that came with the response headers
-            next_scan_ = std::min({next_scan_, s->job->next_timer(), s->body->idle_deadline()});
+            pump(*s);  // a response may already be whole (its body then lingers or is gone)
+            if (!s->over) next_scan_ = std::min({next_scan_, s->job->next_timer(), s->body->idle_deadline()});
         }
         return stopping;
     }
