@@ -68,6 +68,31 @@ SessionPool& pool() {
     return *p;
 }
 
+// A transport failure, before acceptance ("cannot reach") or after it ("broke mid-stream").
+UpEvent upstream_failure(bool accepted, const std::string& what) {
+    UpEvent e;
+    e.kind = UpEvent::Kind::failed;
+    e.status = PULSE_E_UNAVAILABLE;
+    e.before_accept = !accepted;
+    e.text = (accepted ? "the backend connection broke mid-stream: " : "cannot reach the backend: ") + what;
+    return e;
+}
+
+// Parses Chat Completions SSE from `bytes` into data events and the `[DONE]` marker (which
+// sets `done`; nothing after it counts).
+template <class Events>
+void feed_sse(SseParser& parser, std::string_view bytes, bool& done, Events& out) {
+    parser.feed(bytes, [&](std::string_view, std::string_view data) {
+        if (done) return;
+        if (data == "[DONE]") {
+            done = true;
+            out.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
+        } else {
+            out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false});
+        }
+    });
+}
+
 // Where and what to POST: built once per attempt.
 struct RequestTarget {
     RequestTarget(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& t)
@@ -175,14 +200,7 @@ private:
     enum class Phase { head, body, rejected, over };
     static constexpr size_t kMaxHead = 64 * 1024, kMaxRejectBody = 64 * 1024;
 
-    static UpEvent failure(bool accepted, const std::string& what) {
-        UpEvent e;
-        e.kind = UpEvent::Kind::failed;
-        e.status = PULSE_E_UNAVAILABLE;
-        e.before_accept = !accepted;
-        e.text = (accepted ? "the backend connection broke mid-stream: " : "cannot reach the backend: ") + what;
-        return e;
-    }
+    static UpEvent failure(bool accepted, const std::string& what) { return upstream_failure(accepted, what); }
     void fail(std::vector<UpEvent>& out, const std::string& what) {
         broken_ = exhausted_ = true;
         out.push_back(failure(phase_ == Phase::body, what));
@@ -251,15 +269,7 @@ private:
         }
         if (done_) return;  // after the terminal marker only the body's end matters
         const bool body_over = framing_.complete();
-        parser_.feed(body_, [&](std::string_view, std::string_view data) {
-            if (done_) return;
-            if (data == "[DONE]") {
-                done_ = true;
-                out.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
-            } else {
-                out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false});
-            }
-        });
+        feed_sse(parser_, body_, done_, out);
         if (parser_.overflowed() && !done_) return fail(out, "the backend sent an SSE line over 16 MiB");
         // A keep-alive connection does not close after the body: its end is the end.
         if (body_over && !done_) fail(out, "the backend stream ended without its terminal [DONE] marker");
@@ -452,15 +462,7 @@ private:
             }
             n += static_cast<size_t>(in_->readsome(buf + n, static_cast<std::streamsize>(sizeof buf - n)));
             last_byte_ = steady_clock::now();
-            parser_.feed(std::string_view(buf, n), [&](std::string_view, std::string_view data) {
-                if (done_) return;
-                if (data == "[DONE]") {
-                    done_ = true;
-                    events_.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
-                } else {
-                    events_.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false});
-                }
-            });
+            feed_sse(parser_, std::string_view(buf, n), done_, events_);
             if (parser_.overflowed()) return fail(true, "the backend sent an SSE line over 16 MiB");
         }
         return pop();
@@ -496,12 +498,7 @@ private:
 
     UpEvent fail(bool accepted, const std::string& what) {
         phase_ = Phase::finished;
-        UpEvent e;
-        e.kind = UpEvent::Kind::failed;
-        e.status = PULSE_E_UNAVAILABLE;
-        e.before_accept = !accepted;
-        e.text = (accepted ? "the backend connection broke mid-stream: " : "cannot reach the backend: ") + what;
-        return e;
+        return upstream_failure(accepted, what);
     }
 
     RequestTarget target_;
@@ -631,9 +628,9 @@ std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_
         auto s = connect_and_send(t, !fresh, reused);
         return std::make_unique<HttpBody>(std::move(s), t.key, reused, timeouts.idle_timeout_s);
     } catch (const Poco::Exception& e) {
-        error = UpEvent{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE, "cannot reach the backend: " + e.displayText(), true};
+        error = upstream_failure(false, e.displayText());
     } catch (const std::exception& e) {
-        error = UpEvent{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE, std::string("cannot reach the backend: ") + e.what(), true};
+        error = upstream_failure(false, e.what());
     }
     return nullptr;
 }
