@@ -1,11 +1,21 @@
-// Gateway overhead benchmark: the same streaming load sent straight to a fake backend and
-// through Pulse, interleaved round by round in one run (so machine noise hits both arms), at
-// several concurrencies. Reports added time-to-first-token and added total time (p50, p99),
-// the gateway's CPU time per streamed token, and its RSS per concurrent stream.
+// Gateway overhead benchmark: the same streaming load sent three ways, interleaved phase by
+// phase in one run (so machine noise hits every arm): straight to a fake backend ("direct"),
+// through a byte relay that parses nothing (tcp_relay: the kernel's cost of one relay hop, the
+// floor for any gateway), and through Pulse. At several concurrencies it reports added
+// time-to-first-byte/-token and added total time (p50, p99) against direct, the CPU time per
+// streamed token of Pulse and of the byte relay, and Pulse's RSS per concurrent stream.
 //
-//   gateway_overhead --pulse BIN --fake BIN --plugins DIR [--tokens 64] [--delay-ms 2]
+//   gateway_overhead --pulse BIN --fake BIN --relay BIN --plugins DIR [--tokens 64] [--delay-ms 2]
 //                    [--concurrency 1,16,64,256] [--samples 128] [--json FILE] [--lockstep]
-//                    [--stream-threads N]   (the gateway's server.stream_threads; 0 = a thread per stream)
+//                    [--arrivals steady|burst] [--stream-threads N]
+//
+// --arrivals steady (default): C clients each send requests back to back, their starts spread
+// evenly over one stream duration, so C streams are in flight at any moment and requests
+// arrive one every (stream duration / C), as with C users; only requests sent while all C
+// clients are busy are sampled. --arrivals burst: every phase starts its C requests in the
+// same instant and samples them all (a stress of admission: C requests set up at once).
+//
+// --stream-threads N: the gateway's server.stream_threads (0 = a thread per stream).
 //
 // --lockstep: the fake backend paces all streams by one clock (a token every --delay-ms for
 // every stream at once), like a batched engine's decode steps; without it each stream sleeps
@@ -94,21 +104,26 @@ Sample one(uint16_t port, const std::string& path, const std::string& body, cons
     return s;
 }
 
-// The samples of one arm (direct or through Pulse) at one concurrency.
+// The samples of one arm (direct, byte relay or Pulse) at one concurrency.
+// Requests not `sampled` only filled or drained the pipe: their tokens count (the CPU was
+// spent on them), their times do not.
 struct Arm {
     std::vector<double> ttfb, ttft, total;
     long tokens = 0;
     int errors = 0;
-    void add(const std::vector<Sample>& batch) {
-        for (const auto& x : batch) {
+    double cpu_us = 0;  // of the process that relays this arm, when there is one
+    void add(const std::vector<Sample>& batch, const std::vector<bool>& sampled) {
+        for (size_t i = 0; i < batch.size(); ++i) {
+            const auto& x = batch[i];
             if (!x.ok) {
                 ++errors;
                 continue;
             }
+            tokens += x.tokens;
+            if (!sampled[i]) continue;
             ttfb.push_back(x.ttfb_ms);
             ttft.push_back(x.ttft_ms);
             total.push_back(x.total_ms);
-            tokens += x.tokens;
         }
     }
 };
@@ -117,6 +132,28 @@ std::vector<Sample> batch(int n, uint16_t port, const std::string& path, const s
     std::vector<Sample> out(static_cast<size_t>(n));
     std::vector<std::thread> ts;
     for (int i = 0; i < n; ++i) ts.emplace_back([&, i] { out[static_cast<size_t>(i)] = one(port, path, body, marker); });
+    for (auto& t : ts) t.join();
+    return out;
+}
+
+// `c` clients, each sending `m + 2` requests back to back, client i starting i/c of a stream
+// duration after the first: c streams are then in flight at any moment, their starts spread
+// evenly, as with c users. Each client's first and last requests only fill and drain the pipe;
+// the `m` between them run while all c clients are busy and are the sampled ones (`sampled`).
+std::vector<Sample> closed_loop(int c, int m, duration<double> stream, uint16_t port, const std::string& path, const std::string& body,
+                                const std::string& marker, std::vector<bool>& sampled) {
+    const int per = m + 2;
+    std::vector<Sample> out(static_cast<size_t>(c * per));
+    sampled.assign(out.size(), false);
+    std::vector<std::thread> ts;
+    auto t0 = steady_clock::now();
+    for (int i = 0; i < c; ++i) {
+        ts.emplace_back([&, i] {
+            std::this_thread::sleep_until(t0 + duration_cast<steady_clock::duration>(stream * i / c));
+            for (int k = 0; k < per; ++k) out[static_cast<size_t>(i * per + k)] = one(port, path, body, marker);
+        });
+        for (int k = 1; k <= m; ++k) sampled[static_cast<size_t>(i * per + k)] = true;
+    }
     for (auto& t : ts) t.join();
     return out;
 }
@@ -158,15 +195,23 @@ long rss_kib(pid_t pid) {
 
 int main(int argc, char** argv) {
     std::string pulse = arg(argc, argv, "--pulse", ""), fake = arg(argc, argv, "--fake", ""), plugins = arg(argc, argv, "--plugins", "");
-    if (pulse.empty() || fake.empty() || plugins.empty()) {
-        std::fprintf(stderr, "usage: gateway_overhead --pulse BIN --fake BIN --plugins DIR [--tokens N] [--delay-ms D] "
-                             "[--concurrency 1,16,64,256] [--samples N] [--json FILE]\n");
+    std::string relay_bin = arg(argc, argv, "--relay", "");
+    if (pulse.empty() || fake.empty() || plugins.empty() || relay_bin.empty()) {
+        std::fprintf(stderr, "usage: gateway_overhead --pulse BIN --fake BIN --relay BIN --plugins DIR [--tokens N] [--delay-ms D] "
+                             "[--concurrency 1,16,64,256] [--samples N] [--arrivals steady|burst] [--lockstep] [--stream-threads N] "
+                             "[--json FILE]\n");
         return 2;
     }
     int tokens = std::stoi(arg(argc, argv, "--tokens", "64"));
     int delay = std::stoi(arg(argc, argv, "--delay-ms", "2"));
     int samples = std::stoi(arg(argc, argv, "--samples", "128"));
     const std::string stream_threads = arg(argc, argv, "--stream-threads", "1");
+    const std::string arrivals = arg(argc, argv, "--arrivals", "steady");
+    if (arrivals != "steady" && arrivals != "burst") {
+        std::fprintf(stderr, "--arrivals must be steady or burst\n");
+        return 2;
+    }
+    const bool steady = arrivals == "steady";
     bool lockstep = false;
     for (int i = 1; i < argc; ++i) lockstep = lockstep || std::string(argv[i]) == "--lockstep";
     std::vector<int> levels;
@@ -182,6 +227,8 @@ int main(int argc, char** argv) {
     auto script = dir.write("script.json", std::string(R"({")") + (lockstep ? "step_ms" : "delay_ms") + R"(":)" + std::to_string(delay) + R"(,"turns":[{"content":")" + words + R"("}]})");
     Child fk({fake, "--script", script.string(), "--port", "0"});
     uint16_t fport = wait_port(fk, false, std::regex(R"(listening on 127\.0\.0\.1:(\d+))"));
+    Child rl({relay_bin, "--to", std::to_string(fport)});
+    uint16_t rport = wait_port(rl, false, std::regex(R"(listening on 127\.0\.0\.1:(\d+))"));
 
     std::filesystem::create_directories(dir / "plugins");
     std::filesystem::copy_file(plugins + "/qwen38.so", dir / "plugins/qwen38.so");
@@ -197,77 +244,109 @@ int main(int argc, char** argv) {
 
     const std::string direct_body = R"({"model":"m","stream":true,"messages":[{"role":"user","content":"go"}]})";
     const std::string pulse_body = R"({"model":"m","stream":true,"store":false,"input":"go"})";
-    // Warm both paths (connections, caches, lazy init).
-    batch(4, fport, "/v1/chat/completions", direct_body, "\"content\":\"tok");
-    batch(4, gport, "/v1/responses", pulse_body, "response.output_text.delta");
+    const std::string chat_marker = "\"content\":\"tok", responses_marker = "response.output_text.delta";
+    struct Way {
+        const char* name;
+        uint16_t port;
+        const std::string *path, *body, *marker;
+        pid_t pid;  // whose CPU is charged to this arm's tokens; 0 = none
+    };
+    const std::string chat_path = "/v1/chat/completions", responses_path = "/v1/responses";
+    const Way ways[3] = {{"direct", fport, &chat_path, &direct_body, &chat_marker, 0},
+                         {"relay", rport, &chat_path, &direct_body, &chat_marker, rl.pid()},
+                         {"pulse", gport, &responses_path, &pulse_body, &responses_marker, gpid}};
+    // Warm every path (connections, caches, lazy init); the direct one also times a stream.
+    auto warm = batch(4, fport, chat_path, direct_body, chat_marker);
+    batch(4, rport, chat_path, direct_body, chat_marker);
+    batch(4, gport, responses_path, pulse_body, responses_marker);
+    std::vector<double> warm_total;
+    for (const auto& w : warm)
+        if (w.ok) warm_total.push_back(w.total_ms);
+    const double stream_ms = std::max(1.0, pct(warm_total, 50));
 
-    std::string json = "{\"tokens\":" + std::to_string(tokens) + ",\"delay_ms\":" + std::to_string(delay) + ",\"lockstep\":" + (lockstep ? "true" : "false");
+    std::string json = "{\"tokens\":" + std::to_string(tokens) + ",\"delay_ms\":" + std::to_string(delay) +
+                       ",\"lockstep\":" + (lockstep ? "true" : "false") + ",\"arrivals\":\"" + arrivals + "\"";
     long idle_rss = rss_kib(gpid);
-    // The gateway's background CPU (health probes, control loop), measured while idle, so it
-    // is not charged to the tokens.
-    double idle0 = cpu_us(gpid);
+    // Background CPU of the gateway (health probes, control loop) and of the relay, measured
+    // while idle, so it is not charged to the tokens.
+    double idle_g0 = cpu_us(gpid), idle_r0 = cpu_us(rl.pid());
     auto idle_t0 = steady_clock::now();
     std::this_thread::sleep_for(seconds(5));
-    double idle_us_per_s = (cpu_us(gpid) - idle0) / duration<double>(steady_clock::now() - idle_t0).count();
-    std::printf("gateway idle CPU: %.0f us/s (subtracted below)\n", idle_us_per_s);
-    json += ",\"idle_cpu_us_per_s\":" + std::to_string(idle_us_per_s) + ",\"levels\":[";
-    std::printf("gateway overhead: %d tokens per stream, %d ms between tokens (%s), interleaved direct/pulse rounds\n", tokens, delay,
-                lockstep ? "one clock for all streams" : "each stream its own timer");
-    std::printf("%6s %7s | %-21s | %-27s | %-27s | %-27s | %9s %9s %6s\n", "conc", "samples", "added TTFB ms p50/p99",
-                "TTFT ms direct p50/p99", "TTFT ms pulse p50/p99", "added TTFT ms p50/p99", "add tot50", "cpu us/tk", "errors");
+    double idle_s = duration<double>(steady_clock::now() - idle_t0).count();
+    const double idle_us_per_s[3] = {0, (cpu_us(rl.pid()) - idle_r0) / idle_s, (cpu_us(gpid) - idle_g0) / idle_s};
+    std::printf("idle CPU: gateway %.0f us/s, byte relay %.0f us/s (subtracted below)\n", idle_us_per_s[2], idle_us_per_s[1]);
+    json += ",\"idle_cpu_us_per_s\":" + std::to_string(idle_us_per_s[2]) + ",\"stream_ms\":" + std::to_string(stream_ms) + ",\"levels\":[";
+    std::printf("gateway overhead: %d tokens per stream, %d ms between tokens (%s), %s arrivals (a stream lasts %.0f ms direct)\n",
+                tokens, delay, lockstep ? "one clock for all streams" : "each stream its own timer",
+                steady ? "steady" : "burst", stream_ms);
+    std::printf("added = through X minus direct (ms); cpu us/tk p/r = CPU per streamed token of Pulse / of the byte relay; "
+                "ratio = p/r; err = failed requests direct/relay/pulse\n");
+    std::printf("%5s %6s | %-19s | %-19s | %-17s | %-19s | %8s | %-13s %5s | %8s\n", "conc", "sampl", "pulse +TTFB p50/p99",
+                "relay +TTFB p50/p99", "direct TTFT p50/99", "pulse +TTFT p50/p99", "pulse +tot", "cpu us/tk p/r", "ratio",
+                "err d/r/p");
     for (size_t li = 0; li < levels.size(); ++li) {
-        int c = levels[li];
-        int rounds = std::max(2, samples / c);
-        Arm direct, via;
-        double cpu = 0;
+        const int c = levels[li];
+        // Steady: each of the c clients contributes m sampled requests per phase.
+        const int m = steady ? std::max(1, 16 / c) : 1;
+        const int measured = c * m;
+        const int rounds = std::max(2, (samples + measured - 1) / measured);
+        Arm arm[3];
         long peak_rss = idle_rss;
         for (int r = 0; r < rounds; ++r) {
-            // Alternate which arm goes first, so drift does not favour one.
-            for (int arm = 0; arm < 2; ++arm) {
-                bool via_pulse = (arm == 0) == (r % 2 == 1);
-                if (via_pulse) {
-                    double c0 = cpu_us(gpid);
-                    auto arm_t0 = steady_clock::now();
-                    std::atomic<bool> sampling{true};
-                    std::thread rss([&] {
+            for (int k = 0; k < 3; ++k) {
+                // Rotate which arm goes first, so drift favours none.
+                const int w = (r + k) % 3;
+                const Way& way = ways[w];
+                double c0 = way.pid ? cpu_us(way.pid) : 0;
+                auto t0 = steady_clock::now();
+                std::atomic<bool> sampling{true};
+                std::thread rss;
+                if (way.pid == gpid)
+                    rss = std::thread([&] {
                         while (sampling) {
                             peak_rss = std::max(peak_rss, rss_kib(gpid));
                             std::this_thread::sleep_for(milliseconds(5));
                         }
                     });
-                    auto s = batch(c, gport, "/v1/responses", pulse_body, "response.output_text.delta");
-                    sampling = false;
-                    rss.join();
-                    cpu += cpu_us(gpid) - c0 - idle_us_per_s * duration<double>(steady_clock::now() - arm_t0).count();
-                    via.add(s);
-                } else {
-                    direct.add(batch(c, fport, "/v1/chat/completions", direct_body, "\"content\":\"tok"));
-                }
+                std::vector<bool> sampled(static_cast<size_t>(c), true);
+                auto got = steady ? closed_loop(c, m, duration<double>(stream_ms / 1000.0), way.port, *way.path, *way.body, *way.marker, sampled)
+                                  : batch(c, way.port, *way.path, *way.body, *way.marker);
+                sampling = false;
+                if (rss.joinable()) rss.join();
+                if (way.pid)
+                    arm[w].cpu_us += cpu_us(way.pid) - c0 - idle_us_per_s[w] * duration<double>(steady_clock::now() - t0).count();
+                arm[w].add(got, sampled);
             }
         }
-        const auto &dt = direct.ttft, &pt = via.ttft, &dtot = direct.total, &ptot = via.total, &db = direct.ttfb, &pb = via.ttfb;
-        const long tokens_through = via.tokens;
-        const int errors = direct.errors + via.errors;
-        double d50 = pct(dt, 50), d99 = pct(dt, 99), p50 = pct(pt, 50), p99 = pct(pt, 99);
-        double add_tot = pct(ptot, 50) - pct(dtot, 50);
-        double us_per_token = tokens_through ? cpu / static_cast<double>(tokens_through) : -1;
-        double rss_per_stream = c > 0 ? static_cast<double>(peak_rss - idle_rss) / c : 0;
-        double b50 = pct(pb, 50) - pct(db, 50), b99 = pct(pb, 99) - pct(db, 99);
-        char d0[64], d1[64], d2[64], d3[64];
-        std::snprintf(d0, sizeof d0, "%+.3f / %+.3f", b50, b99);
-        std::snprintf(d1, sizeof d1, "%.3f / %.3f", d50, d99);
-        std::snprintf(d2, sizeof d2, "%.3f / %.3f", p50, p99);
-        std::snprintf(d3, sizeof d3, "%+.3f / %+.3f", p50 - d50, p99 - d99);
-        std::printf("%6d %7zu | %-21s | %-27s | %-27s | %-27s | %+9.2f %9.2f %6d   rss +%.0f KiB/stream\n", c, pt.size(), d0, d1, d2, d3, add_tot,
-                    us_per_token, errors, rss_per_stream);
+        const Arm &d = arm[0], &rl_arm = arm[1], &p = arm[2];
+        const int errors = d.errors + rl_arm.errors + p.errors;
+        char errs[48];
+        std::snprintf(errs, sizeof errs, "%d/%d/%d", d.errors, rl_arm.errors, p.errors);
+        auto per_token = [](const Arm& a) { return a.tokens ? a.cpu_us / static_cast<double>(a.tokens) : -1.0; };
+        const double pcpu = per_token(p), rcpu = per_token(rl_arm);
+        const double pb50 = pct(p.ttfb, 50) - pct(d.ttfb, 50), pb99 = pct(p.ttfb, 99) - pct(d.ttfb, 99);
+        const double rb50 = pct(rl_arm.ttfb, 50) - pct(d.ttfb, 50), rb99 = pct(rl_arm.ttfb, 99) - pct(d.ttfb, 99);
+        const double d50 = pct(d.ttft, 50), d99 = pct(d.ttft, 99);
+        const double pt50 = pct(p.ttft, 50) - d50, pt99 = pct(p.ttft, 99) - d99;
+        const double add_tot = pct(p.total, 50) - pct(d.total, 50);
+        const double rss_per_stream = c > 0 ? static_cast<double>(peak_rss - idle_rss) / c : 0;
+        char a[64], b[64], e[64], f[64], g[64];
+        std::snprintf(a, sizeof a, "%+.3f / %+.3f", pb50, pb99);
+        std::snprintf(b, sizeof b, "%+.3f / %+.3f", rb50, rb99);
+        std::snprintf(e, sizeof e, "%.2f / %.2f", d50, d99);
+        std::snprintf(f, sizeof f, "%+.3f / %+.3f", pt50, pt99);
+        std::snprintf(g, sizeof g, "%.2f / %.2f", pcpu, rcpu);
+        std::printf("%5d %6zu | %-19s | %-19s | %-17s | %-19s | %+8.2f | %-13s %5.2f | %8s  rss +%.0f KiB/stream\n", c, p.ttfb.size(), a,
+                    b, e, f, add_tot, g, rcpu > 0 ? pcpu / rcpu : 0.0, errs, rss_per_stream);
         std::fflush(stdout);
-        char row[640];
+        char row[900];
         std::snprintf(row, sizeof row,
-                      "%s{\"concurrency\":%d,\"samples\":%zu,\"added_ttfb_p50_ms\":%.4f,\"added_ttfb_p99_ms\":%.4f,\"ttft_direct_p50_ms\":%.4f,\"ttft_direct_p99_ms\":%.4f,"
-                      "\"ttft_pulse_p50_ms\":%.4f,\"ttft_pulse_p99_ms\":%.4f,\"added_total_p50_ms\":%.4f,"
-                      "\"added_total_p99_ms\":%.4f,\"cpu_us_per_token\":%.3f,\"rss_kib_per_stream\":%.1f,\"errors\":%d}",
-                      li ? "," : "", c, pt.size(), b50, b99, d50, d99, p50, p99, add_tot, pct(ptot, 99) - pct(dtot, 99), us_per_token,
-                      rss_per_stream, errors);
+                      "%s{\"concurrency\":%d,\"samples\":%zu,\"added_ttfb_p50_ms\":%.4f,\"added_ttfb_p99_ms\":%.4f,"
+                      "\"relay_added_ttfb_p50_ms\":%.4f,\"relay_added_ttfb_p99_ms\":%.4f,\"ttft_direct_p50_ms\":%.4f,\"ttft_direct_p99_ms\":%.4f,"
+                      "\"added_ttft_p50_ms\":%.4f,\"added_ttft_p99_ms\":%.4f,\"added_total_p50_ms\":%.4f,\"added_total_p99_ms\":%.4f,"
+                      "\"cpu_us_per_token\":%.3f,\"relay_cpu_us_per_token\":%.3f,\"rss_kib_per_stream\":%.1f,\"errors\":%d}",
+                      li ? "," : "", c, p.ttfb.size(), pb50, pb99, rb50, rb99, d50, d99, pt50, pt99, add_tot,
+                      pct(p.total, 99) - pct(d.total, 99), pcpu, rcpu, rss_per_stream, errors);
         json += row;
     }
     json += "],\"cores\":" + std::to_string(std::thread::hardware_concurrency()) + "}";
@@ -275,6 +354,8 @@ int main(int argc, char** argv) {
     if (!out.empty()) std::ofstream(out) << json << "\n";
     gw.signal(SIGTERM);
     gw.wait(30);
+    rl.signal(SIGTERM);
+    rl.wait(10);
     fk.signal(SIGTERM);
     fk.wait(10);
     return 0;
