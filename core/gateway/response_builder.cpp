@@ -57,6 +57,11 @@ public:
         return *this;
     }
     std::string text() const { return {b_.GetString(), b_.GetSize()}; }
+    std::string_view view() const { return {b_.GetString(), b_.GetSize()}; }
+    void clear() {
+        b_.Clear();
+        w_.Reset(b_);
+    }
 
 private:
     rapidjson::StringBuffer b_;
@@ -74,16 +79,19 @@ std::string random_hex(size_t n) {
 }  // namespace
 
 ResponseBuilder::ResponseBuilder(std::string response_id, std::string model, ReasoningOutput reasoning, Emit emit)
-    : id_(std::move(response_id)), model_(std::move(model)), reasoning_mode_(reasoning), emit_(std::move(emit)) {
+    : id_(std::move(response_id)), model_(std::move(model)), reasoning_mode_(reasoning), emit_(std::move(emit)), out_(std::make_unique<JsonOut>()) {
     created_at_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+ResponseBuilder::~ResponseBuilder() = default;
+
 void ResponseBuilder::event(std::string_view type, const std::function<void(JsonOut&)>& body) {
-    JsonOut o;
+    JsonOut& o = *out_;  // bodies build nested JSON in JsonOuts of their own, never in this one
+    o.clear();
     o.begin().kv("type", type);
     body(o);
     o.kv("sequence_number", seq_++).end();
-    if (emit_) emit_(type, o.text());
+    if (emit_) emit_(type, o.view());
 }
 
 std::string ResponseBuilder::response_json(std::string_view status, bool terminal) const {

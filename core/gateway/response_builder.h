@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,10 +21,11 @@ enum class ReasoningOutput { summary, raw, both };
 class ResponseBuilder : public pulse_delta_sink {
 public:
     // `emit(type, json)` receives each event in order (the SSE writer, or nothing for a
-    // non-streaming response).
-    using Emit = std::function<void(std::string_view type, const std::string& json)>;
+    // non-streaming response); `json` is valid during the call only.
+    using Emit = std::function<void(std::string_view type, std::string_view json)>;
 
     ResponseBuilder(std::string response_id, std::string model, ReasoningOutput reasoning, Emit emit);
+    ~ResponseBuilder() override;
 
     // response.created + response.in_progress.
     void start();
@@ -87,6 +89,7 @@ private:
     std::string id_, model_;
     ReasoningOutput reasoning_mode_;
     Emit emit_;
+    std::unique_ptr<class JsonOut> out_;  // one event's JSON, reused: no allocation per event once warm
     int64_t created_at_;
     uint64_t seq_ = 0;
     std::vector<Item> items_;

@@ -174,7 +174,7 @@ private:
             return false;
         }
         upstream_body_ = std::string(upreq_.body.text());
-        builder_ = std::make_unique<ResponseBuilder>(id_, model_id_, rt_->reasoning, [this](std::string_view type, const std::string& json) {
+        builder_ = std::make_unique<ResponseBuilder>(id_, model_id_, rt_->reasoning, [this](std::string_view type, std::string_view json) {
             emit(type, json);
         });
         socket_ = &static_cast<Poco::Net::HTTPServerRequestImpl&>(req_).socket();
@@ -183,7 +183,7 @@ private:
         return true;
     }
 
-    void emit(std::string_view type, const std::string& json) {
+    void emit(std::string_view type, std::string_view json) {
         if (!streaming_ || lost_) return;
         last_event_ = steady_clock::now();
         if (relay_ || raw_) {  // framed by take_output, sent by the stream loop or by flush()
@@ -375,8 +375,14 @@ private:
         std::string unsent;
         gw_.relay_->run(*this, std::move(body), unsent);
         relay_ = false;
-        write_raw(unsent);  // the client was slow to take the last bytes: the blocking way (send timeout)
-        return relay_result_.value_or(Attempt::final);
+        Attempt a = relay_result_.value_or(Attempt::final);
+        // The attempt's last events: before another attempt they leave now; at the response's
+        // end they wait for the last chunk, so both cost the client one wake-up, not two.
+        if (raw_ && a != Attempt::retry && a != Attempt::again)
+            tail_ += unsent;
+        else
+            write_raw(unsent);
+        return a;
     }
 
 public:  // RelayJob: called on the stream loop's thread while relay() waits
@@ -401,9 +407,16 @@ public:  // RelayJob: called on the stream loop's thread while relay() waits
             wire += "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
                     "Transfer-Encoding: chunked\r\n\r\n";
         }
-        char size[20];
-        int n = std::snprintf(size, sizeof size, "%zx\r\n", relay_out_.size());
-        wire.append(size, static_cast<size_t>(n));
+        char size[24];  // the chunk size in hex, then CRLF (a formatter here: snprintf showed in profiles)
+        char* p = size + sizeof size;
+        *--p = '\n';
+        *--p = '\r';
+        size_t v = relay_out_.size();
+        do {
+            *--p = "0123456789abcdef"[v & 15];
+            v >>= 4;
+        } while (v);
+        wire.append(p, static_cast<size_t>(size + sizeof size - p));
         wire += relay_out_;
         wire += "\r\n";
         relay_out_.clear();
@@ -472,7 +485,10 @@ private:
                 send_json(resp_, 200, builder_->final_response());
             }
         }
-        flush();
+        if (raw_ && !lost_)
+            take_output(tail_);  // leaves with the last chunk
+        else
+            flush();
         if (!cfg_.server.trace_file.empty() && builder_->ended()) trace(cfg_.server.trace_file, id_, "response", builder_->final_response());
     }
 
@@ -498,9 +514,13 @@ public:
                                    " cached=" + std::to_string(u.cached) + " out=" + std::to_string(u.output) +
                                    " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +
                                    " total_ms=" + std::to_string(duration_cast<milliseconds>(steady_clock::now() - t0_).count()));
-        // The last chunk of a response written past POCO goes out only now, after the trace,
-        // metrics and log above, as POCO's would: a client that saw the end sees its accounting.
-        if (raw_ && head_sent_) write_raw("0\r\n\r\n");
+        // The end of a response written past POCO (its last events and last chunk, one send)
+        // goes out only now, after the trace, metrics and log above, as POCO's would: a client
+        // that saw the end sees its accounting.
+        if (raw_ && head_sent_) {
+            tail_ += "0\r\n\r\n";
+            write_raw(tail_);
+        }
     }
 
 private:
@@ -538,6 +558,7 @@ private:
     // raw_: this response's HTTP head, chunks and terminator are written by us, not by POCO.
     bool relay_ = false, raw_ = false, head_sent_ = false;
     std::string relay_out_;
+    std::string tail_;  // framed bytes held back to leave with the last chunk
     const EndpointRef* relay_ep_ = nullptr;
     std::optional<Attempt> relay_result_;
 

@@ -258,8 +258,9 @@ private:
         s.over = true;
         ::epoll_ctl(ep_, EPOLL_CTL_DEL, s.cfd, nullptr);
         if (!s.lost) {
+            // The job's last output is its submitter's to send (with the response's end).
             s.job->take_output(s.out);
-            if (send_some(s)) s.unsent->assign(s.out, s.off);
+            s.unsent->assign(s.out, s.off);
         }
         DetachedBody& b = *s.body;
         if (b.reusable()) {

@@ -47,9 +47,10 @@ public:
     StreamLoop(const StreamLoop&) = delete;
     StreamLoop& operator=(const StreamLoop&) = delete;
 
-    // Relays `body` to the job's client on a loop thread; returns when the job is over. Bytes
-    // the client socket had not taken by then are left in `unsent` (already framed) for the
-    // caller to write with a blocking send.
+    // Relays `body` to the job's client on a loop thread; returns when the job is over. What
+    // the client socket had not taken by then, and what the job produced with its last event,
+    // is left in `unsent` (already framed) for the caller to write with a blocking send: the
+    // caller can then send a response's last events and its end in one write.
     void run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent);
 
 private:

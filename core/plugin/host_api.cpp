@@ -217,7 +217,7 @@ bool w_copy(pulse_json_writer_t* w, const pulse_json_t* v) {
 const pulse_json_t* j_parse(pulse_call_t* call, pulse_str_t text) {
     if (!call) return nullptr;
     try {
-        auto& d = call->parsed.emplace_back();
+        auto& d = call->parsed.emplace_back(&call->arena, 1024, &call->arena);
         d.Parse(text.ptr ? text.ptr : "", text.len);
         if (d.HasParseError()) {
             call->parsed.pop_back();

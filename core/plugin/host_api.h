@@ -11,7 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
-#include <list>
+#include <deque>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,13 +22,24 @@
 
 // One host->plugin call. Single-threaded, never retained by the plugin.
 struct pulse_call {
+    // Documents from json->parse take their values and their parse stack from `arena`, which
+    // reset() rewinds: a streamed chunk (one parse per call, a few hundred bytes) is then parsed
+    // without touching malloc. Bigger documents spill into heap chunks that reset() frees.
+    using ParsedDoc = rapidjson::GenericDocument<rapidjson::UTF8<>, rapidjson::MemoryPoolAllocator<>, rapidjson::MemoryPoolAllocator<>>;
+
     pulse_status_t status = PULSE_OK;
     std::string message;  // copied from set_error
     bool has_message = false;
     const std::atomic<bool>* cancelled = nullptr;
     uint64_t deadline_ms = 0;
     std::string request_id;
-    std::list<rapidjson::Document> parsed;  // documents from json->parse, freed with the call
+    alignas(8) char arena_buf[8192];
+    rapidjson::MemoryPoolAllocator<> arena{arena_buf, sizeof arena_buf};
+    std::deque<ParsedDoc> parsed;  // documents from json->parse, valid until reset()
+
+    pulse_call() = default;
+    pulse_call(const pulse_call&) = delete;  // `arena` points into this object
+    pulse_call& operator=(const pulse_call&) = delete;
 
     void clear_error() {
         status = PULSE_OK;
@@ -39,6 +50,7 @@ struct pulse_call {
     void reset() {
         clear_error();
         parsed.clear();
+        arena.Clear();
     }
 };
 

@@ -25,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (p.vt().stream_open(p.instance, &call, host::view(&req), &stream) != PULSE_OK) std::abort();
     size_t events = 0;
     gateway::ResponseBuilder b("resp_fuzz0000", "m", static_cast<gateway::ReasoningOutput>(data[0] % 3),
-                               [&](std::string_view, const std::string&) { ++events; });
+                               [&](std::string_view, std::string_view) { ++events; });
     b.start();
     gateway::SseParser parser;
     bool failed = false;

@@ -88,9 +88,9 @@ struct Profile {
     Run stream(const Value& request, const std::vector<std::string>& chunks, pulse_stream_end_t how = PULSE_STREAM_CLEAN,
                gateway::ReasoningOutput mode = gateway::ReasoningOutput::summary) {
         Run run;
-        gateway::ResponseBuilder b("resp_test0000", "m", mode, [&](std::string_view type, const std::string& json) {
+        gateway::ResponseBuilder b("resp_test0000", "m", mode, [&](std::string_view type, std::string_view json) {
             auto d = std::make_shared<rapidjson::Document>();
-            d->Parse(json.c_str());
+            d->Parse(json.data(), json.size());
             run.events.emplace_back(std::string(type), d);
         });
         pulse_call call;
