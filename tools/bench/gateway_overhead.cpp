@@ -7,7 +7,9 @@
 //
 //   gateway_overhead --pulse BIN --fake BIN --relay BIN --plugins DIR [--tokens 64] [--delay-ms 2]
 //                    [--concurrency 1,16,64,256] [--samples 128] [--json FILE] [--lockstep]
-//                    [--arrivals steady|burst] [--stream-threads N]
+//                    [--arrivals steady|burst] [--stream-threads N] [--idle-s 5]
+//
+// Exits 1 when any request failed (the numbers are then not valid).
 //
 // --arrivals steady (default): C clients each send requests back to back, their starts spread
 // evenly over one stream duration, so C streams are in flight at any moment and requests
@@ -271,7 +273,7 @@ int main(int argc, char** argv) {
     // while idle, so it is not charged to the tokens.
     double idle_g0 = cpu_us(gpid), idle_r0 = cpu_us(rl.pid());
     auto idle_t0 = steady_clock::now();
-    std::this_thread::sleep_for(seconds(5));
+    std::this_thread::sleep_for(duration<double>(std::stod(arg(argc, argv, "--idle-s", "5"))));
     double idle_s = duration<double>(steady_clock::now() - idle_t0).count();
     const double idle_us_per_s[3] = {0, (cpu_us(rl.pid()) - idle_r0) / idle_s, (cpu_us(gpid) - idle_g0) / idle_s};
     std::printf("idle CPU: gateway %.0f us/s, byte relay %.0f us/s (subtracted below)\n", idle_us_per_s[2], idle_us_per_s[1]);
@@ -284,6 +286,7 @@ int main(int argc, char** argv) {
     std::printf("%5s %6s | %-19s | %-19s | %-17s | %-19s | %8s | %-13s %5s | %8s\n", "conc", "sampl", "pulse +TTFB p50/p99",
                 "relay +TTFB p50/p99", "direct TTFT p50/99", "pulse +TTFT p50/p99", "pulse +tot", "cpu us/tk p/r", "ratio",
                 "err d/r/p");
+    int total_errors = 0;
     for (size_t li = 0; li < levels.size(); ++li) {
         const int c = levels[li];
         // Steady: each of the c clients contributes m sampled requests per phase.
@@ -348,6 +351,7 @@ int main(int argc, char** argv) {
                       li ? "," : "", c, p.ttfb.size(), pb50, pb99, rb50, rb99, d50, d99, pt50, pt99, add_tot,
                       pct(p.total, 99) - pct(d.total, 99), pcpu, rcpu, rss_per_stream, errors);
         json += row;
+        total_errors += errors;
     }
     json += "],\"cores\":" + std::to_string(std::thread::hardware_concurrency()) + "}";
     std::string out = arg(argc, argv, "--json", "");
@@ -358,5 +362,6 @@ int main(int argc, char** argv) {
     rl.wait(10);
     fk.signal(SIGTERM);
     fk.wait(10);
-    return 0;
+    if (total_errors) std::fprintf(stderr, "gateway_overhead: %d requests failed: the numbers above are not valid\n", total_errors);
+    return total_errors ? 1 : 0;
 }
