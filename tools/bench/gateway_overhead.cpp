@@ -11,11 +11,12 @@
 //
 // Exits 1 when any request failed (the numbers are then not valid).
 //
-// --arrivals steady (default): C clients each send requests back to back, their starts spread
-// evenly over one stream duration, so C streams are in flight at any moment and requests
-// arrive one every (stream duration / C), as with C users; only requests sent while all C
-// clients are busy are sampled. --arrivals burst: every phase starts its C requests in the
-// same instant and samples them all (a stress of admission: C requests set up at once).
+// --arrivals steady (default): C clients each send requests back to back on a keep-alive
+// connection of their own, their starts spread evenly over one stream duration, so C streams
+// are in flight at any moment and requests arrive one every (stream duration / C), as with C
+// users; only requests sent while all C clients are busy are sampled. --arrivals burst: every
+// phase starts its C requests, each on a new connection, in the same instant and samples them
+// all (a stress of admission: C connections accepted and C requests set up at once).
 //
 // --stream-threads N: the gateway's server.stream_threads (0 = a thread per stream).
 //
@@ -38,6 +39,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <regex>
 #include <sstream>
@@ -75,13 +77,12 @@ uint16_t wait_port(Child& c, bool from_stderr, const std::regex& re) {
     std::exit(1);
 }
 
-// One streaming request; `token_marker` identifies a line that carries a content token.
-Sample one(uint16_t port, const std::string& path, const std::string& body, const std::string& token_marker) {
+// One streaming request on `sess` (a new connection, or the one its last request used);
+// `token_marker` identifies a line that carries a content token.
+Sample one(Poco::Net::HTTPClientSession& sess, const std::string& path, const std::string& body, const std::string& token_marker) {
     Sample s;
     auto t0 = steady_clock::now();
     try {
-        Poco::Net::HTTPClientSession sess("127.0.0.1", port);
-        sess.setTimeout(Poco::Timespan(60, 0));
         Poco::Net::HTTPRequest req("POST", path, Poco::Net::HTTPMessage::HTTP_1_1);
         req.setContentType("application/json");
         req.setContentLength(static_cast<std::streamsize>(body.size()));
@@ -103,7 +104,15 @@ Sample one(uint16_t port, const std::string& path, const std::string& body, cons
         s.ok = done && s.ttft_ms >= 0;
     } catch (...) {
     }
+    if (!s.ok) sess.reset();  // the next request starts on a new connection
     return s;
+}
+
+std::unique_ptr<Poco::Net::HTTPClientSession> session(uint16_t port) {
+    auto sess = std::make_unique<Poco::Net::HTTPClientSession>("127.0.0.1", port);
+    sess->setTimeout(Poco::Timespan(60, 0));
+    sess->setKeepAlive(true);
+    return sess;
 }
 
 // The samples of one arm (direct, byte relay or Pulse) at one concurrency.
@@ -133,14 +142,18 @@ struct Arm {
 std::vector<Sample> batch(int n, uint16_t port, const std::string& path, const std::string& body, const std::string& marker) {
     std::vector<Sample> out(static_cast<size_t>(n));
     std::vector<std::thread> ts;
-    for (int i = 0; i < n; ++i) ts.emplace_back([&, i] { out[static_cast<size_t>(i)] = one(port, path, body, marker); });
+    for (int i = 0; i < n; ++i)
+        ts.emplace_back([&, i] {
+            auto sess = session(port);
+            out[static_cast<size_t>(i)] = one(*sess, path, body, marker);
+        });
     for (auto& t : ts) t.join();
     return out;
 }
 
-// `c` clients, each sending `m + 2` requests back to back, client i starting i/c of a stream
-// duration after the first: c streams are then in flight at any moment, their starts spread
-// evenly, as with c users. Each client's first and last requests only fill and drain the pipe;
+// `c` clients, each sending `m + 2` requests back to back on its own keep-alive connection,
+// client i starting i/c of a stream duration after the first: c streams are then in flight at
+// any moment, their starts spread evenly, as with c users. Each client's first and last requests only fill and drain the pipe;
 // the `m` between them run while all c clients are busy and are the sampled ones (`sampled`).
 std::vector<Sample> closed_loop(int c, int m, duration<double> stream, uint16_t port, const std::string& path, const std::string& body,
                                 const std::string& marker, std::vector<bool>& sampled) {
@@ -152,7 +165,8 @@ std::vector<Sample> closed_loop(int c, int m, duration<double> stream, uint16_t 
     for (int i = 0; i < c; ++i) {
         ts.emplace_back([&, i] {
             std::this_thread::sleep_until(t0 + duration_cast<steady_clock::duration>(stream * i / c));
-            for (int k = 0; k < per; ++k) out[static_cast<size_t>(i * per + k)] = one(port, path, body, marker);
+            auto sess = session(port);  // one keep-alive connection per client, as a Codex session keeps
+            for (int k = 0; k < per; ++k) out[static_cast<size_t>(i * per + k)] = one(*sess, path, body, marker);
         });
         for (int k = 1; k <= m; ++k) sampled[static_cast<size_t>(i * per + k)] = true;
     }
