@@ -38,29 +38,40 @@ public:
 
 // Idle keep-alive connections per backend (host:port), so a request does not pay a TCP connect
 // and the backend's per-connection set-up. A connection goes back only after a clean stream
-// whose body was read to its end.
+// whose body was read to its end, and is used again only if it has been idle for less than
+// kMaxIdleTime (under uvicorn's 5 s idle close). The idle time is counted here, from the
+// stream's end: POCO's own keep-alive timeout counts from the request's start, which would
+// retire every connection whose stream lasted longer than the timeout.
 class SessionPool {
 public:
+    static constexpr auto kMaxIdleTime = std::chrono::seconds(2);
+
     std::unique_ptr<Session> take(const std::string& key) {
+        const auto now = steady_clock::now();
         std::lock_guard lock(m_);
         auto& v = idle_[key];
         while (!v.empty()) {
-            auto s = std::move(v.back());
+            auto [s, since] = std::move(v.back());
             v.pop_back();
-            if (s->connected()) return s;
+            if (now - since < kMaxIdleTime && s->connected()) return std::move(s);
         }
         return nullptr;
     }
     void give(const std::string& key, std::unique_ptr<Session> s) {
+        const auto now = steady_clock::now();
         std::lock_guard lock(m_);
         auto& v = idle_[key];
-        if (v.size() < kMaxIdle) v.push_back(std::move(s));
+        // Oldest first: drop (close) those past the idle limit, which take() would never reach
+        // while newer ones keep being used.
+        auto stale = std::find_if(v.begin(), v.end(), [&](const auto& e) { return now - e.second < kMaxIdleTime; });
+        v.erase(v.begin(), stale);
+        if (v.size() < kMaxIdle) v.emplace_back(std::move(s), now);
     }
 
 private:
     static constexpr size_t kMaxIdle = 64;
     std::mutex m_;
-    std::map<std::string, std::vector<std::unique_ptr<Session>>> idle_;
+    std::map<std::string, std::vector<std::pair<std::unique_ptr<Session>, steady_clock::time_point>>> idle_;
 };
 
 SessionPool& pool() {
@@ -141,7 +152,8 @@ std::unique_ptr<Session> connect_and_send(const RequestTarget& t, bool from_pool
     // The receive timeout only bounds reads that poll() said would not block.
     s->setTimeout(span(t.timeouts.connect_timeout_s), span(30), span(t.timeouts.idle_timeout_s));
     s->setKeepAlive(true);
-    s->setKeepAliveTimeout(Poco::Timespan(2, 0));  // under uvicorn's 5 s idle close
+    // Idle time is the pool's to judge (SessionPool); POCO's timer would run from the request.
+    s->setKeepAliveTimeout(Poco::Timespan(365LL * 24 * 3600, 0));
     send_request(*s, t);
     return s;
 }

@@ -195,6 +195,22 @@ TEST_CASE("a backend restarted between turns: the pooled connection is stale, th
     CHECK(gw.log().find("had closed the pooled connection") != std::string::npos);
 }
 
+TEST_CASE("a backend connection is reused after a stream longer than the pool's idle limit") {
+    // The idle limit (2 s) counts from the stream's end, not from the request's start: a long
+    // turn must not cost the next one a new connection.
+    FakeBackend be(R"({"turns":[{"content":"slow to start","first_delay_ms":2300}]})");
+    Gateway gw(model_toml(be.url()));
+    for (int turn = 0; turn < 2; ++turn) {
+        CAPTURE(turn);
+        auto r = post(gw.port, "/v1/responses", request());
+        REQUIRE(r.status == 200);
+        CHECK(check_stream(r.body).terminal == "response.completed");
+    }
+    auto conns = be.connections();
+    REQUIRE(conns.size() == 2);
+    CHECK(conns[0] == conns[1]);
+}
+
 TEST_CASE("a client that disconnects cancels the backend request") {
     FakeBackend be(R"({"turns":[{"content":"one two three four five six seven eight nine ten eleven twelve","delay_ms":200}]})");
     Gateway gw(model_toml(be.url()));

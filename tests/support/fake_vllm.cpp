@@ -32,7 +32,8 @@
 // backend starts cold. "loading_ms": N makes every request (and /v1/models) answer 503
 // "Loading model" for the first N ms, like llama-server while it loads.
 // Each request body is appended to --record as one JSON line, followed by a line
-// {"served": N, "chunks": K, "client_gone": bool} once the response ends.
+// {"served": N, "chunks": K, "client_gone": bool, "peer_port": P} once the response ends (P: the
+// client's port, which tells which connection carried the request).
 #include <Poco/Net/HTTPRequestHandler.h>
 #include <Poco/Net/HTTPRequestHandlerFactory.h>
 #include <Poco/Net/HTTPServer.h>
@@ -342,7 +343,7 @@ public:
             out.flush();
         }
         record(R"({"served":)" + std::to_string(served) + R"(,"chunks":)" + std::to_string(chunks) + R"(,"client_gone":)" +
-               (gone ? "true" : "false") + "}");
+               (gone ? "true" : "false") + R"(,"peer_port":)" + std::to_string(req.clientAddress().port()) + "}");
     }
 };
 

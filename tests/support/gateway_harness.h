@@ -64,6 +64,15 @@ struct FakeBackend {
             if (line.rfind("{\"served\"", 0) != 0) out.push_back(line);
         return out;
     }
+    // The client port of each streamed response, in order: equal ports = one kept-alive connection.
+    std::vector<int> connections() const {
+        std::vector<int> out;
+        std::istringstream in(read_file(record));
+        std::smatch m;
+        for (std::string line; std::getline(in, line);)
+            if (std::regex_search(line, m, std::regex(R"("peer_port":(\d+))"))) out.push_back(std::stoi(m[1]));
+        return out;
+    }
     std::string log() const { return read_file(record); }
 };
 
