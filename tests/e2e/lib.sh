@@ -14,6 +14,8 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # A gateway started by a supervisor loop (kill9 mode) is not in pids: its pid is in a file.
+  if [ -f "$work/pulse.pid" ]; then kill "$(cat "$work/pulse.pid")" 2>/dev/null || true; fi
   wait 2>/dev/null || true
   rm -rf "$work"
 }

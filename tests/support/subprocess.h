@@ -47,7 +47,8 @@ public:
         av.push_back(nullptr);
         for (auto& e : envs) ev.push_back(e.data());
         ev.push_back(nullptr);
-        if (posix_spawn(&pid_, av[0], &fa, nullptr, av.data(), ev.data()) != 0) pid_ = -1;
+        // spawnp: a bare name ("bash") is looked up in PATH, as a shell would.
+        if (posix_spawnp(&pid_, av[0], &fa, nullptr, av.data(), ev.data()) != 0) pid_ = -1;
         posix_spawn_file_actions_destroy(&fa);
     }
     ~Child() {
