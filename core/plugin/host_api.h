@@ -11,7 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,8 +23,10 @@
 // One host->plugin call. Single-threaded, never retained by the plugin.
 struct pulse_call {
     // Documents from json->parse take their values and their parse stack from `arena`, which
-    // reset() rewinds: a streamed chunk (one parse per call, a few hundred bytes) is then parsed
-    // without touching malloc. Bigger documents spill into heap chunks that reset() frees.
+    // reset() rewinds: a streamed chunk (one parse per call, a few hundred bytes) costs one list
+    // node, not an allocator, a 64 KiB chunk and a stack. Bigger documents spill into heap
+    // chunks that reset() frees. A list, because a call that parses nothing (most) then
+    // allocates nothing.
     using ParsedDoc = rapidjson::GenericDocument<rapidjson::UTF8<>, rapidjson::MemoryPoolAllocator<>, rapidjson::MemoryPoolAllocator<>>;
 
     pulse_status_t status = PULSE_OK;
@@ -35,7 +37,7 @@ struct pulse_call {
     std::string request_id;
     alignas(8) char arena_buf[8192];
     rapidjson::MemoryPoolAllocator<> arena{arena_buf, sizeof arena_buf};
-    std::deque<ParsedDoc> parsed;  // documents from json->parse, valid until reset()
+    std::list<ParsedDoc> parsed;  // documents from json->parse, valid until reset()
 
     pulse_call() = default;
     pulse_call(const pulse_call&) = delete;  // `arena` points into this object

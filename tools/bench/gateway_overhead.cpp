@@ -153,8 +153,9 @@ std::vector<Sample> batch(int n, uint16_t port, const std::string& path, const s
 
 // `c` clients, each sending `m + 2` requests back to back on its own keep-alive connection,
 // client i starting i/c of a stream duration after the first: c streams are then in flight at
-// any moment, their starts spread evenly, as with c users. Each client's first and last requests only fill and drain the pipe;
-// the `m` between them run while all c clients are busy and are the sampled ones (`sampled`).
+// any moment, their starts spread evenly, as with c users. Each client's first and last
+// requests only fill and drain the pipe; the `m` between them run while all c clients are busy
+// and are the sampled ones (`sampled`).
 std::vector<Sample> closed_loop(int c, int m, duration<double> stream, uint16_t port, const std::string& path, const std::string& body,
                                 const std::string& marker, std::vector<bool>& sampled) {
     const int per = m + 2;
