@@ -415,7 +415,7 @@ int cmd_serve(const Args& a) {
     gw.set_reload_hook([] { ::kill(::getpid(), SIGHUP); });
     gw.start();  // profile and backend instances; a rejected option is a config error (exit 3)
 
-    server::HttpServer http(cfg.server, [&gw](auto& req, auto& resp) { gw.handle(req, resp); });
+    server::HttpServer http(cfg.server, [&gw](server::Exchange& ex) { gw.handle(ex); });
     try {
         http.start();
     } catch (const std::exception& e) {
@@ -474,18 +474,28 @@ int cmd_serve(const Args& a) {
         break;  // SIGTERM / SIGINT
     }
 
-    // Graceful drain: refuse new work, let streams in flight finish (bounded), then close.
+    // Graceful drain: new requests get 503 + Retry-After at once (the listener stays open, so
+    // nobody is reset), streams in flight get drain_timeout_s to finish, and those still
+    // running then end with response.failed rather than a cut connection.
     log::info("serve", "received SIGTERM: draining (up to " + std::to_string(static_cast<int>(cfg.server.drain_timeout_s)) + " s)");
     sd_notify(0, "STOPPING=1\nSTATUS=draining");
     gw.set_draining(true);
-    http.stop_accepting();
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.server.drain_timeout_s);
-    while (gw.active_requests() > 0 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        if (watchdog) sd_notify(0, "WATCHDOG=1");
+    http.drain();
+    auto wait_idle = [&](std::chrono::steady_clock::time_point until) {
+        while (gw.active_requests() > 0 && std::chrono::steady_clock::now() < until) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            if (watchdog) sd_notify(0, "WATCHDOG=1");
+        }
+    };
+    wait_idle(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                     std::chrono::duration<double>(cfg.server.drain_timeout_s)));
+    if (int left = gw.active_requests(); left > 0) {
+        log::warn("serve", std::to_string(left) + " requests still in flight at the drain deadline: ending them with response.failed");
+        gw.cut_streams();
+        // They end within a send timeout at worst (a client that does not read its end).
+        wait_idle(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                         std::chrono::duration<double>(std::min(cfg.server.send_timeout_s, 10.0))));
     }
-    if (int left = gw.active_requests(); left > 0)
-        log::warn("serve", std::to_string(left) + " requests still in flight at the drain deadline: closing them");
     http.stop();
     gw.stop();
     gw.collect_retired();

@@ -310,10 +310,13 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         t.boolean("protect_status", cfg.server.protect_status);
         t.boolean("allow_public_without_key", cfg.server.allow_public_without_key);
         t.integer("max_body_bytes", cfg.server.max_body_bytes, 1024, int64_t(1) << 31);
+        t.integer("max_body_memory_bytes", cfg.server.max_body_memory_bytes, 1024, int64_t(1) << 40);
         t.integer("max_streams", cfg.server.max_streams, 1, 65536);
         t.integer("queue", cfg.server.queue, 0, 65536);
         t.number("send_timeout_s", cfg.server.send_timeout_s, 0.1, 3600);
-        t.integer("stream_threads", cfg.server.stream_threads, 0, 64);
+        t.number("header_timeout_s", cfg.server.header_timeout_s, 0.1, 3600);
+        t.number("idle_timeout_s", cfg.server.idle_timeout_s, 0.1, 86400);
+        t.integer("stream_threads", cfg.server.stream_threads, 1, 64);
         t.number("drain_timeout_s", cfg.server.drain_timeout_s, 0, 86400);
         std::string trace;
         t.str("trace_file", trace);
@@ -339,6 +342,7 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         t.number("retry_window_s", cfg.upstream.retry_window_s, 0, 86400);
         t.number("keepalive_s", cfg.upstream.keepalive_s, 0.05, 3600);
         t.number("idle_timeout_s", cfg.upstream.idle_timeout_s, 1, 86400);
+        t.number("head_timeout_s", cfg.upstream.head_timeout_s, 0.05, 86400);
         t.number("health_interval_s", cfg.upstream.health_interval_s, 0.05, 3600);
         std::string frag;
         t.str("endpoint_fragments", frag);

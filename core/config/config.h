@@ -58,10 +58,13 @@ struct Server {
     bool protect_status = false;         // require the key on /health and /metrics too
     bool allow_public_without_key = false;
     int64_t max_body_bytes = 32 * 1024 * 1024;
-    int64_t max_streams = 256;           // worker threads = concurrent requests
-    int64_t queue = 64;                  // accepted connections waiting for a worker
+    int64_t max_body_memory_bytes = 256 * 1024 * 1024;  // all request bodies held at once
+    int64_t max_streams = 256;           // concurrent requests (worker threads)
+    int64_t queue = 1024;                // listen backlog: connections the kernel holds before accept
     double send_timeout_s = 30;
-    int64_t stream_threads = 1;          // epoll threads relaying HTTP streams; 0 = a thread per stream
+    double header_timeout_s = 10;        // a request head must arrive within this from its first byte
+    double idle_timeout_s = 60;          // an idle keep-alive client connection is closed after this
+    int64_t stream_threads = 1;          // epoll threads relaying HTTP streams
     double drain_timeout_s = 30;
     std::string trace_file;
 };
@@ -78,6 +81,7 @@ struct Upstream {
     double retry_window_s = 180;
     double keepalive_s = 10;
     double idle_timeout_s = 300;  // longest gap between upstream chunks once streaming
+    double head_timeout_s = 300;  // longest wait for a backend's response head after the request was sent
     double health_interval_s = 5;
     // Directory of endpoint fragments (*.toml) written by `pulse model up`; "" = none.
     std::filesystem::path endpoint_fragments;

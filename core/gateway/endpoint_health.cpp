@@ -2,14 +2,17 @@
 
 namespace pulse::gateway {
 
-bool EndpointHealth::mark_healthy() {
+bool EndpointHealth::mark_healthy(bool real_request) {
+    if (real_request) request_failures_ = 0;
+    else if (request_failures_.load() >= kFailureRun) return false;
     if (healthy_.exchange(true)) return false;
     std::lock_guard lock(m_);
     since_ = std::chrono::steady_clock::now();
     return true;
 }
 
-bool EndpointHealth::mark_unhealthy(const std::string& why) {
+bool EndpointHealth::mark_unhealthy(const std::string& why, bool real_request) {
+    if (real_request) ++request_failures_;
     std::lock_guard lock(m_);
     last_error_ = why;
     if (!healthy_.exchange(false)) return false;

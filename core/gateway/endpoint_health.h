@@ -21,8 +21,13 @@ public:
 
     // A probe or a real request saw the endpoint work / fail. Returns true when this call
     // changed the state (so the caller can log it, or start a warmup on recovery).
-    bool mark_healthy();
-    bool mark_unhealthy(const std::string& why);
+    // After kFailureRun real requests in a row failed, a probe's success does not count: a
+    // backend can answer GET /models and still refuse every request (a broken engine behind a
+    // live HTTP server). Then only a real request that succeeds makes it healthy again.
+    static constexpr int kFailureRun = 3;
+    bool mark_healthy(bool real_request);
+    bool mark_unhealthy(const std::string& why, bool real_request);
+    int request_failures() const { return request_failures_.load(); }
 
     std::string last_error() const;
     // What an in-process backend's health hook last said (a JSON object; "" for HTTP).
@@ -39,6 +44,7 @@ public:
 private:
     std::string key_;
     std::atomic<bool> healthy_{true};
+    std::atomic<int> request_failures_{0};  // real requests failed in a row
     mutable std::mutex m_;
     std::string last_error_;
     std::string detail_;

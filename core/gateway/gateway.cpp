@@ -1,7 +1,5 @@
 #include "gateway/gateway.h"
 
-#include <Poco/Net/HTTPServerRequest.h>
-#include <Poco/Net/HTTPServerResponse.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
@@ -142,7 +140,7 @@ void Gateway::start() {
     prefixes_ = std::make_unique<PrefixStore>(w.enabled ? static_cast<size_t>(w.max_prefixes) : 0, 64u << 20);
     if (w.enabled && !w.state_file.empty()) prefixes_->load(w.state_file);
     if (w.enabled) warmer_ = std::make_unique<Warmer>(*prefixes_, snap->cfg.upstream);
-    if (snap->cfg.server.stream_threads > 0) relay_ = std::make_unique<StreamLoop>(static_cast<int>(snap->cfg.server.stream_threads));
+    relay_ = std::make_unique<StreamLoop>(static_cast<int>(snap->cfg.server.stream_threads));
     prober_ = std::thread([this] { probe_loop(); });
 }
 
@@ -163,6 +161,11 @@ void Gateway::reload(config::Config cfg) {
     current_ = next;
     log::info("reload", "configuration generation " + std::to_string(next->generation) + " is serving (" +
                             std::to_string(next->models.size()) + " models)");
+}
+
+void Gateway::cut_streams() {
+    cutting_ = true;
+    if (relay_) relay_->cut_all();
 }
 
 void Gateway::collect_retired() {
@@ -188,15 +191,19 @@ void Gateway::stop() {
     if (snap && prefixes_ && !snap->cfg.warmup.state_file.empty() && prefixes_->dirty()) prefixes_->save(snap->cfg.warmup.state_file);
 }
 
-void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep) {
-    if (!ep.health->mark_healthy()) return;
+void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request) {
+    if (!ep.health->mark_healthy(real_request)) return;
     log::info("health", "endpoint " + ep.cfg->name + " (" + ep.cfg->url + ") is healthy again");
     if (warmer_) warmer_->recovered(model, *ep.cfg, ep.health);
 }
 
-void Gateway::endpoint_failed(const EndpointRef& ep, const std::string& why) {
-    if (ep.health->mark_unhealthy(why))
+void Gateway::endpoint_failed(const EndpointRef& ep, const std::string& why, bool real_request) {
+    const bool was_run = ep.health->request_failures() >= EndpointHealth::kFailureRun;
+    if (ep.health->mark_unhealthy(why, real_request))
         log::warn("health", "endpoint " + ep.cfg->name + " (" + ep.cfg->url + ") is " + (why.rfind("loading", 0) == 0 ? "" : "down: ") + why);
+    if (real_request && !was_run && ep.health->request_failures() >= EndpointHealth::kFailureRun)
+        log::warn("health", "endpoint " + ep.cfg->name + " failed " + std::to_string(EndpointHealth::kFailureRun) +
+                                " requests in a row: it stays down until a request succeeds (its probe answering is not enough)");
 }
 
 void Gateway::probe_once(const Snapshot& snap) {
@@ -211,8 +218,8 @@ void Gateway::probe_once(const Snapshot& snap) {
                          .first;
                 if (ep.backend) ep.health->set_detail(std::move(detail));
             }
-            if (it->second.empty()) endpoint_ok(m->cfg->id, ep);
-            else endpoint_failed(ep, it->second);
+            if (it->second.empty()) endpoint_ok(m->cfg->id, ep, false);
+            else endpoint_failed(ep, it->second, false);
         }
 }
 
@@ -227,69 +234,58 @@ void Gateway::probe_loop() {
     }
 }
 
-bool Gateway::authorized(const Poco::Net::HTTPServerRequest& req, const config::Config& cfg) const {
+bool Gateway::authorized(const server::Exchange& ex, const config::Config& cfg) const {
     const std::string& key = cfg.server.api_key;
     if (key.empty()) return true;
-    const std::string auth = req.get("Authorization", "");  // by value: get() returns the default by reference
+    const std::string auth = ex.request().get("Authorization", "");  // by value: get() returns the default by reference
     static const std::string kBearer = "Bearer ";
-    if (auth.size() != kBearer.size() + key.size() || auth.compare(0, kBearer.size(), kBearer) != 0) return false;
-    // Constant time in the key's length: no early exit on the first differing byte.
-    unsigned char diff = 0;
-    for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(auth[kBearer.size() + i] ^ key[i]);
+    // Time depends on the configured key's length only: every byte of it is compared, whatever
+    // the client sent and wherever the first difference is.
+    const std::string_view given = auth.compare(0, kBearer.size(), kBearer) == 0 ? std::string_view(auth).substr(kBearer.size()) : std::string_view();
+    unsigned char diff = given.size() == key.size() ? 0 : 1;
+    for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>((i < given.size() ? given[i] : 0) ^ key[i]);
     return diff == 0;
 }
 
-void Gateway::handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) {
+void Gateway::handle(server::Exchange& ex) {
+    const auto& req = ex.request();
     std::string path = req.getURI();
     if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
     const std::string& method = req.getMethod();
     auto snap = snapshot();
     bool status_path = path == "/health" || path == "/metrics";
-    if ((!status_path || snap->cfg.server.protect_status) && !authorized(req, snap->cfg))
-        return discard_body(req, resp), send_error(resp, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)",
-                          {}, "invalid_api_key");
-    if (path == "/health" && (method == "GET" || method == "HEAD")) return health(resp);
+    if ((!status_path || snap->cfg.server.protect_status) && !authorized(ex, snap->cfg)) {
+        metrics::global().counter("pulse_unauthorized_total", "requests refused with 401 (missing or wrong API key)").add();
+        return send_error(ex, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)", {}, "invalid_api_key");
+    }
+    if (path == "/health" && (method == "GET" || method == "HEAD")) return health(ex);
     if (path == "/metrics" && method == "GET") {
-        if (req.get("Accept", "").find("application/json") != std::string::npos)
-            return send_json(resp, 200, metrics::global().json());
-        std::string text = metrics::global().prometheus();
-        resp.setStatusAndReason(Poco::Net::HTTPResponse::HTTP_OK);
-        resp.setContentType("text/plain; version=0.0.4; charset=utf-8");
-        resp.sendBuffer(text.data(), text.size());
-        return;
+        if (req.get("Accept", "").find("application/json") != std::string::npos) return send_json(ex, 200, metrics::global().json());
+        return ex.respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics::global().prometheus());
     }
-    if (path == "/v1/models" && method == "GET") return models(resp);
-    if (path == "/admin/reload") return admin_reload(req, resp);
+    if (path == "/v1/models" && method == "GET") return models(ex);
+    if (path == "/admin/reload") return admin_reload(ex);
     if (path == "/v1/responses" || path == "/responses") {
-        if (method != "POST") {
-            discard_body(req, resp);
-            resp.set("Allow", "POST");
-            return send_error(resp, 405, "invalid_request_error", "use POST for " + path);
-        }
-        return responses(req, resp);
+        if (method != "POST") return send_json(ex, 405, error_body("invalid_request_error", "use POST for " + path), {{"Allow", "POST"}});
+        return responses(ex);
     }
-    discard_body(req, resp);
-    send_error(resp, 404, "invalid_request_error", "no route for " + method + " " + path, {}, "not_found");
+    send_error(ex, 404, "invalid_request_error", "no route for " + method + " " + path, {}, "not_found");
 }
 
 // Same effect as SIGHUP, for tools that cannot signal the process (`pulse model up` on another
 // user account, or through systemd's sandbox). Loopback clients only, API key as for /v1/*.
-void Gateway::admin_reload(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) {
-    discard_body(req, resp);
-    if (req.getMethod() != "POST") {
-        resp.set("Allow", "POST");
-        return send_error(resp, 405, "invalid_request_error", "use POST for /admin/reload");
-    }
-    const auto host = req.clientAddress().host();
+void Gateway::admin_reload(server::Exchange& ex) {
+    if (ex.request().getMethod() != "POST")
+        return send_json(ex, 405, error_body("invalid_request_error", "use POST for /admin/reload"), {{"Allow", "POST"}});
+    const auto host = ex.peer().host();
     const bool loopback = host.isLoopback() || host.toString().rfind("::ffff:127.", 0) == 0;
-    if (!loopback)
-        return send_error(resp, 403, "invalid_request_error", "/admin/reload is only served to loopback clients", {}, "forbidden");
-    if (!reload_hook_) return send_error(resp, 501, "server_error", "reload is not available in this process", {}, "not_implemented");
+    if (!loopback) return send_error(ex, 403, "invalid_request_error", "/admin/reload is only served to loopback clients", {}, "forbidden");
+    if (!reload_hook_) return send_error(ex, 501, "server_error", "reload is not available in this process", {}, "not_implemented");
     reload_hook_();
-    send_json(resp, 202, R"({"status":"reload requested"})");
+    send_json(ex, 202, R"({"status":"reload requested"})");
 }
 
-void Gateway::health(Poco::Net::HTTPServerResponse& resp) {
+void Gateway::health(server::Exchange& ex) {
     auto snap = snapshot();
     rapidjson::StringBuffer b;
     JsonWriter w(b);
@@ -369,10 +365,10 @@ void Gateway::health(Poco::Net::HTTPServerResponse& resp) {
     w.Key("config_generation");
     w.Uint64(snap->generation);
     w.EndObject();
-    send_json(resp, std::string_view(status) == "ok" ? 200 : 503, {b.GetString(), b.GetSize()});
+    send_json(ex, std::string_view(status) == "ok" ? 200 : 503, {b.GetString(), b.GetSize()});
 }
 
-void Gateway::models(Poco::Net::HTTPServerResponse& resp) {
+void Gateway::models(server::Exchange& ex) {
     auto snap = snapshot();
     rapidjson::StringBuffer b;
     JsonWriter w(b);
@@ -399,7 +395,7 @@ void Gateway::models(Poco::Net::HTTPServerResponse& resp) {
     }
     w.EndArray();
     w.EndObject();
-    send_json(resp, 200, {b.GetString(), b.GetSize()});
+    send_json(ex, 200, {b.GetString(), b.GetSize()});
 }
 
 }  // namespace pulse::gateway

@@ -28,10 +28,7 @@
 #include "gateway/warmup.h"
 #include "plugin/plugin_manager.h"
 
-namespace Poco::Net {
-class HTTPServerRequest;
-class HTTPServerResponse;
-}  // namespace Poco::Net
+#include "server/http_server.h"
 
 namespace pulse::gateway {
 
@@ -86,30 +83,34 @@ public:
     // Stops background threads and saves warmup state (control thread, after the server).
     void stop();
 
-    void handle(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp);
+    void handle(server::Exchange& ex);
 
     // What `POST /admin/reload` does (the CLI raises SIGHUP); unset = the route answers 501.
     // Set before start(); called on a request thread.
     void set_reload_hook(std::function<void()> hook) { reload_hook_ = std::move(hook); }
 
     void set_draining(bool d) { draining_ = d; }
+    // At the drain deadline: every response still in flight ends now with response.failed
+    // (streaming) or a 503 (not yet answered), instead of a cut connection.
+    void cut_streams();
+    bool cutting() const { return cutting_.load(); }
     int active_requests() const { return active_.load(); }
     std::shared_ptr<const Snapshot> snapshot() const;
 
 private:
     friend class ResponseSession;
     std::unique_ptr<Snapshot> build(config::Config cfg);
-    void health(Poco::Net::HTTPServerResponse& resp);
-    void models(Poco::Net::HTTPServerResponse& resp);
-    void responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp);
-    bool authorized(const Poco::Net::HTTPServerRequest& req, const config::Config& cfg) const;
-    void admin_reload(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp);
+    void health(server::Exchange& ex);
+    void models(server::Exchange& ex);
+    void responses(server::Exchange& ex);
+    bool authorized(const server::Exchange& ex, const config::Config& cfg) const;
+    void admin_reload(server::Exchange& ex);
     std::function<void()> reload_hook_;
     void probe_loop();
     void probe_once(const Snapshot& snap);
     // Record an endpoint's state change (from a probe or a request); starts a warmup on recovery.
-    void endpoint_ok(const std::string& model, const EndpointRef& ep);
-    void endpoint_failed(const EndpointRef& ep, const std::string& why);
+    void endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request);
+    void endpoint_failed(const EndpointRef& ep, const std::string& why, bool real_request);
 
     plugin::PluginManager& plugins_;
     config::Config initial_;
@@ -125,9 +126,9 @@ private:
 
     std::unique_ptr<PrefixStore> prefixes_;
     std::unique_ptr<Warmer> warmer_;
-    std::unique_ptr<StreamLoop> relay_;  // null when server.stream_threads = 0
+    std::unique_ptr<StreamLoop> relay_;
 
-    std::atomic<bool> draining_{false};
+    std::atomic<bool> draining_{false}, cutting_{false};
     std::atomic<int> active_{0};
     std::atomic<bool> stop_{false};
     std::mutex probe_mutex_;

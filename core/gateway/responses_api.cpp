@@ -1,5 +1,7 @@
 #include "gateway/responses_api.h"
 
+#include <cstring>
+
 #include <rapidjson/error/en.h>
 
 #include <vector>
@@ -113,8 +115,9 @@ std::optional<RequestError> check_item(const Value& item, const std::string& p) 
 
 }  // namespace
 
-std::optional<RequestError> parse_body(std::string_view body, rapidjson::Document& doc, int max_depth) {
-    doc.Parse<rapidjson::kParseValidateEncodingFlag | rapidjson::kParseIterativeFlag>(body.data(), body.size());
+namespace {
+
+std::optional<RequestError> parse_result(const rapidjson::Document& doc, int max_depth) {
     if (doc.HasParseError()) {
         if (doc.GetParseError() == rapidjson::kParseErrorStringInvalidEncoding)
             return RequestError{400, "request body is not valid UTF-8 (at byte " + std::to_string(doc.GetErrorOffset()) + ")", "", "invalid_encoding"};
@@ -126,6 +129,25 @@ std::optional<RequestError> parse_body(std::string_view body, rapidjson::Documen
     if (!within_depth(doc, max_depth))
         return RequestError{400, "request body nests deeper than " + std::to_string(max_depth) + " levels", "", "invalid_json"};
     return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<RequestError> parse_body(std::string_view body, rapidjson::Document& doc, int max_depth) {
+    doc.Parse<rapidjson::kParseValidateEncodingFlag | rapidjson::kParseIterativeFlag>(body.data(), body.size());
+    return parse_result(doc, max_depth);
+}
+
+std::optional<RequestError> parse_body_in_place(std::string& body, rapidjson::Document& doc, int max_depth) {
+    // An in-place parse ends at the first NUL byte; JSON never contains one (raw control
+    // characters are invalid even inside strings), so one anywhere is an error.
+    if (const void* nul = std::memchr(body.data(), 0, body.size()))
+        return RequestError{400,
+                            "request body is not valid JSON: a NUL byte (at byte " +
+                                std::to_string(static_cast<const char*>(nul) - body.data()) + ")",
+                            "", "invalid_json"};
+    doc.ParseInsitu<rapidjson::kParseValidateEncodingFlag | rapidjson::kParseIterativeFlag>(body.data());
+    return parse_result(doc, max_depth);
 }
 
 std::optional<RequestError> validate_request(const Value& req) {

@@ -1,17 +1,19 @@
 // POST /v1/responses: validate, translate, send to the first endpoint that takes the request
 // (retrying across endpoints with backoff inside the retry window while nothing has been
 // sent), stream the translated events back (or aggregate them for stream:false).
-#include <Poco/Net/HTTPServerRequest.h>
-#include <Poco/Net/HTTPServerRequestImpl.h>
-#include <Poco/Net/HTTPServerResponse.h>
-#include <Poco/Net/StreamSocket.h>
+//
+// The pieces, in the order a request meets them:
+//   ClientWriter     the one way bytes reach the client (SSE framed for its HTTP version)
+//   ResponseSession  read_and_validate -> translate -> serve (the failover loop) -> finish
+//     attempt()      one endpoint: an HTTP response relayed by the stream loop, or a backend
+//                    plugin's stream followed on this thread
+//     on_event()     what each upstream event does to the response (both paths)
+//     finish()       the answer's end, the one place the last bytes are written
 #include <fcntl.h>
-#include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
-#include <istream>
 #include <optional>
 #include <random>
 #include <thread>
@@ -24,7 +26,6 @@
 #include "gateway/gateway.h"
 #include "gateway/http_util.h"
 #include "gateway/responses_api.h"
-#include "gateway/sse.h"
 
 namespace pulse::gateway {
 namespace {
@@ -46,8 +47,9 @@ struct HttpError {
     int retry_after;
 };
 
-// How a plugin status reaches an HTTP client that has not seen any event yet. Upstream
-// failures are 502/503 (Codex retries those and shows our message), never 500.
+// How a status reaches an HTTP client that has not seen any event yet (docs/SDK.md, "Status
+// codes"). Upstream failures are 502/503/504 (Codex retries those and shows our message); a
+// plugin's own failure (INTERNAL, ABI, CANCELLED while the client is still there) is a 500.
 HttpError http_error_for(pulse_status_t s) {
     switch (s) {
         case PULSE_E_INVALID_ARGUMENT:
@@ -56,46 +58,128 @@ HttpError http_error_for(pulse_status_t s) {
         case PULSE_E_UNAVAILABLE:
         case PULSE_E_RESOURCE_EXHAUSTED: return {503, "server_error", "backend_unavailable", 1};
         case PULSE_E_DEADLINE: return {504, "server_error", "timeout", 1};
+        case PULSE_E_INTERNAL:
+        case PULSE_E_ABI:
+        case PULSE_E_CANCELLED: return {500, "server_error", "internal_error", 0};
         default: return {502, "server_error", "bad_gateway", 1};
     }
 }
 
+// Only these are worth another endpoint or another round: the rest give the same answer again.
 bool retryable(pulse_status_t s) { return s == PULSE_E_UNAVAILABLE || s == PULSE_E_RESOURCE_EXHAUSTED; }
 
-// The client closed its end: the socket is readable and has nothing to read.
-bool client_gone(Poco::Net::StreamSocket& s) {
-    try {
-        pollfd p{s.impl()->sockfd(), POLLIN, 0};
-        return ::poll(&p, 1, 0) > 0 && ((p.revents & (POLLHUP | POLLERR)) || s.available() == 0);
-    } catch (...) {
-        return true;
+enum class Outcome { none, completed, incomplete, failed, unavailable, rejected, invalid, cancelled, client_lost };
+
+const char* name(Outcome o) {
+    switch (o) {
+        case Outcome::none: return "error";
+        case Outcome::completed: return "completed";
+        case Outcome::incomplete: return "incomplete";
+        case Outcome::failed: return "failed";
+        case Outcome::unavailable: return "unavailable";
+        case Outcome::rejected: return "rejected";
+        case Outcome::invalid: return "invalid";
+        case Outcome::cancelled: return "cancelled";
+        case Outcome::client_lost: return "client_lost";
     }
+    return "error";
 }
 
-// Appends one JSON line to the trace file (created 0600: it holds whole prompts).
-void trace(const std::string& file, const std::string& id, const char* what, const std::string& json) {
+Outcome outcome_of(std::string_view terminal) {
+    return terminal == "completed" ? Outcome::completed : terminal == "incomplete" ? Outcome::incomplete : Outcome::failed;
+}
+
+// Appends one JSON line to the trace file. The file holds whole prompts: it is opened without
+// following a symbolic link, and made 0600 whatever mode it had; if that cannot be done, nothing
+// is written and the reason is logged (once a minute).
+void trace(const std::string& file, const std::string& id, const char* what, std::string_view json) {
     static std::mutex m;
+    static steady_clock::time_point last_complaint{};
     std::lock_guard lock(m);
-    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (fd < 0) return;
-    std::string line = "{\"id\":\"" + id + "\",\"what\":\"" + what + "\",\"body\":" + (json.empty() ? "null" : json) + "}\n";
+    auto complain = [&](const std::string& why) {
+        if (steady_clock::now() - last_complaint < minutes(1)) return;
+        last_complaint = steady_clock::now();
+        log::error("trace", "not writing the trace file " + file + ": " + why);
+    };
+    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return complain(errno == ELOOP ? "it is a symbolic link" : std::strerror(errno));
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        return complain("it is not a regular file");
+    }
+    if ((st.st_mode & 07777) != 0600 && ::fchmod(fd, 0600) != 0) {
+        ::close(fd);
+        return complain(std::string("cannot make it mode 0600: ") + std::strerror(errno));
+    }
+    std::string line = "{\"id\":\"" + id + "\",\"what\":\"" + what + "\",\"body\":" + (json.empty() ? std::string("null") : std::string(json)) + "}\n";
     ssize_t n = ::write(fd, line.data(), line.size());
     (void)n;
     ::close(fd);
 }
+
+// Everything a streamed response sends goes through here: SSE events, framed for the client's
+// HTTP version, preceded by the head. The bytes leave from the request's thread (flush()) or
+// from the stream loop (take(), while it relays).
+class ClientWriter {
+public:
+    explicit ClientWriter(server::Exchange& ex) : ex_(ex) {}
+
+    void event(std::string_view type, std::string_view json) {
+        events_ += "event: ";
+        events_ += type;
+        events_ += "\ndata: ";
+        events_ += json;
+        events_ += "\n\n";
+    }
+    // The framed bytes produced since the last take, the head first.
+    void take(std::string& wire) {
+        if (events_.empty()) return;
+        if (!head_sent_) {
+            head_sent_ = true;
+            ex_.stream_head(wire, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+        }
+        ex_.frame(wire, events_);
+        events_.clear();
+    }
+    // Bytes the stream loop could not send before its job ended: they go first.
+    void put_back(std::string unsent) { wire_.insert(0, unsent); }
+    // Sends what is queued (blocking, bounded by the send timeout). False once the client is lost.
+    bool flush() {
+        take(wire_);
+        if (!wire_.empty() && !ex_.lost()) ex_.write(wire_);
+        wire_.clear();
+        return !ex_.lost();
+    }
+    // The end of the body (the last chunk); false when the client did not take it.
+    bool end() {
+        if (!head_sent_) return !ex_.lost();
+        ex_.stream_end(wire_);
+        return flush();
+    }
+    size_t pending() const { return events_.size() + wire_.size(); }
+
+private:
+    server::Exchange& ex_;
+    std::string events_;  // SSE text not yet framed
+    std::string wire_;    // framed bytes not yet sent
+    bool head_sent_ = false;
+};
 
 }  // namespace
 
 // One /v1/responses request from receipt to the last byte.
 class ResponseSession : public RelayJob {
 public:
-    ResponseSession(Gateway& gw, Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp)
-        : gw_(gw), req_(req), resp_(resp), snap_(gw.snapshot()), cfg_(snap_->cfg), id_(new_response_id()) {}
+    ResponseSession(Gateway& gw, server::Exchange& ex)
+        : gw_(gw), ex_(ex), snap_(gw.snapshot()), cfg_(snap_->cfg), id_(new_response_id()), writer_(ex) {}
+
+    ~ResponseSession() override {
+        if (stream_) vt_->stream_close(stream_);
+    }
 
     void run() {
-        if (!read_and_validate()) return;
-        if (!translate()) return;
-        serve();
+        if (read_and_validate() && translate()) serve();
         finish();
     }
 
@@ -104,51 +188,34 @@ private:
     enum class Attempt { served, retry, final, again };
 
     bool read_and_validate() {
-        const int64_t limit = cfg_.server.max_body_bytes;
-        auto too_large = [&](const std::string& size) {
-            discard_body(req_, resp_);
-            invalid({413, "request body " + size + "is over the limit of " + std::to_string(limit) + " bytes (server.max_body_bytes)", "",
-                     "request_too_large"});
-            return false;
-        };
-        if (req_.hasContentLength() && req_.getContentLength64() > limit)
-            return too_large("of " + std::to_string(req_.getContentLength64()) + " bytes ");
-        std::string body;
-        std::istream& in = req_.stream();
-        char buf[65536];
-        while (has_body(req_) && (in.read(buf, sizeof buf) || in.gcount() > 0)) {
-            body.append(buf, static_cast<size_t>(in.gcount()));
-            if (static_cast<int64_t>(body.size()) > limit) return too_large("");
-        }
-        if (auto e = parse_body(body, doc_)) return invalid(*e), false;
+        if (auto e = parse_body_in_place(ex_.body(), doc_)) return invalid(*e);
         // Traced once it is known to be JSON, so every trace line stays valid JSON.
         if (!cfg_.server.trace_file.empty()) {
             rapidjson::StringBuffer compact;  // one line, whatever whitespace the client sent
             rapidjson::Writer<rapidjson::StringBuffer> w(compact);
             doc_.Accept(w);
-            trace(cfg_.server.trace_file, id_, "request", std::string(compact.GetString(), compact.GetSize()));
+            trace(cfg_.server.trace_file, id_, "request", {compact.GetString(), compact.GetSize()});
         }
-        if (auto e = validate_request(doc_)) return invalid(*e), false;
-
+        if (auto e = validate_request(doc_)) return invalid(*e);
         model_id_ = doc_["model"].GetString();
         rt_ = snap_->find(model_id_);
         if (!rt_) {
             std::string known;
             for (const auto& r : snap_->models) known += (known.empty() ? "" : ", ") + r->cfg->id;
-            invalid({400, "model '" + model_id_ + "' is not configured here (models: " + (known.empty() ? "none" : known) + ")",
-                     "model", "model_not_found"});
-            return false;
+            return invalid({400, "model '" + model_id_ + "' is not configured here (models: " + (known.empty() ? "none" : known) + ")", "model",
+                            "model_not_found"});
         }
         streaming_ = doc_.HasMember("stream") && doc_["stream"].IsTrue();
         if (auto k = doc_.FindMember("prompt_cache_key"); k != doc_.MemberEnd() && k->value.IsString()) cache_key_ = k->value.GetString();
         return true;
     }
 
-    void invalid(const RequestError& e) {
-        resp_.setKeepAlive(false);  // a client that sent garbage gets no second chance on this connection
+    bool invalid(const RequestError& e) {
+        ex_.close_after();  // a client that sent garbage gets no second chance on this connection
         metrics::global().counter("pulse_invalid_requests_total", "requests refused with a 4xx before translation", {{"code", e.code}}).add();
-        send_error(resp_, e.http_status, "invalid_request_error", e.message, e.param, e.code);
-        outcome_ = "invalid";
+        send_error(ex_, e.http_status, "invalid_request_error", e.message, e.param, e.code);
+        outcome_ = Outcome::invalid;
+        return false;
     }
 
     bool translate() {
@@ -161,78 +228,36 @@ private:
             call_.message = "profile '" + rt_->profile->registration.name + "' wrote an incomplete upstream request";
             call_.has_message = true;
         }
-        if (rc == PULSE_OK) {
-            call_.reset();
-            rc = vt_->stream_open(rt_->instance, &call_, host::view(&doc_), &stream_);
-        }
+        if (rc == PULSE_OK) rc = open_profile_stream();
         if (rc != PULSE_OK) {
-            auto h = http_error_for(rc);
-            std::string msg = host::call_error(call_, rc, rt_->profile->plugin_id());
-            if (h.status >= 500) log::error("responses", id_ + ": " + msg);
-            send_error(resp_, h.status, h.type, msg, {}, h.code, h.retry_after);
-            outcome_ = "rejected";
+            last_status_ = rc;
+            last_error_ = host::call_error(call_, rc, rt_->profile->plugin_id());
+            if (http_error_for(rc).status >= 500) log::error("responses", id_ + ": " + last_error_);
+            outcome_ = Outcome::rejected;
             return false;
         }
-        upstream_body_ = std::string(upreq_.body.text());
         builder_ = std::make_unique<ResponseBuilder>(id_, model_id_, rt_->reasoning, [this](std::string_view type, std::string_view json) {
-            emit(type, json);
+            if (!streaming_) return;
+            last_event_ = steady_clock::now();
+            writer_.event(type, json);
         });
-        socket_ = &static_cast<Poco::Net::HTTPServerRequestImpl&>(req_).socket();
-        socket_->setSendTimeout(Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(cfg_.server.send_timeout_s * 1e6)));
         keepalive_ = milliseconds(static_cast<int64_t>(cfg_.upstream.keepalive_s * 1000));
         return true;
     }
 
-    void emit(std::string_view type, std::string_view json) {
-        if (!streaming_ || lost_) return;
-        last_event_ = steady_clock::now();
-        if (relay_ || raw_) {  // framed by take_output, sent by the stream loop or by flush()
-            relay_out_ += "event: ";
-            relay_out_ += type;
-            relay_out_ += "\ndata: ";
-            relay_out_ += json;
-            relay_out_ += "\n\n";
-            return;
-        }
-        if (!out_) open_poco_stream();
-        std::string ev = sse_event(type, json);
-        out_->write(ev.data(), static_cast<std::streamsize>(ev.size()));
-        unflushed_ = true;
-        if (!out_->good()) lost_ = true;
-        // No flush here: the attempt loop flushes whenever the upstream has nothing more queued,
-        // so events that arrive together leave in one write.
+    pulse_status_t open_profile_stream() {
+        if (stream_) vt_->stream_close(stream_);
+        stream_ = nullptr;
+        call_.reset();
+        return vt_->stream_open(rt_->instance, &call_, host::view(&doc_), &stream_);
     }
 
-    void open_poco_stream() {
-        resp_.setStatusAndReason(Poco::Net::HTTPResponse::HTTP_OK);
-        resp_.setContentType("text/event-stream");
-        resp_.set("Cache-Control", "no-cache");
-        resp_.set("X-Accel-Buffering", "no");
-        resp_.setChunkedTransferEncoding(true);
-        out_ = &resp_.send();
-    }
+    std::string_view upstream_body() const { return upreq_.body.text(); }
 
+    // Sends what is queued to the client, unless the stream loop is the one sending now.
     void flush() {
-        if (raw_ && !relay_ && !lost_) {
-            std::string wire;
-            take_output(wire);
-            write_raw(wire);
-            return;
-        }
-        if (relay_ || !out_ || !unflushed_ || lost_) return;
-        out_->flush();
-        unflushed_ = false;
-        if (!out_->good()) lost_ = true;
-    }
-
-    // Bytes for the client written the blocking way (send timeout), past POCO's streams.
-    void write_raw(const std::string& wire) {
-        if (wire.empty() || lost_) return;
-        try {
-            socket_->sendBytes(wire.data(), static_cast<int>(wire.size()));
-        } catch (const Poco::Exception&) {
-            lost_ = true;
-        }
+        if (relaying_ || lost_) return;
+        if (!writer_.flush()) lost_ = true;
     }
 
     void keepalive_if_due() {
@@ -242,6 +267,15 @@ private:
         metrics::global().counter("pulse_keepalives_total", "response.in_progress keepalive events sent", {{"model", model_id_}}).add();
     }
 
+    // The failure an attempt sees when the gateway cuts its streams at the drain deadline.
+    UpEvent cut_event() const {
+        UpEvent e;
+        e.kind = UpEvent::Kind::failed;
+        e.status = PULSE_E_UNAVAILABLE;
+        e.text = "the gateway is shutting down (server.drain_timeout_s passed); retry the request";
+        return e;
+    }
+
     // Sends the request to endpoint `i` and follows it to the end, or to the point where
     // another endpoint should be tried. An HTTP endpoint's response is read by the stream loop
     // (relay()) once the request is sent; a backend plugin's stream is followed on this thread.
@@ -249,46 +283,53 @@ private:
         const EndpointRef& ep = rt_->endpoints[i];
         InFlight in_flight(*ep.health);
         accepted_ = fed_ = false;
-        if (!ep.backend && gw_.relay_) {
+        if (!ep.backend) {
             for (bool fresh = false;; fresh = true) {
                 UpEvent error;
                 std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, upreq_, cfg_.upstream, fresh, error);
-                Attempt a = body ? relay(std::move(body), ep) : on_event(std::move(error), ep, nullptr).value_or(Attempt::retry);
+                Attempt a = body ? relay(std::move(body), ep) : on_event(std::move(error), ep).value_or(Attempt::retry);
                 if (a != Attempt::again || fresh) return a == Attempt::again ? Attempt::retry : a;
                 log::info("upstream", "the backend had closed the pooled connection to " + ep.cfg->name + "; sending again on a fresh one");
             }
         }
-        std::unique_ptr<UpstreamStream> up = ep.backend ? ep.backend->open(upstream_body_, id_) : open_http(*ep.cfg, upreq_, cfg_.upstream);
+        std::unique_ptr<UpstreamStream> up = ep.backend->open(upstream_body(), id_);
+        // Short waits, so a client that left or the drain deadline are noticed promptly; a
+        // backend's stream_next returns as soon as it has a chunk, so they cost nothing when busy.
+        const milliseconds wait = std::min(keepalive_, milliseconds(200));
         for (;;) {
             // Drain what is already queued before flushing: under load many tokens go out in
             // one write instead of one syscall each.
             UpEvent e = up->next(milliseconds(0));
             if (e.kind == UpEvent::Kind::timeout) {
                 flush();
-                e = up->next(keepalive_);
+                e = up->next(wait);
             }
             if (!lost_ && steady_clock::now() - last_gone_check_ > milliseconds(100)) {
                 last_gone_check_ = steady_clock::now();
-                if (client_gone(*socket_)) lost_ = true;
+                if (ex_.client_gone()) lost_ = true;
             }
             if (lost_) {
                 up->cancel();
                 return cancel_stream();
             }
-            if (auto a = on_event(std::move(e), ep, up.get())) return *a;
+            if (gw_.cutting()) {
+                up->cancel();
+                e = cut_event();
+            }
+            if (auto a = on_event(std::move(e), ep)) return *a;
         }
     }
 
     Attempt cancel_stream() {
         call_.reset();
         vt_->stream_finish(stream_, &call_, PULSE_STREAM_CANCELLED, builder_.get());
-        outcome_ = "cancelled";
+        outcome_ = Outcome::cancelled;
         return Attempt::final;
     }
 
-    // One event from endpoint `ep`; a value when the attempt is over. `up` is null when the
-    // stream loop drives the stream (it closes the connection itself).
-    std::optional<Attempt> on_event(UpEvent e, const EndpointRef& ep, UpstreamStream* up) {
+    // One event from endpoint `ep`; a value when the attempt is over. Runs on the request's
+    // thread (backend plugins) or on the stream loop's (HTTP), never on both at once.
+    std::optional<Attempt> on_event(UpEvent e, const EndpointRef& ep) {
         switch (e.kind) {
             case UpEvent::Kind::timeout:
                 keepalive_if_due();
@@ -296,7 +337,7 @@ private:
             case UpEvent::Kind::accepted:
                 accepted_ = true;
                 served_by_ = ep.cfg->name;
-                gw_.endpoint_ok(model_id_, ep);
+                gw_.endpoint_ok(model_id_, ep, /*real_request=*/true);
                 builder_->start();
                 return std::nullopt;
             case UpEvent::Kind::rejected: {
@@ -311,24 +352,40 @@ private:
                     last_error_ = e.text;
                 }
                 last_status_ = s;
+                if (e.retry_after_s > 0) retry_after_s_ = e.retry_after_s;
                 log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " refused the request: " + last_error_);
                 if (!retryable(s)) return Attempt::final;
-                gw_.endpoint_failed(ep, last_error_);
+                gw_.endpoint_failed(ep, last_error_, /*real_request=*/true);
                 return Attempt::retry;
             }
             case UpEvent::Kind::failed:
                 if (e.stale) return Attempt::again;
                 last_status_ = e.status ? e.status : PULSE_E_UNAVAILABLE;
                 last_error_ = e.text;
-                if (!accepted_ || e.before_accept || !fed_) {
-                    // No output came from this endpoint: another one (or this one, later) may serve it.
+                if (gw_.cutting() || !retryable(last_status_)) {
+                    // No other endpoint is tried: the gateway is stopping, or the backend plugin
+                    // failed in a way that says it would fail again (a bug, not an outage).
                     log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + e.text);
-                    gw_.endpoint_failed(ep, e.text);
+                    if (builder_->has_output()) {
+                        call_.reset();
+                        vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
+                        builder_->fail(last_status_, e.text);
+                        outcome_ = Outcome::failed;
+                        return Attempt::served;
+                    }
+                    return Attempt::final;
+                }
+                if (!builder_->has_output()) {
+                    // Nothing of this attempt reached the client (at most the role chunk, which
+                    // carries no output): another endpoint, or this one later, may serve it.
+                    log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + e.text);
+                    gw_.endpoint_failed(ep, e.text, /*real_request=*/true);
+                    if (fed_ && open_profile_stream() != PULSE_OK) return Attempt::final;  // the profile starts afresh
                     return Attempt::retry;
                 }
                 call_.reset();
                 vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
-                outcome_ = builder_->end(PULSE_STREAM_TRUNCATED, e.text);
+                outcome_ = outcome_of(builder_->end(PULSE_STREAM_TRUNCATED, e.text));
                 return Attempt::served;
             case UpEvent::Kind::data: {
                 if (!ttft_) ttft_ = duration_cast<milliseconds>(steady_clock::now() - t0_);
@@ -337,8 +394,7 @@ private:
                 pulse_status_t s = vt_->stream_feed(stream_, &call_, {e.text.data(), e.text.size()}, builder_.get());
                 if (s < 0) {
                     builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
-                    outcome_ = "failed";
-                    if (up) up->cancel();
+                    outcome_ = Outcome::failed;
                     return Attempt::served;
                 }
                 keepalive_if_due();
@@ -348,9 +404,10 @@ private:
                 call_.reset();
                 pulse_status_t s = vt_->stream_finish(stream_, &call_, PULSE_STREAM_CLEAN, builder_.get());
                 if (s < 0) builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
-                outcome_ = builder_->ended() ? (builder_->failure() ? "failed" : "completed") : builder_->end(PULSE_STREAM_CLEAN);
-                if (outcome_ == "completed" || outcome_ == "incomplete")
-                    gw_.prefixes_->remember(model_id_, prefix_key(cache_key_, upstream_body_), upstream_body_);
+                outcome_ = builder_->ended() ? (builder_->failure() ? Outcome::failed : Outcome::completed)
+                                             : outcome_of(builder_->end(PULSE_STREAM_CLEAN));
+                if (outcome_ == Outcome::completed || outcome_ == Outcome::incomplete)
+                    gw_.prefixes_->remember(model_id_, prefix_key(cache_key_, upstream_body()), upstream_body());
                 return Attempt::served;
             }
         }
@@ -359,90 +416,58 @@ private:
 
     // A sent HTTP request's response, followed by the stream loop while this thread sleeps.
     Attempt relay(std::unique_ptr<DetachedBody> body, const EndpointRef& ep) {
-        if (streaming_ && !out_ && !raw_) {
-            // Nothing sent yet: the loop writes the HTTP head itself, with the first events,
-            // in one send. (An HTTP/1.0 client gets POCO's framing, opened here.)
-            if (req_.getVersion() == Poco::Net::HTTPMessage::HTTP_1_1)
-                raw_ = true;
-            else
-                open_poco_stream();
-        }
         flush();
         if (lost_) return cancel_stream();  // `body` closes the connection
         relay_ep_ = &ep;
         relay_result_.reset();
-        relay_ = true;
+        relaying_ = true;
         std::string unsent;
         gw_.relay_->run(*this, std::move(body), unsent);
-        relay_ = false;
-        Attempt a = relay_result_.value_or(Attempt::final);
-        // The attempt's last events: before another attempt they leave now; at the response's
-        // end they wait for the last chunk, so both cost the client one wake-up, not two.
-        if (raw_ && a != Attempt::retry && a != Attempt::again)
-            tail_ += unsent;
-        else
-            write_raw(unsent);
-        return a;
+        relaying_ = false;
+        writer_.put_back(std::move(unsent));
+        return relay_result_.value_or(Attempt::final);
     }
 
 public:  // RelayJob: called on the stream loop's thread while relay() waits
-    int client_fd() const override { return socket_->impl()->sockfd(); }
+    int client_fd() const override { return ex_.fd(); }
     bool on_upstream(UpEvent e) override {
-        relay_result_ = on_event(std::move(e), *relay_ep_, nullptr);
+        relay_result_ = on_event(std::move(e), *relay_ep_);
         return relay_result_.has_value();
     }
     bool on_timer() override {
         keepalive_if_due();
         return false;
     }
+    void on_cut() override {
+        relay_result_ = on_event(cut_event(), *relay_ep_);
+        if (!relay_result_) relay_result_ = Attempt::final;
+    }
     steady_clock::time_point next_timer() const override { return streaming_ ? last_event_ + keepalive_ : steady_clock::time_point::max(); }
     void on_client_lost() override {
         lost_ = true;
         relay_result_ = cancel_stream();
     }
-    void take_output(std::string& wire) override {
-        if (relay_out_.empty()) return;
-        if (raw_ && !head_sent_) {
-            head_sent_ = true;
-            wire += "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
-                    "Transfer-Encoding: chunked\r\n\r\n";
-        }
-        char size[24];  // the chunk size in hex, then CRLF (a formatter here: snprintf showed in profiles)
-        char* p = size + sizeof size;
-        *--p = '\n';
-        *--p = '\r';
-        size_t v = relay_out_.size();
-        do {
-            *--p = "0123456789abcdef"[v & 15];
-            v >>= 4;
-        } while (v);
-        wire.append(p, static_cast<size_t>(size + sizeof size - p));
-        wire += relay_out_;
-        wire += "\r\n";
-        relay_out_.clear();
-    }
-    steady_clock::duration send_timeout() const override {
-        return duration_cast<steady_clock::duration>(duration<double>(cfg_.server.send_timeout_s));
-    }
+    void take_output(std::string& wire) override { writer_.take(wire); }
+    steady_clock::duration send_timeout() const override { return ex_.send_timeout(); }
 
 private:
     // Waits before the next round, keeping the client alive and noticing if it leaves.
-    void wait_backoff(milliseconds d) {
+    void wait_backoff(steady_clock::duration d) {
         auto until = steady_clock::now() + d;
-        while (!lost_ && steady_clock::now() < until) {
-            std::this_thread::sleep_for(std::min<milliseconds>(milliseconds(50), duration_cast<milliseconds>(until - steady_clock::now())));
-            if (client_gone(*socket_)) lost_ = true;
+        while (!lost_ && !gw_.cutting() && steady_clock::now() < until) {
+            std::this_thread::sleep_for(std::min<steady_clock::duration>(milliseconds(50), until - steady_clock::now()));
+            if (ex_.client_gone()) lost_ = true;
             keepalive_if_due();
         }
     }
 
     void serve() {
-        auto deadline = t0_ + duration_cast<steady_clock::duration>(duration<double>(cfg_.upstream.retry_window_s));
+        const auto deadline = t0_ + duration_cast<steady_clock::duration>(duration<double>(cfg_.upstream.retry_window_s));
         milliseconds backoff(250);
         for (int round = 0;; ++round) {
             Attempt a = Attempt::retry;
             auto order = rt_->order();
-            for (size_t n = 0; n < order.size() && a == Attempt::retry && !lost_; ++n) {
+            for (size_t n = 0; n < order.size() && a == Attempt::retry && !lost_ && !gw_.cutting(); ++n) {
                 if (round > 0 || n > 0) {
                     metrics::global()
                         .counter(round > 0 && n == 0 ? "pulse_retries_total" : "pulse_failovers_total",
@@ -453,53 +478,63 @@ private:
                 }
                 a = attempt(order[n]);
             }
-            if (a != Attempt::retry || lost_) {
-                if (lost_ && outcome_.empty()) outcome_ = "cancelled";
-                break;
-            }
-            if (steady_clock::now() + backoff >= deadline) break;  // the window is spent
-            wait_backoff(backoff);
+            if (a != Attempt::retry || lost_ || gw_.cutting()) break;
+            // The window is used to its end: the last round starts at the deadline.
+            const auto now = steady_clock::now();
+            if (now >= deadline) break;
+            wait_backoff(std::min<steady_clock::duration>(backoff, deadline - now));
             backoff = std::min(backoff * 2, milliseconds(5000));
         }
-        if (outcome_.empty()) outcome_ = retryable(last_status_) ? "unavailable" : "rejected";
+        if (lost_ && outcome_ == Outcome::none) outcome_ = Outcome::cancelled;
     }
 
+    // The response's end: the terminal event or the error, the request's record (trace,
+    // metrics, log), then the last bytes. A client that saw the end sees its accounting.
     void finish() {
-        if (outcome_ == "unavailable" || outcome_ == "rejected") {
-            std::string msg = outcome_ == "unavailable"
-                                  ? "no backend could take the request within " + std::to_string(static_cast<int>(cfg_.upstream.retry_window_s)) +
-                                        " s; last error: " + last_error_
-                                  : last_error_;
-            if (builder_->started()) {
+        if (outcome_ == Outcome::invalid) return;  // answered and counted
+        std::optional<std::string> answer;         // a whole (non-streamed) response, written after the record
+        int answer_status = 200;
+        server::Headers answer_headers;
+        auto error_answer = [&](pulse_status_t s, const std::string& msg, const char* code = nullptr) {
+            auto h = http_error_for(s);
+            answer_status = h.status;
+            int retry = h.retry_after ? std::max(h.retry_after, retry_after_s_) : 0;
+            if (retry > 0) answer_headers.emplace_back("Retry-After", std::to_string(retry));
+            answer = error_body(h.type, msg, {}, code ? code : h.code);
+        };
+        if (outcome_ == Outcome::none || outcome_ == Outcome::rejected) {
+            const bool window_spent = retryable(last_status_);
+            if (outcome_ == Outcome::none) outcome_ = window_spent ? Outcome::unavailable : Outcome::rejected;
+            std::string msg = gw_.cutting() ? last_error_
+                              : window_spent ? "no backend could take the request within " +
+                                                   std::to_string(static_cast<int>(cfg_.upstream.retry_window_s)) + " s; last error: " + last_error_
+                                             : last_error_;
+            if (streaming_ && builder_ && builder_->started())
                 builder_->fail(last_status_, msg);  // SSE already open (keepalives): a terminal event
-            } else if (!lost_) {
-                auto h = http_error_for(last_status_);
-                send_error(resp_, h.status, h.type, msg, {}, h.code, h.retry_after);
-            }
-        } else if (!streaming_ && !lost_ && outcome_ != "cancelled") {
-            if (auto f = builder_->failure(); f && !builder_->has_output()) {
-                auto h = http_error_for(f->first);
-                send_error(resp_, h.status, h.type, f->second, {}, f->first == PULSE_E_CONTEXT_LENGTH ? "context_length_exceeded" : h.code,
-                           h.retry_after);
-            } else {
-                send_json(resp_, 200, builder_->final_response());
-            }
+            else
+                error_answer(last_status_, msg);
+        } else if (!streaming_ && outcome_ != Outcome::cancelled) {
+            if (auto f = builder_->failure(); f && !builder_->has_output())
+                error_answer(f->first, f->second, f->first == PULSE_E_CONTEXT_LENGTH ? "context_length_exceeded" : nullptr);
+            else
+                answer = builder_->final_response();
         }
-        if (raw_ && !lost_)
-            take_output(tail_);  // leaves with the last chunk
-        else
-            flush();
-        if (!cfg_.server.trace_file.empty() && builder_->ended()) trace(cfg_.server.trace_file, id_, "response", builder_->final_response());
+        // Everything but the very end leaves first, so a client that stopped reading is known
+        // before the request is recorded.
+        if (streaming_ && !answer && outcome_ != Outcome::cancelled && !lost_ && !writer_.flush()) lost_ = true;
+        if (lost_ && outcome_ != Outcome::cancelled) outcome_ = Outcome::client_lost;
+        record();
+        if (outcome_ == Outcome::cancelled || outcome_ == Outcome::client_lost) return;
+        bool delivered = answer ? (send_json(ex_, answer_status, *answer, answer_headers), !ex_.lost()) : writer_.end();
+        if (!delivered) log::warn("responses", id_ + ": the client did not take the end of the response (" + name(outcome_) + ")");
     }
 
-public:
-    ~ResponseSession() {
-        if (stream_) vt_->stream_close(stream_);
-        if (outcome_ == "invalid") return;  // counted in pulse_invalid_requests_total
+    void record() {
+        if (!cfg_.server.trace_file.empty() && builder_ && builder_->ended()) trace(cfg_.server.trace_file, id_, "response", builder_->final_response());
         auto& reg = metrics::global();
         const std::string ep = served_by_.empty() ? "-" : served_by_;
         reg.counter("pulse_requests_total", "Responses requests by model, endpoint and outcome",
-                    {{"model", model_id_}, {"endpoint", ep}, {"outcome", outcome_.empty() ? "error" : outcome_}})
+                    {{"model", model_id_}, {"endpoint", ep}, {"outcome", name(outcome_)}})
             .add();
         double total_s = duration<double>(steady_clock::now() - t0_).count();
         reg.histogram("pulse_request_duration_seconds", "whole request, receipt to last byte", {{"model", model_id_}}).observe(total_s);
@@ -510,29 +545,20 @@ public:
         reg.counter("pulse_cached_tokens_total", "prompt tokens served from the backend prefix cache", {{"model", model_id_}})
             .add(static_cast<uint64_t>(u.cached));
         reg.counter("pulse_output_tokens_total", "output tokens reported by backends", {{"model", model_id_}}).add(static_cast<uint64_t>(u.output));
-        log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + outcome_ + " in=" + std::to_string(u.input) +
+        log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + name(outcome_) + " in=" + std::to_string(u.input) +
                                    " cached=" + std::to_string(u.cached) + " out=" + std::to_string(u.output) +
                                    " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +
                                    " total_ms=" + std::to_string(duration_cast<milliseconds>(steady_clock::now() - t0_).count()));
-        // The end of a response written past POCO (its last events and last chunk, one send)
-        // goes out only now, after the trace, metrics and log above, as POCO's would: a client
-        // that saw the end sees its accounting.
-        if (raw_ && head_sent_) {
-            tail_ += "0\r\n\r\n";
-            write_raw(tail_);
-        }
     }
 
-private:
     Gateway& gw_;
-    Poco::Net::HTTPServerRequest& req_;
-    Poco::Net::HTTPServerResponse& resp_;
+    server::Exchange& ex_;
     std::shared_ptr<const Snapshot> snap_;  // the config generation this request uses, to its end
     const config::Config& cfg_;
     const std::string id_;
     const steady_clock::time_point t0_ = steady_clock::now();
 
-    rapidjson::Document doc_;
+    rapidjson::Document doc_;  // parsed in place: its strings point into ex_.body()
     std::string model_id_, cache_key_;
     const ModelRuntime* rt_ = nullptr;
     bool streaming_ = false;
@@ -541,34 +567,29 @@ private:
     std::atomic<bool> cancelled_{false};
     pulse_call call_;
     pulse_upstream_req upreq_;
-    std::string upstream_body_;
     void* stream_ = nullptr;
     std::unique_ptr<ResponseBuilder> builder_;
 
-    Poco::Net::StreamSocket* socket_ = nullptr;
-    std::ostream* out_ = nullptr;
+    ClientWriter writer_;
     bool lost_ = false;
     milliseconds keepalive_{10000};
     steady_clock::time_point last_event_ = steady_clock::now();
     steady_clock::time_point last_gone_check_ = steady_clock::now();
-    bool unflushed_ = false;
     bool accepted_ = false, fed_ = false;  // of the current attempt
 
-    // While the stream loop relays (relay()): events go to relay_out_ instead of POCO's stream.
-    // raw_: this response's HTTP head, chunks and terminator are written by us, not by POCO.
-    bool relay_ = false, raw_ = false, head_sent_ = false;
-    std::string relay_out_;
-    std::string tail_;  // framed bytes held back to leave with the last chunk
+    bool relaying_ = false;  // the stream loop sends this response's bytes now
     const EndpointRef* relay_ep_ = nullptr;
     std::optional<Attempt> relay_result_;
 
     pulse_status_t last_status_ = PULSE_E_UNAVAILABLE;
     std::string last_error_ = "no endpoint configured";
-    std::string served_by_, outcome_;
+    int retry_after_s_ = 0;  // the longest Retry-After a backend asked for
+    std::string served_by_;
+    Outcome outcome_ = Outcome::none;
     std::optional<milliseconds> ttft_;
 };
 
-void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) {
+void Gateway::responses(server::Exchange& ex) {
     struct Active {
         std::atomic<int>& n;
         metrics::Gauge& g = metrics::global().gauge("pulse_active_requests", "Responses requests in flight");
@@ -582,18 +603,19 @@ void Gateway::responses(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServer
         }
     } active(active_);
     auto snap = snapshot();
-    if (draining_) return discard_body(req, resp), send_error(resp, 503, "server_error", "the gateway is shutting down", {}, "draining", 1);
+    if (draining_) {
+        ex.close_after();
+        return send_error(ex, 503, "server_error", "the gateway is shutting down; retry shortly", {}, "draining", 1);
+    }
     if (active_.load() > snap->cfg.server.max_streams) {
-        // The worker pool keeps spare threads so an over-capacity request still gets a clear
-        // answer instead of a silently closed socket.
+        // The server keeps spare workers so an over-capacity request still gets a clear answer.
         metrics::global().counter("pulse_capacity_rejections_total", "requests refused because max_streams were in flight").add();
-        discard_body(req, resp);
-        return send_error(resp, 503, "server_error",
+        return send_error(ex, 503, "server_error",
                           "the gateway is at capacity (" + std::to_string(snap->cfg.server.max_streams) +
                               " requests in flight, server.max_streams); retry shortly",
                           {}, "at_capacity", 1);
     }
-    ResponseSession(*this, req, resp).run();
+    ResponseSession(*this, ex).run();
 }
 
 }  // namespace pulse::gateway

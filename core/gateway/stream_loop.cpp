@@ -37,6 +37,7 @@ struct Slot {
     std::string out;  // framed bytes the client socket has not taken yet
     size_t off = 0;
     bool want_out = false, blocked = false, over = false, lost = false;
+    bool paused = false;  // the backend is not read while the client's queue is full
     Clock::time_point blocked_since;
     size_t index = 0;  // position in the thread's active list
     Handle up{Handle::upstream, this}, cl{Handle::client, this};
@@ -80,6 +81,14 @@ public:
         thread_.join();
         ::close(wake_fd_);
         ::close(ep_);
+    }
+
+    void cut() {
+        {
+            std::lock_guard lock(inbox_m_);
+            cutting_ = true;
+        }
+        wake();
     }
 
     void run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent) {
@@ -155,11 +164,12 @@ private:
         ssize_t r = ::read(wake_fd_, &v, sizeof v);
         (void)r;
         std::vector<Slot*> in;
-        bool stopping;
+        bool stopping, cutting;
         {
             std::lock_guard lock(inbox_m_);
             in.swap(inbox_);
             stopping = stopping_;
+            cutting = cutting_;
         }
         for (Slot* s : in) {
             s->index = active_.size();
@@ -185,6 +195,12 @@ private:
             pump(*s);  // a response may already be whole (its body then lingers or is gone)
             if (!s->over) next_scan_ = std::min({next_scan_, s->job->next_timer(), s->body->idle_deadline()});
         }
+        if (cutting)
+            for (Slot* s : active_)
+                if (!s->over) {
+                    s->job->on_cut();
+                    end(*s);
+                }
         return stopping;
     }
 
@@ -203,20 +219,39 @@ private:
     // Sends what the job produced. A full socket is waited for with EPOLLOUT, up to the send timeout.
     void flush(Slot& s) {
         s.job->take_output(s.out);
+        const size_t before = s.off;
         if (!send_some(s)) return lose(s);
         if (s.off < s.out.size()) {
-            if (!s.blocked) {
+            // The send timeout runs from the last byte the client took, not from the first wait.
+            if (!s.blocked || s.off != before) {
                 s.blocked = true;
                 s.blocked_since = Clock::now();
                 next_scan_ = std::min(next_scan_, s.blocked_since + s.job->send_timeout());
             }
             if (!s.want_out) watch_out(s, true);
+            if (s.off > (1u << 16) && s.off * 2 > s.out.size()) {  // keep the queue from growing at its front
+                s.out.erase(0, s.off);
+                s.off = 0;
+            }
         } else {
             s.out.clear();
             s.off = 0;
             s.blocked = false;
             if (s.want_out) watch_out(s, false);
         }
+        const size_t queued = s.out.size() - s.off;
+        if (!s.paused && queued > StreamLoop::kMaxClientBuffer) pause_upstream(s, true);
+        else if (s.paused && queued <= StreamLoop::kMaxClientBuffer / 2) pause_upstream(s, false);
+    }
+
+    // Stops (or resumes) reading the backend of a stream whose client is behind.
+    void pause_upstream(Slot& s, bool pause) {
+        epoll_event ue{};
+        ue.events = pause ? 0u : EPOLLIN;
+        ue.data.ptr = &s.up;
+        ::epoll_ctl(ep_, EPOLL_CTL_MOD, s.body->fd(), &ue);
+        s.paused = pause;
+        if (!pause) pump(s);  // what arrived meanwhile
     }
 
     // Returns false when the client socket failed.
@@ -307,7 +342,7 @@ private:
                 lose(s);
                 continue;
             }
-            if (now >= s.body->idle_deadline()) {
+            if (!s.paused && now >= s.body->idle_deadline()) {  // a paused backend is held back by us, not silent
                 if (s.job->on_upstream(s.body->idle_failure())) {
                     end(s);
                     continue;
@@ -357,7 +392,7 @@ private:
     std::thread thread_;
     std::mutex inbox_m_;
     std::vector<Slot*> inbox_;
-    bool stopping_ = false;
+    bool stopping_ = false, cutting_ = false;
 
     // Loop-thread state.
     std::vector<Slot*> active_, ended_;
@@ -371,6 +406,10 @@ StreamLoop::StreamLoop(int threads) {
 }
 
 StreamLoop::~StreamLoop() = default;
+
+void StreamLoop::cut_all() {
+    for (auto& t : threads_) t->cut();
+}
 
 void StreamLoop::run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent) {
     threads_[next_.fetch_add(1, std::memory_order_relaxed) % threads_.size()]->run(job, std::move(body), unsent);

@@ -34,6 +34,9 @@ public:
     virtual std::chrono::steady_clock::time_point next_timer() const = 0;
     // The client went away or stopped reading; the job ends.
     virtual void on_client_lost() = 0;
+    // The gateway is stopping (drain deadline): the job ends its response now; what it
+    // produced is sent as with any last event.
+    virtual void on_cut() = 0;
     // Appends the bytes produced for the client since the last call, ready for the wire.
     virtual void take_output(std::string& wire) = 0;
     // How long the client may leave its socket full before it counts as gone.
@@ -52,6 +55,12 @@ public:
     // is left in `unsent` (already framed) for the caller to write with a blocking send: the
     // caller can then send a response's last events and its end in one write.
     void run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent);
+    // Ends every job now through on_cut() (drain deadline).
+    void cut_all();
+
+    // Client bytes one stream may have queued before the loop stops reading its backend (TCP
+    // then holds the backend back): a client that reads slowly costs this much memory, no more.
+    static constexpr size_t kMaxClientBuffer = 1 << 20;
 
 private:
     class Thread;

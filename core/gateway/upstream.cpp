@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <istream>
@@ -20,7 +21,7 @@
 #include <stdexcept>
 
 #include "common/log.h"
-#include "gateway/http_body.h"
+#include "common/http_body.h"
 #include "gateway/sse.h"
 
 namespace pulse::gateway {
@@ -114,10 +115,18 @@ struct RequestTarget {
         path = base + req.path;
     }
     Poco::URI uri;
-    std::string key, path, body;
+    std::string key, path;
+    std::string_view body;  // the profile's writer holds it for the whole request
     std::vector<std::pair<std::string, std::string>> headers;
     config::Upstream timeouts;
 };
+
+// "0.5", "2", "300": a timeout as the config wrote it.
+std::string seconds_text(double s) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", s);
+    return b;
+}
 
 Poco::Timespan span(double s) { return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(s * 1e6)); }
 
@@ -159,13 +168,14 @@ std::unique_ptr<Session> connect_and_send(const RequestTarget& t, bool from_pool
 }
 
 // A sent request's response, read by the stream loop: raw recv(MSG_DONTWAIT) on the socket,
-// the response head, HTTP framing, then SSE. The same events and failure texts as HttpStream's
-// blocking reads.
+// the response head, HTTP framing, then SSE.
 class HttpBody : public DetachedBody {
 public:
-    HttpBody(std::unique_ptr<Session> s, std::string key, bool reused, double idle_timeout_s)
+    HttpBody(std::unique_ptr<Session> s, std::string key, bool reused, const config::Upstream& t)
         : session_(std::move(s)), key_(std::move(key)), fd_(session_->socket().impl()->sockfd()), reused_(reused),
-          idle_(duration_cast<steady_clock::duration>(duration<double>(idle_timeout_s))), idle_timeout_s_(idle_timeout_s) {}
+          idle_(duration_cast<steady_clock::duration>(duration<double>(t.idle_timeout_s))), idle_timeout_s_(t.idle_timeout_s),
+          head_deadline_(steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(t.head_timeout_s))),
+          head_timeout_s_(t.head_timeout_s) {}
 
     int fd() const override { return fd_; }
 
@@ -195,11 +205,13 @@ public:
     }
 
     steady_clock::time_point idle_deadline() const override {
-        // No limit while waiting for the head: a backend may hold it back through a long prefill.
+        if (phase_ == Phase::head) return head_deadline_;  // a backend that took the request but never answers
         return phase_ != Phase::body || done_ || exhausted_ ? steady_clock::time_point::max() : last_byte_ + idle_;
     }
     UpEvent idle_failure() const override {
-        return failure(true, "no data from the backend for " + std::to_string(static_cast<int>(idle_timeout_s_)) + " s (upstream.idle_timeout_s)");
+        if (phase_ == Phase::head)
+            return failure(false, "no response head from the backend within " + seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
+        return failure(true, "no data from the backend for " + seconds_text(idle_timeout_s_) + " s (upstream.idle_timeout_s)");
     }
     bool reusable() const override { return done_ && framing_.complete() && !broken_ && !close_; }
     bool ended() const override { return done_; }
@@ -291,53 +303,20 @@ private:
         UpEvent e;
         e.kind = UpEvent::Kind::rejected;
         e.http_status = status_;
+        e.retry_after_s = retry_after_s_;
         e.text = text_.substr(0, kMaxRejectBody);
         out.push_back(std::move(e));
         broken_ = exhausted_ = true;
         phase_ = Phase::over;
     }
 
-    // Status line and the headers that frame the body (RFC 9112 §6.3).
     bool parse_head() {
-        std::string_view h(head_);
-        size_t eol = h.find("\r\n");
-        std::string_view line = h.substr(0, eol);
-        if (line.size() < 12 || line.substr(0, 7) != "HTTP/1." || line[8] != ' ') return false;
-        status_ = 0;
-        for (size_t i = 9; i < 12; ++i) {
-            if (line[i] < '0' || line[i] > '9') return false;
-            status_ = status_ * 10 + (line[i] - '0');
-        }
-        bool chunked = false, has_length = false;
-        int64_t length = 0;
-        close_ = line.substr(0, 8) == "HTTP/1.0";
-        while (eol != std::string_view::npos) {
-            h.remove_prefix(eol + 2);
-            eol = h.find("\r\n");
-            std::string_view f = h.substr(0, eol);
-            size_t colon = f.find(':');
-            if (colon == std::string_view::npos) continue;
-            std::string name(f.substr(0, colon));
-            for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-            std::string value(f.substr(colon + 1));
-            for (auto& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-            if (name == "transfer-encoding") {
-                chunked = value.find("chunked") != std::string::npos;
-            } else if (name == "content-length") {
-                try {
-                    length = std::stoll(value);
-                    has_length = length >= 0;
-                } catch (...) {
-                    return false;
-                }
-            } else if (name == "connection") {
-                if (value.find("close") != std::string::npos) close_ = true;
-            }
-        }
-        framing_ = chunked ? BodyDecoder(BodyDecoder::Framing::chunked)
-                   : has_length ? BodyDecoder(BodyDecoder::Framing::length, length)
-                                : BodyDecoder(BodyDecoder::Framing::until_close);
-        if (!chunked && !has_length) close_ = true;
+        ResponseHead h;
+        if (!parse_response_head(head_, h)) return false;
+        status_ = h.status;
+        close_ = h.close;
+        retry_after_s_ = h.retry_after_s;
+        framing_ = h.decoder();
         return true;
     }
 
@@ -352,178 +331,11 @@ private:
     SseParser parser_;
     steady_clock::duration idle_;
     double idle_timeout_s_;
+    steady_clock::time_point head_deadline_;
+    double head_timeout_s_;
+    int retry_after_s_ = 0;
     steady_clock::time_point last_byte_ = steady_clock::now();
     bool done_ = false, broken_ = false, exhausted_ = false, close_ = false, got_bytes_ = false;
-};
-
-// An HTTP upstream driven by the request thread: every next() waits on the socket with the
-// caller's timeout, reads what has arrived and parses SSE from it. No extra thread, no
-// hand-off between threads per token.
-class HttpStream : public UpstreamStream {
-public:
-    HttpStream(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& t)
-        : target_(ep, req, t), timeouts_(t) {}
-
-    UpEvent next(milliseconds wait) override {
-        if (!events_.empty()) return pop();
-        if (cancelled_) return fail(phase_ == Phase::body, "cancelled");
-        auto deadline = steady_clock::now() + wait;
-        try {
-            switch (phase_) {
-                case Phase::start:
-                    connect_and_send();  // bounded by the connect and send timeouts
-                    phase_ = Phase::headers;
-                    [[fallthrough]];
-                case Phase::headers: {
-                    if (!readable(deadline)) return UpEvent{};
-                    Poco::Net::HTTPResponse response;
-                    std::istream* isp = nullptr;
-                    try {
-                        isp = &session_->receiveResponse(response);
-                    } catch (const Poco::Exception&) {
-                        // A reused connection the backend had already closed: once, on a fresh one.
-                        if (!reused_) throw;
-                        log::info("upstream", "the backend had closed the pooled connection to " + target_.key + "; sending again on a fresh one");
-                        reused_ = false;
-                        session_.reset();
-                        connect_and_send(/*from_pool=*/false);
-                        return UpEvent{};
-                    }
-                    std::istream& is = *isp;
-                    int status = static_cast<int>(response.getStatus());
-                    if (status != 200) {
-                        std::string text;
-                        char buf[4096];
-                        while (text.size() < 64 * 1024 && is.read(buf, sizeof buf).gcount() > 0)
-                            text.append(buf, static_cast<size_t>(is.gcount()));
-                        phase_ = Phase::finished;
-                        UpEvent e;
-                        e.kind = UpEvent::Kind::rejected;
-                        e.http_status = status;
-                        e.text = std::move(text);
-                        return e;
-                    }
-                    in_ = &is;
-                    phase_ = Phase::body;
-                    last_byte_ = steady_clock::now();
-                    return UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false};
-                }
-                case Phase::body:
-                    return read_body(deadline);
-                case Phase::finished:
-                    return UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false};
-            }
-        } catch (const Poco::Exception& e) {
-            return fail(phase_ == Phase::body, e.displayText());
-        } catch (const std::exception& e) {
-            return fail(phase_ == Phase::body, e.what());
-        }
-        return UpEvent{};
-    }
-
-    void cancel() override {
-        cancelled_ = true;
-        if (session_) {
-            try {
-                session_->abort();
-            } catch (...) {
-            }
-        }
-    }
-
-private:
-    enum class Phase { start, headers, body, finished };
-
-    void connect_and_send(bool from_pool = true) {
-        session_.reset();
-        session_ = gateway::connect_and_send(target_, from_pool, reused_);
-    }
-
-    // Data can be read without blocking, or arrives before `deadline`. The session buffer
-    // holding only the CRLF that ends the previous chunk does not count: reading on would
-    // block on the next chunk's header.
-    bool readable(steady_clock::time_point deadline) {
-        if ((in_ && in_->rdbuf()->in_avail() > 0) || session_->pending() > 2) return true;
-        auto left = duration_cast<milliseconds>(deadline - steady_clock::now() + microseconds(999));
-        // poll(2) directly: POCO 1.11's Socket::poll builds an epoll set per call (4 syscalls).
-        pollfd p{session_->socket().impl()->sockfd(), POLLIN, 0};
-        int rc = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
-        return rc > 0;
-    }
-
-    UpEvent read_body(steady_clock::time_point deadline) {
-        while (events_.empty()) {
-            if (!readable(deadline)) {
-                if (steady_clock::now() - last_byte_ > duration<double>(timeouts_.idle_timeout_s))
-                    return fail(true, "no data from the backend for " + std::to_string(static_cast<int>(timeouts_.idle_timeout_s)) +
-                                          " s (upstream.idle_timeout_s)");
-                return UpEvent{};
-            }
-            char buf[16384];
-            size_t n = 0;
-            if (in_->rdbuf()->in_avail() <= 0) {
-                int c = in_->get();  // one device read: poll() said data (or EOF) is there
-                if (c == std::char_traits<char>::eof()) {
-                    phase_ = Phase::finished;
-                    // POCO reports an aborted body as a clean EOF: without the terminal marker the
-                    // stream is truncated, never complete.
-                    if (!done_) return fail(true, "the backend stream ended without its terminal [DONE] marker");
-                    return pop_or_done();
-                }
-                buf[n++] = static_cast<char>(c);
-            }
-            n += static_cast<size_t>(in_->readsome(buf + n, static_cast<std::streamsize>(sizeof buf - n)));
-            last_byte_ = steady_clock::now();
-            feed_sse(parser_, std::string_view(buf, n), done_, events_);
-            if (parser_.overflowed()) return fail(true, "the backend sent an SSE line over 16 MiB");
-        }
-        return pop();
-    }
-
-    UpEvent pop() {
-        UpEvent e = std::move(events_.front());
-        events_.pop_front();
-        if (e.kind == UpEvent::Kind::done) {
-            phase_ = Phase::finished;
-            recycle();
-        }
-        return e;
-    }
-
-    // After [DONE]: if the body's end is already here, the connection can serve again.
-    void recycle() {
-        if (!session_ || cancelled_ || !in_) return;
-        try {
-            auto until = steady_clock::now() + milliseconds(20);
-            while (readable(until)) {
-                char buf[256];
-                if (in_->rdbuf()->in_avail() <= 0 && in_->get() == std::char_traits<char>::eof()) {
-                    pool().give(target_.key, std::move(session_));
-                    return;
-                }
-                in_->readsome(buf, sizeof buf);
-            }
-        } catch (...) {
-        }
-    }
-    UpEvent pop_or_done() { return events_.empty() ? UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false} : pop(); }
-
-    UpEvent fail(bool accepted, const std::string& what) {
-        phase_ = Phase::finished;
-        return upstream_failure(accepted, what);
-    }
-
-    RequestTarget target_;
-    config::Upstream timeouts_;
-    std::unique_ptr<Session> session_;
-    bool reused_ = false;
-    std::istream* in_ = nullptr;
-    Phase phase_ = Phase::start;
-    SseParser parser_;
-    std::deque<UpEvent> events_;
-    bool done_ = false;
-    std::atomic<bool> cancelled_{false};
-    steady_clock::time_point last_byte_;
 };
 
 // Collects the chunks one stream_next call emits.
@@ -638,18 +450,13 @@ std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_
     try {
         bool reused = false;
         auto s = connect_and_send(t, !fresh, reused);
-        return std::make_unique<HttpBody>(std::move(s), t.key, reused, timeouts.idle_timeout_s);
+        return std::make_unique<HttpBody>(std::move(s), t.key, reused, timeouts);
     } catch (const Poco::Exception& e) {
         error = upstream_failure(false, e.displayText());
     } catch (const std::exception& e) {
         error = upstream_failure(false, e.what());
     }
     return nullptr;
-}
-
-std::unique_ptr<UpstreamStream> open_http(const config::Endpoint& ep, const pulse_upstream_req& req,
-                                          const config::Upstream& timeouts) {
-    return std::make_unique<HttpStream>(ep, req, timeouts);
 }
 
 BackendInstance::BackendInstance(plugin::ComponentLease lease, const std::string& options_json)
@@ -667,9 +474,9 @@ BackendInstance::~BackendInstance() {
     if (backend_ && lease_->registration.backend.destroy) lease_->registration.backend.destroy(backend_);
 }
 
-std::unique_ptr<UpstreamStream> BackendInstance::open(const std::string& request_json, const std::string& request_id) {
+std::unique_ptr<UpstreamStream> BackendInstance::open(std::string_view request_json, const std::string& request_id) {
     rapidjson::Document doc;
-    doc.Parse(request_json.c_str(), request_json.size());
+    doc.Parse(request_json.data(), request_json.size());
     pulse_call call;
     call.request_id = request_id;
     void* stream = nullptr;

@@ -1,6 +1,7 @@
-// The one interface through which the gateway talks to a backend, whether it is an HTTP
-// endpoint (vLLM, llama-server) or an in-process backend plugin. Failover, retry and keepalive
-// see only this.
+// How the gateway talks to a backend: an HTTP endpoint (vLLM, llama-server) is sent the
+// request (send_http) and its response read by the stream loop (DetachedBody); an in-process
+// backend plugin is followed through UpstreamStream. Both produce the same UpEvents, so
+// failover, retry and keepalive are one piece of code (ResponseSession::on_event).
 #pragma once
 
 #include <pulse/plugin.h>
@@ -31,7 +32,8 @@ struct UpEvent {
     pulse_status_t status = PULSE_OK;
     std::string text;
     bool before_accept = false;
-    bool stale = false;  // failed: a pooled connection had been closed by the backend; nothing was processed
+    bool stale = false;     // failed: a pooled connection had been closed by the backend; nothing was processed
+    int retry_after_s = 0;  // rejected: the backend's Retry-After (seconds), 0 = none
 };
 
 // The response to a sent HTTP request, read by the stream loop (stream_loop.h) without
@@ -44,8 +46,8 @@ public:
     // Reads what has arrived, never blocking, and appends the events it completes (accepted,
     // rejected, data, done, failed) to `out`. After `done` it only looks for the body's end.
     virtual void read(std::vector<UpEvent>& out) = 0;
-    // When the backend counts as silent for too long (upstream.idle_timeout_s), and the
-    // failure to report then.
+    // When the backend counts as silent for too long (upstream.head_timeout_s for the head,
+    // then upstream.idle_timeout_s between chunks), and the failure to report then.
     virtual std::chrono::steady_clock::time_point idle_deadline() const = 0;
     virtual UpEvent idle_failure() const = 0;
     // The terminal marker and the end of the HTTP body were both read: the connection can
@@ -67,12 +69,6 @@ public:
     virtual void cancel() = 0;
 };
 
-// POSTs `req` to the endpoint, on the caller's thread: the connect and send happen in the
-// first next() (bounded by the connect timeout), and every next() waits for the backend at
-// most its timeout, so the caller can keep the client alive while it waits.
-std::unique_ptr<UpstreamStream> open_http(const config::Endpoint& ep, const pulse_upstream_req& req,
-                                          const config::Upstream& timeouts);
-
 // Sends `req` to the endpoint the blocking way (an idle pooled connection unless `fresh`;
 // bounded by the connect timeout) and returns the connection for the stream loop to read the
 // response from. On failure: nullptr and a `failed` (before acceptance) event in `error`.
@@ -88,7 +84,7 @@ class BackendInstance {
 public:
     BackendInstance(plugin::ComponentLease lease, const std::string& options_json);
     ~BackendInstance();
-    std::unique_ptr<UpstreamStream> open(const std::string& request_json, const std::string& request_id);
+    std::unique_ptr<UpstreamStream> open(std::string_view request_json, const std::string& request_id);
     const std::string& name() const { return lease_->registration.name; }
     // The backend's own health hook; "" when healthy (or when it has no hook). `detail` gets
     // the JSON object the hook wrote, when it wrote one.

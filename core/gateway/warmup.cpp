@@ -1,5 +1,7 @@
 #include "gateway/warmup.h"
 
+#include <poll.h>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,7 +22,7 @@ namespace pulse::gateway {
 
 using namespace std::chrono;
 
-std::string prefix_key(const std::string& prompt_cache_key, const std::string& upstream_body) {
+std::string prefix_key(const std::string& prompt_cache_key, std::string_view upstream_body) {
     if (!prompt_cache_key.empty()) return "k:" + prompt_cache_key;
     // No key: the first 4 KiB of the body (system prompt and first turns) identify the prefix.
     uint64_t h = 1469598103934665603ull;
@@ -47,8 +49,10 @@ void PrefixStore::evict(Model& m) {
     }
 }
 
-void PrefixStore::remember(const std::string& model, const std::string& key, const std::string& body) {
-    if (max_entries_ == 0) return;
+void PrefixStore::remember(const std::string& model, const std::string& key, std::string_view body) {
+    // A body of over an eighth of the budget (a prompt full of images) would evict every
+    // conversation for one replay: not kept.
+    if (max_entries_ == 0 || body.size() > max_bytes_ / 8) return;
     std::lock_guard lock(m_);
     Model& m = models_[model];
     for (auto it = m.lru.begin(); it != m.lru.end(); ++it)
@@ -57,7 +61,7 @@ void PrefixStore::remember(const std::string& model, const std::string& key, con
             m.lru.erase(it);
             break;
         }
-    m.lru.push_front({key, body});
+    m.lru.push_front({key, std::string(body)});
     m.bytes += body.size();
     evict(m);
     dirty_ = true;
@@ -201,28 +205,33 @@ void Warmer::warm(const Job& job) {
         req.body.reset();
         req.body.writer.RawValue(wb.data(), wb.size(), rapidjson::kObjectType);
         uint64_t real_before = job.health->real_requests.load();
-        auto up = open_http(job.ep, req, timeouts_);
+        UpEvent error;
+        // Its own connection: a pooled one may date from before the endpoint went down.
+        std::unique_ptr<DetachedBody> up = send_http(job.ep, req, timeouts_, /*fresh=*/true, error);
         std::string outcome = "failed";
         auto deadline = steady_clock::now() + seconds(600);
-        while (steady_clock::now() < deadline) {
+        std::vector<UpEvent> events;
+        // Read on this thread (the warmer's own): destroying `up` closes the connection, which
+        // makes the backend drop the replay at once.
+        while (up && outcome == "failed" && steady_clock::now() < deadline) {
             if (job.health->real_requests.load() != real_before) {
-                up->cancel();  // real traffic wins
-                outcome = "preempted";
+                outcome = "preempted";  // real traffic wins
                 break;
             }
             {
                 std::lock_guard lock(m_);
-                if (stop_) {
-                    up->cancel();
-                    return;
-                }
+                if (stop_) return;
             }
-            UpEvent e = up->next(milliseconds(100));
-            if (e.kind == UpEvent::Kind::done) {
-                outcome = "ok";
-                break;
+            pollfd p{up->fd(), POLLIN, 0};
+            ::poll(&p, 1, 100);
+            events.clear();
+            up->read(events);
+            bool over = false;
+            for (const auto& e : events) {
+                if (e.kind == UpEvent::Kind::done) outcome = "ok";
+                if (e.kind == UpEvent::Kind::failed || e.kind == UpEvent::Kind::rejected) over = true;
             }
-            if (e.kind == UpEvent::Kind::failed || e.kind == UpEvent::Kind::rejected) break;
+            if (over || (outcome != "ok" && (up->exhausted() || steady_clock::now() >= up->idle_deadline()))) break;
         }
         metrics::global()
             .counter("pulse_warmup_requests_total", "prefix warmup requests by outcome",

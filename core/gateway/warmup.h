@@ -27,7 +27,7 @@ public:
         : max_entries_(max_entries_per_model), max_bytes_(max_bytes_per_model) {}
 
     // Records the upstream body of a request (the newest body per key wins; LRU eviction).
-    void remember(const std::string& model, const std::string& key, const std::string& upstream_body);
+    void remember(const std::string& model, const std::string& key, std::string_view upstream_body);
     // Most recent first.
     std::vector<std::string> bodies(const std::string& model) const;
 
@@ -82,7 +82,7 @@ private:
 
 // The key a request's prefix is remembered under: its prompt_cache_key, else a hash of the
 // first messages of the upstream body.
-std::string prefix_key(const std::string& prompt_cache_key, const std::string& upstream_body);
+std::string prefix_key(const std::string& prompt_cache_key, std::string_view upstream_body);
 
 // The warm version of an upstream body: same prompt, max_tokens 1.
 std::string warm_body(const std::string& upstream_body);

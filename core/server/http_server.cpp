@@ -1,99 +1,698 @@
 #include "server/http_server.h"
 
-#include <Poco/Net/HTTPRequestHandler.h>
-#include <Poco/Net/HTTPRequestHandlerFactory.h>
-#include <Poco/Net/HTTPServer.h>
-#include <Poco/Net/HTTPServerParams.h>
-#include <Poco/Net/HTTPServerRequest.h>
-#include <Poco/Net/HTTPServerResponse.h>
-#include <Poco/Net/ServerSocket.h>
-#include <Poco/Net/SocketAddress.h>
-#include <Poco/ThreadPool.h>
+#include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/NetException.h>
 
-#include <chrono>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
+#include "common/http_body.h"
 #include "common/log.h"
+#include "common/metrics.h"
 
 namespace pulse::server {
+
+using namespace std::chrono;
+using Clock = steady_clock;
+
 namespace {
 
+// Workers beyond server.max_streams, so that status requests (/health, /metrics) and a clear
+// 503 from the gateway still find a thread while max_streams responses are in flight.
 constexpr int kSpareWorkers = 16;
+constexpr size_t kMaxHead = 64 * 1024;
+constexpr auto kLinger = seconds(2);  // how long a closing connection's late bytes are read and dropped
+constexpr auto kTick = milliseconds(100);
 
-class RequestHandler : public Poco::Net::HTTPRequestHandler {
+Clock::duration secs(double s) { return duration_cast<Clock::duration>(duration<double>(s)); }
+
+std::string json_escape(std::string_view s) {
+    std::string out;
+    for (char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (static_cast<unsigned char>(c) >= 0x20) out += c;
+    }
+    return out;
+}
+
+// A whole error response in the OpenAI error shape, for answers the loop gives by itself.
+std::string error_response(int status, std::string_view code, std::string_view message, int retry_after_s) {
+    std::string body = "{\"error\":{\"message\":\"" + json_escape(message) + "\",\"type\":\"" +
+                       (status >= 500 ? "server_error" : "invalid_request_error") + "\",\"param\":null,\"code\":\"" + std::string(code) +
+                       "\"}}";
+    std::string r = "HTTP/1.1 " + std::to_string(status) + " " +
+                    Poco::Net::HTTPResponse::getReasonForStatus(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(status)) +
+                    "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    if (retry_after_s > 0) r += "Retry-After: " + std::to_string(retry_after_s) + "\r\n";
+    r += "Connection: close\r\n\r\n";
+    return r + body;
+}
+
+metrics::Counter& refused(const char* reason) {
+    return metrics::global().counter("pulse_http_refusals_total", "requests answered by the HTTP front end itself (load shedding, bad or slow requests)",
+                                     {{"reason", reason}});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Exchange
+
+Exchange::Exchange(int fd, Poco::Net::SocketAddress peer, Poco::Net::HTTPRequest head, std::string body, double send_timeout_s, bool draining)
+    : fd_(fd), peer_(std::move(peer)), head_(std::move(head)), body_(std::move(body)), send_timeout_(secs(send_timeout_s)) {
+    http10_ = head_.getVersion() == Poco::Net::HTTPMessage::HTTP_1_0;
+    keep_alive_ = !http10_ && !draining && Poco::icompare(head_.get("Connection", ""), "close") != 0;
+}
+
+void Exchange::head(std::string& wire, int status, const Headers& extra) {
+    responded_ = true;
+    wire += "HTTP/1.1 ";
+    wire += std::to_string(status);
+    wire += ' ';
+    wire += Poco::Net::HTTPResponse::getReasonForStatus(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(status));
+    wire += "\r\n";
+    for (const auto& [k, v] : extra) wire += k + ": " + v + "\r\n";
+    if (!keep_alive_) wire += "Connection: close\r\n";
+}
+
+void Exchange::respond(int status, std::string_view content_type, std::string_view body, const Headers& extra) {
+    std::string wire;
+    head(wire, status, extra);
+    wire += "Content-Type: ";
+    wire += content_type;
+    wire += "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n";
+    if (head_.getMethod() != "HEAD") wire += body;
+    write(wire);
+}
+
+void Exchange::stream_head(std::string& wire, std::string_view content_type, const Headers& extra) {
+    // HTTP/1.0 has no chunked coding: the body is delimited by closing the connection.
+    if (http10_) keep_alive_ = false;
+    head(wire, 200, extra);
+    wire += "Content-Type: ";
+    wire += content_type;
+    wire += http10_ ? "\r\n\r\n" : "\r\nTransfer-Encoding: chunked\r\n\r\n";
+}
+
+void Exchange::frame(std::string& wire, std::string_view payload) const {
+    if (payload.empty()) return;  // an empty chunk would end the body
+    if (!http10_) {
+        char size[24];  // the chunk size in hex, then CRLF (a formatter here: snprintf showed in profiles)
+        char* p = size + sizeof size;
+        *--p = '\n';
+        *--p = '\r';
+        size_t v = payload.size();
+        do {
+            *--p = "0123456789abcdef"[v & 15];
+            v >>= 4;
+        } while (v);
+        wire.append(p, static_cast<size_t>(size + sizeof size - p));
+    }
+    wire += payload;
+    if (!http10_) wire += "\r\n";
+}
+
+void Exchange::stream_end(std::string& wire) const {
+    if (!http10_) wire += "0\r\n\r\n";
+}
+
+bool Exchange::write(std::string_view bytes) {
+    size_t off = 0;
+    while (off < bytes.size() && !lost_) {
+        ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off += static_cast<size_t>(n);
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            // The send timeout counts from the last byte the client took.
+            pollfd p{fd_, POLLOUT, 0};
+            int ms = static_cast<int>(std::max<int64_t>(1, duration_cast<milliseconds>(send_timeout_).count()));
+            if (::poll(&p, 1, ms) <= 0 || (p.revents & (POLLERR | POLLHUP))) lost_ = true;
+        } else {
+            lost_ = true;
+        }
+    }
+    return !lost_;
+}
+
+bool Exchange::client_gone() const {
+    pollfd p{fd_, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The accept loop and the workers
+
+class HttpServer::Loop {
 public:
-    explicit RequestHandler(const Handler& h) : h_(h) {}
-    void handleRequest(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) override {
-        try {
-            h_(req, resp);
-        } catch (const std::exception& e) {
-            log::error("http", std::string("unhandled exception in request handler: ") + e.what());
+    Loop(const config::Server& cfg, const Handler& handler)
+        : cfg_(cfg), handler_(handler), max_workers_(static_cast<int>(cfg.max_streams) + kSpareWorkers) {}
+
+    ~Loop() { stop(); }
+
+    void start() {
+        raise_fd_limit();
+        listen_fd_ = bind_and_listen();
+        ep_ = ::epoll_create1(EPOLL_CLOEXEC);
+        wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (ep_ < 0 || wake_fd_ < 0) throw std::runtime_error(std::string("http server: ") + std::strerror(errno));
+        watch(listen_fd_, EPOLLIN, EPOLL_CTL_ADD);
+        watch(wake_fd_, EPOLLIN, EPOLL_CTL_ADD);
+        thread_ = std::thread([this] { main(); });
+    }
+
+    void drain() {
+        draining_ = true;
+        wake();
+    }
+
+    void stop() {
+        if (!thread_.joinable()) return;
+        stopping_ = true;
+        wake();
+        thread_.join();
+        {
+            std::lock_guard lock(qm_);
+            workers_stop_ = true;
+        }
+        qcv_.notify_all();
+        for (auto& t : workers_) t.join();
+        workers_.clear();
+        for (auto& j : queue_) ::close(j.conn->fd);
+        queue_.clear();
+        std::lock_guard lock(rm_);
+        for (auto& r : returned_) ::close(r.conn->fd);
+        returned_.clear();
+        ::close(wake_fd_);
+        ::close(ep_);
+    }
+
+    uint16_t port() const { return port_; }
+
+private:
+    // One client connection while the loop owns it (between requests, or closing).
+    struct Conn {
+        int fd = -1;
+        Poco::Net::SocketAddress peer;
+        enum class State { idle, head, body, linger } state = State::idle;
+        Clock::time_point deadline;
+        std::string in;       // received, not yet consumed (a head being read, or pipelined bytes)
+        size_t scanned = 0;   // how far `in` was searched for the head's end
+        std::optional<Poco::Net::HTTPRequest> req;
+        gateway::BodyDecoder framing{gateway::BodyDecoder::Framing::length, 0};
+        std::string body;
+        int64_t reserved = 0;  // body bytes counted against server.max_body_memory_bytes
+    };
+    struct Job {
+        std::unique_ptr<Conn> conn;
+    };
+    struct Returned {
+        std::unique_ptr<Conn> conn;
+        bool keep_alive;
+    };
+
+    static void raise_fd_limit() {
+        // Every connection costs a descriptor, and load is shed with an answer only while one can
+        // be had: take the hard limit, as servers do.
+        rlimit r{};
+        if (::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+            r.rlim_cur = r.rlim_max;
+            ::setrlimit(RLIMIT_NOFILE, &r);
         }
     }
 
-private:
-    const Handler& h_;
-};
-
-class Factory : public Poco::Net::HTTPRequestHandlerFactory {
-public:
-    explicit Factory(const Handler& h) : h_(h) {}
-    Poco::Net::HTTPRequestHandler* createRequestHandler(const Poco::Net::HTTPServerRequest&) override {
-        return new RequestHandler(h_);
+    int bind_and_listen() {
+        const std::string where = cfg_.listen.host + ":" + std::to_string(cfg_.listen.port);
+        Poco::Net::SocketAddress addr;
+        try {
+            addr = Poco::Net::SocketAddress(cfg_.listen.host, static_cast<Poco::UInt16>(cfg_.listen.port));
+        } catch (const Poco::Exception& e) {
+            throw std::runtime_error("cannot listen on " + where + ": " + e.displayText());
+        }
+        int fd = ::socket(addr.af(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) throw std::runtime_error("cannot listen on " + where + ": " + std::strerror(errno));
+        // SO_REUSEADDR for fast restarts, but never SO_REUSEPORT: a second gateway on the same
+        // port must fail loudly, not silently share the traffic.
+        int one = 1;
+        ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (::bind(fd, addr.addr(), addr.length()) != 0 || ::listen(fd, static_cast<int>(std::max<int64_t>(cfg_.queue, 64))) != 0) {
+            std::string why = std::strerror(errno);
+            ::close(fd);
+            throw std::runtime_error("cannot listen on " + where + ": " + why);
+        }
+        sockaddr_storage ss{};
+        socklen_t len = sizeof ss;
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+        port_ = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+        return fd;
     }
 
-private:
-    const Handler& h_;
-};
+    void watch(int fd, uint32_t events, int op) {
+        epoll_event ev{};
+        ev.events = events;
+        ev.data.fd = fd;
+        ::epoll_ctl(ep_, op, fd, &ev);
+    }
 
-}  // namespace
+    void wake() {
+        uint64_t one = 1;
+        ssize_t n = ::write(wake_fd_, &one, sizeof one);
+        (void)n;
+    }
+
+    void main() {
+        ::pthread_setname_np(::pthread_self(), "pulse-accept");
+        epoll_event evs[256];
+        auto next_tick = Clock::now() + kTick;
+        bool was_draining = false;
+        while (!stopping_) {
+            int timeout = static_cast<int>(std::max<int64_t>(0, duration_cast<milliseconds>(next_tick - Clock::now()).count()) + 1);
+            int n = ::epoll_wait(ep_, evs, 256, timeout);
+            for (int i = 0; i < n; ++i) {
+                int fd = evs[i].data.fd;
+                if (fd == listen_fd_) {
+                    accept_all();
+                } else if (fd == wake_fd_) {
+                    uint64_t v;
+                    ssize_t r = ::read(wake_fd_, &v, sizeof v);
+                    (void)r;
+                    take_returned();
+                } else if (Conn* c = owned(fd)) {
+                    on_readable(*c);
+                }
+            }
+            if (draining_ && !was_draining) {
+                was_draining = true;
+                close_idle();
+            }
+            if (Clock::now() >= next_tick) {
+                next_tick = Clock::now() + kTick;
+                on_tick();
+            }
+            for (int fd : doomed_) close_now(fd);
+            doomed_.clear();
+        }
+        ::close(listen_fd_);
+        for (auto& [fd, c] : conns_) ::close(fd);
+        conns_.clear();
+    }
+
+    void accept_all() {
+        for (int i = 0; i < 256; ++i) {
+            sockaddr_storage ss{};
+            socklen_t len = sizeof ss;
+            int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) {
+                if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                    // Out of descriptors: the connection waits in the kernel's queue (not reset) until
+                    // some close; look again on the next tick.
+                    if (Clock::now() - last_fd_warning_ > seconds(10)) {
+                        last_fd_warning_ = Clock::now();
+                        log::warn("http", std::string("cannot accept connections: ") + std::strerror(errno) + " (raise LimitNOFILE)");
+                    }
+                    watch(listen_fd_, 0, EPOLL_CTL_MOD);
+                    listen_paused_ = true;
+                }
+                return;  // EAGAIN: all taken
+            }
+            int one = 1;
+            ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // SSE events are small and latency-bound
+            auto c = std::make_unique<Conn>();
+            c->fd = fd;
+            c->peer = Poco::Net::SocketAddress(reinterpret_cast<sockaddr*>(&ss), len);
+            c->deadline = Clock::now() + secs(cfg_.header_timeout_s);  // the first request must come soon
+            watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_ADD);
+            conns_[fd] = std::move(c);
+            connections_.add(1);
+        }
+    }
+
+    // The loop still owns connection `fd` (a dispatch hands it to a worker).
+    Conn* owned(int fd) {
+        auto it = conns_.find(fd);
+        return it == conns_.end() || doomed(fd) ? nullptr : it->second.get();
+    }
+
+    void on_readable(Conn& conn) {
+        const int fd = conn.fd;
+        char buf[65536];
+        for (int i = 0; i < 16; ++i) {
+            Conn* c = owned(fd);
+            if (!c) return;
+            ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (n > 0) {
+                if (c->state != Conn::State::linger) consume(*c, std::string_view(buf, static_cast<size_t>(n)));
+                if (static_cast<size_t>(n) < sizeof buf) return;
+            } else if (n == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
+                // The client closed (or the socket failed): nothing to answer.
+                doomed_.push_back(fd);
+                return;
+            } else if (errno != EINTR) {
+                return;
+            }
+        }
+    }
+
+    bool doomed(int fd) const { return std::find(doomed_.begin(), doomed_.end(), fd) != doomed_.end(); }
+
+    // New bytes for a connection that is between requests or reading one. May hand `c` to a
+    // worker: the caller looks it up again (owned()) before touching it.
+    void consume(Conn& c, std::string_view bytes) {
+        if (c.state == Conn::State::body) return read_body(c, bytes);
+        c.in.append(bytes);
+        parse_pending(c);
+    }
+
+    // Looks for a complete head in `in` and moves on to the body or dispatch.
+    void parse_pending(Conn& c) {
+        if (c.in.empty()) return;
+        if (c.state == Conn::State::idle) {
+            c.state = Conn::State::head;
+            c.deadline = Clock::now() + secs(cfg_.header_timeout_s);
+        }
+        size_t from = c.scanned > 3 ? c.scanned - 3 : 0;
+        size_t end = c.in.find("\r\n\r\n", from);
+        if (end == std::string::npos) {
+            c.scanned = c.in.size();
+            if (c.in.size() > kMaxHead) refuse(c, 431, "request_header_too_large", "the request head is over 64 KiB", 0, "head_too_large");
+            return;
+        }
+        Poco::Net::HTTPRequest req;
+        try {
+            std::istringstream is(c.in.substr(0, end + 4));
+            req.read(is);
+        } catch (const Poco::Exception& e) {
+            return refuse(c, 400, "bad_request", "malformed HTTP request head: " + e.message(), 0, "bad_request");
+        }
+        c.in.erase(0, end + 4);
+        c.scanned = 0;
+        const std::string& v = req.getVersion();
+        if (v != Poco::Net::HTTPMessage::HTTP_1_1 && v != Poco::Net::HTTPMessage::HTTP_1_0)
+            return refuse(c, 505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are served", 0, "bad_request");
+        const bool has_te = req.has("Transfer-Encoding");
+        const bool chunked = has_te && Poco::icompare(req.get("Transfer-Encoding"), "chunked") == 0;
+        if (has_te && !chunked) return refuse(c, 501, "not_implemented", "only the chunked transfer coding is supported", 0, "bad_request");
+        if (has_te && req.has("Content-Length"))
+            return refuse(c, 400, "bad_request", "a request may not carry both Transfer-Encoding and Content-Length", 0, "bad_request");
+        int64_t length = 0;
+        if (req.has("Content-Length")) {
+            try {
+                length = req.getContentLength64();
+            } catch (const Poco::Exception&) {
+                length = -1;
+            }
+            if (length < 0) return refuse(c, 400, "bad_request", "Content-Length is not a number", 0, "bad_request");
+        }
+        if (length > cfg_.max_body_bytes)
+            return refuse(c, 413, "request_too_large",
+                          "request body of " + std::to_string(length) + " bytes is over the limit of " + std::to_string(cfg_.max_body_bytes) +
+                              " bytes (server.max_body_bytes)",
+                          0, "too_large");
+        c.req = std::move(req);
+        c.body.clear();
+        c.reserved = 0;
+        if (!chunked && length == 0) return dispatch(c);
+        if (!reserve(c, length)) return;
+        if (chunked) {
+            c.framing = gateway::BodyDecoder(gateway::BodyDecoder::Framing::chunked);
+        } else {
+            c.framing = gateway::BodyDecoder(gateway::BodyDecoder::Framing::length, length);
+            c.body.reserve(static_cast<size_t>(length));  // one allocation of exactly the body's size
+        }
+        if (Poco::icompare(c.req->get("Expect", ""), "100-continue") == 0 && c.in.empty()) {
+            static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+            ssize_t n = ::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)n;
+        }
+        c.state = Conn::State::body;
+        c.deadline = Clock::now() + secs(cfg_.send_timeout_s);
+        std::string rest;
+        rest.swap(c.in);
+        if (!rest.empty()) read_body(c, rest);
+    }
+
+    // Counts `n` more body bytes against the memory budget; refuses the request when it is spent.
+    bool reserve(Conn& c, int64_t n) {
+        if (body_bytes_.load() + n > cfg_.max_body_memory_bytes && n > 0) {
+            refuse(c, 503, "server_busy",
+                   "the gateway is holding its limit of request-body memory (server.max_body_memory_bytes); retry shortly", 1, "body_memory");
+            return false;
+        }
+        body_bytes_ += n;
+        c.reserved += n;
+        return true;
+    }
+
+    void release(Conn& c) {
+        body_bytes_ -= c.reserved;
+        c.reserved = 0;
+    }
+
+    void read_body(Conn& c, std::string_view bytes) {
+        size_t used = 0;
+        if (!c.framing.feed(bytes, c.body, &used))
+            return refuse(c, 400, "bad_request", "malformed request body: " + c.framing.error(), 0, "bad_request");
+        if (c.req->getChunkedTransferEncoding()) {
+            if (static_cast<int64_t>(c.body.size()) > cfg_.max_body_bytes)
+                return refuse(c, 413, "request_too_large",
+                              "request body is over the limit of " + std::to_string(cfg_.max_body_bytes) + " bytes (server.max_body_bytes)", 0,
+                              "too_large");
+            if (int64_t grown = static_cast<int64_t>(c.body.size()) - c.reserved; grown > 0 && !reserve(c, grown)) return;
+        }
+        c.deadline = Clock::now() + secs(cfg_.send_timeout_s);
+        if (!c.framing.complete()) return;
+        c.in.assign(bytes.substr(used));  // the next (pipelined) request's first bytes
+        dispatch(c);
+    }
+
+    // A complete request: to a worker, or answered here when none may take it.
+    void dispatch(Conn& c) {
+        if (draining_) return refuse(c, 503, "draining", "the gateway is shutting down; retry shortly", 1, "draining");
+        std::unique_lock lock(qm_);
+        if (busy_ >= max_workers_) {
+            lock.unlock();
+            return refuse(c, 503, "at_capacity",
+                          "the gateway is at capacity (" + std::to_string(max_workers_) + " requests in flight); retry shortly", 1, "at_capacity");
+        }
+        ++busy_;
+        const int fd = c.fd;
+        watch(fd, 0, EPOLL_CTL_DEL);
+        auto it = conns_.find(fd);
+        queue_.push_back(Job{std::move(it->second)});
+        conns_.erase(it);
+        // Waiting workers each take one job (they count as idle until they have one): a thread
+        // more only when the queue outgrows them.
+        if (static_cast<int>(queue_.size()) > idle_workers_ && static_cast<int>(workers_.size()) < max_workers_)
+            workers_.emplace_back([this] { worker(); });
+        qcv_.notify_one();
+    }
+
+    // Answers from the loop, then closes gracefully.
+    void refuse(Conn& c, int status, std::string_view code, const std::string& message, int retry_after_s, const char* reason) {
+        refused(reason).add();
+        std::string r = error_response(status, code, message, retry_after_s);
+        ssize_t n = ::send(c.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n;  // small: it fits the socket buffer; a client that cannot take it gets nothing more
+        linger(c);
+    }
+
+    // Half-closes and drops whatever the client still sends for a moment, so the answer is read
+    // instead of being destroyed by an RST (which closing with unread bytes would send).
+    void linger(Conn& c) {
+        release(c);
+        ::shutdown(c.fd, SHUT_WR);
+        c.state = Conn::State::linger;
+        c.deadline = Clock::now() + kLinger;
+        c.in.clear();
+        c.body.clear();
+        c.body.shrink_to_fit();
+        c.req.reset();
+    }
+
+    void close_now(int fd) {
+        auto it = conns_.find(fd);
+        if (it == conns_.end()) return;
+        release(*it->second);
+        watch(fd, 0, EPOLL_CTL_DEL);
+        ::close(fd);
+        conns_.erase(it);
+        connections_.add(-1);
+    }
+
+    void on_tick() {
+        const auto now = Clock::now();
+        if (listen_paused_) {
+            listen_paused_ = false;
+            watch(listen_fd_, EPOLLIN, EPOLL_CTL_MOD);
+        }
+        std::vector<int> expired;
+        for (auto& [fd, c] : conns_)
+            if (now >= c->deadline) expired.push_back(fd);
+        for (int fd : expired) {
+            Conn& c = *conns_[fd];
+            switch (c.state) {
+                case Conn::State::idle:
+                case Conn::State::linger: doomed_.push_back(fd); break;
+                case Conn::State::head:
+                    refuse(c, 408, "request_timeout",
+                           "the request head did not arrive within " + std::to_string(static_cast<int>(cfg_.header_timeout_s)) +
+                               " s (server.header_timeout_s)",
+                           0, "header_timeout");
+                    break;
+                case Conn::State::body:
+                    refuse(c, 408, "request_timeout",
+                           "the request body stalled for " + std::to_string(static_cast<int>(cfg_.send_timeout_s)) + " s (server.send_timeout_s)", 0,
+                           "body_timeout");
+                    break;
+            }
+        }
+    }
+
+    void close_idle() {
+        for (auto& [fd, c] : conns_)
+            if (c->state == Conn::State::idle) doomed_.push_back(fd);
+    }
+
+    // Connections back from workers: read the next request, or close.
+    void take_returned() {
+        std::vector<Returned> back;
+        {
+            std::lock_guard lock(rm_);
+            back.swap(returned_);
+        }
+        for (auto& r : back) {
+            std::unique_ptr<Conn> c = std::move(r.conn);
+            const int fd = c->fd;
+            c->req.reset();
+            c->body.clear();
+            c->body.shrink_to_fit();
+            watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_ADD);
+            Conn& slot = *(conns_[fd] = std::move(c));
+            if (!r.keep_alive || draining_) {
+                linger(slot);
+                continue;
+            }
+            slot.state = Conn::State::idle;
+            slot.deadline = Clock::now() + secs(cfg_.idle_timeout_s);
+            parse_pending(slot);  // a pipelined request already read
+        }
+    }
+
+    void worker() {
+        ::pthread_setname_np(::pthread_self(), "pulse-worker");
+        for (;;) {
+            Job job;
+            {
+                std::unique_lock lock(qm_);
+                ++idle_workers_;
+                qcv_.wait(lock, [&] { return workers_stop_ || !queue_.empty(); });
+                --idle_workers_;
+                if (queue_.empty()) return;
+                job = std::move(queue_.front());
+                queue_.pop_front();
+            }
+            Conn& c = *job.conn;
+            bool keep = false;
+            {
+                Exchange ex(c.fd, c.peer, std::move(*c.req), std::move(c.body), cfg_.send_timeout_s, draining_.load());
+                try {
+                    handler_(ex);
+                } catch (const std::exception& e) {
+                    log::error("http", std::string("unhandled exception in request handler: ") + e.what());
+                }
+                if (!ex.responded() && !ex.lost()) {
+                    ex.close_after();
+                    ex.respond(500, "application/json",
+                               R"json({"error":{"message":"the gateway failed to answer this request (a bug: see its log)","type":"server_error","param":null,"code":"internal_error"}})json");
+                }
+                keep = ex.keep_alive();
+                // The body is released here, with the exchange, before the connection goes back.
+            }
+            release(c);
+            {
+                std::lock_guard lock(qm_);
+                --busy_;
+            }
+            std::lock_guard lock(rm_);
+            if (stopping_) {
+                ::close(c.fd);
+                connections_.add(-1);
+                continue;
+            }
+            returned_.push_back({std::move(job.conn), keep});
+            wake();
+        }
+    }
+
+    const config::Server cfg_;
+    const Handler& handler_;
+    const int max_workers_;
+    int listen_fd_ = -1, ep_ = -1, wake_fd_ = -1;
+    uint16_t port_ = 0;
+    std::thread thread_;
+    std::atomic<bool> stopping_{false}, draining_{false};
+    std::atomic<int64_t> body_bytes_{0};
+    metrics::Gauge& connections_ = metrics::global().gauge("pulse_http_connections", "client connections open");
+
+    // Loop-thread state.
+    std::unordered_map<int, std::unique_ptr<Conn>> conns_;
+    std::vector<int> doomed_;  // closed at the end of this round (events may still name them)
+    bool listen_paused_ = false;
+    Clock::time_point last_fd_warning_{};
+
+    // Worker queue.
+    std::mutex qm_;
+    std::condition_variable qcv_;
+    std::deque<Job> queue_;
+    std::vector<std::thread> workers_;
+    int busy_ = 0, idle_workers_ = 0;
+    bool workers_stop_ = false;
+
+    // Connections handed back by workers.
+    std::mutex rm_;
+    std::vector<Returned> returned_;
+};
 
 HttpServer::HttpServer(const config::Server& cfg, Handler handler) : cfg_(cfg), handler_(std::move(handler)) {}
 
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::start() {
-    Poco::Net::ServerSocket socket;
-    try {
-        Poco::Net::SocketAddress addr(cfg_.listen.host, cfg_.listen.port);
-        // SO_REUSEADDR for fast restarts, but never SO_REUSEPORT: a second gateway on the same
-        // port must fail loudly, not silently share the traffic.
-        socket.bind(addr, /*reuseAddress=*/true, /*reusePort=*/false);
-        socket.listen(static_cast<int>(std::max<int64_t>(cfg_.queue, 64)));
-    } catch (const Poco::Exception& e) {
-        throw std::runtime_error("cannot listen on " + cfg_.listen.host + ":" + std::to_string(cfg_.listen.port) +
-                                 ": " + e.displayText());
-    }
-    port_ = socket.address().port();
-    // Spare workers beyond max_streams answer over-capacity requests with a 503 (the gateway
-    // counts streams) instead of leaving them queued or silently closed.
-    int threads = static_cast<int>(cfg_.max_streams) + kSpareWorkers;
-    pool_ = std::make_unique<Poco::ThreadPool>(std::min(threads, 4), threads + 2, 60);
-    auto* params = new Poco::Net::HTTPServerParams;
-    params->setMaxThreads(threads);
-    params->setMaxQueued(static_cast<int>(cfg_.queue));
-    params->setKeepAlive(true);
-    // An idle keep-alive connection holds a worker: close it soon. A client that sends its
-    // request (or reads our answer) slower than send_timeout_s is cut off.
-    params->setKeepAliveTimeout(Poco::Timespan(static_cast<long>(std::min(cfg_.send_timeout_s, 5.0) * 1e6)));
-    params->setTimeout(Poco::Timespan(static_cast<long>(cfg_.send_timeout_s * 1e6)));
-    server_ = std::make_unique<Poco::Net::HTTPServer>(new Factory(handler_), *pool_, socket, params);
-    server_->start();
+    loop_ = std::make_unique<Loop>(cfg_, handler_);
+    loop_->start();
 }
 
-void HttpServer::stop_accepting() {
-    if (server_) server_->stop();
+void HttpServer::drain() {
+    if (loop_) loop_->drain();
 }
 
 void HttpServer::stop() {
-    if (!server_) return;
-    server_->stopAll(true);
-    server_.reset();
-    pool_->joinAll();
-    pool_.reset();
+    if (loop_) loop_->stop();
+    loop_.reset();
 }
 
-uint16_t HttpServer::port() const { return port_; }
+uint16_t HttpServer::port() const { return loop_ ? loop_->port() : 0; }
 
 }  // namespace pulse::server

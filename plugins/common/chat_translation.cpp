@@ -23,9 +23,26 @@ std::string text_of(const Json& content) {
     return out;
 }
 
+// Text or an image URL: a view into the request where it comes from there (a long prompt is
+// then written to the upstream request without a copy of its own), else text made here.
 struct Part {
     bool image = false;
-    std::string value;  // text, or image URL
+    bool borrowed = false;
+    std::string owned;
+    std::string_view view;  // valid for the whole build_request call
+    static Part of_request(std::string_view s, bool image = false) {
+        Part p;
+        p.image = image;
+        p.borrowed = true;
+        p.view = s;
+        return p;
+    }
+    static Part made(std::string s) {
+        Part p;
+        p.owned = std::move(s);
+        return p;
+    }
+    std::string_view value() const { return borrowed ? view : std::string_view(owned); }
 };
 
 struct Call {
@@ -45,7 +62,7 @@ struct Message {
     std::string text() const {
         std::string t;
         for (const auto& p : parts)
-            if (!p.image) t += p.value;
+            if (!p.image) t += p.value();
         return t;
     }
 };
@@ -61,34 +78,35 @@ bool valid_json(const pulse_host_api_t* host, pulse_call_t* call, std::string_vi
 // Image / text parts of a user-side content array.
 void add_parts(const Options& opt, const Json& content, std::vector<Part>& parts) {
     if (auto s = content.string()) {
-        parts.push_back({false, std::string(*s)});
+        parts.push_back(Part::of_request(*s));
         return;
     }
     for (size_t i = 0; i < content.size(); ++i) {
         Json p = content.at(i);
         std::string_view type = p["type"].string_or("");
         if (type == "input_image" || type == "image_url") {
-            std::string url(p["image_url"].is_object() ? p["image_url"]["url"].string_or("") : p["image_url"].string_or(""));
-            if (opt.pass_images && !url.empty()) parts.push_back({true, url});
-            else parts.push_back({false, "[image omitted: this model takes text only]"});
+            std::string_view url(p["image_url"].is_object() ? p["image_url"]["url"].string_or("") : p["image_url"].string_or(""));
+            if (opt.pass_images && !url.empty()) parts.push_back(Part::of_request(url, true));
+            else parts.push_back(Part::made("[image omitted: this model takes text only]"));
         } else if (auto t = p["text"].string()) {
-            parts.push_back({false, std::string(*t)});
+            parts.push_back(Part::of_request(*t));
         }
     }
 }
 
 void write_content(Writer& w, const Message& m) {
     if (!m.has_images()) {
-        w.string(m.text());
+        if (m.parts.size() == 1) w.string(m.parts[0].value());  // the common case, without a copy
+        else w.string(m.text());
         return;
     }
     w.begin_array();
     for (const auto& p : m.parts) {
         w.begin_object();
         if (p.image) {
-            w.kv("type", "image_url").key("image_url").begin_object().kv("url", p.value).end_object();
+            w.kv("type", "image_url").key("image_url").begin_object().kv("url", p.value()).end_object();
         } else {
-            w.kv("type", "text").kv("text", p.value);
+            w.kv("type", "text").kv("text", p.value());
         }
         w.end_object();
     }
@@ -280,7 +298,7 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
         if (pending_images.empty()) return;
         Message m;
         m.role = "user";
-        m.parts.push_back({false, "Images returned by the tool calls above:"});
+        m.parts.push_back(Part::made("Images returned by the tool calls above:"));
         for (auto& p : pending_images) m.parts.push_back(std::move(p));
         pending_images.clear();
         out.push_back(std::move(m));
@@ -307,7 +325,7 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
         std::string text;
         for (auto& p : parts) {
             if (p.image) images.push_back(std::move(p));
-            else text += p.value;
+            else text += p.value();
         }
         if (text.empty() && !images.empty()) text = "(image output follows)";
         return text;
@@ -317,7 +335,7 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
     if (auto s = input.string()) {
         Message m;
         m.role = "user";
-        m.parts.push_back({false, std::string(*s)});
+        m.parts.push_back(Part::of_request(*s));
         out.push_back(std::move(m));
     }
     for (size_t i = 0; i < (input.is_array() ? input.size() : 0); ++i) {
@@ -338,7 +356,7 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
                     // instruction, in order, as a user turn.
                     Message m;
                     m.role = "user";
-                    m.parts.push_back({false, "[" + std::string(role) + " message]\n" + text});
+                    m.parts.push_back(Part::made("[" + std::string(role) + " message]\n" + text));
                     out.push_back(std::move(m));
                 }
                 continue;
@@ -347,7 +365,7 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
             if (role == "assistant") {
                 Message m;
                 m.role = "assistant";
-                m.parts.push_back({false, text_of(item["content"])});
+                m.parts.push_back(Part::made(text_of(item["content"])));
                 m.reasoning = std::move(pending_reasoning);
                 pending_reasoning.clear();
                 out.push_back(std::move(m));
@@ -383,7 +401,7 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
             Message m;
             m.role = "tool";
             m.tool_call_id = std::string(item["call_id"].string_or(""));
-            m.parts.push_back({false, tool_output_text(item["output"], pending_images)});
+            m.parts.push_back(Part::made(tool_output_text(item["output"], pending_images)));
             out.push_back(std::move(m));
         }
         // The host has already rejected any other item type.
@@ -392,7 +410,7 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
     if (!system.empty()) {
         Message s;
         s.role = "system";
-        s.parts.push_back({false, std::move(system)});
+        s.parts.push_back(Part::made(std::move(system)));
         out.insert(out.begin(), std::move(s));
     }
     return out;

@@ -1,10 +1,10 @@
-// HTTP/1.1 body framing for upstream responses read in arbitrary pieces (core/gateway/http_body).
+// HTTP/1.1 body framing read in arbitrary pieces (core/common/http_body): upstream responses and client requests.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#include "gateway/http_body.h"
+#include "common/http_body.h"
 
 using pulse::gateway::BodyDecoder;
 
@@ -56,7 +56,7 @@ TEST_CASE("chunked: malformed framing is an error that names the problem") {
     CHECK(decode(chunked(), "ffffffffffffffff\r\n").error == "chunk size too large");
     Outcome after = decode(chunked(), "0\r\n\r\nextra");
     CHECK_FALSE(after.ok);
-    CHECK(after.error == "the backend sent bytes after the end of the body");
+    CHECK(after.error == "bytes after the end of the body");
     // Once failed, it stays failed.
     BodyDecoder d = chunked();
     std::string out;
@@ -83,7 +83,7 @@ TEST_CASE("Content-Length: exactly that many bytes; more is an error") {
     CHECK(decode(BodyDecoder(BodyDecoder::Framing::length, 0), "").complete);
     Outcome over = decode(BodyDecoder(BodyDecoder::Framing::length, 3), "hello");
     CHECK_FALSE(over.ok);
-    CHECK(over.error == "the backend sent more than its Content-Length");
+    CHECK(over.error == "more bytes than the Content-Length");
     BodyDecoder short_body(BodyDecoder::Framing::length, 10);
     std::string out;
     CHECK(short_body.feed("abc", out));

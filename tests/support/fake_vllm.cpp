@@ -15,6 +15,10 @@
 //   "tool_calls": [{"name", "arguments": object or raw string}]
 //   "finish_reason": string     default "tool_calls" when there are calls, else "stop"
 //   "status": N, "body": text   answer HTTP N with that body instead of streaming
+//                               ("retry_after": S adds a Retry-After header)
+//   "head_stall_ms": N          take the request, then send nothing at all for N ms (a hung
+//                               engine behind a live socket), then answer as scripted
+//   "drop_after_head": true     send the 200 head, then close the connection: no event at all
 //   "stream_error": text        after the role chunk, send {"error":{...}} then [DONE]
 //   "truncate": true            close the stream without [DONE]
 //   "delay_ms": N               pause before each chunk (and "first_delay_ms" before the first)
@@ -39,6 +43,9 @@
 #include <Poco/Net/HTTPServer.h>
 #include <Poco/Net/HTTPServerParams.h>
 #include <Poco/Net/HTTPServerRequest.h>
+#include <Poco/Net/HTTPServerRequestImpl.h>
+#include <Poco/Net/StreamSocket.h>
+#include <sys/socket.h>
 #include <Poco/Net/HTTPServerResponse.h>
 #include <Poco/Net/ServerSocket.h>
 #include <rapidjson/document.h>
@@ -247,8 +254,10 @@ public:
         if (g_script.HasMember("prefix_cache") && g_script["prefix_cache"].IsTrue() && rq.IsObject() && rq.HasMember("messages"))
             prefix_cached = static_cast<int64_t>(cached_prefix(dump(rq["messages"])) / 4);
 
+        if (int64_t stall = get_int(turn, "head_stall_ms", 0)) std::this_thread::sleep_for(std::chrono::milliseconds(stall));
         if (int64_t status = get_int(turn, "status", 0)) {
             std::string b = get_str(turn, "body", R"({"error":{"message":"scripted failure","type":"ServiceUnavailable","code":503}})");
+            if (int64_t ra = get_int(turn, "retry_after", 0)) resp.set("Retry-After", std::to_string(ra));
             resp.setStatus(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(status));
             resp.setContentType("application/json");
             resp.sendBuffer(b.data(), b.size());
@@ -260,6 +269,14 @@ public:
         resp.setContentType("text/event-stream");
         resp.setChunkedTransferEncoding(true);
         std::ostream& out = resp.send();
+        if (turn.HasMember("drop_after_head") && turn["drop_after_head"].IsTrue()) {
+            out.flush();
+            // Cut the connection under POCO: the client sees the head, then EOF with no event
+            // and no last chunk (a server killed between accepting and generating).
+            ::shutdown(static_cast<Poco::Net::HTTPServerRequestImpl&>(req).socket().impl()->sockfd(), SHUT_RDWR);
+            record(R"({"served":)" + std::to_string(served) + R"(,"dropped":true})");
+            return;
+        }
         int64_t delay = get_int(turn, "delay_ms", get_int(g_script, "delay_ms", 0));
         int64_t first_delay = get_int(turn, "first_delay_ms", 0);
         const int64_t step = get_int(g_script, "step_ms", 0);

@@ -107,12 +107,7 @@ struct Gateway {
             std::filesystem::copy_file(env_or_fail("PULSE_TEST_PLUGIN_DIR") + "/" + from + ".so", dst);
             std::filesystem::permissions(dst, std::filesystem::perms(0755));
         }
-        // PULSE_TEST_STREAM_THREADS runs a suite against the other streaming path (0 = a thread
-        // per stream instead of the epoll relay); meson registers the gateway suites both ways.
-        std::string threads;
-        if (const char* t = std::getenv("PULSE_TEST_STREAM_THREADS"); t && server_toml.find("stream_threads") == std::string::npos)
-            threads = std::string("stream_threads = ") + t + "\n";
-        auto cfg = dir.write("pulse.toml", "[server]\nlisten = \"127.0.0.1:0\"\n" + threads + server_toml + "\n[upstream]\n" + upstream_toml +
+        auto cfg = dir.write("pulse.toml", "[server]\nlisten = \"127.0.0.1:0\"\n" + server_toml + "\n[upstream]\n" + upstream_toml +
                                                "\n[plugins]\ndirs = [\"plugins\"]\ndropin_dirs = []\nruntime_dir = \"" +
                                                (dir / "run").string() + "\"\n" + extra_toml + "\n" + models_toml);
         config = cfg;

@@ -18,7 +18,7 @@
 // phase starts its C requests, each on a new connection, in the same instant and samples them
 // all (a stress of admission: C connections accepted and C requests set up at once).
 //
-// --stream-threads N: the gateway's server.stream_threads (0 = a thread per stream).
+// --stream-threads N: the gateway's server.stream_threads (relay threads, 1 to 64).
 //
 // --lockstep: the fake backend paces all streams by one clock (a token every --delay-ms for
 // every stream at once), like a batched engine's decode steps; without it each stream sleeps

@@ -1,6 +1,7 @@
-#include "gateway/http_body.h"
+#include "common/http_body.h"
 
 #include <algorithm>
+#include <cctype>
 
 namespace pulse::gateway {
 namespace {
@@ -14,20 +15,77 @@ int hex_value(char c) {
 
 }  // namespace
 
+BodyDecoder ResponseHead::decoder() const {
+    switch (framing) {
+        case Framing::chunked: return BodyDecoder(BodyDecoder::Framing::chunked);
+        case Framing::length: return BodyDecoder(BodyDecoder::Framing::length, length);
+        case Framing::until_close: break;
+    }
+    return BodyDecoder(BodyDecoder::Framing::until_close);
+}
+
+bool parse_response_head(std::string_view h, ResponseHead& out) {
+    out = ResponseHead{};
+    size_t eol = h.find("\r\n");
+    std::string_view line = h.substr(0, eol);
+    if (line.size() < 12 || line.substr(0, 7) != "HTTP/1." || line[8] != ' ') return false;
+    for (size_t i = 9; i < 12; ++i) {
+        if (line[i] < '0' || line[i] > '9') return false;
+        out.status = out.status * 10 + (line[i] - '0');
+    }
+    bool chunked = false, has_length = false;
+    out.close = line.substr(0, 8) == "HTTP/1.0";
+    auto lower = [](std::string_view v) {
+        std::string s(v);
+        for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        return s;
+    };
+    while (eol != std::string_view::npos) {
+        h.remove_prefix(eol + 2);
+        eol = h.find("\r\n");
+        std::string_view f = h.substr(0, eol);
+        size_t colon = f.find(':');
+        if (colon == std::string_view::npos) continue;
+        const std::string name = lower(f.substr(0, colon));
+        std::string value = lower(f.substr(colon + 1));
+        value.erase(0, std::min(value.size(), value.find_first_not_of(" \t")));
+        while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.pop_back();
+        if (name == "transfer-encoding") {
+            chunked = value.find("chunked") != std::string::npos;
+        } else if (name == "content-length") {
+            if (value.empty() || value.size() > 18 || value.find_first_not_of("0123456789") != std::string::npos) return false;
+            out.length = std::stoll(value);
+            has_length = true;
+        } else if (name == "connection") {
+            if (value.find("close") != std::string::npos) out.close = true;
+        } else if (name == "retry-after") {
+            // Seconds (an HTTP date is rare from model servers and is not used); capped at a day.
+            int v = 0;
+            for (size_t i = 0; i < value.size() && value[i] >= '0' && value[i] <= '9' && v < 86400; ++i) v = v * 10 + (value[i] - '0');
+            out.retry_after_s = std::min(v, 86400);
+        }
+    }
+    out.framing = chunked ? ResponseHead::Framing::chunked : has_length ? ResponseHead::Framing::length : ResponseHead::Framing::until_close;
+    if (!chunked && !has_length) out.close = true;
+    return true;
+}
+
 bool BodyDecoder::fail(std::string why) {
     state_ = State::failed;
     error_ = std::move(why);
     return false;
 }
 
-bool BodyDecoder::feed(std::string_view raw, std::string& out) {
+bool BodyDecoder::feed(std::string_view raw, std::string& out, size_t* used) {
     if (state_ == State::failed) return false;
+    if (used) *used = raw.size();
     if (framing_ == Framing::until_close) {
         out.append(raw);
         return true;
     }
     if (framing_ == Framing::length) {
-        if (static_cast<int64_t>(raw.size()) > left_) return fail("the backend sent more than its Content-Length");
+        if (used && static_cast<int64_t>(raw.size()) > left_) raw = raw.substr(0, static_cast<size_t>(left_)), *used = raw.size();
+        if (static_cast<int64_t>(raw.size()) > left_) return fail("more bytes than the Content-Length");
         out.append(raw);
         left_ -= static_cast<int64_t>(raw.size());
         if (left_ == 0) state_ = State::done;
@@ -103,7 +161,10 @@ bool BodyDecoder::feed(std::string_view raw, std::string& out) {
                 state_ = State::done;
                 ++i;
                 break;
-            case State::done: return fail("the backend sent bytes after the end of the body");
+            case State::done:
+                if (!used) return fail("bytes after the end of the body");
+                *used = i;
+                return true;
             case State::failed: return false;
         }
     }

@@ -1,0 +1,437 @@
+// Every request gets exactly one well-formed answer: backends that hang, drop or refuse in the
+// ways real servers do, hostile and overloading clients, and drain. Each case is a defect that
+// was seen; the test fails on the gateway without its fix. Real processes on loopback; every
+// loop is bounded in count and time.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <Poco/Net/HTTPClientSession.h>
+#include <Poco/Net/HTTPRequest.h>
+#include <Poco/Net/HTTPResponse.h>
+
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "support/gateway_harness.h"
+
+using namespace pulse::test;
+using namespace std::chrono;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string str(const rapidjson::Value& v, const char* k) { return v.HasMember(k) && v[k].IsString() ? v[k].GetString() : ""; }
+
+std::string model_toml(const std::vector<std::string>& urls, const std::string& extra_endpoint = "") {
+    std::string t = "[models.m]\nprofile = \"qwen38\"\n";
+    for (size_t i = 0; i < urls.size(); ++i)
+        t += "[[models.m.endpoints]]\nname = \"ep" + std::to_string(i) + "\"\nurl = \"" + urls[i] + "\"\n" + extra_endpoint;
+    return t;
+}
+
+std::string request(bool stream = true, const std::string& input = "\"hello\"") {
+    return std::string(R"({"model":"m","stream":)") + (stream ? "true" : "false") + R"(,"store":false,"input":)" + input + "}";
+}
+
+const char* kFast = "keepalive_s = 0.3\nconnect_timeout_s = 5\nhealth_interval_s = 0.2\n";
+
+template <class F>
+bool eventually(F cond, int ms = 10000) {
+    for (int waited = 0; waited < ms; waited += 20) {
+        if (cond()) return true;
+        std::this_thread::sleep_for(milliseconds(20));
+    }
+    return cond();
+}
+
+std::string get(uint16_t port, const std::string& path) {
+    Poco::Net::HTTPClientSession s("127.0.0.1", port);
+    s.setTimeout(Poco::Timespan(10, 0));
+    Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
+    s.sendRequest(req);
+    Poco::Net::HTTPResponse resp;
+    return std::string((std::istreambuf_iterator<char>(s.receiveResponse(resp))), {});
+}
+
+// A raw loopback connection, for what HTTP client libraries will not send.
+struct Raw {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    explicit Raw(uint16_t port) {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    }
+    ~Raw() { ::close(fd); }
+    bool send(std::string_view s) { return ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size()); }
+    // Reads until EOF or `ms`; `reset` tells whether the connection ended with an RST.
+    std::string read_all(int ms, bool* reset = nullptr, bool* eof = nullptr) {
+        std::string out;
+        auto until = steady_clock::now() + milliseconds(ms);
+        char buf[65536];
+        if (reset) *reset = false;
+        if (eof) *eof = false;
+        while (steady_clock::now() < until) {
+            pollfd p{fd, POLLIN, 0};
+            if (::poll(&p, 1, 50) <= 0) continue;
+            ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+            if (n > 0) {
+                out.append(buf, static_cast<size_t>(n));
+                continue;
+            }
+            if (n < 0 && reset) *reset = errno == ECONNRESET;
+            if (eof) *eof = n == 0;
+            break;
+        }
+        return out;
+    }
+};
+
+std::string post_head(const std::string& body, const std::string& version = "HTTP/1.1") {
+    // Connection: close, so each answer ends with EOF and a reader knows it has all of it.
+    return "POST /v1/responses " + version + "\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Memory is measured as it is in production: meson's MALLOC_PERTURB_ makes malloc write every
+// block it hands out, which makes reserved-but-unused capacity resident.
+void measure_memory_as_deployed() { ::unsetenv("MALLOC_PERTURB_"); }
+
+// Peak and current resident memory of a process, in kB (/proc/PID/status).
+int64_t proc_kb(pid_t pid, const char* field) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size()));
+    return -1;
+}
+
+}  // namespace
+
+// 1. A backend that takes the connection and never sends a response head.
+TEST_CASE("a backend that never sends its response head is given up after upstream.head_timeout_s: the next endpoint serves") {
+    FakeBackend hung(R"({"turns":[{"head_stall_ms":60000,"content":"too late"}]})");
+    FakeBackend good(R"({"turns":[{"content":"from the second"}]})");
+    Gateway gw(model_toml({hung.url(), good.url()}), "", std::string(kFast) + "retry_window_s = 0\nhead_timeout_s = 0.5\n");
+    auto t0 = steady_clock::now();
+    auto r = post(gw.port, "/v1/responses", request(), {}, 20);
+    CHECK(duration<double>(steady_clock::now() - t0).count() < 10);
+    auto st = check_stream(r.body);
+    CHECK(st.terminal == "response.completed");
+    CHECK(str(st.item(0)["content"][0], "text") == "from the second");
+    CHECK(gw.log().find("no response head from the backend within 0.5 s (upstream.head_timeout_s)") != std::string::npos);
+}
+
+// 2. A non-streaming client always gets a status line and a JSON error.
+TEST_CASE("non-streaming: a backend that drops the connection before any event gets a JSON 503, not an empty reply") {
+    FakeBackend drop(R"({"turns":[{"drop_after_head":true}]})");
+    Gateway gw(model_toml({drop.url()}), "", std::string(kFast) + "retry_window_s = 0\n");
+    auto r = post(gw.port, "/v1/responses", request(false));
+    CHECK(r.status == 503);
+    CHECK(r.content_type == "application/json");
+    CHECK(r.body.find(R"("type":"server_error")") != std::string::npos);
+    CHECK(r.body.find("no backend could take the request") != std::string::npos);
+}
+
+TEST_CASE("non-streaming: every retry failing inside the window ends in a JSON 503") {
+    // Each attempt is accepted (200 head) and then dropped: the builder has started by then.
+    FakeBackend down(R"({"turns":[{"drop_after_head":true}]})");
+    Gateway gw(model_toml({down.url()}), "", std::string(kFast) + "retry_window_s = 1\n");
+    auto r = post(gw.port, "/v1/responses", request(false));
+    CHECK(r.status == 503);
+    CHECK(r.retry_after == "1");
+    CHECK(r.content_type == "application/json");
+    CHECK(r.body.find("no backend could take the request within 1 s") != std::string::npos);
+    CHECK(down.requests().size() >= 2);
+}
+
+// 2 + 3. A backend plugin's own failure: answered at once as the status table says, not retried.
+TEST_CASE("a backend plugin failing with INTERNAL, ABI or CANCELLED is a 500 at once, never retried for the window") {
+    for (const char* status : {"internal", "abi", "cancelled"}) {
+        for (const char* at : {"next", "start"}) {
+            CAPTURE(status);
+            CAPTURE(at);
+            Gateway gw(std::string("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"faulty\"\nurl = \"plugin://test-faulty\"\n") +
+                           "options = { fail = \"" + at + "\", status = \"" + status + "\" }\n",
+                       "", std::string(kFast) + "retry_window_s = 30\n", "", {{"faulty_backend", "faulty_backend"}});
+            auto t0 = steady_clock::now();
+            auto r = post(gw.port, "/v1/responses", request(false));
+            CHECK(duration<double>(steady_clock::now() - t0).count() < 5);  // no 30 s retry window
+            CHECK(r.status == 500);
+            CHECK(r.content_type == "application/json");
+            CHECK(r.body.find("test-faulty: ") != std::string::npos);
+            // Streaming: the SSE stream, if it was opened, ends with response.failed.
+            auto s = post(gw.port, "/v1/responses", request(true));
+            if (s.status == 200) {
+                auto st = check_stream(s.body);
+                CHECK(st.terminal == "response.failed");
+                CHECK(str((*st.response)["error"], "message").find("test-faulty: ") != std::string::npos);
+            } else {
+                CHECK(s.status == 500);
+            }
+            CHECK(duration<double>(steady_clock::now() - t0).count() < 10);
+        }
+    }
+}
+
+// 4. Health that only real requests can see.
+TEST_CASE("an endpoint that answers its probe but refuses every request stays down, and gets no warmup replays") {
+    FakeBackend sick(R"({"turns":[{"status":503}]})");
+    FakeBackend good(R"({"turns":[{"content":"from the good one"}]})");
+    TempDir tmp;
+    Gateway gw(model_toml({sick.url(), good.url()}), "", std::string(kFast) + "retry_window_s = 0\n",
+               "[warmup]\nenabled = true\nstate_file = \"" + (tmp / "w.json").string() + "\"\n");
+    auto count = [](const std::string& text, const std::string& what) {
+        size_t n = 0;
+        for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+        return n;
+    };
+    // Requests spaced wider than the probe interval: each time the probe has made it look healthy.
+    for (int i = 0; i < 6; ++i) {
+        CHECK(check_stream(post(gw.port, "/v1/responses", request()).body).terminal == "response.completed");
+        std::this_thread::sleep_for(milliseconds(400));
+    }
+    // Real requests only (warmup replays ask for one token).
+    auto real = [&] {
+        size_t n = 0;
+        for (const auto& r : sick.requests()) n += std::regex_search(r, std::regex(R"("max_tokens":1[,}])")) ? 0 : 1;
+        return n;
+    };
+    CHECK(real() == 3);  // a run of three, then no more
+    CHECK(gw.log().find("requests in a row: it stays down until a request succeeds") != std::string::npos);
+    const size_t replays = count(gw.log(), "is back: replaying");
+    // Many probe intervals later it is still down: no warmup, no request.
+    std::this_thread::sleep_for(milliseconds(1500));
+    CHECK(get(gw.port, "/health").find(R"("name":"ep0","url":")" + sick.url() + R"(","state":"down")") != std::string::npos);
+    for (int i = 0; i < 3; ++i) CHECK(check_stream(post(gw.port, "/v1/responses", request()).body).terminal == "response.completed");
+    CHECK(real() == 3);
+    CHECK(count(gw.log(), "is back: replaying") == replays);
+}
+
+TEST_CASE("a backend's Retry-After reaches the client on the final 503") {
+    FakeBackend busy(R"({"turns":[{"status":503,"retry_after":7}]})");
+    Gateway gw(model_toml({busy.url()}), "", std::string(kFast) + "retry_window_s = 0\n");
+    auto r = post(gw.port, "/v1/responses", request(false));
+    CHECK(r.status == 503);
+    CHECK(r.retry_after == "7");
+}
+
+TEST_CASE("the retry window is used to its end: the last attempt starts at the deadline") {
+    FakeBackend down(R"({"turns":[{"status":503}]})");
+    Gateway gw(model_toml({down.url()}), "", std::string(kFast) + "retry_window_s = 3\n");
+    auto t0 = steady_clock::now();
+    auto r = post(gw.port, "/v1/responses", request(false));
+    double took = duration<double>(steady_clock::now() - t0).count();
+    CHECK(r.status == 503);
+    CHECK(took >= 2.9);  // backoff 0.25, 0.5, 1, 2 s would have given up at 1.75 s
+    CHECK(took < 6);
+}
+
+TEST_CASE("a backend that fails after only its role chunk counts as no output: the next endpoint serves the turn") {
+    FakeBackend empty(R"({"turns":[{"truncate":true}]})");  // the role chunk, then the connection ends
+    FakeBackend good(R"({"turns":[{"content":"whole answer"}]})");
+    Gateway gw(model_toml({empty.url(), good.url()}), "", std::string(kFast) + "retry_window_s = 0\n");
+    auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
+    CHECK(st.terminal == "response.completed");
+    CHECK(str(st.item(0)["content"][0], "text") == "whole answer");
+    CHECK(empty.requests().size() == 1);
+}
+
+// 5. Drain.
+TEST_CASE("drain: new requests get 503 + Retry-After at once; a stream still running at the deadline ends with response.failed") {
+    FakeBackend slow(R"({"turns":[{"content":"one two three four five six seven eight nine ten eleven twelve","delay_ms":400}]})");
+    Gateway gw(model_toml({slow.url()}), "drain_timeout_s = 1.5\n", std::string(kFast) + "retry_window_s = 0\n");
+    auto inflight = std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request(), {}, 30); });
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("active_requests":1)") != std::string::npos; }));
+    gw.child->signal(SIGTERM);
+    REQUIRE(eventually([&] { return gw.log().find("draining") != std::string::npos; }));
+    // A new connection during the drain: answered at once, not left hanging until exit.
+    auto t0 = steady_clock::now();
+    Raw c(gw.port);
+    REQUIRE(c.send(post_head(request())));
+    bool reset = false;
+    std::string answer = c.read_all(5000, &reset);
+    CHECK(duration<double>(steady_clock::now() - t0).count() < 1.0);
+    CHECK(answer.rfind("HTTP/1.1 503", 0) == 0);
+    CHECK(answer.find("Retry-After: 1\r\n") != std::string::npos);
+    CHECK(answer.find("draining") != std::string::npos);
+    CHECK(!reset);
+    // The long stream is cut at the deadline with a terminal event.
+    auto st = check_stream(inflight.get().body);
+    REQUIRE(st.terminal == "response.failed");
+    CHECK(str((*st.response)["error"], "message").find("the gateway is shutting down") != std::string::npos);
+    CHECK(gw.child->wait(20).code == 0);
+}
+
+// 6. A client that stops reading.
+TEST_CASE("a client that stops reading a large response: bounded memory, cut after send_timeout_s, logged as what happened") {
+    // 48 text deltas of 1 MiB: far more than socket buffers and the per-client queue hold.
+    std::string words;
+    for (int i = 0; i < 48; ++i) words += std::string(1 << 20, 'a') + " ";
+    FakeBackend big(R"({"turns":[{"content":")" + words + R"("}]})");
+    measure_memory_as_deployed();
+    words.clear();
+    words.shrink_to_fit();
+    Gateway gw(model_toml({big.url()}), "send_timeout_s = 1\n", kFast);
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("status":"ok")") != std::string::npos; }));
+    const int64_t rss_before = proc_kb(gw.child->pid(), "VmRSS:");
+    Raw stuck(gw.port);
+    int small = 4096;
+    ::setsockopt(stuck.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    REQUIRE(stuck.send(post_head(request())));  // and never read
+    REQUIRE(eventually([&] { return gw.log().find("outcome=") != std::string::npos; }, 30000));
+    const int64_t peak = proc_kb(gw.child->pid(), "VmHWM:");
+    MESSAGE("gateway RSS before " << rss_before << " kB, peak " << peak << " kB");
+    CHECK(peak - rss_before < 32 * 1024);  // the whole answer is 48 MiB: it was never buffered
+    CHECK(gw.log().find("outcome=cancelled") != std::string::npos);
+    CHECK(gw.log().find("outcome=completed") == std::string::npos);
+    CHECK(eventually([&] { return big.log().find(R"("client_gone":true)") != std::string::npos; }, 30000));
+}
+
+// 7. HTTP/1.0.
+TEST_CASE("an HTTP/1.0 client gets a streamed body without chunked framing, ended by closing the connection") {
+    FakeBackend be(R"({"turns":[{"content":"old but fine"}]})");
+    Gateway gw(model_toml({be.url()}), "", kFast);
+    Raw c(gw.port);
+    REQUIRE(c.send(post_head(request(), "HTTP/1.0")));
+    bool eof = false;
+    std::string all = c.read_all(10000, nullptr, &eof);
+    CHECK(eof);
+    size_t end = all.find("\r\n\r\n");
+    REQUIRE(end != std::string::npos);
+    std::string head = all.substr(0, end + 4), body = all.substr(end + 4);
+    CHECK(head.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+    CHECK(head.find("Transfer-Encoding") == std::string::npos);
+    CHECK(head.find("Connection: close\r\n") != std::string::npos);
+    auto st = check_stream(body);  // plain SSE: no chunk-size lines inside
+    CHECK(st.terminal == "response.completed");
+    CHECK(str(st.item(0)["content"][0], "text") == "old but fine");
+}
+
+// 8. Slow and idle connections.
+TEST_CASE("300 slow-header and idle connections do not lock real clients out, and slow heads get 408") {
+    FakeBackend be(R"({"turns":[{"content":"served anyway"}]})");
+    // 4 + 16 spare workers: with a thread per connection, 300 connections would hold them all.
+    Gateway gw(model_toml({be.url()}), "max_streams = 4\nheader_timeout_s = 3\n", kFast);
+    std::vector<std::unique_ptr<Raw>> slow, idle;
+    for (int i = 0; i < 150; ++i) slow.push_back(std::make_unique<Raw>(gw.port));
+    for (int i = 0; i < 150; ++i) idle.push_back(std::make_unique<Raw>(gw.port));
+    const std::string head = "POST /v1/responses HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    std::atomic<bool> stop{false};
+    std::thread drip([&] {  // one header byte a second per slow connection, for at most 6 s
+        for (size_t b = 0; b < 6 && !stop; ++b) {
+            for (auto& s : slow) s->send(std::string_view(head).substr(b % head.size(), 1));
+            for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(milliseconds(100));
+        }
+    });
+    std::this_thread::sleep_for(milliseconds(500));
+    for (int i = 0; i < 5; ++i) {
+        auto t0 = steady_clock::now();
+        auto r = post(gw.port, "/v1/responses", request(), {}, 10);
+        CHECK(r.status == 200);
+        CHECK(check_stream(r.body).terminal == "response.completed");
+        CHECK(duration<double>(steady_clock::now() - t0).count() < 2.0);
+    }
+    // The slow senders are answered 408 once header_timeout_s has passed since their first byte.
+    std::string answer = slow[0]->read_all(6000);
+    stop = true;
+    drip.join();
+    CHECK(answer.rfind("HTTP/1.1 408", 0) == 0);
+    CHECK(answer.find("server.header_timeout_s") != std::string::npos);
+    CHECK(get(gw.port, "/metrics").find(R"(pulse_http_refusals_total{reason="header_timeout"})") != std::string::npos);
+}
+
+// 9. Past capacity.
+TEST_CASE("past capacity every request gets 503 + Retry-After or its stream: never a reset") {
+    FakeBackend be(R"({"turns":[{"content":"one two three four","delay_ms":250}]})");
+    Gateway gw(model_toml({be.url()}), "max_streams = 4\n", kFast);
+    constexpr int kClients = 400;
+    std::vector<std::unique_ptr<Raw>> conns;
+    for (int i = 0; i < kClients; ++i) conns.push_back(std::make_unique<Raw>(gw.port));
+    for (auto& c : conns) REQUIRE(c->send(post_head(request())));
+    int ok = 0, refused = 0, other = 0, resets = 0;
+    std::vector<std::future<std::pair<std::string, bool>>> answers;
+    for (auto& c : conns)
+        answers.push_back(std::async(std::launch::async, [&c] {
+            bool reset = false;
+            std::string a = c->read_all(20000, &reset);
+            return std::make_pair(a, reset);
+        }));
+    for (auto& f : answers) {
+        auto [a, reset] = f.get();
+        if (reset) ++resets;
+        if (a.rfind("HTTP/1.1 200", 0) == 0 && a.find("response.completed") != std::string::npos) ++ok;
+        else if (a.rfind("HTTP/1.1 503", 0) == 0 && a.find("Retry-After: 1\r\n") != std::string::npos) ++refused;
+        else ++other;
+    }
+    MESSAGE(ok << " streams, " << refused << " refused with 503, " << other << " other, " << resets << " resets");
+    CHECK(resets == 0);
+    CHECK(other == 0);
+    CHECK(ok >= 4);
+    CHECK(ok + refused == kClients);
+}
+
+// 10. Request bodies in memory.
+TEST_CASE("large request bodies: about one copy each in memory, and a cap on all of them at once") {
+    FakeBackend be(R"({"turns":[{"content":"read it all"}]})");
+    constexpr int64_t kBody = 24 << 20;
+    measure_memory_as_deployed();
+    Gateway gw(model_toml({be.url()}), "max_body_bytes = 33554432\nmax_body_memory_bytes = 104857600\nmax_streams = 16\n", kFast);
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("status":"ok")") != std::string::npos; }));
+    const int64_t rss_before = proc_kb(gw.child->pid(), "VmRSS:");
+    const std::string body = request(false, "\"" + std::string(kBody, 'q') + "\"");
+    std::vector<std::future<HttpResult>> all;
+    for (int i = 0; i < 8; ++i) all.push_back(std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", body, {}, 60); }));
+    int ok = 0, refused = 0;
+    for (auto& f : all) {
+        auto r = f.get();
+        if (r.status == 200) ++ok;
+        else if (r.status == 503 && r.retry_after == "1" && r.body.find("max_body_memory_bytes") != std::string::npos) ++refused;
+    }
+    const int64_t peak_mb = (proc_kb(gw.child->pid(), "VmHWM:") - rss_before) / 1024;
+    MESSAGE(ok << " served, " << refused << " refused; peak growth " << peak_mb << " MB for bodies of " << (kBody >> 20) << " MB");
+    CHECK(ok >= 1);
+    CHECK(ok + refused == 8);
+    // The cap holds 4 bodies at most; each costs about 2x (its bytes and the upstream request).
+    CHECK(peak_mb < 100 * 5 / 2 + 40);
+}
+
+// 11. Secrets on disk and in memory compare.
+TEST_CASE("trace file: an existing file is made 0600, a symbolic link is not followed; 401s are counted") {
+    FakeBackend be(R"({"turns":[{"content":"traced"}]})");
+    TempDir tmp;
+    auto trace = tmp / "trace.jsonl";
+    { std::ofstream(trace) << ""; }
+    ::chmod(trace.c_str(), 0644);
+    {
+        Gateway gw(model_toml({be.url()}), "trace_file = \"" + trace.string() + "\"\napi_key = \"k-123\"\n", kFast);
+        auto ok = post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer k-123"}});
+        CHECK(ok.status == 200);
+        CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer k-12"}}).status == 401);     // shorter
+        CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer k-1234"}}).status == 401);   // longer
+        CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer k-124"}}).status == 401);    // same length
+        CHECK(get(gw.port, "/metrics").find("pulse_unauthorized_total 3") != std::string::npos);
+        struct stat sb {};
+        REQUIRE(::stat(trace.c_str(), &sb) == 0);
+        CHECK((sb.st_mode & 0777) == 0600);
+        CHECK(sb.st_size > 0);
+    }
+    auto target = tmp / "elsewhere.txt";
+    { std::ofstream(target) << "untouched\n"; }
+    auto link = tmp / "link.jsonl";
+    fs::create_symlink(target, link);
+    Gateway gw(model_toml({be.url()}), "trace_file = \"" + link.string() + "\"\n", kFast);
+    CHECK(post(gw.port, "/v1/responses", request()).status == 200);
+    CHECK(read_file(target) == "untouched\n");
+    CHECK(gw.log().find("not writing the trace file " + link.string() + ": it is a symbolic link") != std::string::npos);
+}
