@@ -130,7 +130,7 @@ std::string ResponseBuilder::response_json(std::string_view status, bool termina
 std::string ResponseBuilder::item_json(const Item& it, bool done) const {
     JsonOut o;
     o.begin().kv("id", it.id);
-    const char* status = done ? "completed" : "in_progress";
+    const char* status = !done ? "in_progress" : it.incomplete ? "incomplete" : "completed";
     switch (it.type) {
         case Item::message:
             o.kv("type", "message").kv("status", status).kv("role", "assistant").key("content").begin_array();
@@ -173,12 +173,13 @@ void ResponseBuilder::keepalive() {
     else event("response.in_progress", [&](JsonOut& o) { o.key("response").raw(response_json("in_progress", false)); });
 }
 
-ResponseBuilder::Item& ResponseBuilder::open_item(Item::Type type) {
+ResponseBuilder::Item& ResponseBuilder::open_item(Item::Type type, const std::function<void(Item&)>& fill) {
     start();
     close_current();
     has_output_ = true;
     Item it;
     it.type = type;
+    if (fill) fill(it);  // before `added`: strict clients require a tool call's call_id and name there
     static const char* prefixes[] = {"msg_", "rs_", "fc_", "ctc_"};
     it.id = std::string(prefixes[type]) + id_.substr(5) + "_" + std::to_string(items_.size());
     items_.push_back(std::move(it));
@@ -269,6 +270,7 @@ pulse_status_t ResponseBuilder::reasoning(std::string_view t) {
     if (ended_) return PULSE_E_INVALID_ARGUMENT;
     if (t.empty()) return PULSE_OK;
     if (!current_ || items_[*current_].type != Item::reasoning) open_item(Item::reasoning);
+    ++reasoning_deltas_;
     Item& it = items_[*current_];
     uint64_t oi = *current_;
     if (reasoning_mode_ != ReasoningOutput::raw) {
@@ -308,16 +310,18 @@ pulse_status_t ResponseBuilder::tool_begin(uint32_t index, pulse_tool_kind_t kin
     for (const auto& it : items_)
         if (it.open && (it.type == Item::function_call || it.type == Item::custom_tool_call) && it.tool_index == index)
             return PULSE_E_INVALID_ARGUMENT;  // index already open
-    Item& it = open_item(kind == PULSE_TOOL_CUSTOM ? Item::custom_tool_call : Item::function_call);
-    it.tool_index = index;
-    it.name = name;
-    it.ns = ns;
-    // Our own ids: unique across the conversation whatever the backend's ids look like.
+    // The backend's id unless it is empty or was used before in this response: ours then.
     std::string id(call_id);
     bool clash = id.empty();
     for (const auto& other : items_)
-        if (&other != &it && other.call_id == id) clash = true;
-    it.call_id = clash ? new_call_id() : id;
+        if (other.call_id == id) clash = true;
+    if (clash) id = new_call_id();
+    open_item(kind == PULSE_TOOL_CUSTOM ? Item::custom_tool_call : Item::function_call, [&](Item& it) {
+        it.tool_index = index;
+        it.name = name;
+        it.ns = ns;
+        it.call_id = id;
+    });
     return PULSE_OK;
 }
 
@@ -357,7 +361,9 @@ pulse_status_t ResponseBuilder::usage(const pulse_usage_t& u) {
     usage_.input = nz(u.input_tokens);
     usage_.cached = std::min(nz(u.cached_tokens), usage_.input);
     usage_.output = nz(u.output_tokens);
-    usage_.reasoning = std::min(nz(u.reasoning_tokens), usage_.output);
+    // A backend that does not count reasoning tokens (llama-server) streams one token per
+    // delta: the deltas are the count.
+    usage_.reasoning = std::min(u.reasoning_tokens >= 0 ? u.reasoning_tokens : reasoning_deltas_, usage_.output);
     usage_.reported = true;
     return PULSE_OK;
 }
@@ -385,9 +391,10 @@ std::string ResponseBuilder::end(pulse_stream_end_t how, std::string_view trunca
         // item it got a done for, even when the response then fails).
         status = "failed";
     } else {
-        close_current();
         if (finish_ == PULSE_FINISH_LENGTH) incomplete_reason_ = "max_output_tokens";
         else if (finish_ == PULSE_FINISH_CONTENT_FILTER) incomplete_reason_ = "content_filter";
+        if (incomplete_reason_ && current_) items_[*current_].incomplete = true;  // the item that was cut off
+        close_current();
         status = incomplete_reason_ ? "incomplete" : "completed";
     }
     ended_ = true;

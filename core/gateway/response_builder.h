@@ -75,10 +75,11 @@ private:
         std::string name, ns, call_id, args;
         uint32_t tool_index = 0;
         bool open = true;
+        bool incomplete = false;  // cut off by max_output_tokens / a content filter
         bool summary_started = false, raw_started = false;
     };
 
-    Item& open_item(Item::Type type);
+    Item& open_item(Item::Type type, const std::function<void(Item&)>& fill = {});
     void close_current();
     void close_item(size_t index);
     std::string item_json(const Item& it, bool done) const;
@@ -101,6 +102,7 @@ private:
     std::string final_;
     bool started_ = false, ended_ = false, has_output_ = false;
     uint32_t call_counter_ = 0;
+    int64_t reasoning_deltas_ = 0;
 };
 
 }  // namespace pulse::gateway

@@ -14,8 +14,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <rapidjson/stringbuffer.h>
@@ -355,6 +357,19 @@ private:
                 if (e.retry_after_s > 0) retry_after_s_ = e.retry_after_s;
                 log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " refused the request: " + last_error_);
                 if (!retryable(s)) return Attempt::final;
+                if (e.http_status == 500) {
+                    // A server that answers 500 is up; one that answers this request with the
+                    // same 500 twice will answer it so every time (an input it cannot take):
+                    // it is not asked again, and not marked down for it. Other endpoints may
+                    // still serve the request; when none is left, the answer is this error.
+                    auto [it, first] = refusals_.try_emplace(&ep, e.text);
+                    if (!first && it->second == e.text) {
+                        refused_for_good_.insert(&ep);
+                        deterministic_error_ = "the backend fails this request the same way each time (HTTP 500 twice): " + last_error_;
+                    }
+                    it->second = e.text;
+                    return Attempt::retry;
+                }
                 gw_.endpoint_failed(ep, last_error_, /*real_request=*/true);
                 return Attempt::retry;
             }
@@ -467,6 +482,12 @@ private:
         for (int round = 0;; ++round) {
             Attempt a = Attempt::retry;
             auto order = rt_->order();
+            std::erase_if(order, [&](size_t i) { return refused_for_good_.count(&rt_->endpoints[i]) > 0; });
+            if (order.empty() && !deterministic_error_.empty()) {
+                last_status_ = PULSE_E_INVALID_ARGUMENT;
+                last_error_ = deterministic_error_;
+                break;
+            }
             for (size_t n = 0; n < order.size() && a == Attempt::retry && !lost_ && !gw_.cutting(); ++n) {
                 if (round > 0 || n > 0) {
                     metrics::global()
@@ -479,6 +500,7 @@ private:
                 a = attempt(order[n]);
             }
             if (a != Attempt::retry || lost_ || gw_.cutting()) break;
+            if (refused_for_good_.size() == rt_->endpoints.size()) continue;  // answered at the top of the next round
             // The window is used to its end: the last round starts at the deadline.
             const auto now = steady_clock::now();
             if (now >= deadline) break;
@@ -584,6 +606,9 @@ private:
     pulse_status_t last_status_ = PULSE_E_UNAVAILABLE;
     std::string last_error_ = "no endpoint configured";
     int retry_after_s_ = 0;  // the longest Retry-After a backend asked for
+    std::map<const EndpointRef*, std::string> refusals_;  // the last HTTP 500 body per endpoint
+    std::set<const EndpointRef*> refused_for_good_;        // answered this request with the same 500 twice
+    std::string deterministic_error_;
     std::string served_by_;
     Outcome outcome_ = Outcome::none;
     std::optional<milliseconds> ttft_;

@@ -219,6 +219,19 @@ const pulse_json_t* j_parse(pulse_call_t* call, pulse_str_t text) {
     try {
         auto& d = call->parsed.emplace_back(&call->arena, 1024, &call->arena);
         d.Parse(text.ptr ? text.ptr : "", text.len);
+        // Valid JSON with a number that does not fit a double (a model writing 3226e380) is not
+        // invalid: such a number is kept as a string holding its text. RapidJSON refuses it
+        // whatever the flags, so it is quoted and the text parsed again (the document copies
+        // its strings, so the patched text may go).
+        std::string patched;
+        for (int n = 0; d.HasParseError() && d.GetParseError() == rapidjson::kParseErrorNumberTooBig && n < 64; ++n) {
+            if (patched.empty()) patched.assign(text.ptr ? text.ptr : "", text.len);
+            size_t at = d.GetErrorOffset(), end = at;
+            while (end < patched.size() && std::strchr("+-.eE0123456789", patched[end]) && patched[end]) ++end;
+            patched.insert(end, 1, '"');
+            patched.insert(at, 1, '"');
+            d.Parse(patched.data(), patched.size());
+        }
         if (d.HasParseError()) {
             call->parsed.pop_back();
             return nullptr;

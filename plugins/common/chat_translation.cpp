@@ -363,9 +363,26 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
             }
             leading = false;
             if (role == "assistant") {
+                std::string text = text_of(item["content"]);
+                if (!out.empty() && out.back().role == "assistant") {
+                    // Consecutive assistant messages (Codex keeps each partial answer of a
+                    // stream that broke off, then asks again): llama-server refuses two at the
+                    // end of the list, and no chat template means them as two turns. One
+                    // message: a retry that got further replaces the partial text before it, a
+                    // repeat is dropped, anything else is joined.
+                    Message& prev = out.back();
+                    std::string before = prev.text();
+                    if (text.rfind(before, 0) == 0) before = std::move(text);
+                    else if (before.rfind(text, 0) != 0) before += (before.empty() ? "" : "\n\n") + text;
+                    prev.parts.clear();
+                    prev.parts.push_back(Part::made(std::move(before)));
+                    prev.reasoning += pending_reasoning;
+                    pending_reasoning.clear();
+                    continue;
+                }
                 Message m;
                 m.role = "assistant";
-                m.parts.push_back(Part::made(text_of(item["content"])));
+                m.parts.push_back(Part::made(std::move(text)));
                 m.reasoning = std::move(pending_reasoning);
                 pending_reasoning.clear();
                 out.push_back(std::move(m));
@@ -640,6 +657,9 @@ pulse_status_t ChunkTranslator::emit_call(pulse_call_t* call, pulse_delta_sink_t
     if (auto it = info_.tools.find(backend_name); it != info_.tools.end()) tool = it->second;
     std::string body = args.empty() ? "{}" : args;
     Json parsed(host_->json, host_->json->parse(call, str(body)));
+    // Cut off by the token limit: the call never finished, so it is not sent, and the response
+    // ends incomplete (max_output_tokens), as text that is cut off does.
+    if (!parsed.present() && finish_ == PULSE_FINISH_LENGTH) return PULSE_OK;
     if (!parsed.present())
         return d->error(sink, PULSE_E_UNAVAILABLE,
                         str("the model produced arguments for tool '" + tool.name + "' that are not valid JSON: " + excerpt(body)));
@@ -687,15 +707,17 @@ pulse_status_t ChunkTranslator::finish(pulse_call_t* call, pulse_stream_end_t ho
         Json v(host_->json, host_->json->parse(call, str(forced_content_)));
         std::string name(v["name"].string_or(""));
         Json args = v["arguments"];
-        if (name.empty() || !args.is_object())
+        if ((name.empty() || !args.is_object()) && finish_ != PULSE_FINISH_LENGTH)
             return d->error(sink, PULSE_E_UNAVAILABLE,
                             str("tool_choice forced a tool call, but the model's output is not one: " + excerpt(forced_content_)));
-        std::string args_text = args.dump();
-        if (args_text.empty()) args_text = "{}";
-        if ((s = emit_call(call, sink, 0, name, args_text)) != PULSE_OK) return s;
+        if (!name.empty() && args.is_object()) {
+            std::string args_text = args.dump();
+            if (args_text.empty()) args_text = "{}";
+            if ((s = emit_call(call, sink, 0, name, args_text)) != PULSE_OK) return s;
+        }
     }
     if ((s = flush_calls(call, sink)) != PULSE_OK) return s;
-    if (info_.forced.active && emitted_calls_ == 0)
+    if (info_.forced.active && emitted_calls_ == 0 && finish_ != PULSE_FINISH_LENGTH)
         return d->error(sink, PULSE_E_UNAVAILABLE,
                         str("tool_choice required a tool call, but the model answered without one"));
     pulse_finish_t f = finish_.value_or(PULSE_FINISH_STOP);
@@ -718,6 +740,11 @@ pulse_status_t map_http_error(const pulse_host_api_t* host, pulse_call_t* call, 
                                    "invalid arguments in the history): " + msg));
     if (status == 400 || status == 422)
         return host->set_error(call, PULSE_E_INVALID_ARGUMENT, str("the backend rejected the request: " + msg));
+    // llama-server without a vision projector answers an image with a 500 (and would answer
+    // every retry the same way): the request's failure, not the endpoint's.
+    if (msg.find("image input is not supported") != std::string::npos || msg.find("audio input is not supported") != std::string::npos)
+        return host->set_error(call, PULSE_E_UNSUPPORTED,
+                               str("the model behind this endpoint takes no images (llama-server without --mmproj): " + msg));
     return host->set_error(call, PULSE_E_UNAVAILABLE, str(prefix + msg));
 }
 

@@ -1,9 +1,9 @@
 // Streaming client check with the official `openai` npm SDK: responses.stream() against Pulse
 // must yield a well-ordered event sequence and a final response the SDK can assemble.
-// usage: node openai_sdk_stream.mjs BASE_URL MODEL   (exit 0 = pass; prints what failed)
-import OpenAI from 'openai';
-
-const [baseURL, model] = process.argv.slice(2);
+// usage: node openai_sdk_stream.mjs BASE_URL MODEL [PACKAGE]   (exit 0 = pass; prints what failed)
+// PACKAGE: the installed name of the SDK to use (`openai` = 6.x, `openai7` = 7.x, the strict one).
+const [baseURL, model, pkg = 'openai'] = process.argv.slice(2);
+const { default: OpenAI } = await import(pkg);
 const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
 const failures = [];
 const check = (ok, what) => { if (!ok) failures.push(what); };

@@ -104,6 +104,14 @@ std::string post_head(const std::string& body, const std::string& version = "HTT
            std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
+// ASan keeps freed memory in quarantine and pads every block: memory bounds are checked in the
+// normal build only (the sanitizer suite checks the behaviour).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kMemoryIsMeasurable = false;
+#else
+constexpr bool kMemoryIsMeasurable = true;
+#endif
+
 // Memory is measured as it is in production: meson's MALLOC_PERTURB_ makes malloc write every
 // block it hands out, which makes reserved-but-unused capacity resident.
 void measure_memory_as_deployed() { ::unsetenv("MALLOC_PERTURB_"); }
@@ -292,7 +300,7 @@ TEST_CASE("a client that stops reading a large response: bounded memory, cut aft
     REQUIRE(eventually([&] { return gw.log().find("outcome=") != std::string::npos; }, 30000));
     const int64_t peak = proc_kb(gw.child->pid(), "VmHWM:");
     MESSAGE("gateway RSS before " << rss_before << " kB, peak " << peak << " kB");
-    CHECK(peak - rss_before < 32 * 1024);  // the whole answer is 48 MiB: it was never buffered
+    if (kMemoryIsMeasurable) CHECK(peak - rss_before < 32 * 1024);  // the whole answer is 48 MiB: it was never buffered
     CHECK(gw.log().find("outcome=cancelled") != std::string::npos);
     CHECK(gw.log().find("outcome=completed") == std::string::npos);
     CHECK(eventually([&] { return big.log().find(R"("client_gone":true)") != std::string::npos; }, 30000));
@@ -403,7 +411,7 @@ TEST_CASE("large request bodies: about one copy each in memory, and a cap on all
     CHECK(ok >= 1);
     CHECK(ok + refused == 8);
     // The cap holds 4 bodies at most; each costs about 2x (its bytes and the upstream request).
-    CHECK(peak_mb < 100 * 5 / 2 + 40);
+    if (kMemoryIsMeasurable) CHECK(peak_mb < 100 * 5 / 2 + 40);
 }
 
 // 11. Secrets on disk and in memory compare.
@@ -434,4 +442,50 @@ TEST_CASE("trace file: an existing file is made 0600, a symbolic link is not fol
     CHECK(post(gw.port, "/v1/responses", request()).status == 200);
     CHECK(read_file(target) == "untouched\n");
     CHECK(gw.log().find("not writing the trace file " + link.string() + ": it is a symbolic link") != std::string::npos);
+}
+
+// Request-specific failures: one bad request must not take an endpoint down.
+TEST_CASE("an image sent to a llama-server without a vision projector is a 400 at once; the endpoint stays healthy") {
+    FakeBackend text_only(R"({"turns":[{"content":"text only"}]})", "llamacpp");
+    Gateway gw("[models.m]\nprofile = \"llamacpp\"\n[[models.m.endpoints]]\nname = \"ep0\"\nurl = \"" + text_only.url() + "\"\n", "",
+               std::string(kFast) + "retry_window_s = 30\n");
+    auto t0 = steady_clock::now();
+    auto r = post(gw.port, "/v1/responses",
+                  request(false, R"([{"role":"user","content":[{"type":"input_text","text":"what is this"},{"type":"input_image","image_url":"data:image/png;base64,iVBORw0KGgo="}]}])"));
+    CHECK(duration<double>(steady_clock::now() - t0).count() < 5);
+    CHECK(r.status == 400);
+    CHECK(r.body.find("takes no images") != std::string::npos);
+    CHECK(get(gw.port, "/health").find(R"("state":"down")") == std::string::npos);
+    CHECK(gw.log().find("is down") == std::string::npos);
+    CHECK(check_stream(post(gw.port, "/v1/responses", request()).body).terminal == "response.completed");  // and it serves
+}
+
+TEST_CASE("the same HTTP 500 twice for one request: answered 400 with the backend's message, endpoint kept; another endpoint still serves") {
+    FakeBackend picky(R"({"turns":[{"status":500,"body":"{\"error\":{\"message\":\"cannot handle this input\"}}"}]})");
+    {
+        Gateway gw(model_toml({picky.url()}), "", std::string(kFast) + "retry_window_s = 30\n");
+        auto t0 = steady_clock::now();
+        auto r = post(gw.port, "/v1/responses", request(false));
+        CHECK(duration<double>(steady_clock::now() - t0).count() < 5);
+        CHECK(r.status == 400);
+        CHECK(r.body.find("cannot handle this input") != std::string::npos);
+        CHECK(gw.log().find("is down") == std::string::npos);
+        CHECK(gw.log().find("replaying") == std::string::npos);
+    }
+    FakeBackend good(R"({"turns":[{"content":"served elsewhere"}]})");
+    Gateway gw(model_toml({picky.url(), good.url()}), "", std::string(kFast) + "retry_window_s = 30\n");
+    auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
+    CHECK(st.terminal == "response.completed");
+    CHECK(str(st.item(0)["content"][0], "text") == "served elsewhere");
+}
+
+TEST_CASE("two trailing assistant messages (Codex's retry after a truncated stream) reach llama-server as one") {
+    FakeBackend llama(R"({"turns":[{"content":"continued"}]})", "llamacpp");
+    Gateway gw("[models.m]\nprofile = \"llamacpp\"\n[[models.m.endpoints]]\nname = \"ep0\"\nurl = \"" + llama.url() + "\"\n", "", kFast);
+    auto r = post(gw.port, "/v1/responses",
+                  request(true, R"([{"role":"user","content":"hi"},
+                    {"type":"message","role":"assistant","content":[{"type":"output_text","text":"hi from"}]},
+                    {"type":"message","role":"assistant","content":[{"type":"output_text","text":"hi from pulse"}]}])"));
+    CHECK(r.status == 200);
+    CHECK(check_stream(r.body).terminal == "response.completed");
 }

@@ -685,3 +685,63 @@ TEST_CASE("llamacpp: llama-server error shapes become clear errors") {
     CHECK(msg.find("could not parse tool-call arguments") != std::string::npos);
     CHECK(map(503, R"({"error":{"code":503,"message":"Loading model","type":"unavailable_error"}})") == PULSE_E_UNAVAILABLE);
 }
+
+TEST_CASE("consecutive assistant messages (capture 09: Codex's retry after truncated streams) become one") {
+    for (const char* profile : {"qwen38", "llamacpp"}) {
+        CAPTURE(profile);
+        Profile p("null", profile);
+        auto out = p.build(load_capture("09_retry_after_truncated_stream.request3.json"));
+        const auto& msgs = out["messages"].GetArray();
+        REQUIRE(msgs.Size() >= 2);
+        // llama-server: "Cannot have 2 or more assistant messages at the end of the list".
+        for (rapidjson::SizeType i = 1; i < msgs.Size(); ++i)
+            CHECK_FALSE((str(msgs[i], "role") == "assistant" && str(msgs[i - 1], "role") == "assistant"));
+        CHECK(str(msgs[msgs.Size() - 1], "role") == "assistant");
+        CHECK(str(msgs[msgs.Size() - 1], "content") == "hi from pulse capture");  // the repeat is dropped
+    }
+    Profile p;
+    auto merged = p.build(json(R"({"model":"m","input":[
+        {"type":"message","role":"user","content":"go"},
+        {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Partial"}]},
+        {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Partial answer, longer"}]},
+        {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Other"}]}]})"));
+    REQUIRE(merged["messages"].Size() == 2);
+    CHECK(str(merged["messages"][1], "content") == "Partial answer, longer\n\nOther");
+}
+
+TEST_CASE("cut off by max_output_tokens: the cut item is incomplete, a cut tool call ends the response incomplete, not 'invalid JSON'") {
+    Profile p;
+    auto req = json(R"({"model":"m","input":"hi","tools":[{"type":"function","name":"f"},{"type":"custom","name":"apply_patch"}]})");
+    auto text = p.stream(req, {chunk(R"({"content":"partial"})"), chunk("{}", "\"length\""), usage_chunk(5, 100)});
+    REQUIRE(text.terminal == "response.incomplete");
+    REQUIRE(text.done_items().size() == 1);
+    CHECK(str(*text.done_items()[0], "status") == "incomplete");
+    CHECK(str((*text.response)["response"]["output"][0], "status") == "incomplete");
+
+    auto call = p.stream(req, {chunk(R"({"content":"Patching."})"), tool_start(0, "apply_patch"), tool_frag(0, "{\\\"input\\\":\\\"*** Begin"),
+                               chunk("{}", "\"length\""), usage_chunk(5, 100)});
+    CHECK(call.terminal == "response.incomplete");
+    CHECK(str((*call.response)["response"]["incomplete_details"], "reason") == "max_output_tokens");
+    CHECK(dump((*call.response)["response"]).find("not valid JSON") == std::string::npos);
+    for (const auto* item : call.done_items()) CHECK(str(*item, "type") == "message");  // no broken call is handed out
+}
+
+TEST_CASE("tool arguments with a number too large for a double are valid JSON, passed through as written") {
+    Profile p;
+    auto req = json(R"({"model":"m","input":"hi","tools":[{"type":"function","name":"f"}]})");
+    auto run = p.stream(req, {tool_start(0, "f"), tool_frag(0, "{\\\"x\\\":3226e380}"), chunk("{}", "\"tool_calls\""), usage_chunk(5, 10)});
+    REQUIRE_MESSAGE(run.terminal == "response.completed", dump((*run.response)["response"]));
+    REQUIRE(run.done_items().size() == 1);
+    CHECK(str(*run.done_items()[0], "arguments") == "{\"x\":3226e380}");
+}
+
+TEST_CASE("llama-server reports no reasoning token count: the reasoning deltas are counted") {
+    Profile p("null", "llamacpp");
+    auto req = json(R"({"model":"m","input":"hi"})");
+    const std::string no_reasoning_count = R"({"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}})";
+    auto run = p.stream(req, {chunk(R"({"reasoning_content":"one"})"), chunk(R"({"reasoning_content":" two"})"),
+                              chunk(R"({"reasoning_content":" three"})"), chunk(R"({"content":"done"})"), chunk("{}", "\"stop\""),
+                              no_reasoning_count});
+    REQUIRE(run.terminal == "response.completed");
+    CHECK((*run.response)["response"]["usage"]["output_tokens_details"]["reasoning_tokens"].GetInt() == 3);
+}

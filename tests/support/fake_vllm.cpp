@@ -28,7 +28,8 @@
 // "spec": {"drafts_per_request": D, "accept": [p1, p2, ...]} simulates MTP counters: each
 // streamed response adds D drafts of K = len(accept) tokens and round(D * p_i) accepted at
 // position i to /metrics (vLLM names; the llamacpp flavor also reports timings.draft_n*).
-// Top-level options: "step_ms": N paces every stream by one process-wide clock instead: each
+// Top-level options: "vision": true (llamacpp flavor) accepts images; without it an image is
+// answered 500 "image input is not supported", as by llama-server without --mmproj. "step_ms": N paces every stream by one process-wide clock instead: each
 // chunk leaves at the next multiple of N ms, so concurrent streams send their tokens together,
 // as a batched engine (vLLM, llama-server) does at each decode step. "fail_first": N answers the first N requests with HTTP "fail_status"
 // (default 503); "prefix_cache": true simulates vLLM's prefix cache: cached_tokens is the
@@ -240,6 +241,29 @@ public:
             if (!picked && t.HasMember("match") && t["match"].IsString() && body.find(t["match"].GetString()) != std::string::npos) picked = &t;
         const auto& turn = picked ? *picked
                                   : turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
+        // llama-server started without a vision projector (--mmproj): an image is a 500, every time.
+        if (g_flavor == "llamacpp" && !(g_script.HasMember("vision") && g_script["vision"].IsTrue()) &&
+            body.find("\"image_url\"") != std::string::npos) {
+            std::string b = R"({"error":{"code":500,"message":"image input is not supported - hint: if this is unexpected, you may need to provide the mmproj","type":"server_error"}})";
+            resp.setStatus(Poco::Net::HTTPResponse::HTTP_INTERNAL_SERVER_ERROR);
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            record(R"({"served":0,"status":500})");
+            return;
+        }
+        // llama-server's chat-template check (server-common.cpp): the request is refused before
+        // anything is generated.
+        if (g_flavor == "llamacpp" && rq.IsObject() && rq.HasMember("messages") && rq["messages"].IsArray()) {
+            const auto& ms = rq["messages"].GetArray();
+            auto role = [&](rapidjson::SizeType i) { return ms[i].IsObject() ? get_str(ms[i], "role") : std::string(); };
+            if (ms.Size() >= 2 && role(ms.Size() - 1) == "assistant" && role(ms.Size() - 2) == "assistant") {
+                std::string b = R"({"error":{"code":400,"message":"Cannot have 2 or more assistant messages at the end of the list.","type":"invalid_request_error"}})";
+                resp.setStatus(Poco::Net::HTTPResponse::HTTP_BAD_REQUEST);
+                resp.setContentType("application/json");
+                resp.sendBuffer(b.data(), b.size());
+                return;
+            }
+        }
         int served = ++g_served;
         if (served <= get_int(g_script, "fail_first", 0)) {
             int64_t st = get_int(g_script, "fail_status", 503);

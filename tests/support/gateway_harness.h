@@ -181,6 +181,7 @@ inline Stream check_stream(const std::string& body) {
     CHECK(st.events[1].type == "response.in_progress");
     std::map<uint64_t, std::string> deltas;  // output_index -> concatenated delta text
     std::map<uint64_t, bool> open;
+    std::map<uint64_t, std::string> added_ids;  // output_index -> call_id announced in `added`
     uint64_t next_index = 0;
     for (size_t i = 2; i < st.events.size(); ++i) {
         const Event& e = st.events[i];
@@ -202,6 +203,14 @@ inline Stream check_stream(const std::string& body) {
         if (t == "response.output_item.added") {
             CHECK(oi == next_index++);
             open[oi] = true;
+            // Strict clients (openai-node 7) need a tool call's call_id and name in `added`.
+            const auto& item = e["item"];
+            std::string type = item["type"].GetString();
+            if (type == "function_call" || type == "custom_tool_call") {
+                CHECK_MESSAGE((item.HasMember("call_id") && item["call_id"].GetStringLength() > 0), t << " without a call_id");
+                CHECK_MESSAGE((item.HasMember("name") && item["name"].GetStringLength() > 0), t << " without a name");
+                added_ids[oi] = item.HasMember("call_id") ? item["call_id"].GetString() : "";
+            }
             continue;
         }
         CHECK_MESSAGE(open[oi], t << " for output_index " << oi << " outside added..done");
@@ -210,6 +219,7 @@ inline Stream check_stream(const std::string& body) {
         if (t == "response.function_call_arguments.done") CHECK(deltas[oi] == e["arguments"].GetString());
         if (t == "response.custom_tool_call_input.done") CHECK(deltas[oi] == e["input"].GetString());
         if (t == "response.output_item.done") {
+            if (added_ids.count(oi)) CHECK(added_ids[oi] == std::string(e["item"]["call_id"].GetString()));
             open[oi] = false;
             deltas[oi].clear();
             auto item = std::make_shared<rapidjson::Document>();

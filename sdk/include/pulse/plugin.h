@@ -185,7 +185,9 @@ typedef struct pulse_json_api {
     /* Copy a whole value from a view (e.g. pass a tool's JSON schema through). */
     bool (*copy)(pulse_json_writer_t* w, const pulse_json_t* v);
     /* Parse `text` into a host-owned document and hand out a view of it. The document lives
-     * until the current call returns. NULL on invalid JSON (and `err` gets the reason). */
+     * until the current call returns. NULL on invalid JSON (and `err` gets the reason). Valid
+     * JSON with a number beyond a double's range is not refused: that number reads as a string
+     * holding its text. */
     const pulse_json_t* (*parse)(pulse_call_t* call, pulse_str_t text);
     /* Compact JSON text of a view into buf (capacity cap, not NUL-terminated). Returns the full
      * length: call with cap 0 to size the buffer. */
