@@ -97,7 +97,11 @@ std::optional<RequestError> check_item(const Value& item, const std::string& p) 
         return std::nullopt;
     }
     if (type == "function_call_output" || type == "custom_tool_call_output") {
-        if (auto e = expect(item, "call_id", &Value::IsString, "a string", pp, true)) return e;
+        // An output that answers no call (Codex 0.171's goal context: {"name":"goal_objective",
+        // "namespace":"agent", no call_id}) names the tool instead.
+        const bool named = item.HasMember("name") && item["name"].IsString() && item["name"].GetStringLength() > 0;
+        if (auto e = expect(item, "call_id", &Value::IsString, "a string", pp, !named)) return e;
+        if (auto e = expect(item, "namespace", &Value::IsString, "a string", pp, false)) return e;
         if (!item.HasMember("output")) return err(pp + "output", "'" + pp + "output' is required", "missing_required_parameter");
         return check_content(item["output"], pp + "output");
     }

@@ -50,8 +50,9 @@ struct HttpError {
 };
 
 // How a status reaches an HTTP client that has not seen any event yet (docs/SDK.md, "Status
-// codes"). Upstream failures are 502/503/504 (Codex retries those and shows our message); a
-// plugin's own failure (INTERNAL, ABI, CANCELLED while the client is still there) is a 500.
+// codes"). Never 500: Codex hides a 500's message behind "high demand". A plugin's own failure
+// (INTERNAL, ABI, CANCELLED while the client is still there) is a 502 that says what failed,
+// with no Retry-After: asking again gives the same answer.
 HttpError http_error_for(pulse_status_t s) {
     switch (s) {
         case PULSE_E_INVALID_ARGUMENT:
@@ -62,7 +63,7 @@ HttpError http_error_for(pulse_status_t s) {
         case PULSE_E_DEADLINE: return {504, "server_error", "timeout", 1};
         case PULSE_E_INTERNAL:
         case PULSE_E_ABI:
-        case PULSE_E_CANCELLED: return {500, "server_error", "internal_error", 0};
+        case PULSE_E_CANCELLED: return {502, "server_error", "plugin_error", 0};
         default: return {502, "server_error", "bad_gateway", 1};
     }
 }

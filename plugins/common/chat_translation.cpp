@@ -415,9 +415,19 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
                                          "{\"input\":" + json_quote(item["input"].string_or("")) + "}"});
         } else if (is_output) {
             leading = false;
+            std::string call_id(item["call_id"].string_or(""));
+            if (call_id.empty()) {
+                // Output the client supplies without a call (Codex 0.171 sends its goal this
+                // way, as agent/goal_objective): Chat Completions has tool messages only as
+                // answers to calls, so the call is written before it, under the item's id.
+                call_id = std::string(item["id"].string_or(""));
+                if (call_id.empty()) call_id = "ctx_" + std::to_string(i);
+                assistant().calls.push_back(
+                    {call_id, flat_name(opt, item["namespace"].string_or(""), item["name"].string_or("")), "{}"});
+            }
             Message m;
             m.role = "tool";
-            m.tool_call_id = std::string(item["call_id"].string_or(""));
+            m.tool_call_id = std::move(call_id);
             m.parts.push_back(Part::made(tool_output_text(item["output"], pending_images)));
             out.push_back(std::move(m));
         }

@@ -13,12 +13,16 @@
 #   killed with SIGKILL while the first request is in flight; Codex's retry must still
 #   complete the turn.
 #   MODE "launcher": Codex is started through `pulse codex` (no -c flags of ours) instead.
-# The Codex binary comes from $PULSE_CODEX (tools/dev installs the pinned version).
+#   MODE "goal" (Codex 0.171 and later): the model first calls create_goal; Codex then sends
+#   the goal back as a function_call_output that answers no call (agent/goal_objective).
+# The Codex binary comes from $PULSE_CODEX (tools/dev installs the pinned version), or from
+# $PULSE_CODEX_NEWEST (the newest release) when PULSE_CODEX_USE=newest.
 set -euo pipefail
 pulse=$(realpath "$1") fake=$(realpath "$2") plugins=$(realpath "$3") src=$(realpath "$4")
 profile=${5:-qwen38} flavor=${6:-vllm} mode=${7:-normal}
 
 codex=${PULSE_CODEX:-}
+[ "${PULSE_CODEX_USE:-}" = newest ] && codex=${PULSE_CODEX_NEWEST:-}
 if [ -z "$codex" ] || [ ! -x "$codex" ]; then
   echo "codex CLI not found (PULSE_CODEX='$codex'); run the suite with tools/dev test, which installs it"
   [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
@@ -31,8 +35,13 @@ enter_netns "$@"
 
 first_delay=0
 [ "$mode" = kill9 ] && first_delay=3000
+# The fake picks a turn by how many tool messages a request carries; the goal's two (the
+# create_goal output and the goal context) skip turn 1.
+goal_turns=""
+[ "$mode" = goal ] && goal_turns='{"tool_calls": [{"name": "create_goal", "arguments": {"objective": "Create hello.txt saying hello from pulse"}}]},
+  {"content": "unused"},'
 cat > "$work/script.json" <<JSON
-{"split": 7, "turns": [
+{"split": 7, "turns": [ $goal_turns
   {"reasoning": "The user wants a file. I will create it with apply_patch.", "first_delay_ms": $first_delay,
    "tool_calls": [{"name": "apply_patch",
                    "arguments": {"input": "*** Begin Patch\n*** Add File: hello.txt\n+hello from pulse\n*** End Patch\n"}}]},
@@ -97,10 +106,13 @@ if [ "$mode" = kill9 ]; then
   starts=$(grep -c 'listening on' "$work/pulse.log")
   [ "$starts" -ge 2 ] || fail "the gateway did not restart (started $starts times)"
   [ "$requests" -ge 4 ] || fail "expected the first turn to be retried (>= 4 backend requests), saw $requests"
+elif [ "$mode" = goal ]; then
+  [ "$requests" -eq 4 ] || fail "expected 4 backend requests (goal, patch, exec, answer), saw $requests"
+  grep -q '"name":"agent__goal_objective"' "$work/requests.jsonl" || fail "the goal context did not reach the model as a tool result"
 else
   [ "$requests" -eq 3 ] || fail "expected 3 backend requests (patch, exec, answer), saw $requests"
 fi
 # The exec tool's output went back to the model in the third request.
 tail -n 2 "$work/requests.jsonl" | head -n 1 | grep -q 'hello from pulse' || fail "the command output did not reach the model"
 grep -q 'outcome=completed' "$work/pulse.log" || fail "pulse logged no completed response"
-echo "codex e2e ($profile, $mode): ok — codex exit 0, hello.txt created, command output returned, answer printed"
+echo "codex e2e ($("$codex" --version 2>/dev/null | head -n1), $profile, $mode): ok — codex exit 0, hello.txt created, command output returned, answer printed"

@@ -164,7 +164,7 @@ TEST_CASE("non-streaming: every retry failing inside the window ends in a JSON 5
 }
 
 // 2 + 3. A backend plugin's own failure: answered at once as the status table says, not retried.
-TEST_CASE("a backend plugin failing with INTERNAL, ABI or CANCELLED is a 500 at once, never retried for the window") {
+TEST_CASE("a backend plugin failing with INTERNAL, ABI or CANCELLED is a 502 at once, never retried for the window") {
     for (const char* status : {"internal", "abi", "cancelled"}) {
         for (const char* at : {"next", "start"}) {
             CAPTURE(status);
@@ -175,8 +175,10 @@ TEST_CASE("a backend plugin failing with INTERNAL, ABI or CANCELLED is a 500 at 
             auto t0 = steady_clock::now();
             auto r = post(gw.port, "/v1/responses", request(false));
             CHECK(duration<double>(steady_clock::now() - t0).count() < 5);  // no 30 s retry window
-            CHECK(r.status == 500);
+            CHECK(r.status == 502);
+            CHECK(r.retry_after.empty());
             CHECK(r.content_type == "application/json");
+            CHECK(r.body.find(R"("code":"plugin_error")") != std::string::npos);
             CHECK(r.body.find("test-faulty: ") != std::string::npos);
             // Streaming: the SSE stream, if it was opened, ends with response.failed.
             auto s = post(gw.port, "/v1/responses", request(true));
@@ -185,7 +187,7 @@ TEST_CASE("a backend plugin failing with INTERNAL, ABI or CANCELLED is a 500 at 
                 CHECK(st.terminal == "response.failed");
                 CHECK(str((*st.response)["error"], "message").find("test-faulty: ") != std::string::npos);
             } else {
-                CHECK(s.status == 500);
+                CHECK(s.status == 502);
             }
             CHECK(duration<double>(steady_clock::now() - t0).count() < 10);
         }

@@ -242,8 +242,15 @@ public:
         const auto& turn = picked ? *picked
                                   : turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
         // llama-server started without a vision projector (--mmproj): an image is a 500, every time.
-        if (g_flavor == "llamacpp" && !(g_script.HasMember("vision") && g_script["vision"].IsTrue()) &&
-            body.find("\"image_url\"") != std::string::npos) {
+        auto has_image = [&] {
+            if (!rq.IsObject() || !rq.HasMember("messages") || !rq["messages"].IsArray()) return false;
+            for (const auto& m : rq["messages"].GetArray())
+                if (m.IsObject() && m.HasMember("content") && m["content"].IsArray())
+                    for (const auto& part : m["content"].GetArray())
+                        if (part.IsObject() && get_str(part, "type") == "image_url") return true;
+            return false;
+        };
+        if (g_flavor == "llamacpp" && !(g_script.HasMember("vision") && g_script["vision"].IsTrue()) && has_image()) {
             std::string b = R"({"error":{"code":500,"message":"image input is not supported - hint: if this is unexpected, you may need to provide the mmproj","type":"server_error"}})";
             resp.setStatus(Poco::Net::HTTPResponse::HTTP_INTERNAL_SERVER_ERROR);
             resp.setContentType("application/json");
