@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The llamacpp profile against a real llama-server (built from source by tools/dev), serving a
+# synthetic qwen35 model the project writes (random weights: the answers are noise, the
+# protocol is real). Checks what the fake llama-server claims too: the real server refuses two
+# trailing assistant messages and answers an image with a 500 when it has no vision projector.
+#
+# usage: llama_server_live.sh PULSE_EXE PLUGIN_DIR MAKE_SYNTHETIC
+# Needs PULSE_LLAMA_SERVER and PULSE_LLAMA_TEMPLATE (tools/dev sets both); else SKIP.
+set -euo pipefail
+pulse=$(realpath "$1") plugins=$(realpath "$2") make_synthetic=$(realpath "$3")
+server=${PULSE_LLAMA_SERVER:-} template=${PULSE_LLAMA_TEMPLATE:-}
+if [ -z "$server" ] || [ ! -x "$server" ] || [ ! -f "$template" ]; then
+  echo "llama-server not found (PULSE_LLAMA_SERVER='$server'); run the suite with tools/dev test, which builds it"
+  [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
+  exit 77
+fi
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+enter_netns "$@"
+
+"$make_synthetic" --tiny "$work/model.gguf"
+lport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# Byte tokens 128..255 are UTF-8 continuation/lead bytes: random weights would emit invalid
+# UTF-8, which llama-server's output parser rejects. Banned.
+# And the quote (byte token 34) is made likely, so that JSON strings written under a grammar end
+# within a few tokens instead of running to the token limit.
+bias=(--logit-bias 34+6)
+for t in $(seq 128 255); do bias+=(--logit-bias "$t-inf"); done
+"$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$lport" --jinja --chat-template-file "$template" \
+  -c 4096 -np 1 -t 2 --seed 1 "${bias[@]}" > "$work/llama.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$lport/health" >/dev/null 2>&1 && break; sleep 0.02; done
+curl -sf "http://127.0.0.1:$lport/health" >/dev/null || fail "llama-server did not start"
+fport=$lport
+profile=llamacpp
+start_pulse
+base="http://127.0.0.1:$gport/v1"
+
+python3 - "$base" "http://127.0.0.1:$lport/v1" <<'PY' || fail "live llama-server checks failed"
+import json, sys, time, urllib.request, urllib.error
+base, llama = sys.argv[1], sys.argv[2]
+failures = []
+def check(ok, what):
+    if not ok: failures.append(what)
+
+def post(url, body, timeout=60):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:  # a timeout or a reset: the check that asked fails with it
+        return 0, f"no answer: {e}"
+
+def sse(text):
+    events = []
+    for block in text.split("\n\n"):
+        data = [l[6:] for l in block.split("\n") if l.startswith("data: ")]
+        if data: events.append(json.loads("\n".join(data)))
+    return events
+
+req = {"model": "qwen3.8-flash-next", "store": False, "max_output_tokens": 16}
+
+# Streaming: a well-formed event sequence with exactly one terminal event.
+st, body = post(base + "/responses", dict(req, input="hello", stream=True))
+ev = sse(body)
+check(st == 200, f"stream status {st}")
+check([e["sequence_number"] for e in ev] == list(range(len(ev))), "sequence numbers")
+check(ev and ev[0]["type"] == "response.created", "first event")
+terminal = [e for e in ev if e["type"] in ("response.completed", "response.incomplete", "response.failed")]
+check(len(terminal) == 1 and terminal[0] is ev[-1], "one terminal event, last")
+check(terminal and terminal[0]["type"] != "response.failed", f"stream failed: {body[-400:]}")
+
+# Non-streaming, reasoning on and off (enable_thinking through the chat template).
+st, body = post(base + "/responses", dict(req, input="think about it", reasoning={"effort": "high"}))
+r = json.loads(body) if st == 200 else {"output": [], "usage": {"output_tokens_details": {"reasoning_tokens": 0}}, "status": "?"}
+check(st == 200 and r["status"] in ("completed", "incomplete"), f"non-streaming: {st} {body[:300]}")
+check(any(o["type"] == "reasoning" for o in r.get("output", [])), "reasoning on: no reasoning item")
+check(r["usage"]["output_tokens_details"]["reasoning_tokens"] > 0, "reasoning tokens not counted (llama-server reports none)")
+st, body = post(base + "/responses", dict(req, input="answer directly", reasoning={"effort": "none"}))
+r = json.loads(body)
+check(st == 200 and not any(o["type"] == "reasoning" for o in r.get("output", [])), f"reasoning off: {body[:300]}")
+
+# Forced tool calls: llama-server does not enforce "required" with this template and refuses a
+# named tool_choice object, so Pulse's schema (response_format) is what forces the call.
+tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}},
+         {"type": "custom", "name": "apply_patch", "description": "edit files"}]
+for choice, want in (("required", None), ({"type": "function", "name": "exec_command"}, "function_call"),
+                     ({"type": "custom", "name": "apply_patch"}, "custom_tool_call")):
+    st, body = post(base + "/responses", dict(req, input="do it", max_output_tokens=300, reasoning={"effort": "none"}, tools=tools, tool_choice=choice))
+    r = json.loads(body) if st == 200 else {}
+    calls = [o for o in r.get("output", []) if o["type"] in ("function_call", "custom_tool_call")]
+    check(st == 200 and r.get("status") == "completed" and len(calls) >= 1, f"tool_choice {choice}: {st} {body[:300]}")
+    if calls and want:
+        check(calls[0]["type"] == want, f"tool_choice {choice}: a {calls[0]['type']}")
+    if calls and calls[0]["type"] == "function_call":
+        check(isinstance(json.loads(calls[0]["arguments"]), dict) and calls[0]["call_id"], f"call arguments {calls[0]}")
+    if calls and calls[0]["type"] == "custom_tool_call":
+        check(calls[0]["input"].startswith("*** Begin Patch"), f"apply_patch input {calls[0]['input']!r}")
+
+# The prefix cache, reported end to end: the same prompt again is served from cache.
+long_input = "Please read this project and tell me what it does. " * 8
+post(base + "/responses", dict(req, input=long_input))
+st, body = post(base + "/responses", dict(req, input=long_input))
+r = json.loads(body)
+cached, total = r["usage"]["input_tokens_details"]["cached_tokens"], r["usage"]["input_tokens"]
+check(st == 200 and cached > 0 and cached >= total - 8, f"cached_tokens on a repeat: {cached} of {total}")
+
+# Two trailing assistant messages: the real server refuses them; through Pulse they are one.
+history = [{"role": "user", "content": "hi"},
+           {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi from"}]},
+           {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi from pulse"}]}]
+st, body = post(llama + "/chat/completions", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
+                                                           {"role": "assistant", "content": "b"}], "max_tokens": 4})
+check(st == 400 and "2 or more assistant messages" in body, f"llama-server on two trailing assistant messages: {st} {body[:200]}")
+st, body = post(base + "/responses", dict(req, input=history))
+check(st == 200, f"capture-09 history through Pulse: {st} {body[:300]}")
+
+# An image without a vision projector: the real server's 500, and Pulse's quick 400.
+image = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="}
+st, body = post(llama + "/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "what"},
+    {"type": "image_url", "image_url": {"url": image["image_url"]}}]}], "max_tokens": 4})
+check(st == 500 and "image input is not supported" in body, f"llama-server on an image: {st} {body[:200]}")
+t0 = time.time()
+st, body = post(base + "/responses", dict(req, input=[{"role": "user", "content": [{"type": "input_text", "text": "what is this"}, image]}]), timeout=20)
+check(st == 400 and "takes no images" in body and time.time() - t0 < 5, f"image through Pulse: {st} {body[:200]}")
+health = json.loads(urllib.request.urlopen(base.replace("/v1", "") + "/health", timeout=10).read())
+check(all(e["state"] == "healthy" for m in health["models"] for e in m["endpoints"]), f"endpoint marked down: {health}")
+
+if failures:
+    print("FAIL:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("live llama-server checks: ok")
+PY
+echo "llama-server live ($("$server" --version 2>&1 | grep -m1 version || true)): ok"
