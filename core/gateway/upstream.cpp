@@ -434,6 +434,29 @@ std::string probe_http(const config::Endpoint& ep, double timeout_s) {
     }
 }
 
+int backend_slots(const config::Endpoint& ep, double timeout_s) {
+    try {
+        Poco::URI uri(ep.url);
+        Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
+        Poco::Timespan t(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6));
+        s.setTimeout(t, t, t);
+        // llama-server serves /props at its root, whatever prefix the OpenAI routes have.
+        Poco::Net::HTTPRequest req(Poco::Net::HTTPRequest::HTTP_GET, "/props", Poco::Net::HTTPMessage::HTTP_1_1);
+        s.sendRequest(req);
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        std::string body;
+        char buf[4096];
+        while (body.size() < 1 << 20 && in.read(buf, sizeof buf).gcount() > 0) body.append(buf, static_cast<size_t>(in.gcount()));
+        if (resp.getStatus() != Poco::Net::HTTPResponse::HTTP_OK) return -1;
+        rapidjson::Document d;
+        d.Parse(body.c_str(), body.size());
+        if (d.IsObject() && d.HasMember("total_slots") && d["total_slots"].IsInt()) return d["total_slots"].GetInt();
+    } catch (const std::exception&) {
+    }
+    return -1;
+}
+
 std::string BackendInstance::health(std::string* detail) {
     const auto& vt = lease_->registration.backend;
     if (!vt.health) return {};

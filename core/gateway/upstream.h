@@ -79,6 +79,10 @@ std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_
 // connect timeout. Returns "" when healthy, else why not.
 std::string probe_http(const config::Endpoint& ep, double timeout_s);
 
+// How many requests the backend serves at once, where it says (llama-server's GET /props
+// `total_slots`); -1 when it does not say (vLLM batches continuously: no fixed slots).
+int backend_slots(const config::Endpoint& ep, double timeout_s);
+
 // A backend plugin instance (one per endpoint that names it).
 class BackendInstance {
 public:

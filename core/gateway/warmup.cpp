@@ -189,6 +189,18 @@ void Warmer::run() {
 void Warmer::warm(const Job& job) {
     auto bodies = store_.bodies(job.model);
     if (bodies.empty()) return;
+    // A backend with one slot (llama-server -np 1) runs one request at a time: a replay there
+    // holds the slot against the live requests that are sure to come (a 16k-token replay kept a
+    // live turn waiting for seconds), and no preemption frees it before its current batch ends.
+    if (backend_slots(job.ep, timeouts_.connect_timeout_s) == 1) {
+        log::info("warmup", "endpoint " + job.ep.name + " is back but serves one request at a time (llama-server -np 1): not replaying " +
+                                std::to_string(bodies.size()) + " prompt prefixes into it, so no live request waits behind one");
+        metrics::global()
+            .counter("pulse_warmup_requests_total", "prefix warmup requests by outcome",
+                     {{"model", job.model}, {"endpoint", job.ep.name}, {"outcome", "skipped_single_slot"}})
+            .add(bodies.size());
+        return;
+    }
     log::info("warmup", "endpoint " + job.ep.name + " is back: replaying " + std::to_string(bodies.size()) +
                             " prompt prefixes of model " + job.model);
     size_t sent = 0;

@@ -33,7 +33,18 @@ for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$lport/health" >/dev/null 2
 curl -sf "http://127.0.0.1:$lport/health" >/dev/null || fail "llama-server did not start"
 fport=$lport
 profile=llamacpp
-start_pulse
+start_pulse_config 0
+cat >> "$work/pulse.toml" <<TOML
+[upstream]
+health_interval_s = 0.2
+[warmup]
+enabled = true
+state_file = "$work/warmup.json"
+TOML
+env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
+  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
+pids+=($!)
+gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
 base="http://127.0.0.1:$gport/v1"
 
 python3 - "$base" "http://127.0.0.1:$lport/v1" <<'PY' || fail "live llama-server checks failed"
@@ -133,4 +144,15 @@ if failures:
     sys.exit(1)
 print("live llama-server checks: ok")
 PY
+# A restart of the single-slot server (-np 1): the gateway sees it go and come back, and does not
+# replay recorded prefixes into its only slot (a live request would wait behind the replay).
+kill "${pids[0]}"
+wait "${pids[0]}" 2>/dev/null || true
+for _ in $(seq 1 250); do curl -s "http://127.0.0.1:$gport/health" | grep -q '"state":"down"' && break; sleep 0.02; done
+"$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$lport" --jinja --chat-template-file "$template" \
+  -c 4096 -np 1 -t 2 --seed 1 "${bias[@]}" >> "$work/llama.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 500); do grep -q "serves one request at a time" "$work/pulse.log" && break; sleep 0.02; done
+grep -q "is back but serves one request at a time (llama-server -np 1): not replaying" "$work/pulse.log" \
+  || fail "the gateway did not hold its warmup back from a single-slot llama-server"
 echo "llama-server live ($("$server" --version 2>&1 | grep -m1 version || true)): ok"

@@ -491,3 +491,38 @@ TEST_CASE("two trailing assistant messages (Codex's retry after a truncated stre
     CHECK(r.status == 200);
     CHECK(check_stream(r.body).terminal == "response.completed");
 }
+
+// Warmup must never delay a live request.
+TEST_CASE("warmup does not replay into a single-slot llama-server (-np 1); with more slots it does") {
+    for (int slots : {1, 2}) {
+        CAPTURE(slots);
+        TempDir tmp;
+        auto script = tmp.write("s.json", R"({"slots":)" + std::to_string(slots) + R"(,"turns":[{"content":"ok"}]})");
+        auto record = tmp / "requests.jsonl";
+        uint16_t port = 0;
+        auto start_backend = [&] {
+            auto c = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port",
+                                                                      std::to_string(port), "--record", record.string(), "--flavor", "llamacpp"});
+            port = static_cast<uint16_t>(std::stoi(wait_for([&] { return c->stdout_so_far(); }, std::regex(R"(listening on 127\.0\.0\.1:(\d+))"))));
+            return c;
+        };
+        auto backend = start_backend();
+        std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
+        Gateway gw("[models.m]\nprofile = \"llamacpp\"\n[[models.m.endpoints]]\nname = \"ep0\"\nurl = \"" + url + "\"\n", "",
+                   std::string(kFast) + "retry_window_s = 0\n", "[warmup]\nenabled = true\nstate_file = \"" + (tmp / "w.json").string() + "\"\n");
+        CHECK(check_stream(post(gw.port, "/v1/responses", request(true, R"("a long conversation")")).body).terminal == "response.completed");
+        backend.reset();
+        REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }));
+        const size_t before = read_file(record).size();
+        backend = start_backend();
+        REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") == std::string::npos; }));
+        if (slots == 1) {
+            REQUIRE(eventually([&] { return gw.log().find("serves one request at a time (llama-server -np 1): not replaying") != std::string::npos; }));
+            std::this_thread::sleep_for(milliseconds(300));
+            CHECK(read_file(record).size() == before);  // nothing was replayed into the only slot
+        } else {
+            REQUIRE(eventually([&] { return gw.log().find("1 warm requests completed") != std::string::npos; }));
+            CHECK(read_file(record).size() > before);
+        }
+    }
+}

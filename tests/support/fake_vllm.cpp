@@ -28,7 +28,8 @@
 // "spec": {"drafts_per_request": D, "accept": [p1, p2, ...]} simulates MTP counters: each
 // streamed response adds D drafts of K = len(accept) tokens and round(D * p_i) accepted at
 // position i to /metrics (vLLM names; the llamacpp flavor also reports timings.draft_n*).
-// Top-level options: "vision": true (llamacpp flavor) accepts images; without it an image is
+// Top-level options: "slots": N (llamacpp flavor) is what GET /props reports as total_slots
+// (default 4). "vision": true (llamacpp flavor) accepts images; without it an image is
 // answered 500 "image input is not supported", as by llama-server without --mmproj. "step_ms": N paces every stream by one process-wide clock instead: each
 // chunk leaves at the next multiple of N ms, so concurrent streams send their tokens together,
 // as a batched engine (vLLM, llama-server) does at each decode step. "fail_first": N answers the first N requests with HTTP "fail_status"
@@ -213,6 +214,12 @@ public:
                 std::string m = spec_metrics();
                 resp.setContentType("text/plain; version=0.0.4");
                 resp.sendBuffer(m.data(), m.size());
+                return;
+            }
+            if (path == "/props" && g_flavor == "llamacpp") {  // llama-server: parallel slots (-np)
+                std::string v = R"({"total_slots":)" + std::to_string(get_int(g_script, "slots", 4)) + R"(,"model_path":"fake.gguf"})";
+                resp.setContentType("application/json");
+                resp.sendBuffer(v.data(), v.size());
                 return;
             }
             if (path == "/version") {
