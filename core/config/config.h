@@ -91,6 +91,7 @@ struct Warmup {
     bool enabled = true;
     std::string state_file;
     int64_t max_prefixes = 32;
+    double slot_save_interval_s = 30;  // llama-server --slot-save-path: save its slots at most this often
 };
 
 struct Config {

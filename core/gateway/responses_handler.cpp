@@ -422,8 +422,10 @@ private:
                 if (s < 0) builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
                 outcome_ = builder_->ended() ? (builder_->failure() ? Outcome::failed : Outcome::completed)
                                              : outcome_of(builder_->end(PULSE_STREAM_CLEAN));
-                if (outcome_ == Outcome::completed || outcome_ == Outcome::incomplete)
+                if (outcome_ == Outcome::completed || outcome_ == Outcome::incomplete) {
                     gw_.prefixes_->remember(model_id_, prefix_key(cache_key_, upstream_body()), upstream_body());
+                    if (gw_.warmer_ && !ep.backend) gw_.warmer_->served(*ep.cfg, ep.health);
+                }
                 return Attempt::served;
             }
         }

@@ -434,6 +434,29 @@ std::string probe_http(const config::Endpoint& ep, double timeout_s) {
     }
 }
 
+int post_root_json(const config::Endpoint& ep, const std::string& path, const std::string& body, double timeout_s, std::string* answer) {
+    try {
+        Poco::URI uri(ep.url);
+        Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
+        Poco::Timespan t(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6));
+        s.setTimeout(t, t, t);
+        Poco::Net::HTTPRequest req(Poco::Net::HTTPRequest::HTTP_POST, path, Poco::Net::HTTPMessage::HTTP_1_1);
+        req.setContentType("application/json");
+        req.setContentLength(static_cast<std::streamsize>(body.size()));
+        s.sendRequest(req) << body;
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        std::string text;
+        char buf[4096];
+        while (text.size() < 65536 && in.read(buf, sizeof buf).gcount() > 0) text.append(buf, static_cast<size_t>(in.gcount()));
+        if (answer) *answer = std::move(text);
+        return static_cast<int>(resp.getStatus());
+    } catch (const std::exception& e) {
+        if (answer) *answer = e.what();
+        return 0;
+    }
+}
+
 int backend_slots(const config::Endpoint& ep, double timeout_s) {
     try {
         Poco::URI uri(ep.url);

@@ -83,6 +83,10 @@ std::string probe_http(const config::Endpoint& ep, double timeout_s);
 // `total_slots`); -1 when it does not say (vLLM batches continuously: no fixed slots).
 int backend_slots(const config::Endpoint& ep, double timeout_s);
 
+// POSTs a JSON body to `path` at the endpoint's root (llama-server's /slots/N?action=...).
+// Returns the HTTP status (0 when there was no answer) and puts the body in `answer`.
+int post_root_json(const config::Endpoint& ep, const std::string& path, const std::string& body, double timeout_s, std::string* answer);
+
 // A backend plugin instance (one per endpoint that names it).
 class BackendInstance {
 public:

@@ -10,6 +10,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -147,7 +148,8 @@ void PrefixStore::load(const std::filesystem::path& file) {
     log::info("warmup", "loaded " + std::to_string(n) + " prompt prefixes from " + file.string());
 }
 
-Warmer::Warmer(PrefixStore& store, config::Upstream timeouts) : store_(store), timeouts_(timeouts) {
+Warmer::Warmer(PrefixStore& store, config::Upstream timeouts, double slot_save_interval_s)
+    : store_(store), timeouts_(timeouts), save_interval_(duration_cast<steady_clock::duration>(duration<double>(slot_save_interval_s))) {
     thread_ = std::thread([this] { run(); });
 }
 
@@ -167,9 +169,100 @@ void Warmer::recovered(const std::string& model, const config::Endpoint& ep, std
     if (ep.is_plugin()) return;  // in-process backends manage their own caches
     {
         std::lock_guard lock(m_);
-        jobs_.push_back({model, ep, std::move(health)});
+        jobs_.push_back({Job::replay, model, ep, std::move(health)});
     }
     cv_.notify_all();
+}
+
+void Warmer::served(const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health) {
+    if (ep.is_plugin()) return;
+    {
+        std::lock_guard lock(m_);
+        Slots& st = slots_[ep.url];
+        if (st.unsupported || st.total < 0 || st.pending) return;
+        st.pending = true;
+        Job j;
+        j.kind = Job::save;
+        j.ep = ep;
+        j.health = std::move(health);
+        jobs_.push_back(std::move(j));
+    }
+    cv_.notify_all();
+}
+
+std::string Warmer::slot_file(const config::Endpoint& ep, int slot) {
+    // The endpoint's name, reduced to what a file name may hold (llama-server refuses paths).
+    std::string name;
+    for (char c : ep.name) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_';
+    return "pulse-" + name + "-slot" + std::to_string(slot) + ".bin";
+}
+
+// Saves every slot of a llama-server started with --slot-save-path, when the last save is older
+// than the interval and nothing is in flight there (a save holds the server while it writes).
+void Warmer::save(const Job& job) {
+    Slots st;
+    {
+        std::lock_guard lock(m_);
+        st = slots_[job.ep.url];
+    }
+    // Wait (bounded) for the interval and for a moment without real traffic.
+    for (int i = 0; i < 600 && (steady_clock::now() - st.last_save < save_interval_ || job.health->in_flight.load() > 0); ++i) {
+        std::unique_lock lock(m_);
+        if (cv_.wait_for(lock, milliseconds(100), [&] { return stop_; })) return;
+    }
+    auto done = [&](const Slots& s) {
+        std::lock_guard lock(m_);
+        slots_[job.ep.url] = s;
+        slots_[job.ep.url].pending = false;
+    };
+    if (job.health->in_flight.load() > 0 || !job.health->healthy()) return done(st);
+    if (st.total == 0) st.total = backend_slots(job.ep, timeouts_.connect_timeout_s);
+    if (st.total <= 0) return done(st);  // not a llama-server
+    const double timeout = std::max(30.0, timeouts_.connect_timeout_s);
+    for (int slot = 0; slot < st.total; ++slot) {
+        std::string answer;
+        int status = post_root_json(job.ep, "/slots/" + std::to_string(slot) + "?action=save",
+                                    "{\"filename\":\"" + slot_file(job.ep, slot) + "\"}", timeout, &answer);
+        if (status == 501 || status == 404) {
+            st.unsupported = true;  // started without --slot-save-path: said once, not asked again
+            log::info("warmup", "endpoint " + job.ep.name + " cannot save its slots (start llama-server with --slot-save-path to keep its cache "
+                                "across restarts); its recovery replays prompts instead");
+            return done(st);
+        }
+        if (status != 200) {
+            log::warn("warmup", "endpoint " + job.ep.name + ": saving slot " + std::to_string(slot) + " failed (HTTP " + std::to_string(status) +
+                                    "): " + answer.substr(0, 200));
+            return done(st);
+        }
+    }
+    st.saved = true;
+    st.last_save = steady_clock::now();
+    metrics::global().counter("pulse_slot_saves_total", "llama-server slot saves (--slot-save-path)", {{"endpoint", job.ep.name}}).add();
+    log::debug("warmup", "endpoint " + job.ep.name + ": saved " + std::to_string(st.total) + " slots");
+    done(st);
+}
+
+// After a restart: the saved slots go back in, far cheaper than replaying their prompts.
+bool Warmer::restore(const Job& job) {
+    Slots st;
+    {
+        std::lock_guard lock(m_);
+        st = slots_[job.ep.url];
+    }
+    if (!st.saved || st.total <= 0) return false;
+    int restored = 0;
+    for (int slot = 0; slot < st.total; ++slot) {
+        std::string answer;
+        int status = post_root_json(job.ep, "/slots/" + std::to_string(slot) + "?action=restore",
+                                    "{\"filename\":\"" + slot_file(job.ep, slot) + "\"}", std::max(30.0, timeouts_.connect_timeout_s), &answer);
+        if (status == 200) ++restored;
+        else log::warn("warmup", "endpoint " + job.ep.name + ": restoring slot " + std::to_string(slot) + " failed (HTTP " + std::to_string(status) + ")");
+    }
+    metrics::global().counter("pulse_slot_restores_total", "llama-server slots restored after a restart", {{"endpoint", job.ep.name}}).add(restored);
+    if (restored == 0) return false;
+    log::info("warmup", "endpoint " + job.ep.name + " is back: restored " + std::to_string(restored) + " of " + std::to_string(st.total) +
+                            " saved slots (its prefix cache) instead of replaying prompts");
+    return true;
 }
 
 void Warmer::run() {
@@ -182,7 +275,8 @@ void Warmer::run() {
             job = std::move(jobs_.front());
             jobs_.pop_front();
         }
-        warm(job);
+        if (job.kind == Job::save) save(job);
+        else if (!restore(job)) warm(job);
     }
 }
 

@@ -55,27 +55,45 @@ private:
 // Runs warmups on a background thread.
 class Warmer {
 public:
-    Warmer(PrefixStore& store, config::Upstream timeouts);
+    Warmer(PrefixStore& store, config::Upstream timeouts, double slot_save_interval_s);
     ~Warmer();
 
-    // An endpoint of `model` recovered: queue a replay of the model's recorded prefixes.
+    // An endpoint of `model` recovered: restore its saved slots (llama-server with
+    // --slot-save-path), else queue a replay of the model's recorded prefixes.
     void recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health);
+    // A request completed on `ep`: its KV cache changed. A llama-server that can save its slots
+    // is asked to, at most every warmup.slot_save_interval_s and only while it serves nothing.
+    void served(const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health);
     void stop();
 
 private:
     struct Job {
+        enum Kind { replay, save } kind = replay;
         std::string model;
         config::Endpoint ep;
         std::shared_ptr<EndpointHealth> health;
     };
+    // What is known of an endpoint's slot persistence (keyed by URL).
+    struct Slots {
+        int total = 0;            // 0 = not asked yet; -1 = the backend has no slots to save
+        bool saved = false;       // files of every slot exist on the backend's side
+        bool unsupported = false; // the server was started without --slot-save-path
+        bool pending = false;     // a save job is queued
+        std::chrono::steady_clock::time_point last_save{};
+    };
     void run();
     void warm(const Job& job);
+    void save(const Job& job);
+    bool restore(const Job& job);
+    static std::string slot_file(const config::Endpoint& ep, int slot);
 
     PrefixStore& store_;
     config::Upstream timeouts_;
+    std::chrono::steady_clock::duration save_interval_;
     std::mutex m_;
     std::condition_variable cv_;
     std::deque<Job> jobs_;
+    std::map<std::string, Slots> slots_;  // by endpoint URL; under m_
     bool stop_ = false;
     std::thread thread_;
 };

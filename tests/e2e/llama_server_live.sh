@@ -31,15 +31,33 @@ for t in $(seq 128 255); do bias+=(--logit-bias "$t-inf"); done
 pids+=($!)
 for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$lport/health" >/dev/null 2>&1 && break; sleep 0.02; done
 curl -sf "http://127.0.0.1:$lport/health" >/dev/null || fail "llama-server did not start"
+# A second server that can save its slots (--slot-save-path): its cache survives a restart.
+sport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$work/slots"
+start_saving_server() {
+  "$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$sport" --jinja --chat-template-file "$template" \
+    -c 4096 -np 1 -t 2 --seed 1 --slot-save-path "$work/slots" "${bias[@]}" >> "$work/llama-saving.log" 2>&1 &
+  saving_pid=$!
+  pids+=($saving_pid)
+  for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$sport/health" >/dev/null 2>&1 && return 0; sleep 0.02; done
+  fail "the saving llama-server did not start"
+}
+start_saving_server
 fport=$lport
 profile=llamacpp
 start_pulse_config 0
 cat >> "$work/pulse.toml" <<TOML
+[models.saving]
+profile = "llamacpp"
+[[models.saving.endpoints]]
+name = "saving"
+url = "http://127.0.0.1:$sport/v1"
 [upstream]
 health_interval_s = 0.2
 [warmup]
 enabled = true
 state_file = "$work/warmup.json"
+slot_save_interval_s = 0.2
 TOML
 env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
   "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
@@ -144,6 +162,26 @@ if failures:
     sys.exit(1)
 print("live llama-server checks: ok")
 PY
+# Slot persistence: after a turn the gateway has the server save its slot; after a restart it
+# restores it, so the slot holds the conversation again before the first request comes.
+prompt='{"model":"saving","store":false,"max_output_tokens":4,"input":"Please read this project and tell me what it does, file by file, with care."}'
+curl -sf "http://127.0.0.1:$gport/v1/responses" -H 'Content-Type: application/json' -d "$prompt" > /dev/null || fail "turn on the saving server"
+for _ in $(seq 1 250); do [ -s "$work/slots/pulse-saving-slot0.bin" ] && break; sleep 0.02; done
+[ -s "$work/slots/pulse-saving-slot0.bin" ] || fail "the gateway did not have llama-server save its slot"
+kill "$saving_pid"; wait "$saving_pid" 2>/dev/null || true
+for _ in $(seq 1 250); do curl -s "http://127.0.0.1:$gport/health" | grep -q '"name":"saving","url":"[^"]*","state":"down"' && break; sleep 0.02; done
+start_saving_server
+for _ in $(seq 1 500); do grep -q "endpoint saving is back: restored 1 of 1 saved slots" "$work/pulse.log" && break; sleep 0.02; done
+grep -q "endpoint saving is back: restored 1 of 1 saved slots" "$work/pulse.log" || fail "the saved slot was not restored after the restart"
+# The slot holds the conversation again: the first request after the restart finds it there
+# (llama-server picks the slot by prompt similarity; an empty slot is picked as least used).
+lines=$(wc -l < "$work/llama-saving.log")
+curl -sf "http://127.0.0.1:$gport/v1/responses" -H 'Content-Type: application/json' -d "$prompt" > /dev/null || fail "turn after the restore"
+tail -n +"$((lines + 1))" "$work/llama-saving.log" | grep -q "selected slot by LCP similarity" \
+  || fail "the first request after the restore did not find the restored conversation in the slot"
+grep -q "endpoint ep0 cannot save its slots\|endpoint fake cannot save its slots" "$work/pulse.log" \
+  || fail "a server without --slot-save-path was not reported as unable to save"
+
 # A restart of the single-slot server (-np 1): the gateway sees it go and come back, and does not
 # replay recorded prefixes into its only slot (a live request would wait behind the replay).
 kill "${pids[0]}"

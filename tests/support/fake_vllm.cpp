@@ -235,6 +235,13 @@ public:
             return;
         }
         std::string body((std::istreambuf_iterator<char>(req.stream())), {});
+        if (path.rfind("/slots", 0) == 0) {  // llama-server slot actions, as without --slot-save-path
+            std::string b = R"({"error":{"code":501,"message":"This server does not support slots action. Start it with `--slot-save-path`","type":"not_supported_error"}})";
+            resp.setStatus(Poco::Net::HTTPResponse::HTTP_NOT_IMPLEMENTED);
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            return;
+        }
         record(body);
         rapidjson::Document rq;
         rq.Parse(body.c_str());
