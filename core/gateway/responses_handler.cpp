@@ -160,7 +160,6 @@ public:
         ex_.stream_end(wire_);
         return flush();
     }
-    size_t pending() const { return events_.size() + wire_.size(); }
 
 private:
     server::Exchange& ex_;
@@ -285,7 +284,7 @@ private:
     Attempt attempt(size_t i) {
         const EndpointRef& ep = rt_->endpoints[i];
         InFlight in_flight(*ep.health);
-        accepted_ = fed_ = false;
+        fed_ = false;
         if (!ep.backend) {
             for (bool fresh = false;; fresh = true) {
                 UpEvent error;
@@ -338,7 +337,6 @@ private:
                 keepalive_if_due();
                 return std::nullopt;
             case UpEvent::Kind::accepted:
-                accepted_ = true;
                 served_by_ = ep.cfg->name;
                 gw_.endpoint_ok(model_id_, ep, /*real_request=*/true);
                 builder_->start();
@@ -600,7 +598,7 @@ private:
     milliseconds keepalive_{10000};
     steady_clock::time_point last_event_ = steady_clock::now();
     steady_clock::time_point last_gone_check_ = steady_clock::now();
-    bool accepted_ = false, fed_ = false;  // of the current attempt
+    bool fed_ = false;  // the current attempt produced data
 
     bool relaying_ = false;  // the stream loop sends this response's bytes now
     const EndpointRef* relay_ep_ = nullptr;

@@ -29,13 +29,7 @@ namespace {
 
 using namespace std::chrono;
 
-// POCO's client session with its receive buffer made visible: data may already sit there
-// (read together with the headers) while the socket itself has nothing new.
-class Session : public Poco::Net::HTTPClientSession {
-public:
-    using Poco::Net::HTTPClientSession::HTTPClientSession;
-    int pending() const { return buffered(); }
-};
+using Session = Poco::Net::HTTPClientSession;
 
 // Idle keep-alive connections per backend (host:port), so a request does not pay a TCP connect
 // and the backend's per-connection set-up. A connection goes back only after a clean stream

@@ -286,7 +286,13 @@ void Warmer::warm(const Job& job) {
     // A backend with one slot (llama-server -np 1) runs one request at a time: a replay there
     // holds the slot against the live requests that are sure to come (a 16k-token replay kept a
     // live turn waiting for seconds), and no preemption frees it before its current batch ends.
-    if (backend_slots(job.ep, timeouts_.connect_timeout_s) == 1) {
+    // Asked again at each recovery (a restarted server may run with other flags); kept for saves.
+    const int total = backend_slots(job.ep, timeouts_.connect_timeout_s);
+    {
+        std::lock_guard lock(m_);
+        slots_[job.ep.url].total = total;
+    }
+    if (total == 1) {
         log::info("warmup", "endpoint " + job.ep.name + " is back but serves one request at a time (llama-server -np 1): not replaying " +
                                 std::to_string(bodies.size()) + " prompt prefixes into it, so no live request waits behind one");
         metrics::global()

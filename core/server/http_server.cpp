@@ -224,6 +224,7 @@ private:
         gateway::BodyDecoder framing{gateway::BodyDecoder::Framing::length, 0};
         std::string body;
         int64_t reserved = 0;  // body bytes counted against server.max_body_memory_bytes
+        bool doomed = false;   // closed at the end of this round
     };
     struct Job {
         std::unique_ptr<Conn> conn;
@@ -352,7 +353,13 @@ private:
     // The loop still owns connection `fd` (a dispatch hands it to a worker).
     Conn* owned(int fd) {
         auto it = conns_.find(fd);
-        return it == conns_.end() || doomed(fd) ? nullptr : it->second.get();
+        return it == conns_.end() || it->second->doomed ? nullptr : it->second.get();
+    }
+
+    void doom(Conn& c) {
+        if (c.doomed) return;
+        c.doomed = true;
+        doomed_.push_back(c.fd);
     }
 
     void on_readable(Conn& conn) {
@@ -366,16 +373,13 @@ private:
                 if (c->state != Conn::State::linger) consume(*c, std::string_view(buf, static_cast<size_t>(n)));
                 if (static_cast<size_t>(n) < sizeof buf) return;
             } else if (n == 0 || (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
-                // The client closed (or the socket failed): nothing to answer.
-                doomed_.push_back(fd);
+                doom(*c);  // the client closed (or the socket failed): nothing to answer
                 return;
             } else if (errno != EINTR) {
                 return;
             }
         }
     }
-
-    bool doomed(int fd) const { return std::find(doomed_.begin(), doomed_.end(), fd) != doomed_.end(); }
 
     // New bytes for a connection that is between requests or reading one. May hand `c` to a
     // worker: the caller looks it up again (owned()) before touching it.
@@ -554,7 +558,7 @@ private:
             Conn& c = *conns_[fd];
             switch (c.state) {
                 case Conn::State::idle:
-                case Conn::State::linger: doomed_.push_back(fd); break;
+                case Conn::State::linger: doom(c); break;
                 case Conn::State::head:
                     refuse(c, 408, "request_timeout",
                            "the request head did not arrive within " + std::to_string(static_cast<int>(cfg_.header_timeout_s)) +
@@ -572,7 +576,7 @@ private:
 
     void close_idle() {
         for (auto& [fd, c] : conns_)
-            if (c->state == Conn::State::idle) doomed_.push_back(fd);
+            if (c->state == Conn::State::idle) doom(*c);
     }
 
     // Connections back from workers: read the next request, or close.
