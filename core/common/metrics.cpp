@@ -1,5 +1,6 @@
 #include "common/metrics.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -30,9 +31,11 @@ std::string labels_text(const Labels& l, const std::string& extra = {}) {
 
 std::string num(double v) {
     if (std::isinf(v)) return "+Inf";
+    if (std::isnan(v)) return "NaN";
+    // The shortest text that reads back as the same double: 0.0025, not 0.0025000000000000001.
     char b[32];
-    std::snprintf(b, sizeof b, "%.17g", v);
-    return b;
+    auto r = std::to_chars(b, b + sizeof b, v);
+    return std::string(b, r.ptr);
 }
 
 std::string json_str(const std::string& s) {

@@ -7,6 +7,9 @@
 #include <Poco/Net/StreamSocket.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
+#include <fstream>
+
 #include "support/gateway_harness.h"
 
 using namespace pulse::test;
@@ -345,6 +348,27 @@ TEST_CASE("/metrics: request, token and dropped-tool counters, Prometheus text a
     CHECK(text.find(R"(pulse_invalid_requests_total{code="invalid_json"} 1)") != std::string::npos);
     CHECK(text.find("# TYPE pulse_ttft_seconds histogram") != std::string::npos);
     CHECK(text.find(R"(pulse_ttft_seconds_count{model="qwen3.8-flash-next"} 1)") != std::string::npos);
+    // Bounds in their shortest round-trip form, as Prometheus's own clients print them.
+    CHECK(text.find(R"(pulse_ttft_seconds_bucket{model="qwen3.8-flash-next",le="0.0025"})") != std::string::npos);
+    CHECK(text.find("0000000") == std::string::npos);
+
+    // The exposition as Prometheus itself reads it: `promtool check metrics` (Debian's
+    // prometheus package; tools/dev installs it) parses the text and lints names and help.
+    if (std::system("command -v promtool >/dev/null 2>&1") == 0) {
+        TempDir tmp;
+        auto file = tmp / "metrics.txt";
+        {
+            std::ofstream(file) << text;
+        }
+        auto out = tmp / "promtool.out";
+        int rc = std::system(("promtool check metrics < " + file.string() + " > " + out.string() + " 2>&1").c_str());
+        INFO(read_file(out));
+        CHECK(rc == 0);
+    } else if (std::getenv("PULSE_REQUIRE_E2E")) {
+        FAIL("promtool is not installed (Debian package prometheus; tools/dev installs it)");
+    } else {
+        MESSAGE("promtool not installed: the exposition was not checked by Prometheus's parser");
+    }
 
     rapidjson::Document d;
     d.Parse(get("application/json").c_str());
