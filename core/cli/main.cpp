@@ -91,7 +91,12 @@ const char* kPluginsHelp =
     "\n"
     "Scans the plugin directories of the config (or the built-in defaults when no config\n"
     "exists), loads each plugin and prints one row per file: id, kind, version, ABI and\n"
-    "status or the reason it was rejected. Exit 4 if a required plugin did not load.\n";
+    "status or the reason it was rejected. Exit 4 if a required plugin did not load, or if a\n"
+    "model of the config needs a translation profile or plugin:// backend that no plugin\n"
+    "provides (each named on stderr).\n"
+    "\n"
+    "Without plugin directories in the config: the installed plugin directory (" PULSE_PLUGIN_DIR ")\n"
+    "and the site drop-ins; a pulse run from its build directory uses that build's plugins.\n";
 
 const char* kConfigHelp =
     "usage: pulse config check FILE\n"
@@ -145,6 +150,22 @@ int usage_error(const std::string& msg, const char* help) {
     return kExitUsage;
 }
 
+// A `pulse` run from the build directory it was linked in (build/core/pulse) finds that build's
+// plugins, as an installed one finds the installed plugin directory: the path of the running
+// binary, not a flag, tells the two apart.
+std::optional<fs::path> build_tree_plugin_dir() {
+#if defined(PULSE_BUILD_EXE) && defined(PULSE_BUILD_PLUGIN_DIR)
+    std::error_code ec;
+    fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    if (ec) return std::nullopt;
+    fs::path built = fs::weakly_canonical(PULSE_BUILD_EXE, ec);
+    if (ec || self != built || !fs::is_directory(PULSE_BUILD_PLUGIN_DIR, ec)) return std::nullopt;
+    return fs::path(PULSE_BUILD_PLUGIN_DIR);
+#else
+    return std::nullopt;
+#endif
+}
+
 std::optional<fs::path> default_config() {
     if (const char* env = std::getenv("PULSE_CONFIG"); env && *env) return fs::path(env);
     fs::path p = fs::path(PULSE_SYSCONF_DIR) / "pulse.toml";
@@ -166,9 +187,15 @@ config::Config load_config(const Args& a, bool required) {
     config::apply_env(cfg, [](const char* n) -> const char* { return std::getenv(n); });
     config::apply_fragments(cfg);
     for (const auto& w : cfg.warnings) log::warn("config", w);
-    if (cfg.plugins.dirs.empty()) cfg.plugins.dirs.push_back(PULSE_PLUGIN_DIR);
-    if (cfg.plugins.dropin_dirs.empty() && cfg.source.empty())
-        cfg.plugins.dropin_dirs.push_back(fs::path(PULSE_SYSCONF_DIR) / "plugins.d");
+    if (cfg.plugins.dirs.empty()) {
+        if (auto build = build_tree_plugin_dir()) {
+            cfg.plugins.dirs.push_back(*build);  // this build's plugins, never an installed site's drop-ins
+        } else {
+            cfg.plugins.dirs.push_back(PULSE_PLUGIN_DIR);
+            if (cfg.plugins.dropin_dirs.empty() && cfg.source.empty())
+                cfg.plugins.dropin_dirs.push_back(fs::path(PULSE_SYSCONF_DIR) / "plugins.d");
+        }
+    }
     config::validate(cfg);
     return cfg;
 }
@@ -235,7 +262,11 @@ int cmd_plugins(const Args& a) {
         for (const auto& d : cfg.plugins.dropin_dirs) dirs += " " + d.string();
         std::printf("(no plugin files found in:%s)\n", dirs.c_str());
     }
+    // The config's needs, as `serve` would check them: a model whose profile or plugin://
+    // backend no plugin provides cannot start.
     auto fatal = pm.fatal_problems();
+    auto missing = gateway::Gateway::check_components(cfg, pm);
+    fatal.insert(fatal.end(), missing.begin(), missing.end());
     for (const auto& f : fatal) std::fprintf(stderr, "pulse: %s\n", f.c_str());
     return fatal.empty() ? kExitOk : kExitPlugin;
 }
@@ -403,7 +434,7 @@ int cmd_serve(const Args& a) {
     pm.load_all();
     auto fatal = pm.fatal_problems();
     gateway::Gateway gw(cfg, pm);
-    auto missing = gw.check_components(cfg);
+    auto missing = gateway::Gateway::check_components(cfg, pm);
     fatal.insert(fatal.end(), missing.begin(), missing.end());
     if (!fatal.empty()) {
         for (const auto& f : fatal) log::error("serve", f);

@@ -40,7 +40,7 @@ std::shared_ptr<const Snapshot> Gateway::snapshot() const {
     return current_;
 }
 
-std::vector<std::string> Gateway::check_components(const config::Config& cfg) const {
+std::vector<std::string> Gateway::check_components(const config::Config& cfg, const plugin::PluginManager& plugins_) {
     std::vector<std::string> out;
     auto list = [](const std::vector<std::string>& v) {
         std::string s;
@@ -145,7 +145,7 @@ void Gateway::start() {
 }
 
 void Gateway::reload(config::Config cfg) {
-    auto problems = check_components(cfg);
+    auto problems = check_components(cfg, plugins_);
     if (!problems.empty()) {
         std::string all;
         for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;

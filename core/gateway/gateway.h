@@ -69,7 +69,7 @@ public:
 
     // Every model's translation profile and every plugin:// endpoint must be provided by a
     // loaded plugin. Returns one message per missing component (empty = all present).
-    std::vector<std::string> check_components(const config::Config& cfg) const;
+    static std::vector<std::string> check_components(const config::Config& cfg, const plugin::PluginManager& plugins);
 
     // Builds the first snapshot, loads warmup state, starts the health prober and the warmer
     // (control thread, before serving). Throws config::ConfigError when a plugin rejects its

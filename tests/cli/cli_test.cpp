@@ -137,6 +137,35 @@ TEST_CASE("plugins: a required plugin that fails gives exit 4") {
     CHECK(has(r.err, "init failed: model directory /nonexistent is missing"));
 }
 
+TEST_CASE("plugins: a config that needs a profile or backend no plugin provides gives exit 4, naming it") {
+    Site site({"good_cpp"}, "[models.m]\nprofile = \"qwen99\"\n[[models.m.endpoints]]\nurl = \"plugin://nowhere\"\n");
+    auto r = run({exe(), "plugins", "--config", site.config.string()}, kNoEnvOverrides);
+    CAPTURE(r.out);
+    CAPTURE(r.err);
+    CHECK(r.code == 4);
+    CHECK(has(r.out, "loaded"));  // the table is still printed
+    CHECK(has(r.err, "model 'm': translation profile 'qwen99' is not provided by any loaded plugin (loaded profiles: test-profile)"));
+    CHECK(has(r.err, "backend 'nowhere' is not provided by any loaded plugin (loaded backends: none)"));
+}
+
+TEST_CASE("plugins: a binary in its build directory finds that build's plugins; a copy elsewhere the installed dir") {
+    std::map<std::string, std::string> env = kNoEnvOverrides;
+    auto r = run({exe(), "plugins"}, env);  // no config anywhere, no PULSE_PLUGIN_DIRS
+    CAPTURE(r.out);
+    CHECK(r.code == 0);
+    const std::string build_plugins = fs::path(std::getenv("PULSE_PLUGIN_BUILD_DIR")).string();
+    CHECK(has(r.out, "pulse.translation.qwen38"));
+    CHECK(has(r.out, "loaded (" + build_plugins + "/qwen38.so"));
+
+    TempDir tmp;  // the same binary outside its build tree behaves as an installed one
+    fs::copy_file(exe(), tmp / "pulse");
+    fs::permissions(tmp / "pulse", fs::perms(0755));
+    r = run({(tmp / "pulse").string(), "plugins"}, env);
+    CAPTURE(r.out);
+    CHECK(!has(r.out, build_plugins));
+    CHECK(has(r.out, "/pulse/plugins"));
+}
+
 TEST_CASE("model: runs the runtime controller plugin's command") {
     Site site({"good_minimal"}, "");
     auto r = run({exe(), "model", "--config", site.config.string(), "up", "best", "--node", "n1"}, kNoEnvOverrides);
