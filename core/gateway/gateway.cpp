@@ -340,7 +340,7 @@ void Gateway::health(server::Exchange& ex) {
     w.EndArray();
     w.Key("plugins");
     w.StartArray();
-    for (const auto& s : plugins_.statuses()) {
+    for (const auto& s : plugins_.status_snapshot()) {
         w.StartObject();
         w.Key("path");
         w.String(s.path.c_str());
@@ -353,6 +353,10 @@ void Gateway::health(server::Exchange& ex) {
         if (!s.reason.empty()) {
             w.Key("reason");
             w.String(s.reason.c_str());
+        }
+        if (!s.reload_refused.empty()) {  // `version` above is the one still serving
+            w.Key("reload_refused");
+            w.String(s.reload_refused.c_str());
         }
         w.EndObject();
     }

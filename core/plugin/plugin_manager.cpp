@@ -100,6 +100,49 @@ std::string old_version_of(const std::vector<PluginStatus>& statuses, const fs::
 
 }  // namespace
 
+std::string dlopen_failure(const std::string& raw, const fs::path& mapped, const fs::path& path) {
+    // Boost.DLL wraps the loader's text as "... (dlerror system message: TEXT): <errno text>";
+    // the errno part is stale (dlopen does not set errno), so only TEXT is kept.
+    std::string why = raw;
+    const std::string marker = "dlerror system message: ";
+    if (size_t at = why.find(marker); at != std::string::npos) {
+        why = why.substr(at + marker.size());
+        if (size_t end = why.rfind("): "); end != std::string::npos) why.resize(end);
+        else if (!why.empty() && why.back() == ')') why.pop_back();
+    }
+    // The loader names the file it mapped: the staged copy, which means nothing to the operator.
+    for (size_t at; !mapped.empty() && mapped != path && (at = why.find(mapped.string())) != std::string::npos;)
+        why.replace(at, mapped.string().size(), path.string());
+    const std::string undefined = "undefined symbol: ";
+    if (size_t at = why.find(undefined); at != std::string::npos) {
+        std::string sym = why.substr(at + undefined.size());
+        if (size_t end = sym.find_first_of(" \t,("); end != std::string::npos) sym.resize(end);
+        return "dlopen failed: unresolved symbol '" + sym + "' (" + why +
+               ") (fix: link the library that defines it into the plugin, and link with -Wl,-z,defs so the linker "
+               "reports an undefined symbol at build time; a plugin never uses host symbols)";
+    }
+    if (why.find("cannot open shared object file") != std::string::npos) {
+        std::string lib = why.substr(0, why.find(':'));
+        if (lib == path.string()) return "dlopen failed: " + why;
+        return "dlopen failed: a library the plugin needs is missing: " + why +
+               " (fix: install " + lib + ", or give the plugin a RUNPATH where it lives)";
+    }
+    if (why.find("GLIBCXX_") != std::string::npos || why.find("GLIBC_") != std::string::npos)
+        return "dlopen failed: " + why + " (fix: the plugin was built with a newer toolchain than this system's; build it on Debian 12 or older)";
+    return "dlopen failed: " + why;
+}
+
+void finalize(Generation& g) {
+    if (!g.initialized) return;
+    g.initialized = false;  // first: deinit runs exactly once, even if it throws
+    if (!g.info || !g.info->deinit) return;
+    try {
+        g.info->deinit(g.state);
+    } catch (...) {
+        log::error("plugins", "plugin " + g.ctx.plugin_id + ": exception escaped deinit (plugin bug)");
+    }
+}
+
 const char* state_name(State s) {
     switch (s) {
         case State::loaded: return "loaded";
@@ -168,6 +211,19 @@ static std::string exported_symbols(const fs::path& path, std::vector<std::strin
         }
     }
     return {};
+}
+
+std::string check_file(const fs::path& path, uid_t service_uid) {
+    std::error_code ec;
+    if (fs::is_symlink(path, ec)) {
+        // A link is as safe as where it points: whoever can write the target's directory can
+        // replace the code, so that directory passes the plugin directory's test too.
+        fs::path target = fs::canonical(path, ec);
+        if (ec) return "symlink to " + fs::read_symlink(path, ec).string() + " which cannot be resolved (fix: repair or remove the link)";
+        if (std::string p = check_permissions(target.parent_path(), service_uid); !p.empty())
+            return "symlink to " + target.string() + ", whose directory is unsafe: " + p;
+    }
+    return check_permissions(path, service_uid);
 }
 
 std::string check_permissions(const fs::path& path, uid_t service_uid) {
@@ -265,7 +321,13 @@ void PluginManager::record(PluginStatus status) {
             if (status.required) log::error("plugins", line + " [required]");
             else log::warn("plugins", line + " (optional plugin: skipped)");
     }
+    std::lock_guard lock(status_mutex_);
     statuses_.push_back(std::move(status));
+}
+
+std::vector<PluginStatus> PluginManager::status_snapshot() const {
+    std::lock_guard lock(status_mutex_);
+    return statuses_;
 }
 
 void PluginManager::scan_dir(const fs::path& dir, bool configured) {
@@ -329,7 +391,7 @@ std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path,
     };
 
     // Step 0-1: ownership and mode, then the file itself; no plugin code runs yet.
-    if (std::string p = check_permissions(path, options_.service_uid); !p.empty()) return reject(State::rejected, p);
+    if (std::string p = check_file(path, options_.service_uid); !p.empty()) return reject(State::rejected, p);
     if (std::string p = preflight(path); !p.empty()) return reject(State::rejected, p);
 
     // Stage a content-addressed copy: the mapped file is never the one an operator replaces.
@@ -348,11 +410,7 @@ std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path,
         namespace mode = boost::dll::load_mode;
         gen->library = std::make_unique<boost::dll::shared_library>(gen->mapped, mode::rtld_now | mode::rtld_local);
     } catch (const std::exception& e) {
-        std::string why = e.what();
-        std::string hint;
-        if (why.find("GLIBCXX_") != std::string::npos || why.find("GLIBC_") != std::string::npos)
-            hint = " (hint: the plugin was built with a newer toolchain than this system's; build it on Debian 12 or older)";
-        return reject(State::rejected, "dlopen failed: " + why + hint);
+        return reject(State::rejected, dlopen_failure(e.what(), gen->mapped, path));
     }
     if (!gen->library->has(PULSE_PLUGIN_ENTRY_SYMBOL))
         return reject(State::rejected, std::string("no entry point: expected an exported symbol ") + PULSE_PLUGIN_ENTRY_SYMBOL + ", found none");
@@ -444,8 +502,7 @@ std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path,
     if (!gen->ctx.problems.empty()) {
         std::string joined;
         for (const auto& p : gen->ctx.problems) joined += (joined.empty() ? "" : "; ") + p;
-        if (info->deinit) info->deinit(gen->state);
-        gen->initialized = false;
+        finalize(*gen);
         return reject(State::failed, "registration failed: " + joined);
     }
     return gen;
@@ -459,8 +516,7 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
         return statuses_.back();
     }
     if (std::string clash = conflict(*gen); !clash.empty()) {
-        if (gen->info->deinit) gen->info->deinit(gen->state);
-        gen->initialized = false;
+        finalize(*gen);
         st.state = State::failed;
         st.reason = clash;
         record(std::move(st));
@@ -508,12 +564,23 @@ ReloadReport PluginManager::reload() {
         log::error("reload", msg);
         metrics::global().counter("pulse_plugin_reload_failures_total", "plugin reloads refused or failed; the old version keeps serving").add();
     };
+    // A refused new version of a loaded file: the refusal shows next to the version that serves.
+    auto refuse = [&](const fs::path& f, const std::string& msg) {
+        fail(msg);
+        std::lock_guard lock(status_mutex_);
+        for (auto& s : statuses_)
+            if (s.path == f) s.reload_refused = msg;
+    };
     // Files present now, in the configured order.
     std::vector<fs::path> files;
     for (const auto* dirs : {&options_.dirs, &options_.dropin_dirs})
         for (const auto& d : *dirs) {
             std::error_code ec;
-            if (!fs::is_directory(d, ec) || !check_permissions(d, options_.service_uid).empty()) continue;
+            if (!fs::is_directory(d, ec)) continue;
+            if (std::string p = check_permissions(d, options_.service_uid); !p.empty()) {
+                fail("plugin directory " + d.string() + ": whole directory ignored by the reload: " + p);
+                continue;
+            }
             std::vector<fs::path> here;
             for (const auto& e : fs::directory_iterator(d, ec))
                 if (e.path().extension() == ".so") here.push_back(fs::absolute(e.path()));
@@ -535,8 +602,7 @@ ReloadReport PluginManager::reload() {
                 continue;
             }
             if (gen->info->kinds != PULSE_KIND_TRANSLATION) {
-                if (gen->info->deinit) gen->info->deinit(gen->state);
-                gen->initialized = false;
+                finalize(*gen);
                 retired_.push_back(gen);  // keep the mapping; it never served
                 fail("plugin " + f.string() + " (" + st.id + "): a new backend or controller requires restart");
                 continue;
@@ -544,8 +610,7 @@ ReloadReport PluginManager::reload() {
             std::string refused = ids_.count(st.id) ? "duplicate plugin id '" + st.id + "': already loaded from " + ids_[st.id].string()
                                                     : conflict(*gen);
             if (!refused.empty()) {
-                if (gen->info->deinit) gen->info->deinit(gen->state);
-                gen->initialized = false;
+                finalize(*gen);
                 retired_.push_back(gen);
                 fail("plugin " + f.string() + ": " + refused);
                 continue;
@@ -554,7 +619,10 @@ ReloadReport PluginManager::reload() {
             ids_[st.id] = f;
             generations_.push_back(gen);
             st.state = State::loaded;
-            statuses_.push_back(st);
+            {
+                std::lock_guard lock(status_mutex_);
+                statuses_.push_back(st);
+            }
             ++rep.added;
             rep.messages.push_back("added " + st.id + " " + st.version + " from " + f.string());
             log::info("reload", rep.messages.back());
@@ -568,29 +636,28 @@ ReloadReport PluginManager::reload() {
         }
         const std::string& id = old->ctx.plugin_id;
         if (old->info->kinds != PULSE_KIND_TRANSLATION) {
-            fail("plugin " + f.string() + " (" + id + ") changed, but backends and controllers are not reloaded: restart Pulse to use it");
+            refuse(f, "plugin " + f.string() + " (" + id + ") changed, but backends and controllers are not reloaded: restart Pulse to use it");
             continue;
         }
         if (old->mapped == old->path) {
-            fail("plugin " + f.string() + " (" + id + ") changed, but it was loaded in place (no usable runtime_dir): restart Pulse to use it");
+            refuse(f, "plugin " + f.string() + " (" + id + ") changed, but it was loaded in place (no usable runtime_dir): restart Pulse to use it");
             continue;
         }
         if (retired_per_id_[id] >= options_.max_retired_per_plugin) {
-            fail("plugin " + id + ": " + std::to_string(options_.max_retired_per_plugin) +
+            refuse(f, "plugin " + id + ": " + std::to_string(options_.max_retired_per_plugin) +
                  " retired versions are still mapped; restart required to reclaim retired plugin code");
             continue;
         }
         PluginStatus st;
         auto gen = load_generation(f, st, /*reloading=*/true);
         if (!gen) {
-            fail("plugin " + f.string() + " (" + id + "): new version not loaded, the old one keeps serving: " + st.reason);
+            refuse(f, "plugin " + f.string() + " (" + id + "): new version not loaded, the old one keeps serving: " + st.reason);
             continue;
         }
         if (st.id != id || gen->info->kinds != PULSE_KIND_TRANSLATION) {
-            if (gen->info->deinit) gen->info->deinit(gen->state);
-            gen->initialized = false;
+            finalize(*gen);
             retired_.push_back(gen);
-            fail("plugin " + f.string() + ": the new file is '" + st.id + "' (" + kinds_text(gen->info->kinds) + "), expected '" + id +
+            refuse(f, "plugin " + f.string() + ": the new file is '" + st.id + "' (" + kinds_text(gen->info->kinds) + "), expected '" + id +
                  "' (translation); the old version keeps serving");
             continue;
         }
@@ -600,11 +667,15 @@ ReloadReport PluginManager::reload() {
         *cur = gen;
         retired_.push_back(old);
         ++retired_per_id_[id];
-        for (auto& s : statuses_)
-            if (s.path == f) {
-                s.version = st.version;
-                s.build_info = st.build_info;
-            }
+        {
+            std::lock_guard lock(status_mutex_);
+            for (auto& s : statuses_)
+                if (s.path == f) {
+                    s.version = st.version;
+                    s.build_info = st.build_info;
+                    s.reload_refused.clear();
+                }
+        }
         ++rep.reloaded;
         rep.messages.push_back("reloaded " + id + " " + old_version + " -> generation " + std::to_string(gen->ctx.generation) +
                                " (" + st.version + ", sha256 " + gen->sha256.substr(0, 12) + ")");
@@ -619,9 +690,8 @@ void PluginManager::collect_retired() {
         // Only this list holds it: no lease, no component. Finalise on this (control) thread.
         if (it->use_count() == 1) {
             auto& g = *it;
-            if (g->initialized && g->info && g->info->deinit) g->info->deinit(g->state);
             if (g->initialized) log::info("reload", "plugin " + g->ctx.plugin_id + " generation " + std::to_string(g->ctx.generation) + " retired");
-            g->initialized = false;
+            finalize(*g);
             pinned->push_back(g);  // code stays mapped (docs/SDK.md, "Unloading")
             it = retired_.erase(it);
         } else {
@@ -679,21 +749,12 @@ void PluginManager::shutdown() {
     // process-lifetime list so no destructor ever dlcloses them.
     static auto* pinned = new std::vector<std::shared_ptr<Generation>>();
     for (auto it = generations_.rbegin(); it != generations_.rend(); ++it) {
-        auto& g = *it;
-        if (g->initialized && g->info && g->info->deinit) {
-            try {
-                g->info->deinit(g->state);
-            } catch (...) {
-                log::error("plugins", "plugin " + g->ctx.plugin_id + ": exception escaped deinit (plugin bug)");
-            }
-        }
-        g->initialized = false;
-        pinned->push_back(g);
+        finalize(**it);
+        pinned->push_back(*it);
     }
     generations_.clear();
     for (auto& g : retired_) {
-        if (g->initialized && g->info && g->info->deinit) g->info->deinit(g->state);
-        g->initialized = false;
+        finalize(*g);
         pinned->push_back(g);
     }
     retired_.clear();

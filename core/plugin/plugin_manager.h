@@ -37,6 +37,9 @@ struct PluginStatus {
     uint16_t abi_major = 0, abi_minor_built = 0, abi_minor_required = 0;
     State state = State::rejected;
     std::string reason;  // for anything but `loaded`: the one-line explanation
+    // The last hot reload of this file that was refused (the loaded version keeps serving);
+    // cleared when a reload of it succeeds.
+    std::string reload_refused;
     bool required = false;
     std::vector<std::string> components;  // "translation qwen38", ...
 
@@ -102,7 +105,10 @@ public:
     // Loads one file (exposed for tests and for drop-in rescans).
     const PluginStatus& load_file(const std::filesystem::path& path);
 
+    // The control thread's view (no lock: only the control thread changes it).
     const std::vector<PluginStatus>& statuses() const { return statuses_; }
+    // A copy for other threads (/health), consistent against a reload in progress.
+    std::vector<PluginStatus> status_snapshot() const;
 
     // Reasons startup must stop: required plugins that did not load. Empty when all is well.
     std::vector<std::string> fatal_problems() const;
@@ -145,6 +151,7 @@ private:
     std::map<std::string, size_t> retired_per_id_;
     std::map<std::string, std::filesystem::path> ids_;      // id -> path, for duplicates
     mutable std::mutex mutex_;                              // guards the component maps
+    mutable std::mutex status_mutex_;                       // guards statuses_ against status_snapshot()
     std::map<std::string, std::shared_ptr<const Component>> components_[3];
     uint64_t next_generation_ = 1;
 };
@@ -152,6 +159,13 @@ private:
 // Pre-flight checks that run no plugin code. Each returns "" when fine, else the problem text
 // (with the fix). Exposed for tests.
 std::string check_permissions(const std::filesystem::path& path, uid_t service_uid);
+// check_permissions, and for a symlink also the directory its target lies in.
+std::string check_file(const std::filesystem::path& path, uid_t service_uid);
+// The one-line reason for a failed dlopen of `path` (mapped from the staged copy `mapped`):
+// the loader's own text with the original path, the symbol or library named, and the fix.
+std::string dlopen_failure(const std::string& raw, const std::filesystem::path& mapped, const std::filesystem::path& path);
+// Runs the plugin's deinit if its init succeeded and deinit has not run yet: exactly once.
+void finalize(Generation& g);
 std::string preflight(const std::filesystem::path& path);
 
 }  // namespace pulse::plugin

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "plugin/host_api.h"
@@ -317,6 +318,104 @@ TEST_CASE("missing plugin directories are not fatal; drop-ins are optional") {
     pm.load_all();
     CHECK(pm.statuses().empty());
     CHECK(pm.fatal_problems().empty());
+}
+
+TEST_CASE("an unresolved symbol names the symbol, the installed file and the fix; no staged path, no errno") {
+    PluginDir dir{"undefined_symbol"};
+    TempDir run;
+    Options o = dir.options();
+    o.runtime_dir = run / "staged";  // loaded from a staged copy, as `pulse serve` does
+    PluginManager pm(o);
+    pm.load_all();
+    const auto& st = only(pm);
+    CAPTURE(st.reason);
+    CHECK(st.state == State::rejected);
+    CHECK(contains(st.reason, "dlopen failed: unresolved symbol 'pulse_test_symbol_nobody_defines'"));
+    CHECK(contains(st.reason, (dir.tmp / "undefined_symbol.so").string() + ": undefined symbol: pulse_test_symbol_nobody_defines"));
+    CHECK(contains(st.reason, "-Wl,-z,defs"));
+    CHECK(!contains(st.reason, (run / "staged").string()));
+    CHECK(!contains(st.reason, "Bad file descriptor"));
+    CHECK(!contains(st.reason, "boost::"));
+}
+
+TEST_CASE("dlopen failure text: a missing library is named with the fix") {
+    const fs::path path = "/opt/p/x.so", mapped = "/run/pulse/x-abc.so";
+    auto text = dlopen_failure(
+        "boost::dll::shared_library::load() failed (dlerror system message: libcudart.so.13: cannot open shared object file: "
+        "No such file or directory): Bad file descriptor",
+        mapped, path);
+    CHECK(text == "dlopen failed: a library the plugin needs is missing: libcudart.so.13: cannot open shared object file: No such "
+                  "file or directory (fix: install libcudart.so.13, or give the plugin a RUNPATH where it lives)");
+    text = dlopen_failure("boost::dll::shared_library::load() failed (dlerror system message: /run/pulse/x-abc.so: version "
+                          "`GLIBCXX_3.4.32' not found (required by /run/pulse/x-abc.so)): Bad file descriptor",
+                          mapped, path);
+    CHECK(contains(text, "/opt/p/x.so: version `GLIBCXX_3.4.32' not found (required by /opt/p/x.so)"));
+    CHECK(contains(text, "build it on Debian 12 or older"));
+    CHECK(!contains(text, "Bad file descriptor"));
+}
+
+TEST_CASE("a symlinked plugin whose target lies in a directory others can write is refused") {
+    PluginDir dir{};
+    TempDir elsewhere;
+    fs::create_directories(elsewhere / "open");
+    fs::copy_file(built("good_minimal"), elsewhere / "open" / "good_minimal.so");
+    fs::permissions(elsewhere / "open" / "good_minimal.so", fs::perms(0755));
+    fs::permissions(elsewhere / "open", fs::perms(0777));
+    fs::create_symlink(elsewhere / "open" / "good_minimal.so", dir.tmp / "linked.so");
+    {
+        PluginManager pm(dir.options());
+        pm.load_all();
+        CAPTURE(only(pm).reason);
+        CHECK(only(pm).state == State::rejected);
+        CHECK(contains(only(pm).reason, "symlink to " + (elsewhere / "open" / "good_minimal.so").string() + ", whose directory is unsafe: directory mode: expected not writable by group or others, found 0777"));
+        CHECK(pm.controller("test-controller") == nullptr);
+    }
+    fs::permissions(elsewhere / "open", fs::perms(0755));  // the same link into a safe directory loads
+    PluginManager pm(dir.options());
+    pm.load_all();
+    CHECK(only(pm).state == State::loaded);
+}
+
+TEST_CASE("a reload that finds a plugin directory others can write says so") {
+    PluginDir dir{"good_minimal"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(only(pm).state == State::loaded);
+    fs::permissions(dir.tmp.path(), fs::perms(0777));
+    auto rep = pm.reload();
+    fs::permissions(dir.tmp.path(), fs::perms(0700));
+    CHECK(rep.failed == 1);
+    REQUIRE(rep.messages.size() == 1);
+    CHECK(rep.messages[0] == "plugin directory " + dir.tmp.path().string() +
+                                 ": whole directory ignored by the reload: directory mode: expected not writable by group or others, found 0777 (fix: chmod go-w " +
+                                 dir.tmp.path().string() + ")");
+    CHECK(pm.controller("test-controller") != nullptr);  // what was loaded keeps serving
+}
+
+TEST_CASE("deinit runs exactly once per successful init: conflicts, shutdown, destruction") {
+    TempDir tmp;
+    auto log_path = tmp / "deinit.log";
+    ::setenv("PULSE_TEST_DEINIT_LOG", log_path.c_str(), 1);
+    auto lines = [&] {
+        std::ifstream in(log_path);
+        int n = 0;
+        for (std::string l; std::getline(in, l);) n += l == "deinit state";
+        return n;
+    };
+    {
+        PluginDir dir{"deinit_log"};
+        dir.add("deinit_log", "deinit_log_again");  // same id: refused before init, no deinit owed
+        PluginManager pm(dir.options());
+        pm.load_all();
+        REQUIRE(pm.statuses().size() == 2);
+        CHECK(pm.statuses()[0].state == State::loaded);
+        CHECK(lines() == 0);
+        pm.shutdown();
+        CHECK(lines() == 1);
+        pm.shutdown();  // a second shutdown, then the destructor's: nothing more
+    }
+    CHECK(lines() == 1);
+    ::unsetenv("PULSE_TEST_DEINIT_LOG");
 }
 
 TEST_CASE("the SDK example backend loads and streams Chat Completions chunks") {

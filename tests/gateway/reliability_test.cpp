@@ -292,6 +292,19 @@ TEST_CASE("hot reload of a translation profile with 20 streams in flight") {
     auto still = check_stream(post(gw.port, "/v1/responses", body(100)).body);
     CHECK(str(still.item(0)["content"][0], "text").rfind("[v2] ", 0) == 0);
     CHECK(get(gw.port, "/metrics").find("pulse_plugin_reload_failures_total 1") != std::string::npos);
+    // /health shows the refusal next to the version that keeps serving.
+    rapidjson::Document health;
+    health.Parse(get(gw.port, "/health").c_str());
+    REQUIRE(health.IsObject());
+    bool seen = false;
+    for (const auto& p : health["plugins"].GetArray()) {
+        if (str(p, "id") != "test.reloadable") continue;
+        seen = true;
+        CHECK(str(p, "state") == "loaded");
+        CHECK(str(p, "version") == "v2");
+        CHECK(str(p, "reload_refused").find("new version not loaded, the old one keeps serving") != std::string::npos);
+    }
+    CHECK(seen);
 }
 
 TEST_CASE("SIGHUP reloads the configuration: new endpoints for new requests") {

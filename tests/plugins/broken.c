@@ -3,7 +3,9 @@
 #include <pulse/plugin.h>
 #include <string.h>
 
+#if !defined(VARIANT_DEINIT_LOG)
 static void deinit(void* s) { (void)s; }
+#endif
 
 #if defined(VARIANT_INIT_FAILS_WITH_MESSAGE)
 static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
@@ -28,6 +30,39 @@ static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, 
     return PULSE_OK;
 }
 #define ID "test.registers-undeclared-kind"
+#elif defined(VARIANT_UNDEFINED_SYMBOL)
+/* Linked without -z defs: the loader, not the linker, finds the hole. */
+extern int pulse_test_symbol_nobody_defines(void);
+static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
+    (void)host; (void)ctx; (void)call;
+    *state = NULL;
+    return pulse_test_symbol_nobody_defines() ? PULSE_OK : PULSE_E_INTERNAL;
+}
+#define ID "test.undefined-symbol"
+#elif defined(VARIANT_DEINIT_LOG)
+/* Owns heap state and frees it in deinit, as a naive plugin would: a second deinit would be a
+ * double free. Each deinit appends a line to $PULSE_TEST_DEINIT_LOG. */
+#include <stdio.h>
+#include <stdlib.h>
+static void deinit_logged(void* s) {
+    const char* path = getenv("PULSE_TEST_DEINIT_LOG");
+    FILE* f = path ? fopen(path, "a") : NULL;
+    if (f) {
+        fprintf(f, "deinit %s\n", (const char*)s);
+        fclose(f);
+    }
+    free(s);
+}
+static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
+    (void)host; (void)ctx; (void)call;
+    char* s = (char*)malloc(16);
+    if (!s) return PULSE_E_RESOURCE_EXHAUSTED;
+    strcpy(s, "state");
+    *state = s;
+    return PULSE_OK;
+}
+#define deinit deinit_logged
+#define ID "test.deinit-log"
 #else
 static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
     (void)host; (void)ctx; (void)call;
