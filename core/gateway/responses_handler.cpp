@@ -294,7 +294,7 @@ private:
                 log::info("upstream", "the backend had closed the pooled connection to " + ep.cfg->name + "; sending again on a fresh one");
             }
         }
-        std::unique_ptr<UpstreamStream> up = ep.backend->open(upstream_body(), id_);
+        std::unique_ptr<UpstreamStream> up = ep.backend->open(upstream_body(), id_, cfg_.upstream);
         // Short waits, so a client that left or the drain deadline are noticed promptly; a
         // backend's stream_next returns as soon as it has a chunk, so they cost nothing when busy.
         const milliseconds wait = std::min(keepalive_, milliseconds(200));
@@ -526,7 +526,9 @@ private:
             answer = error_body(h.type, msg, {}, code ? code : h.code);
         };
         if (outcome_ == Outcome::none || outcome_ == Outcome::rejected) {
-            const bool window_spent = retryable(last_status_);
+            // Only a request that went through the failover rounds spent the window; a profile
+            // that refused it (outcome rejected) was answered at once, whatever its status.
+            const bool window_spent = outcome_ == Outcome::none && retryable(last_status_);
             if (outcome_ == Outcome::none) outcome_ = window_spent ? Outcome::unavailable : Outcome::rejected;
             std::string msg = gw_.cutting() ? last_error_
                               : window_spent ? "no backend could take the request within " +

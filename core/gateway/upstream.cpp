@@ -74,6 +74,12 @@ SessionPool& pool() {
     return *p;
 }
 
+// A steady_clock time point as host->call_deadline_ms reports it: CLOCK_MONOTONIC milliseconds
+// (steady_clock is CLOCK_MONOTONIC on Linux).
+uint64_t monotonic_ms(steady_clock::time_point t) {
+    return static_cast<uint64_t>(duration_cast<milliseconds>(t.time_since_epoch()).count());
+}
+
 // A transport failure, before acceptance ("cannot reach") or after it ("broke mid-stream").
 UpEvent upstream_failure(bool accepted, const std::string& what) {
     UpEvent e;
@@ -343,8 +349,11 @@ struct ChunkCollector : pulse_chunk_sink {
 
 class PluginStream : public UpstreamStream {
 public:
-    PluginStream(plugin::ComponentLease lease, void* stream, std::string request_id)
-        : lease_(std::move(lease)), stream_(stream), request_id_(std::move(request_id)) {}
+    PluginStream(plugin::ComponentLease lease, void* stream, std::string request_id, const config::Upstream& t,
+                 steady_clock::time_point head_deadline)
+        : lease_(std::move(lease)), stream_(stream), request_id_(std::move(request_id)),
+          idle_(duration_cast<steady_clock::duration>(duration<double>(t.idle_timeout_s))), idle_timeout_s_(t.idle_timeout_s),
+          head_timeout_s_(t.head_timeout_s), deadline_(head_deadline) {}
     ~PluginStream() override { vt().stream_close(stream_); }
 
     UpEvent next(milliseconds wait) override {
@@ -354,11 +363,22 @@ public:
         }
         if (!sink_.chunks.empty()) return pop();
         if (finished_) return UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false};
+        if (steady_clock::now() >= deadline_) {
+            cancel();  // the plugin's own work stops too; stream_close follows
+            return upstream_failure(
+                got_output_, got_output_ ? "no chunk from backend '" + lease_->registration.name + "' for " + seconds_text(idle_timeout_s_) +
+                                               " s (upstream.idle_timeout_s)"
+                                         : "no output from backend '" + lease_->registration.name + "' within " +
+                                               seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
+        }
         pulse_call call;
         call.request_id = request_id_;
         call.cancelled = &cancelled_;
+        call.deadline_ms = monotonic_ms(deadline_);
         pulse_status_t rc = vt().stream_next(stream_, &call, static_cast<uint32_t>(wait.count()), &sink_);
         if (!sink_.chunks.empty()) {
+            got_output_ = true;
+            deadline_ = steady_clock::now() + idle_;
             if (rc == PULSE_END) finished_ = true;
             return pop();
         }
@@ -385,7 +405,10 @@ private:
     std::string request_id_;
     ChunkCollector sink_;
     std::atomic<bool> cancelled_{false};
-    bool announced_ = false, finished_ = false;
+    steady_clock::duration idle_;
+    double idle_timeout_s_, head_timeout_s_;
+    steady_clock::time_point deadline_;  // no chunk by then: the stream has failed
+    bool announced_ = false, finished_ = false, got_output_ = false;
 };
 
 // A stream that only reports that the backend refused to start.
@@ -514,11 +537,14 @@ BackendInstance::~BackendInstance() {
     if (backend_ && lease_->registration.backend.destroy) lease_->registration.backend.destroy(backend_);
 }
 
-std::unique_ptr<UpstreamStream> BackendInstance::open(std::string_view request_json, const std::string& request_id) {
+std::unique_ptr<UpstreamStream> BackendInstance::open(std::string_view request_json, const std::string& request_id,
+                                                      const config::Upstream& timeouts) {
     rapidjson::Document doc;
     doc.Parse(request_json.data(), request_json.size());
+    const auto head_deadline = steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(timeouts.head_timeout_s));
     pulse_call call;
     call.request_id = request_id;
+    call.deadline_ms = monotonic_ms(head_deadline);
     void* stream = nullptr;
     const auto& vt = lease_->registration.backend;
     pulse_status_t rc = vt.stream_start(backend_, &call, host::view(&doc), &stream);
@@ -529,7 +555,7 @@ std::unique_ptr<UpstreamStream> BackendInstance::open(std::string_view request_j
         e.text = host::call_error(call, rc, lease_->plugin_id());
         return std::make_unique<RejectedStream>(std::move(e));
     }
-    return std::make_unique<PluginStream>(lease_, stream, request_id);
+    return std::make_unique<PluginStream>(lease_, stream, request_id, timeouts, head_deadline);
 }
 
 }  // namespace pulse::gateway

@@ -92,7 +92,12 @@ class BackendInstance {
 public:
     BackendInstance(plugin::ComponentLease lease, const std::string& options_json);
     ~BackendInstance();
-    std::unique_ptr<UpstreamStream> open(std::string_view request_json, const std::string& request_id);
+    // The host waits for a first chunk up to `timeouts.head_timeout_s` and between chunks up to
+    // `timeouts.idle_timeout_s`, as for an HTTP backend; the plugin sees that moment as its
+    // calls' deadline (host->call_deadline_ms). Past it the stream fails (before any output:
+    // the next endpoint may serve the request).
+    std::unique_ptr<UpstreamStream> open(std::string_view request_json, const std::string& request_id,
+                                         const config::Upstream& timeouts);
     const std::string& name() const { return lease_->registration.name; }
     // The backend's own health hook; "" when healthy (or when it has no hook). `detail` gets
     // the JSON object the hook wrote, when it wrote one.

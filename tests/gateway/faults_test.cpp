@@ -4,6 +4,8 @@
 // loop is bounded in count and time.
 #include <doctest/doctest.h>
 
+#include <regex>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -190,6 +192,88 @@ TEST_CASE("a backend plugin failing with INTERNAL, ABI or CANCELLED is a 502 at 
                 CHECK(s.status == 502);
             }
             CHECK(duration<double>(steady_clock::now() - t0).count() < 10);
+        }
+    }
+}
+
+TEST_CASE("a backend plugin that never produces a chunk is given up after upstream.head_timeout_s, its calls told that deadline") {
+    FakeBackend good(R"({"turns":[{"content":"from the good one"}]})");
+    Gateway gw(std::string("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"silent\"\nurl = \"plugin://test-faulty\"\n") +
+                   "options = { fail = \"silent\" }\n[[models.m.endpoints]]\nname = \"good\"\nurl = \"" + good.url() + "\"\n",
+               "", std::string(kFast) + "retry_window_s = 0\nhead_timeout_s = 1\n", "", {{"faulty_backend", "faulty_backend"}});
+    auto t0 = steady_clock::now();
+    auto r = post(gw.port, "/v1/responses", request(false));
+    double took = duration<double>(steady_clock::now() - t0).count();
+    CHECK(r.status == 200);
+    CHECK(r.body.find("from the good one") != std::string::npos);
+    CHECK(took >= 0.9);
+    CHECK(took < 4);
+    auto log = gw.log();
+    CAPTURE(log);
+    CHECK(log.find("no output from backend 'test-faulty' within 1 s (upstream.head_timeout_s)") != std::string::npos);
+    // The deadline each call saw: the head deadline, 1 s after the stream started.
+    std::smatch m;
+    REQUIRE(std::regex_search(log, m, std::regex("stream_start deadline in (-?[0-9]+) ms")));
+    CHECK(std::stoi(m[1]) > 500);
+    CHECK(std::stoi(m[1]) <= 1000);
+    REQUIRE(std::regex_search(log, m, std::regex("stream_next deadline in (-?[0-9]+) ms")));
+    CHECK(std::stoi(m[1]) > 0);
+    CHECK(std::stoi(m[1]) <= 1000);
+}
+
+// docs/SDK.md's status table, every row, from each call that can fail for a request: a backend's
+// stream_start and stream_next, a profile's build_request and stream_feed.
+TEST_CASE("every plugin status code reaches the client as the SDK's status table says") {
+    struct Row {
+        const char* status;
+        int http;
+        const char* code;
+        bool retry_after;
+        bool failover;  // a backend's failure is retried for the window
+    };
+    const Row rows[] = {
+        {"invalid_argument", 400, "invalid_request", false, false},
+        {"unsupported", 400, "invalid_request", false, false},
+        {"context_length", 400, "context_length_exceeded", false, false},
+        {"unavailable", 503, "backend_unavailable", true, true},
+        {"resource_exhausted", 503, "backend_unavailable", true, true},
+        {"deadline", 504, "timeout", true, false},
+        {"internal", 502, "plugin_error", false, false},
+        {"abi", 502, "plugin_error", false, false},
+        {"cancelled", 502, "plugin_error", false, false},
+        {"bogus", 502, "bad_gateway", true, false},
+    };
+    std::string models;
+    for (const auto& r : rows) {
+        for (const char* at : {"start", "next"})
+            models += std::string("[models.b-") + at + "-" + r.status + "]\nprofile = \"qwen38\"\n[[models.b-" + at + "-" + r.status +
+                      ".endpoints]]\nurl = \"plugin://test-faulty\"\noptions = { fail = \"" + at + "\", status = \"" + r.status + "\" }\n";
+        for (const char* at : {"build", "feed"})
+            models += std::string("[models.p-") + at + "-" + r.status + "]\nprofile = \"test-faulty-profile\"\nprofile_options = { fail = \"" + at +
+                      "\", status = \"" + r.status + "\" }\n[[models.p-" + at + "-" + r.status + ".endpoints]]\nurl = \"plugin://example-echo\"\n";
+    }
+    Gateway gw(models, "", std::string(kFast) + "retry_window_s = 1\n", "", {{"faulty_backend", "faulty_backend"}});
+    for (const auto& r : rows) {
+        for (const char* at : {"start", "next", "build", "feed"}) {
+            const bool backend = std::string(at) == "start" || std::string(at) == "next";
+            const std::string model = std::string(backend ? "b-" : "p-") + at + "-" + r.status;
+            CAPTURE(model);
+            auto t0 = steady_clock::now();
+            auto res = post(gw.port, "/v1/responses", R"({"model":")" + model + R"(","input":"hi","stream":false})");
+            double took = duration<double>(steady_clock::now() - t0).count();
+            CAPTURE(res.body);
+            CHECK(res.status == r.http);
+            CHECK(res.content_type == "application/json");
+            CHECK(res.body.find(std::string(R"("code":")") + r.code + "\"") != std::string::npos);
+            CHECK(res.body.find(backend ? "test-faulty: " : "test-faulty-profile: ") != std::string::npos);
+            CHECK(res.retry_after.empty() == !r.retry_after);
+            if (backend && r.failover) {
+                CHECK(took >= 0.9);  // retried for the 1 s window
+                CHECK(res.body.find("no backend could take the request within 1 s") != std::string::npos);
+            } else {
+                CHECK(took < 0.9);  // answered at once
+                CHECK(res.body.find("no backend could take the request") == std::string::npos);
+            }
         }
     }
 }

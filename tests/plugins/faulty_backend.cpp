@@ -1,28 +1,57 @@
 // A backend that fails on purpose, for the gateway's status-code drills: every stream fails at
-// `stream_start` or at its first `stream_next` with the configured status.
-//   options = { fail = "start" | "next", status = "internal" | "cancelled" | "abi" | "unavailable" | "deadline" }
+// `stream_start` or at its first `stream_next` with the configured status, or (fail = "silent")
+// never produces a chunk, logging the call deadlines the host gives it.
+//   options = { fail = "start" | "next" | "silent", status = NAME }
+// It also provides a translation profile, "test-faulty-profile", that passes the Responses
+// input through as one user message and fails in build_request or at the first stream_feed:
+//   profile_options = { fail = "build" | "feed", status = NAME }
+// NAME is a status in lower case ("invalid_argument", ..., "context_length") or "bogus" (-42,
+// a code no 1.0 table has).
 #include <pulse/plugin.hpp>
 
+#include <time.h>
+
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 namespace {
 
 const pulse_host_api_t* g_host = nullptr;
+pulse_host_ctx_t* g_ctx = nullptr;
 std::atomic<int> g_streams{0};
 
 struct Backend {
-    bool at_start = false;
+    bool at_start = false, silent = false, told = false;
     pulse_status_t status = PULSE_E_INTERNAL;
+    std::atomic<bool> cancelled{false};
+    Backend() = default;
+    Backend(const Backend& o) : at_start(o.at_start), silent(o.silent), status(o.status) {}
 };
 
+// "<what> deadline in N ms" (N = -1: no deadline), for the tests to read from the log.
+void log_deadline(pulse_call_t* call, const char* what) {
+    uint64_t d = g_host->call_deadline_ms(call);
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+    long long left = d ? static_cast<long long>(d) - now : -1;
+    pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, std::string("test-faulty: ") + what + " deadline in " + std::to_string(left) + " ms", call);
+}
+
 pulse_status_t parse_status(std::string_view s) {
-    if (s == "internal") return PULSE_E_INTERNAL;
-    if (s == "cancelled") return PULSE_E_CANCELLED;
-    if (s == "abi") return PULSE_E_ABI;
+    if (s == "invalid_argument") return PULSE_E_INVALID_ARGUMENT;
+    if (s == "unsupported") return PULSE_E_UNSUPPORTED;
     if (s == "unavailable") return PULSE_E_UNAVAILABLE;
+    if (s == "resource_exhausted") return PULSE_E_RESOURCE_EXHAUSTED;
+    if (s == "cancelled") return PULSE_E_CANCELLED;
     if (s == "deadline") return PULSE_E_DEADLINE;
+    if (s == "internal") return PULSE_E_INTERNAL;
+    if (s == "abi") return PULSE_E_ABI;
+    if (s == "context_length") return PULSE_E_CONTEXT_LENGTH;
+    if (s == "bogus") return -42;
     throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "test-faulty: unknown status '" + std::string(s) + "'");
 }
 
@@ -31,6 +60,7 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         pulse::Json cfg(g_host->json, config);
         auto b = std::make_unique<Backend>();
         b->at_start = cfg["fail"].string_or("next") == "start";
+        b->silent = cfg["fail"].string_or("next") == "silent";
         b->status = parse_status(cfg["status"].string_or("internal"));
         *out = b.release();
         return PULSE_OK;
@@ -43,17 +73,73 @@ pulse_status_t stream_start(void* backend, pulse_call_t* call, const pulse_json_
     const auto& b = *static_cast<Backend*>(backend);
     int n = ++g_streams;
     if (b.at_start) return g_host->set_error(call, b.status, pulse::str("test-faulty: refused stream " + std::to_string(n) + " at start"));
+    if (b.silent) log_deadline(call, "stream_start");
     *out = new Backend(b);
     return PULSE_OK;
 }
 
-pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t, pulse_chunk_sink_t*) {
-    const auto& s = *static_cast<Backend*>(stream);
+pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms, pulse_chunk_sink_t*) {
+    auto& s = *static_cast<Backend*>(stream);
+    if (s.silent) {
+        if (!s.told) log_deadline(call, "stream_next");
+        s.told = true;
+        auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        while (!s.cancelled && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return s.cancelled ? g_host->set_error(call, PULSE_E_CANCELLED, pulse::str("test-faulty: cancelled")) : PULSE_TIMEOUT;
+    }
     return g_host->set_error(call, s.status, pulse::str("test-faulty: failed stream " + std::to_string(g_streams.load()) + " at its first chunk"));
 }
 
-void stream_cancel(void*) {}
+void stream_cancel(void* stream) { static_cast<Backend*>(stream)->cancelled = true; }
 void stream_close(void* stream) { delete static_cast<Backend*>(stream); }
+
+// ---- the profile ----
+struct Profile {
+    bool at_build = false;
+    pulse_status_t status = PULSE_E_INTERNAL;
+};
+
+pulse_status_t p_create(void*, pulse_call_t* call, const pulse_json_t* config, void** out) {
+    return pulse::guard(g_host, call, [&] {
+        pulse::Json cfg(g_host->json, config);
+        auto p = std::make_unique<Profile>();
+        p->at_build = cfg["fail"].string_or("build") == "build";
+        p->status = parse_status(cfg["status"].string_or("internal"));
+        *out = p.release();
+        return PULSE_OK;
+    });
+}
+void p_destroy(void* p) { delete static_cast<Profile*>(p); }
+
+pulse_status_t p_build(void* inst, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
+                       pulse_upstream_req_t* out) {
+    const auto& p = *static_cast<Profile*>(inst);
+    if (p.at_build) return g_host->set_error(call, p.status, pulse::str("test-faulty-profile: build_request failed"));
+    return pulse::guard(g_host, call, [&] {
+        pulse::Json req(g_host->json, request), m(g_host->json, model);
+        pulse::Writer w(g_host->json, g_host->request->body(out));
+        w.begin_object().kv("model", m["upstream_model"].string_or("m")).key("stream").boolean(true);
+        w.key("messages").begin_array().begin_object().kv("role", "user").kv("content", req["input"].string_or("")).end_object().end_array();
+        w.end_object();
+        return w.ok() ? PULSE_OK : PULSE_E_INTERNAL;
+    });
+}
+pulse_status_t p_open(void* inst, pulse_call_t*, const pulse_json_t*, void** out) {
+    *out = inst;
+    return PULSE_OK;
+}
+pulse_status_t p_feed(void* stream, pulse_call_t* call, pulse_str_t, pulse_delta_sink_t*) {
+    const auto& p = *static_cast<Profile*>(stream);
+    return g_host->set_error(call, p.status, pulse::str("test-faulty-profile: stream_feed failed"));
+}
+pulse_status_t p_finish(void*, pulse_call_t*, pulse_stream_end_t, pulse_delta_sink_t* sink) {
+    return g_host->delta->finish(sink, PULSE_FINISH_STOP);
+}
+void p_close(void*) {}
+
+const pulse_translation_vt_t kProfile = {
+    sizeof(pulse_translation_vt_t), "test-faulty-profile", p_create, p_destroy, p_build, p_open, p_feed, p_finish, p_close, nullptr,
+};
 
 const pulse_backend_vt_t kBackend = {
     sizeof(pulse_backend_vt_t), "test-faulty", create, destroy, stream_start, stream_next, stream_cancel, stream_close, nullptr,
@@ -61,14 +147,18 @@ const pulse_backend_vt_t kBackend = {
 
 pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
     g_host = host;
+    g_ctx = ctx;
     *state = nullptr;
-    return pulse::guard(host, call, [&] { return host->register_backend(ctx, &kBackend, sizeof kBackend, nullptr); });
+    return pulse::guard(host, call, [&] {
+        if (pulse_status_t rc = host->register_backend(ctx, &kBackend, sizeof kBackend, nullptr); rc != PULSE_OK) return rc;
+        return host->register_translation(ctx, &kProfile, sizeof kProfile, nullptr);
+    });
 }
 
 void deinit(void*) {}
 
 const pulse_plugin_info_t kInfo = {
-    PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_BACKEND, "test.faulty-backend", "1.0.0"),
+    PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_BACKEND | PULSE_KIND_TRANSLATION, "test.faulty-backend", "1.0.0"),
     PULSE_BUILD_INFO, nullptr, init, deinit,
 };
 
