@@ -224,10 +224,12 @@ private:
         vt_ = &rt_->profile->registration.translation;
         call_.request_id = id_;
         call_.cancelled = &cancelled_;
+        upreq_.body.call = &call_;
         pulse_status_t rc = vt_->build_request(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), &upreq_);
+        upreq_.body.call = nullptr;
         if (rc == PULSE_OK && !upreq_.body.complete()) {
             rc = PULSE_E_INTERNAL;
-            call_.message = "profile '" + rt_->profile->registration.name + "' wrote an incomplete upstream request";
+            call_.message = "profile '" + rt_->profile->registration.name + "' wrote an unusable upstream request: " + upreq_.body.incomplete_reason();
             call_.has_message = true;
         }
         if (rc == PULSE_OK) rc = open_profile_stream();

@@ -375,7 +375,9 @@ public:
         call.request_id = request_id_;
         call.cancelled = &cancelled_;
         call.deadline_ms = monotonic_ms(deadline_);
+        sink_.writer.call = &call;
         pulse_status_t rc = vt().stream_next(stream_, &call, static_cast<uint32_t>(wait.count()), &sink_);
+        sink_.writer.call = nullptr;
         if (!sink_.chunks.empty()) {
             got_output_ = true;
             deadline_ = steady_clock::now() + idle_;
@@ -502,6 +504,7 @@ std::string BackendInstance::health(std::string* detail) {
     if (!vt.health) return {};
     pulse_call call;
     pulse_json_writer w;
+    w.call = &call;
     pulse_status_t rc = vt.health(backend_, &call, &w);
     if (detail) *detail = w.complete() && !w.text().empty() && w.text().front() == '{' ? std::string(w.text()) : std::string();
     return rc == PULSE_OK ? std::string() : host::call_error(call, rc, lease_->plugin_id());

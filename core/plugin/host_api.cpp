@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <new>
 
+#include <rapidjson/error/en.h>
+
 #include "common/log.h"
 #include "common/metrics.h"
 
@@ -179,40 +181,132 @@ bool j_get_bool(const pulse_json_t* v, bool* out) {
 }
 
 // ---- JSON writer ----
+// What a call may do where the writer stands: "" when allowed, else the reason.
+enum class Step { value, key, end_object, end_array };
+std::string check_step(const pulse_json_writer_t& w, Step step, const char* fn) {
+    const bool in_object = !w.open.empty() && w.open.back();
+    const bool in_array = !w.open.empty() && !w.open.back();
+    switch (step) {
+        case Step::value:
+            if (w.open.empty() && w.root_done) return std::string(fn) + ": a second top-level value (the writer holds exactly one)";
+            if (in_object && w.expect_key) return std::string(fn) + ": a value inside an object where a key is expected (call key() first)";
+            return {};
+        case Step::key:
+            if (!in_object) return std::string(fn) + (in_array ? ": inside an array" : ": outside any object");
+            if (!w.expect_key) return std::string(fn) + ": a second key in a row (the previous key has no value)";
+            return {};
+        case Step::end_object:
+            if (!in_object) return std::string(fn) + (in_array ? ": the innermost open container is an array" : ": no object is open");
+            if (!w.expect_key) return std::string(fn) + ": the last key has no value";
+            return {};
+        case Step::end_array:
+            if (!in_array) return std::string(fn) + (in_object ? ": the innermost open container is an object" : ": no array is open");
+            return {};
+    }
+    return {};
+}
+// After a complete value at the current level.
+void value_done(pulse_json_writer_t& w) {
+    if (w.open.empty()) w.root_done = true;
+    else if (w.open.back()) w.expect_key = true;
+}
 template <class F>
-bool wr(pulse_json_writer_t* w, F&& f) {
+bool wr(pulse_json_writer_t* w, Step step, const char* fn, F&& f) {
     if (!w || w->failed) return false;
     try {
-        if (!f(w->writer)) w->failed = true;
+        if (std::string why = check_step(*w, step, fn); !why.empty()) {
+            w->fail(std::move(why));
+            return false;
+        }
+        if (std::string why = f(w->writer); !why.empty()) {
+            w->fail(std::string(fn) + ": " + why);
+            return false;
+        }
     } catch (...) {
-        w->failed = true;
+        w->fail(std::string(fn) + ": out of memory");
+        return false;
     }
-    return !w->failed;
+    return true;
 }
-bool w_begin_object(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.StartObject(); }); }
-bool w_end_object(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.EndObject(); }); }
-bool w_begin_array(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.StartArray(); }); }
-bool w_end_array(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.EndArray(); }); }
+std::string ok_or(bool ok, const char* why) { return ok ? std::string() : std::string(why); }
+
+bool w_begin_object(pulse_json_writer_t* w) {
+    return wr(w, Step::value, "begin_object()", [&](auto& x) {
+        if (!x.StartObject()) return std::string("rejected");
+        w->open.push_back(true);
+        w->expect_key = true;
+        return std::string();
+    });
+}
+bool w_end_object(pulse_json_writer_t* w) {
+    return wr(w, Step::end_object, "end_object()", [&](auto& x) {
+        if (!x.EndObject()) return std::string("rejected");
+        w->open.pop_back();
+        w->expect_key = false;
+        value_done(*w);
+        return std::string();
+    });
+}
+bool w_begin_array(pulse_json_writer_t* w) {
+    return wr(w, Step::value, "begin_array()", [&](auto& x) {
+        if (!x.StartArray()) return std::string("rejected");
+        w->open.push_back(false);
+        return std::string();
+    });
+}
+bool w_end_array(pulse_json_writer_t* w) {
+    return wr(w, Step::end_array, "end_array()", [&](auto& x) {
+        if (!x.EndArray()) return std::string("rejected");
+        w->open.pop_back();
+        value_done(*w);
+        return std::string();
+    });
+}
 bool w_key(pulse_json_writer_t* w, pulse_str_t k) {
-    return wr(w, [&](auto& x) { return x.Key(k.ptr ? k.ptr : "", static_cast<rapidjson::SizeType>(k.len)); });
+    return wr(w, Step::key, "key()", [&](auto& x) {
+        if (!x.Key(k.ptr ? k.ptr : "", static_cast<rapidjson::SizeType>(k.len))) return std::string("the key is not valid UTF-8");
+        w->expect_key = false;
+        return std::string();
+    });
+}
+// A scalar value: `emit` writes it and returns "" or the reason it could not.
+template <class F>
+bool scalar(pulse_json_writer_t* w, const char* fn, F&& emit) {
+    return wr(w, Step::value, fn, [&](auto& x) {
+        std::string why = emit(x);
+        if (why.empty()) value_done(*w);
+        return why;
+    });
 }
 bool w_string(pulse_json_writer_t* w, pulse_str_t s) {
-    return wr(w, [&](auto& x) { return x.String(s.ptr ? s.ptr : "", static_cast<rapidjson::SizeType>(s.len)); });
+    return scalar(w, "string()", [&](auto& x) {
+        return ok_or(x.String(s.ptr ? s.ptr : "", static_cast<rapidjson::SizeType>(s.len)), "the text is not valid UTF-8");
+    });
 }
-bool w_i64(pulse_json_writer_t* w, int64_t v) { return wr(w, [&](auto& x) { return x.Int64(v); }); }
-bool w_f64(pulse_json_writer_t* w, double v) { return wr(w, [&](auto& x) { return x.Double(v); }); }
-bool w_bool(pulse_json_writer_t* w, bool v) { return wr(w, [&](auto& x) { return x.Bool(v); }); }
-bool w_null(pulse_json_writer_t* w) { return wr(w, [](auto& x) { return x.Null(); }); }
+bool w_i64(pulse_json_writer_t* w, int64_t v) {
+    return scalar(w, "i64()", [&](auto& x) { return ok_or(x.Int64(v), "rejected"); });
+}
+bool w_f64(pulse_json_writer_t* w, double v) {
+    return scalar(w, "f64()", [&](auto& x) { return ok_or(std::isfinite(v) && x.Double(v), "NaN and infinity have no JSON form"); });
+}
+bool w_bool(pulse_json_writer_t* w, bool v) {
+    return scalar(w, "boolean()", [&](auto& x) { return ok_or(x.Bool(v), "rejected"); });
+}
+bool w_null(pulse_json_writer_t* w) {
+    return scalar(w, "null()", [&](auto& x) { return ok_or(x.Null(), "rejected"); });
+}
 bool w_raw(pulse_json_writer_t* w, pulse_str_t json) {
-    return wr(w, [&](auto& x) {
+    return scalar(w, "raw()", [&](auto& x) {
         rapidjson::Document d;
         d.Parse(json.ptr ? json.ptr : "", json.len);
-        if (d.HasParseError()) return false;
-        return d.Accept(x);
+        if (d.HasParseError())
+            return "not a valid JSON value: " + std::string(rapidjson::GetParseError_En(d.GetParseError())) + " at offset " +
+                   std::to_string(d.GetErrorOffset());
+        return ok_or(d.Accept(x), "the value is not valid UTF-8");
     });
 }
 bool w_copy(pulse_json_writer_t* w, const pulse_json_t* v) {
-    return wr(w, [&](auto& x) { return v ? unview(v)->Accept(x) : x.Null(); });
+    return scalar(w, "copy()", [&](auto& x) { return ok_or(v ? unview(v)->Accept(x) : x.Null(), "the value is not valid UTF-8"); });
 }
 const pulse_json_t* j_parse(pulse_call_t* call, pulse_str_t text) {
     if (!call) return nullptr;
@@ -233,6 +327,11 @@ const pulse_json_t* j_parse(pulse_call_t* call, pulse_str_t text) {
             d.Parse(patched.data(), patched.size());
         }
         if (d.HasParseError()) {
+            // The reason goes to the call's error: a plugin that returns an error status without
+            // set_error still reports it (set_error replaces it).
+            call->message = "invalid JSON: " + std::string(rapidjson::GetParseError_En(d.GetParseError())) + " at offset " +
+                            std::to_string(d.GetErrorOffset());
+            call->has_message = true;
             call->parsed.pop_back();
             return nullptr;
         }
@@ -290,7 +389,10 @@ pulse_json_writer_t* c_begin(pulse_chunk_sink_t* s) {
 }
 pulse_status_t c_end(pulse_chunk_sink_t* s) {
     return fwd([&] {
-        if (!s->writer.complete()) return PULSE_E_INVALID_ARGUMENT;
+        if (!s->writer.complete()) {
+            if (!s->writer.failed) s->writer.fail("chunk->end(): " + s->writer.incomplete_reason());
+            return PULSE_E_INVALID_ARGUMENT;
+        }
         return s->data(s->writer.text());
     });
 }
@@ -385,6 +487,26 @@ const pulse_host_api_t kHost = {
 }  // namespace
 
 const pulse_host_api_t* api() { return &kHost; }
+
+}  // namespace pulse::host
+
+void pulse_json_writer::fail(std::string why) {
+    failed = true;
+    error = "JSON writer: " + std::move(why);
+    if (call && !call->has_message) {
+        call->message = error;
+        call->has_message = true;
+    }
+}
+
+std::string pulse_json_writer::incomplete_reason() const {
+    if (failed) return error;
+    if (!open.empty()) return std::to_string(open.size()) + " object(s)/array(s) still open";
+    if (!root_done) return "nothing was written";
+    return {};
+}
+
+namespace pulse::host {
 
 const char* status_name(pulse_status_t s) {
     switch (s) {

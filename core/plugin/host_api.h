@@ -56,17 +56,35 @@ struct pulse_call {
     }
 };
 
+// A JSON writer handed to a plugin. The host checks every call against the JSON grammar itself
+// (RapidJSON's writer only asserts, which would abort the host on a plugin's mistake): the
+// first wrong call fails the writer, `error` says why, and so does the bound call's error
+// message unless the plugin set one.
 struct pulse_json_writer {
+    using Writer = rapidjson::Writer<rapidjson::StringBuffer, rapidjson::UTF8<>, rapidjson::UTF8<>, rapidjson::CrtAllocator,
+                                     rapidjson::kWriteValidateEncodingFlag>;
     rapidjson::StringBuffer buffer;
-    rapidjson::Writer<rapidjson::StringBuffer> writer{buffer};
+    Writer writer{buffer};
     bool failed = false;
+    std::string error;              // why the writer failed
+    pulse_call* call = nullptr;     // the call this writer belongs to, if any (gets `error` too)
+    std::vector<bool> open;         // per open container: true = object
+    bool expect_key = false;        // in an object, between members
+    bool root_done = false;
 
     std::string_view text() const { return {buffer.GetString(), buffer.GetSize()}; }
-    bool complete() { return !failed && writer.IsComplete(); }
+    bool complete() const { return !failed && root_done && open.empty(); }
+    // The reason an unfinished or failed writer cannot be used ("" when complete).
+    std::string incomplete_reason() const;
+    void fail(std::string why);
     void reset() {
         buffer.Clear();
         writer.Reset(buffer);
         failed = false;
+        error.clear();
+        open.clear();
+        expect_key = false;
+        root_done = false;
     }
 };
 

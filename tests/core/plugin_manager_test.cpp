@@ -3,7 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -456,4 +459,71 @@ TEST_CASE("the SDK example backend loads and streams Chat Completions chunks") {
     CHECK(vt.create(lease->registration.user, &call2, pulse::host::view(&bad), &be2) == PULSE_E_INVALID_ARGUMENT);
     CHECK(contains(call2.message, "unknown or mistyped option 'delay'"));
     vt.destroy(be);
+}
+
+// ---- the host's JSON services, as a plugin calls them ----
+
+TEST_CASE("JSON writer: every misuse fails the writer with the reason, in the bound call's error too") {
+    const pulse_json_api_t* j = pulse::host::api()->json;
+    auto str = [](const char* s) { return pulse_str_t{s, std::strlen(s)}; };
+    struct Case {
+        const char* what;
+        std::function<bool(pulse_json_writer_t*)> steps;  // false once a step failed
+        const char* reason;
+    };
+    const std::vector<Case> cases = {
+        {"key at the top", [&](auto* w) { return j->key(w, str("k")); }, "JSON writer: key(): outside any object"},
+        {"key in an array", [&](auto* w) { return j->begin_array(w) && j->key(w, str("k")); }, "JSON writer: key(): inside an array"},
+        {"two keys", [&](auto* w) { return j->begin_object(w) && j->key(w, str("a")) && j->key(w, str("b")); },
+         "JSON writer: key(): a second key in a row (the previous key has no value)"},
+        {"value without key", [&](auto* w) { return j->begin_object(w) && j->i64(w, 1); },
+         "JSON writer: i64(): a value inside an object where a key is expected (call key() first)"},
+        {"end_object unopened", [&](auto* w) { return j->end_object(w); }, "JSON writer: end_object(): no object is open"},
+        {"end_object on an array", [&](auto* w) { return j->begin_array(w) && j->end_object(w); },
+         "JSON writer: end_object(): the innermost open container is an array"},
+        {"end_object after a key", [&](auto* w) { return j->begin_object(w) && j->key(w, str("a")) && j->end_object(w); },
+         "JSON writer: end_object(): the last key has no value"},
+        {"end_array unopened", [&](auto* w) { return j->end_array(w); }, "JSON writer: end_array(): no array is open"},
+        {"two roots", [&](auto* w) { return j->null(w) && j->null(w); }, "JSON writer: null(): a second top-level value (the writer holds exactly one)"},
+        {"NaN", [&](auto* w) { return j->f64(w, std::nan("")); }, "JSON writer: f64(): NaN and infinity have no JSON form"},
+        {"bad UTF-8", [&](auto* w) { return j->string(w, pulse_str_t{"\xff\xfe", 2}); }, "JSON writer: string(): the text is not valid UTF-8"},
+        {"raw garbage", [&](auto* w) { return j->raw(w, str("{\"a\":}")); },
+         "JSON writer: raw(): not a valid JSON value: Invalid value. at offset 5"},
+    };
+    for (const auto& c : cases) {
+        CAPTURE(c.what);
+        pulse_call call;
+        pulse_json_writer w;
+        w.call = &call;
+        CHECK_FALSE(c.steps(&w));
+        CHECK(w.failed);
+        CHECK(w.error == c.reason);
+        CHECK(call.message == c.reason);  // a plugin returning an error without set_error reports it
+        CHECK_FALSE(j->null(&w));         // a failed writer stays failed
+        CHECK_FALSE(w.complete());
+    }
+    // A plugin's own message wins over the writer's.
+    pulse_call call;
+    pulse::host::api()->set_error(&call, PULSE_E_INTERNAL, str("mine"));
+    pulse_json_writer w;
+    w.call = &call;
+    CHECK_FALSE(j->end_array(&w));
+    CHECK(call.message == "mine");
+    // And a correct sequence is complete.
+    pulse_json_writer ok;
+    CHECK((j->begin_object(&ok) && j->key(&ok, str("a")) && j->begin_array(&ok) && j->i64(&ok, 1) && j->raw(&ok, str("{\"x\":[true]}")) &&
+           j->end_array(&ok) && j->key(&ok, str("b")) && j->f64(&ok, 0.5) && j->end_object(&ok)));
+    CHECK(ok.complete());
+    CHECK(ok.text() == R"({"a":[1,{"x":[true]}],"b":0.5})");
+}
+
+TEST_CASE("json->parse: invalid JSON gives NULL and the reason as the call's error") {
+    const pulse_json_api_t* j = pulse::host::api()->json;
+    pulse_call call;
+    CHECK(j->parse(&call, pulse_str_t{"{\"a\":1,}", 8}) == nullptr);
+    CHECK(call.message == "invalid JSON: Missing a name for object member. at offset 7");
+    CHECK(pulse::host::call_error(call, PULSE_E_INVALID_ARGUMENT, "p") == call.message);
+    const pulse_json_t* v = j->parse(&call, pulse_str_t{"[1,2]", 5});
+    REQUIRE(v);
+    CHECK(j->size(v) == 2);
 }
