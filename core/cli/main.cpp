@@ -26,7 +26,6 @@
 #include <string>
 #include <vector>
 
-#include "bench/bench_cli.h"
 #include "cli/codex_launcher.h"
 #include "cli/decode_cmd.h"
 #include "common/log.h"
@@ -164,6 +163,35 @@ std::optional<fs::path> build_tree_plugin_dir() {
 #else
     return std::nullopt;
 #endif
+}
+
+// `pulse bench ARGS` runs the pulse-bench program (git-style): next to this binary (an install
+// puts both in BINDIR), this build's (a binary in its build tree), else the first on PATH.
+int cmd_bench(int argc, char** argv) {
+    std::error_code ec;
+    fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    std::vector<fs::path> candidates;
+    if (!ec) candidates.push_back(self.parent_path() / "pulse-bench");
+#if defined(PULSE_BUILD_BENCH)
+    if (build_tree_plugin_dir()) candidates.push_back(PULSE_BUILD_BENCH);
+#endif
+    std::vector<char*> args(argv + 1, argv + argc);  // argv[1] = "bench" becomes the program name
+    args.push_back(nullptr);
+    for (const auto& c : candidates)
+        if (::access(c.c_str(), X_OK) == 0) {
+            ::execv(c.c_str(), args.data());
+            std::fprintf(stderr, "pulse: bench: cannot run %s: %s\n", c.c_str(), std::strerror(errno));
+            return kExitRuntime;
+        }
+    args[0] = const_cast<char*>("pulse-bench");
+    ::execvp("pulse-bench", args.data());
+    std::string looked;
+    for (const auto& c : candidates) looked += c.string() + ", ";
+    std::fprintf(stderr,
+                 "pulse: bench: the pulse-bench program was not found (looked at %sthen PATH): it is installed with Pulse, "
+                 "next to pulse\n",
+                 looked.c_str());
+    return kExitRuntime;
 }
 
 std::optional<fs::path> default_config() {
@@ -544,7 +572,7 @@ int main(int argc, char** argv) {
         if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kMainHelp, stdout), kExitOk;
         if (cmd == "version" || cmd == "--version") return cmd_version();
         if (cmd == "model") return cmd_model(argc, argv);
-        if (cmd == "bench") return bench::run_bench(std::vector<std::string>(argv + 2, argv + argc));
+        if (cmd == "bench") return cmd_bench(argc, argv);
         if (cmd == "decode") return cli::cmd_decode(std::vector<std::string>(argv + 2, argv + argc));
         if (cmd == "gguf") return cli::cmd_gguf(std::vector<std::string>(argv + 2, argv + argc));
         if (cmd == "codex") {

@@ -14,11 +14,11 @@
 #include <Poco/DeflatingStream.h>
 #include <rapidjson/document.h>
 
-#include "bench/client.h"
-#include "bench/humaneval.h"
-#include "bench/prometheus.h"
-#include "bench/sandbox.h"
-#include "bench/stats.h"
+#include "pulse-bench/client.h"
+#include "pulse-bench/humaneval.h"
+#include "pulse-bench/prometheus.h"
+#include "pulse-bench/sandbox.h"
+#include "pulse-bench/stats.h"
 #include "support/gateway_harness.h"
 
 using namespace pulse::bench;

@@ -166,6 +166,31 @@ TEST_CASE("plugins: a binary in its build directory finds that build's plugins; 
     CHECK(has(r.out, "/pulse/plugins"));
 }
 
+TEST_CASE("bench: runs the pulse-bench program next to pulse, or says it is missing") {
+    TempDir tmp;
+    fs::copy_file(exe(), tmp / "pulse");
+    fs::permissions(tmp / "pulse", fs::perms(0755));
+    std::map<std::string, std::string> env = kNoEnvOverrides;
+    env["PATH"] = "/usr/bin:/bin";  // no pulse-bench there
+    auto r = run({(tmp / "pulse").string(), "bench", "--help"}, env);
+    CHECK(r.code == 1);
+    CHECK(has(r.err, "the pulse-bench program was not found (looked at " + (tmp / "pulse-bench").string() + ", then PATH)"));
+
+    // An install puts both in BINDIR: `pulse bench` is `pulse-bench` with the same arguments.
+    const fs::path bench = fs::path(exe()).parent_path().parent_path() / "tools" / "pulse-bench" / "pulse-bench";
+    REQUIRE(fs::exists(bench));
+    fs::copy_file(bench, tmp / "pulse-bench");
+    fs::permissions(tmp / "pulse-bench", fs::perms(0755));
+    auto via_pulse = run({(tmp / "pulse").string(), "bench", "--help"}, env);
+    auto direct = run({(tmp / "pulse-bench").string(), "--help"}, env);
+    CHECK(via_pulse.code == 0);
+    CHECK(has(via_pulse.out, "usage: pulse bench TOOL [options]"));
+    CHECK(via_pulse.out == direct.out);
+    auto bad = run({(tmp / "pulse").string(), "bench", "nonsense"}, env);
+    CHECK(bad.code == 2);
+    CHECK(has(bad.err, "unknown tool 'nonsense'"));
+}
+
 TEST_CASE("model: runs the runtime controller plugin's command") {
     Site site({"good_minimal"}, "");
     auto r = run({exe(), "model", "--config", site.config.string(), "up", "best", "--node", "n1"}, kNoEnvOverrides);

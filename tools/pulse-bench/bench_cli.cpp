@@ -1,6 +1,6 @@
 // `pulse bench decode|accept|ttft|quality|drift`: measurements against any OpenAI-compatible
 // server (and a Pulse gateway for the warmup cases). Definitions: docs/BENCHMARKS.md.
-#include "bench/bench_cli.h"
+#include "pulse-bench/bench_cli.h"
 
 #include <rapidjson/document.h>
 #include <rapidjson/stringbuffer.h>
@@ -19,12 +19,12 @@
 #include <sstream>
 #include <thread>
 
-#include "bench/client.h"
-#include "bench/humaneval.h"
-#include "bench/prometheus.h"
-#include "bench/report.h"
-#include "bench/sandbox.h"
-#include "bench/stats.h"
+#include "pulse-bench/client.h"
+#include "pulse-bench/humaneval.h"
+#include "pulse-bench/prometheus.h"
+#include "pulse-bench/report.h"
+#include "pulse-bench/sandbox.h"
+#include "pulse-bench/stats.h"
 
 namespace pulse::bench {
 namespace fs = std::filesystem;
@@ -89,6 +89,8 @@ Options parse(const std::vector<std::string>& args) {
     Options o;
     if (args.empty()) throw Usage("missing TOOL");
     o.tool = args[0];
+    if (o.tool != "decode" && o.tool != "accept" && o.tool != "ttft" && o.tool != "quality" && o.tool != "drift")
+        throw Usage("unknown tool '" + o.tool + "'");  // before its options: they depend on the tool
     std::vector<std::string> endpoints;
     for (size_t i = 1; i < args.size(); ++i) {
         const std::string& a = args[i];

@@ -1,4 +1,4 @@
-#include "bench/report.h"
+#include "pulse-bench/report.h"
 
 #include <spawn.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-#include "bench/humaneval.h"
+#include "pulse-bench/humaneval.h"
 
 #include <Poco/InflatingStream.h>
 #include <rapidjson/document.h>

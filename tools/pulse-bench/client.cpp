@@ -1,4 +1,4 @@
-#include "bench/client.h"
+#include "pulse-bench/client.h"
 
 #include <Poco/Net/HTTPClientSession.h>
 #include <Poco/Net/HTTPRequest.h>

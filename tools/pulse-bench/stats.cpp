@@ -1,4 +1,4 @@
-#include "bench/stats.h"
+#include "pulse-bench/stats.h"
 
 #include <algorithm>
 #include <cmath>

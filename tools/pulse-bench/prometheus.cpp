@@ -1,4 +1,4 @@
-#include "bench/prometheus.h"
+#include "pulse-bench/prometheus.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -1,4 +1,4 @@
-// `pulse bench ...` (core/bench): measurement tools. Returns the process exit code.
+// The `pulse-bench` program (run as `pulse bench ...`): measurement tools. Returns the exit code.
 #pragma once
 
 #include <string>

@@ -9,8 +9,8 @@
 
 #include <rapidjson/document.h>
 
-#include "bench/client.h"
-#include "bench/stats.h"
+#include "pulse-bench/client.h"
+#include "pulse-bench/stats.h"
 
 namespace pulse::bench {
 

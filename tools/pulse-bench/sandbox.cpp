@@ -1,4 +1,4 @@
-#include "bench/sandbox.h"
+#include "pulse-bench/sandbox.h"
 
 #include <dirent.h>
 #include <fcntl.h>
