@@ -1,49 +1,51 @@
 #!/usr/bin/env bash
-# Installs the SDK into a staging root (meson install --destdir), builds the example backend
-# OUT OF TREE with nothing but `pkg-config pulse-sdk` (both with meson and with a plain c++
-# command line), and checks that `pulse plugins` loads both builds' result.
+# The SDK as a plugin author gets it: installs the build into a staging root (meson install
+# --destdir, which must not rebuild anything), then, with nothing but what was installed,
+# builds the C and the C++ example backend out of tree (the installed check-examples.sh: meson
+# and a plain compiler line, each loaded by `pulse plugins`), and serves a Responses turn
+# through each, next to the shipped qwen38 profile.
 set -euo pipefail
 build_root=$1 source_root=$2 pulse=$3
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+serve_pid=
+trap '[ -n "$serve_pid" ] && kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
 
-meson install -C "$build_root" --no-rebuild --quiet --destdir "$work/stage" >/dev/null
+# 1. The install itself: nothing is recompiled or relinked (the build is current).
+stamp() { find "$build_root/core" "$build_root/plugins" "$build_root/tools/pulse-bench" -maxdepth 1 -type f -perm -u+x -printf '%p %T@\n' | sort; }
+before=$(stamp)
+meson install -C "$build_root" --destdir "$work/stage" >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
+if grep -Eq '(Compiling|Linking) ' "$work/install.log" || [ "$before" != "$(stamp)" ]; then
+  grep -E '(Compiling|Linking|Generating) ' "$work/install.log" | head -n 20
+  echo "FAIL: meson install rebuilt part of a current build"
+  exit 1
+fi
+echo "meson install: nothing rebuilt"
+
 pcfile=$(find "$work/stage" -name pulse-sdk.pc | head -n1)
 [ -n "$pcfile" ] || { echo "FAIL: pulse-sdk.pc not installed"; exit 1; }
-export PKG_CONFIG_PATH=$(dirname "$pcfile")
-export PKG_CONFIG_SYSROOT_DIR="$work/stage"
+examples=$(find "$work/stage" -type d -path '*/share/pulse/examples' | head -n1)
+[ -n "$examples" ] && [ -x "$examples/check-examples.sh" ] && [ -f "$examples/c-backend/shout_backend.c" ] \
+  && [ -f "$examples/echo-backend/echo_backend.cpp" ] || { echo "FAIL: the examples are not installed in share/pulse/examples"; exit 1; }
+# A staged install: the .pc names the final prefix; the sysroot maps it into the stage.
+export PKG_CONFIG_PATH=$(dirname "$pcfile") PKG_CONFIG_SYSROOT_DIR="$work/stage"
 echo "pkg-config --cflags pulse-sdk: $(pkg-config --cflags pulse-sdk)"
+case "$(pkg-config --cflags pulse-sdk)" in
+  *"-I$work/stage/"*) ;;
+  *) echo "FAIL: the include path does not point into the staged install"; exit 1 ;;
+esac
 
-# 1. meson, from a copy of the example (nothing of the Pulse tree is visible to it)
-cp -r "$source_root/sdk/examples/echo-backend" "$work/src"
-meson setup "$work/build" "$work/src" >"$work/setup.log" 2>&1 || { cat "$work/setup.log"; exit 1; }
-meson compile -C "$work/build" >"$work/compile.log" 2>&1 || { cat "$work/compile.log"; exit 1; }
+# 2. Both examples, built by the installed script from the installed sources.
+"$examples/check-examples.sh" "$pulse"
 
-# 2. a plain compiler line
-mkdir -p "$work/plugins-cc"
-c++ -std=c++17 -shared -fPIC $(pkg-config --cflags pulse-sdk) "$work/src/echo_backend.cpp" \
-    $(pkg-config --libs pulse-sdk) -o "$work/plugins-cc/example_echo.so"
-
-# Exactly one exported pulse_ symbol: the entry.
-exported=$(nm -D --defined-only "$work/build/example_echo.so" | awk '{print $3}' | grep '^pulse_' || true)
-[ "$exported" = "pulse_plugin_entry_v1" ] || { echo "FAIL: exported pulse_ symbols: $exported"; exit 1; }
-
-for dir in "$work/build" "$work/plugins-cc"; do
-    mkdir -p "$work/site-$(basename "$dir")"
-    plugdir="$work/site-$(basename "$dir")/plugins"
-    mkdir -p "$plugdir"
-    install -m 0755 "$dir/example_echo.so" "$plugdir/"
-    printf '[plugins]\ndirs = ["plugins"]\ndropin_dirs = []\nrequire = ["pulse.example.echo"]\n' \
-        > "$work/site-$(basename "$dir")/pulse.toml"
-    out=$(env -u PULSE_PLUGIN_DIRS "$pulse" plugins --config "$work/site-$(basename "$dir")/pulse.toml")
-    echo "$out"
-    grep -Eq '^pulse\.example\.echo +backend +1\.0\.0 +1\.0 +loaded .*backend example-echo' <<<"$out" \
-        || { echo "FAIL: example plugin built in $dir did not load"; exit 1; }
-done
-# A whole Responses turn through the out-of-tree build, next to the shipped qwen38 profile.
+# 3. A whole Responses turn through each out-of-tree build.
 site="$work/site-serve"
 mkdir -p "$site/plugins"
-install -m 0755 "$work/build/example_echo.so" "$build_root/plugins/qwen38.so" "$site/plugins/"
+c++ -std=c++17 -shared -fPIC $(pkg-config --cflags pulse-sdk) "$examples/echo-backend/echo_backend.cpp" \
+  $(pkg-config --libs pulse-sdk) -o "$site/plugins/example_echo.so"
+cc -std=c11 -shared -fPIC $(pkg-config --cflags pulse-sdk) "$examples/c-backend/shout_backend.c" \
+  $(pkg-config --libs pulse-sdk) -o "$site/plugins/example_shout.so"
+install -m 0755 "$build_root/plugins/qwen38.so" "$site/plugins/"
+chmod 0755 "$site/plugins/"*.so
 cat > "$site/pulse.toml" <<'TOML'
 [server]
 listen = "127.0.0.1:0"
@@ -54,10 +56,14 @@ dropin_dirs = []
 profile = "qwen38"
 [[models.echo.endpoints]]
 url = "plugin://example-echo"
+[models.shout]
+profile = "qwen38"
+[[models.shout.endpoints]]
+url = "plugin://example-shout"
+options = { words_per_chunk = 2 }
 TOML
 env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY "$pulse" serve --config "$site/pulse.toml" 2> "$site/log" &
 serve_pid=$!
-trap 'kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
 port=
 for _ in $(seq 1 500); do
   port=$(grep -oE 'listening on http://127\.0\.0\.1:[0-9]+' "$site/log" | grep -oE '[0-9]+$' || true)
@@ -65,15 +71,35 @@ for _ in $(seq 1 500); do
   sleep 0.02
 done
 [ -n "$port" ] || { cat "$site/log"; echo "FAIL: pulse serve did not start"; exit 1; }
-answer=$(python3 - "$port" <<'PY'
+python3 - "$port" <<'PY' || { cat "$site/log"; exit 1; }
 import json, sys, urllib.request
-req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/responses",
-    data=json.dumps({"model": "echo", "input": "built out of tree", "stream": False}).encode(),
-    headers={"Content-Type": "application/json"})
-r = json.load(urllib.request.urlopen(req, timeout=20))
-print(r["status"], r["output"][0]["content"][0]["text"])
+port = sys.argv[1]
+def turn(model, stream):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/responses",
+        data=json.dumps({"model": model, "input": "built out of tree", "stream": stream}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        if not stream:
+            body = json.load(r)
+            return body["status"], body["output"][0]["content"][0]["text"], body["usage"]
+        text, status, usage = "", None, None
+        for line in r.read().decode().splitlines():
+            if not line.startswith("data: "):
+                continue
+            ev = json.loads(line[6:])
+            if ev["type"] == "response.output_text.delta":
+                text += ev["delta"]
+            if ev["type"] == "response.completed":
+                status, usage = ev["response"]["status"], ev["response"]["usage"]
+        return status, text, usage
+for model, want in (("echo", "echo: built out of tree"), ("shout", "BUILT OUT OF TREE")):
+    for stream in (False, True):
+        status, text, usage = turn(model, stream)
+        if (status, text) != ("completed", want):
+            sys.exit(f"FAIL: {model} stream={stream}: got {status!r} {text!r}, want {want!r}")
+        print(f"Responses turn through the out-of-tree {model} plugin (stream={stream}): {text} (usage {usage['input_tokens']} in, {usage['output_tokens']} out)")
+# The C example's usage chunk (choices: []) reaches the client: 2 chunks of 2 words for 3 words.
+if turn("shout", False)[2]["output_tokens"] != 2:
+    sys.exit("FAIL: the C example's usage chunk did not reach the response's usage")
 PY
-)
-[ "$answer" = "completed echo: built out of tree" ] || { cat "$site/log"; echo "FAIL: got '$answer'"; exit 1; }
-echo "Responses turn through the out-of-tree plugin: $answer"
 echo "out-of-tree SDK build: ok"

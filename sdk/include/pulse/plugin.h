@@ -23,6 +23,9 @@
  * Minor-version changelog (append a line for every addition):
  *   1.0  2026-11-29  initial ABI: info/entry, host API, JSON view + writer, translation
  *                    profile, backend and runtime-controller kinds, "pulse.metrics/1".
+ *        2026-12-01  before the first outside release, no layout change: the info macros are
+ *                    plain C (here, not only in plugin.hpp); PULSE_PLUGIN_UNLOAD_SAFE withdrawn
+ *                    (flags are reserved); every comment says what a 1.0 host really does.
  */
 #ifndef PULSE_PLUGIN_H
 #define PULSE_PLUGIN_H
@@ -95,8 +98,8 @@ typedef int32_t pulse_log_level_t;
 #define PULSE_KIND_BACKEND 0x2u     /* in-process engine; startup only */
 #define PULSE_KIND_CONTROLLER 0x4u  /* runtime controller (`pulse model`); startup only */
 
-/* pulse_plugin_info_t.flags */
-#define PULSE_PLUGIN_UNLOAD_SAFE 0x1u /* author asserts dlclose of a retired copy is safe */
+/* pulse_plugin_info_t.flags: none are defined in 1.x; set 0. A host ignores bits it does not
+ * know. (Loaded code is never unloaded: a host keeps every copy it mapped until it exits.) */
 
 /* ---------------------------------------------------------------------------------------- */
 /* Opaque host handles                                                                      */
@@ -106,7 +109,8 @@ typedef int32_t pulse_log_level_t;
  * OWNERSHIP: host. LIFETIME: from init() until deinit() returns. The only long-lived handle. */
 typedef struct pulse_host_ctx pulse_host_ctx_t;
 
-/* One call from host to plugin: error slot, cancellation flag, deadline, request id.
+/* One call from host to plugin: error slot, cancellation flag, deadline, request id, and the
+ * documents json->parse made during it.
  * OWNERSHIP: host. LIFETIME: the call. Never retain; single-threaded. */
 typedef struct pulse_call pulse_call_t;
 
@@ -169,7 +173,14 @@ typedef struct pulse_json_api {
     bool (*get_f64)(const pulse_json_t* v, double* out);
     bool (*get_bool)(const pulse_json_t* v, bool* out);
 
-    /* ---- writer (every call returns false once the writer is in error) ---- */
+    /* ---- writer ----
+     * The host checks each call against the JSON grammar. The first wrong one (a key outside an
+     * object or twice in a row, a value where a key is due, an end that matches no open
+     * container, a second top-level value, NaN or infinity, text that is not UTF-8, raw text
+     * that is not JSON) returns false and puts the writer in error: every later call returns
+     * false too. The reason becomes the error message of the call the writer belongs to (the
+     * stream_next of a chunk writer, the build_request of a body, the health call of a health
+     * writer) unless the plugin set one, so returning an error status reports it. */
     bool (*begin_object)(pulse_json_writer_t* w);
     bool (*end_object)(pulse_json_writer_t* w);
     bool (*begin_array)(pulse_json_writer_t* w);
@@ -185,9 +196,10 @@ typedef struct pulse_json_api {
     /* Copy a whole value from a view (e.g. pass a tool's JSON schema through). */
     bool (*copy)(pulse_json_writer_t* w, const pulse_json_t* v);
     /* Parse `text` into a host-owned document and hand out a view of it. The document lives
-     * until the current call returns. NULL on invalid JSON (and `err` gets the reason). Valid
-     * JSON with a number beyond a double's range is not refused: that number reads as a string
-     * holding its text. */
+     * until the current call returns. NULL on invalid JSON; the reason ("invalid JSON: ... at
+     * offset N") then becomes `call`'s error message, so an error status returned without
+     * set_error reports it (set_error replaces it). Valid JSON with a number beyond a double's
+     * range is not refused: that number reads as a string holding its text. */
     const pulse_json_t* (*parse)(pulse_call_t* call, pulse_str_t text);
     /* Compact JSON text of a view into buf (capacity cap, not NUL-terminated). Returns the full
      * length: call with cap 0 to size the buffer. */
@@ -345,9 +357,11 @@ typedef struct pulse_controller_vt {
      * code to *exit_code. Returns an error status only when the command could not run at all. */
     pulse_status_t (*command)(void* controller, pulse_call_t* call, size_t argc,
                               const pulse_str_t* argv, pulse_output_t* out, int32_t* exit_code);
-    /* [any-thread] Optional: current upstream endpoints as a JSON array of {name,url}. */
+    /* Reserved: a 1.x host never calls it; set NULL. (A controller publishes endpoints by
+     * writing the gateway's endpoint fragments and asking it to reload: see the "gateway"
+     * member of `config` above.) */
     pulse_status_t (*endpoints)(void* controller, pulse_call_t* call, pulse_json_writer_t* out);
-    /* [any-thread] Optional: health as a JSON object. */
+    /* Reserved: a 1.x host never calls it; set NULL. */
     pulse_status_t (*health)(void* controller, pulse_call_t* call, pulse_json_writer_t* out);
 } pulse_controller_vt_t;
 
@@ -361,7 +375,9 @@ typedef struct pulse_host_api {
     uint16_t abi_major; /* the host's version */
     uint16_t abi_minor;
 
-    /* memory [any-thread]: for buffers that must change hands; the host frees with free(). */
+    /* memory [any-thread]: the host's allocator (aligned_alloc / free). No 1.0 call hands a
+     * buffer across the boundary (every host writer and sink copies at once), so a 1.0 plugin
+     * never needs them; they are here for hand-over calls a later minor may add. */
     void* (*alloc)(size_t size, size_t align);
     void (*free)(void* p);
 
@@ -375,7 +391,11 @@ typedef struct pulse_host_api {
 
     /* cancellation and deadlines [the call's thread] */
     bool (*call_cancelled)(pulse_call_t* call);
-    /* CLOCK_MONOTONIC milliseconds at which the call should give up; 0 = none. */
+    /* CLOCK_MONOTONIC milliseconds at which the host stops waiting; 0 = none. Set for a
+     * backend's stream_start and stream_next: until the stream's first chunk, the request's
+     * head deadline (upstream.head_timeout_s after stream_start began); after it, the idle
+     * deadline (upstream.idle_timeout_s after the last chunk). Past it the host cancels the
+     * stream, closes it and fails over. Every other call: 0. */
     uint64_t (*call_deadline_ms)(pulse_call_t* call);
     /* The request id for logs (e.g. "resp_..."); empty outside a request. */
     pulse_str_t (*call_request_id)(pulse_call_t* call);
@@ -429,7 +449,7 @@ typedef struct pulse_plugin_info {
     uint16_t abi_minor_built;    /* the SDK minor the plugin was compiled against */
     uint16_t abi_minor_required; /* the lowest host minor the plugin runs on */
     uint16_t reserved;           /* must be 0 */
-    uint32_t flags;              /* PULSE_PLUGIN_* */
+    uint32_t flags;              /* reserved: 0 (see above) */
     uint32_t kinds;              /* PULSE_KIND_* bits: what init() will register */
     const char* id;              /* unique, [a-z0-9._-]+, e.g. "pulse.translation.qwen38" */
     const char* version;         /* the plugin's own semver */
@@ -441,9 +461,38 @@ typedef struct pulse_plugin_info {
      * and return an error status. `*out_state` is passed back to deinit. */
     pulse_status_t (*init)(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call,
                            void** out_state);
-    /* [control] Paired with a successful init. Tolerate a repeated call. */
+    /* [control] Exactly once after a successful init, never after a failed one: at shutdown
+     * (reverse load order), or when a replaced translation-profile copy has served its last
+     * stream, or when the host refuses what init registered. Free `state` here. */
     void (*deinit)(void* state);
 } pulse_plugin_info_t;
+
+/* The leading fields of a pulse_plugin_info_t built against this header, and a build
+ * description, in C and C++ alike:
+ *
+ *     static const pulse_plugin_info_t k_info = {
+ *         PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_BACKEND, "vendor.backend.mine", "1.0.0"),
+ *         PULSE_BUILD_INFO, NULL, init, deinit,   (build_info, probe, init, deinit)
+ *     };
+ */
+#define PULSE_PLUGIN_INFO_HEAD(kinds_, id_, version_)                                     \
+    sizeof(pulse_plugin_info_t), PULSE_ABI_MAJOR, PULSE_ABI_MINOR, PULSE_TARGET_ABI_MINOR, \
+        0, 0, (kinds_), (id_), (version_)
+
+#define PULSE_STRINGIFY_(x) PULSE_STRINGIFY2_(x)
+#define PULSE_STRINGIFY2_(x) #x
+#if defined(__VERSION__)
+#define PULSE_COMPILER_ "cc " __VERSION__
+#else
+#define PULSE_COMPILER_ "cc unknown"
+#endif
+#if defined(__cplusplus)
+#define PULSE_BUILD_INFO PULSE_COMPILER_ ", C++ " PULSE_STRINGIFY_(__cplusplus)
+#elif defined(__STDC_VERSION__)
+#define PULSE_BUILD_INFO PULSE_COMPILER_ ", C " PULSE_STRINGIFY_(__STDC_VERSION__)
+#else
+#define PULSE_BUILD_INFO PULSE_COMPILER_ ", C89"
+#endif
 
 /* The one exported symbol. The major version is part of its name. */
 typedef const pulse_plugin_info_t* (*pulse_plugin_entry_v1_fn)(void);

@@ -183,13 +183,6 @@ private:
 
 }  // namespace pulse
 
-// Fills the leading fields of a pulse_plugin_info_t for a plugin built against this header.
-#define PULSE_PLUGIN_INFO_HEAD(kinds_, id_, version_)                                     \
-    sizeof(pulse_plugin_info_t), PULSE_ABI_MAJOR, PULSE_ABI_MINOR, PULSE_TARGET_ABI_MINOR, \
-        0, 0, (kinds_), (id_), (version_)
-
-#define PULSE_BUILD_INFO "cc " __VERSION__ ", C++ " PULSE_STRINGIFY_(__cplusplus)
-#define PULSE_STRINGIFY_(x) PULSE_STRINGIFY2_(x)
-#define PULSE_STRINGIFY2_(x) #x
+// PULSE_PLUGIN_INFO_HEAD and PULSE_BUILD_INFO come from plugin.h (they are plain C).
 
 #endif  // PULSE_PLUGIN_HPP
