@@ -82,7 +82,7 @@ std::string quote_toml(const std::string& s) {
     return o + "\"";
 }
 
-// The Codex 0.169 model catalog entry for `model` (docs/CODEX.md; shared/ref/codex-contract.md §1.1).
+// The Codex 0.169 model catalog entry for `model` (docs/CODEX.md, "Run Codex": the catalog Codex needs).
 std::string catalog_json(const std::string& model, int64_t context_window) {
     rapidjson::StringBuffer b;
     rapidjson::Writer<rapidjson::StringBuffer> w(b);

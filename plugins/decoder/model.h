@@ -1,4 +1,4 @@
-// The qwen35 hybrid model (hybrid-decoder-spec §4-6): hyperparameters and tensors bound from a
+// The qwen35 hybrid model (docs/DECODER.md, "The model"): hyperparameters and tensors bound from a
 // GGUF file, per-sequence state (KV cache for attention layers, conv window and delta-rule
 // state for Gated DeltaNet layers), and the forward pass on the CPU with f32 activations.
 #pragma once

@@ -1,5 +1,5 @@
 // Weight formats: row dequantization to f32 (the reference path every kernel is checked
-// against) and quantizers for writing test and demo files. Layouts: hybrid-decoder-spec §3 and
+// against) and quantizers for writing test and demo files. Layouts: docs/DECODER.md, "The model" (Weights), and
 // ggml's block_q4_K / block_q6_K.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Byte-level BPE from GGUF metadata (`tokenizer.ggml.*`, model "gpt2", pre-tokenizer qwen2 or
 // qwen35): special tokens, the Qwen pre-tokenizer, merges by rank, byte fallback; and a
-// streaming decoder that never splits a UTF-8 character across pieces. hybrid-decoder-spec §7.
+// streaming decoder that never splits a UTF-8 character across pieces. docs/DECODER.md, "The model" (Tokenizer).
 #pragma once
 
 #include <cstdint>

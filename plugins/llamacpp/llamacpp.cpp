@@ -1,6 +1,6 @@
 // Translation profile "llamacpp": the Responses API <-> llama.cpp's llama-server Chat
 // Completions (--jinja tool calling). The translation is shared (plugins/common); what is
-// specific to llama-server (shared/ref/backends.md §2):
+// specific to llama-server (docs/PROTOCOL.md, "Backend specifics"):
 //   - reasoning arrives as `reasoning_content`, and history replays it the same way;
 //   - `cache_prompt: true` by default, and with profile option `slots = N` a stable `id_slot`
 //     per Codex conversation (prompt_cache_key), so a conversation keeps its KV slot;

@@ -1,6 +1,6 @@
 // Translation profile "qwen38": the Responses API <-> vLLM Chat Completions, for vLLM serving
 // Qwen3.8-Flash-Next (qwen3_coder tool parser, qwen3 reasoning parser, MTP). The translation
-// is shared (plugins/common); what is specific to vLLM (shared/ref/backends.md §1, §3):
+// is shared (plugins/common); what is specific to vLLM (docs/PROTOCOL.md, "Backend specifics"):
 //   - reasoning arrives as `reasoning` (vLLM >= 0.12) or `reasoning_content` (older): both read;
 //     history replays it as `reasoning_content`, which Qwen templates read;
 //   - tool_choice "required"/named is accepted but not always applied: a forced choice is

@@ -222,7 +222,7 @@ TEST_CASE("a backend plugin that never produces a chunk is given up after upstre
 }
 
 // docs/SDK.md's status table, every row, from each call that can fail for a request: a backend's
-// stream_start and stream_next, a profile's build_request and stream_feed.
+// stream_start and stream_next, a profile's build_request, stream_open, stream_feed and stream_finish.
 TEST_CASE("every plugin status code reaches the client as the SDK's status table says") {
     struct Row {
         const char* status;
@@ -248,13 +248,13 @@ TEST_CASE("every plugin status code reaches the client as the SDK's status table
         for (const char* at : {"start", "next"})
             models += std::string("[models.b-") + at + "-" + r.status + "]\nprofile = \"qwen38\"\n[[models.b-" + at + "-" + r.status +
                       ".endpoints]]\nurl = \"plugin://test-faulty\"\noptions = { fail = \"" + at + "\", status = \"" + r.status + "\" }\n";
-        for (const char* at : {"build", "feed"})
+        for (const char* at : {"build", "open", "feed", "finish"})
             models += std::string("[models.p-") + at + "-" + r.status + "]\nprofile = \"test-faulty-profile\"\nprofile_options = { fail = \"" + at +
                       "\", status = \"" + r.status + "\" }\n[[models.p-" + at + "-" + r.status + ".endpoints]]\nurl = \"plugin://example-echo\"\n";
     }
     Gateway gw(models, "", std::string(kFast) + "retry_window_s = 1\n", "", {{"faulty_backend", "faulty_backend"}});
     for (const auto& r : rows) {
-        for (const char* at : {"start", "next", "build", "feed"}) {
+        for (const char* at : {"start", "next", "build", "open", "feed", "finish"}) {
             const bool backend = std::string(at) == "start" || std::string(at) == "next";
             const std::string model = std::string(backend ? "b-" : "p-") + at + "-" + r.status;
             CAPTURE(model);

@@ -3,8 +3,8 @@
 // never produces a chunk, logging the call deadlines the host gives it.
 //   options = { fail = "start" | "next" | "silent", status = NAME }
 // It also provides a translation profile, "test-faulty-profile", that passes the Responses
-// input through as one user message and fails in build_request or at the first stream_feed:
-//   profile_options = { fail = "build" | "feed", status = NAME }
+// input through as one user message and fails in the named call:
+//   profile_options = { fail = "build" | "open" | "feed" | "finish", status = NAME }
 // NAME is a status in lower case ("invalid_argument", ..., "context_length") or "bogus" (-42,
 // a code no 1.0 table has).
 #include <pulse/plugin.hpp>
@@ -95,15 +95,19 @@ void stream_close(void* stream) { delete static_cast<Backend*>(stream); }
 
 // ---- the profile ----
 struct Profile {
-    bool at_build = false;
+    std::string at = "build";
     pulse_status_t status = PULSE_E_INTERNAL;
+    pulse_status_t fail(pulse_call_t* call, const char* where) const {
+        if (at != where) return PULSE_OK;
+        return g_host->set_error(call, status, pulse::str(std::string("test-faulty-profile: ") + where + " failed"));
+    }
 };
 
 pulse_status_t p_create(void*, pulse_call_t* call, const pulse_json_t* config, void** out) {
     return pulse::guard(g_host, call, [&] {
         pulse::Json cfg(g_host->json, config);
         auto p = std::make_unique<Profile>();
-        p->at_build = cfg["fail"].string_or("build") == "build";
+        p->at = std::string(cfg["fail"].string_or("build"));
         p->status = parse_status(cfg["status"].string_or("internal"));
         *out = p.release();
         return PULSE_OK;
@@ -114,7 +118,7 @@ void p_destroy(void* p) { delete static_cast<Profile*>(p); }
 pulse_status_t p_build(void* inst, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
                        pulse_upstream_req_t* out) {
     const auto& p = *static_cast<Profile*>(inst);
-    if (p.at_build) return g_host->set_error(call, p.status, pulse::str("test-faulty-profile: build_request failed"));
+    if (pulse_status_t rc = p.fail(call, "build"); rc != PULSE_OK) return rc;
     return pulse::guard(g_host, call, [&] {
         pulse::Json req(g_host->json, request), m(g_host->json, model);
         pulse::Writer w(g_host->json, g_host->request->body(out));
@@ -124,15 +128,16 @@ pulse_status_t p_build(void* inst, pulse_call_t* call, const pulse_json_t* reque
         return w.ok() ? PULSE_OK : PULSE_E_INTERNAL;
     });
 }
-pulse_status_t p_open(void* inst, pulse_call_t*, const pulse_json_t*, void** out) {
+pulse_status_t p_open(void* inst, pulse_call_t* call, const pulse_json_t*, void** out) {
+    if (pulse_status_t rc = static_cast<Profile*>(inst)->fail(call, "open"); rc != PULSE_OK) return rc;
     *out = inst;
     return PULSE_OK;
 }
 pulse_status_t p_feed(void* stream, pulse_call_t* call, pulse_str_t, pulse_delta_sink_t*) {
-    const auto& p = *static_cast<Profile*>(stream);
-    return g_host->set_error(call, p.status, pulse::str("test-faulty-profile: stream_feed failed"));
+    return static_cast<Profile*>(stream)->fail(call, "feed");  // no output: the chunks are dropped
 }
-pulse_status_t p_finish(void*, pulse_call_t*, pulse_stream_end_t, pulse_delta_sink_t* sink) {
+pulse_status_t p_finish(void* stream, pulse_call_t* call, pulse_stream_end_t, pulse_delta_sink_t* sink) {
+    if (pulse_status_t rc = static_cast<Profile*>(stream)->fail(call, "finish"); rc != PULSE_OK) return rc;
     return g_host->delta->finish(sink, PULSE_FINISH_STOP);
 }
 void p_close(void*) {}

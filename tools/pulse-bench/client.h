@@ -42,7 +42,7 @@ struct StreamResult {
     int output_chunks = 0;  // chunks that carried output text (under MTP, several tokens each)
     int64_t draft_n = -1, draft_accepted = -1;  // llama-server timings, when present
 
-    // Output tokens after the first per second after the first (backends.md §5).
+    // Output tokens after the first per second after the first (docs/BENCHMARKS.md, "decode tok/s").
     double decode_tps() const;
 };
 
