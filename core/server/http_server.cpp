@@ -287,7 +287,6 @@ private:
         ::pthread_setname_np(::pthread_self(), "pulse-accept");
         epoll_event evs[256];
         auto next_tick = Clock::now() + kTick;
-        bool was_draining = false;
         while (!stopping_) {
             int timeout = static_cast<int>(std::max<int64_t>(0, duration_cast<milliseconds>(next_tick - Clock::now()).count()) + 1);
             int n = ::epoll_wait(ep_, evs, 256, timeout);
@@ -303,10 +302,6 @@ private:
                 } else if (Conn* c = owned(fd)) {
                     on_readable(*c);
                 }
-            }
-            if (draining_ && !was_draining) {
-                was_draining = true;
-                close_idle();
             }
             if (Clock::now() >= next_tick) {
                 next_tick = Clock::now() + kTick;
@@ -572,11 +567,6 @@ private:
                     break;
             }
         }
-    }
-
-    void close_idle() {
-        for (auto& [fd, c] : conns_)
-            if (c->state == Conn::State::idle) doom(*c);
     }
 
     // Connections back from workers: read the next request, or close.

@@ -367,6 +367,41 @@ TEST_CASE("drain: new requests get 503 + Retry-After at once; a stream still run
     CHECK(gw.child->wait(20).code == 0);
 }
 
+TEST_CASE("drain: connections opened before it (fresh, or kept alive after a turn) get 503 for their next request, never a reset") {
+    FakeBackend slow(R"({"turns":[{"content":"one two three four five six","delay_ms":300}]})");
+    Gateway gw(model_toml({slow.url()}), "drain_timeout_s = 2\n", std::string(kFast) + "retry_window_s = 0\n");
+    auto keep_alive_head = [](const std::string& body) {
+        return "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+               "\r\n\r\n" + body;
+    };
+    Raw fresh(gw.port);  // connected, no request yet
+    Raw kept(gw.port);   // one whole turn, then idle on keep-alive
+    const std::string whole = request(false);
+    REQUIRE(kept.send(keep_alive_head(whole)));
+    {
+        std::string got;
+        auto until = steady_clock::now() + seconds(10);
+        while (got.find("\"status\":\"completed\"") == std::string::npos && steady_clock::now() < until) got += kept.read_all(100);
+        REQUIRE(got.find("\"status\":\"completed\"") != std::string::npos);
+    }
+    auto inflight = std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request(), {}, 30); });
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("active_requests":1)") != std::string::npos; }));
+    gw.child->signal(SIGTERM);
+    REQUIRE(eventually([&] { return gw.log().find("draining") != std::string::npos; }));
+    std::this_thread::sleep_for(milliseconds(200));  // well inside the drain: the server is draining by now
+    for (Raw* c : {&fresh, &kept}) {
+        REQUIRE(c->send(post_head(request())));
+        bool reset = false;
+        std::string answer = c->read_all(5000, &reset);
+        CAPTURE(answer);
+        CHECK(answer.rfind("HTTP/1.1 503", 0) == 0);
+        CHECK(answer.find("draining") != std::string::npos);
+        CHECK(!reset);
+    }
+    inflight.get();
+    CHECK(gw.child->wait(20).code == 0);
+}
+
 // 6. A client that stops reading.
 TEST_CASE("a client that stops reading a large response: bounded memory, cut after send_timeout_s, logged as what happened") {
     // 48 text deltas of 1 MiB: far more than socket buffers and the per-client queue hold.
