@@ -233,6 +233,7 @@ Endpoint parse_endpoint(const toml::node& node, const std::string& path, const s
     Endpoint e;
     t.str("name", e.name);
     t.str("url", e.url);
+    t.number("weight", e.weight, 0.001, 1e6);
     if (const toml::table* o = t.subtable("options")) {
         e.options_json.clear();
         to_json(*o, e.options_json);
@@ -264,6 +265,9 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
     t.str("upstream_model", m.upstream_model);
     t.integer("context_window", m.context_window, 0, int64_t(1) << 32);
     t.str("reasoning_output", m.reasoning_output);
+    t.str("routing", m.routing);
+    if (m.routing != "failover" && m.routing != "round_robin" && m.routing != "sticky")
+        t.fail(*mt.get("routing"), "'" + t.qualified("routing") + "' must be \"failover\", \"round_robin\" or \"sticky\"");
     if (m.reasoning_output != "summary" && m.reasoning_output != "raw" && m.reasoning_output != "both")
         t.fail(*mt.get("reasoning_output"), "'" + t.qualified("reasoning_output") + "' must be \"summary\", \"raw\" or \"both\"");
     if (const toml::array* eps = t.array("endpoints")) {

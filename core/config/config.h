@@ -23,6 +23,7 @@ struct Endpoint {
     std::string name;  // for logs, metrics and /health
     std::string url;   // "http://host:port/v1" or "plugin://backend-name"
     std::string options_json = "null";  // [models.X.endpoints.options] as JSON (backends)
+    double weight = 1;  // routing = "sticky": the share of conversations this endpoint gets
 
     bool is_plugin() const { return url.rfind("plugin://", 0) == 0; }
     std::string plugin_name() const { return is_plugin() ? url.substr(9) : std::string(); }
@@ -39,6 +40,10 @@ struct Model {
     std::string upstream_model;  // the backend's served model name (defaults to id)
     int64_t context_window = 0;  // tokens; 0 = unknown
     std::vector<Endpoint> endpoints;  // failover order
+    // Which endpoint a request tries first (docs/OPERATIONS.md, "Routing"): "failover" (the
+    // first healthy in config order), "round_robin" (rotating), "sticky" (each conversation
+    // to one endpoint by weighted rendezvous hashing, so it lands where its prefix is cached).
+    std::string routing = "failover";
     Sampling sampling;
     std::string profile_options_json = "null";  // [models.X.profile_options] as JSON
     // How model reasoning reaches the client: "summary" (shown by Codex by default), "raw"

@@ -4,6 +4,7 @@
 #include <rapidjson/writer.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "common/log.h"
@@ -18,11 +19,50 @@ ModelRuntime::~ModelRuntime() {
     if (instance && profile && profile->registration.translation.destroy) profile->registration.translation.destroy(instance);
 }
 
-std::vector<size_t> ModelRuntime::order() const {
-    std::vector<size_t> healthy, unhealthy;
-    for (size_t i = 0; i < endpoints.size(); ++i) (endpoints[i].health->healthy() ? healthy : unhealthy).push_back(i);
-    healthy.insert(healthy.end(), unhealthy.begin(), unhealthy.end());
-    return healthy;
+namespace {
+
+// Weighted rendezvous ("highest random weight") score of endpoint `name` for `key`: every
+// gateway computes the same ranking with no shared state, an endpoint's weight is its expected
+// share of keys, and removing an endpoint moves only the keys it ranked first.
+double rendezvous_score(std::string_view key, std::string_view name, double weight) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over key, a separator, name
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+    for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+    h ^= h >> 30;  // splitmix64's finalizer: FNV's low bits alone are not uniform enough
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    const double u = (static_cast<double>(h >> 11) + 0.5) / 9007199254740992.0;  // (0, 1)
+    return weight / -std::log(u);
+}
+
+}  // namespace
+
+std::vector<size_t> ModelRuntime::order(std::string_view key) const {
+    std::vector<size_t> all(endpoints.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    if (cfg->routing == "sticky") {
+        std::vector<double> score(all.size());
+        for (size_t i = 0; i < all.size(); ++i) score[i] = rendezvous_score(key, endpoints[i].cfg->name, endpoints[i].cfg->weight);
+        std::stable_sort(all.begin(), all.end(), [&](size_t a, size_t b) { return score[a] > score[b]; });
+    } else if (cfg->routing == "round_robin" && !all.empty()) {
+        std::rotate(all.begin(), all.begin() + static_cast<ptrdiff_t>(rotation.fetch_add(1) % all.size()), all.end());
+    }
+    std::stable_partition(all.begin(), all.end(), [&](size_t i) { return endpoints[i].health->healthy(); });
+    return all;
+}
+
+size_t ModelRuntime::home(std::string_view key) const {
+    size_t best = 0;
+    double top = -1;
+    for (size_t i = 0; i < endpoints.size(); ++i)
+        if (double s = rendezvous_score(key, endpoints[i].cfg->name, endpoints[i].cfg->weight); s > top) {
+            top = s;
+            best = i;
+        }
+    return best;
 }
 
 const ModelRuntime* Snapshot::find(std::string_view id) const {
@@ -194,7 +234,16 @@ void Gateway::stop() {
 void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request) {
     if (!ep.health->mark_healthy(real_request)) return;
     log::info("health", "endpoint " + ep.cfg->name + " (" + ep.cfg->url + ") is healthy again");
-    if (warmer_) warmer_->recovered(model, *ep.cfg, ep.health);
+    if (!warmer_) return;
+    // Sticky routing: replay only the conversations that will now start at this endpoint (their
+    // home, or their next choice while their home is down); the others are warm elsewhere.
+    std::function<bool(const std::string&)> wanted;
+    auto snap = snapshot();
+    if (const ModelRuntime* rt = snap ? snap->find(model) : nullptr; rt && rt->cfg->routing == "sticky")
+        for (size_t i = 0; i < rt->endpoints.size(); ++i)
+            if (rt->endpoints[i].health == ep.health)
+                wanted = [snap, rt, i](const std::string& key) { return rt->order(key).front() == i; };
+    warmer_->recovered(model, *ep.cfg, ep.health, std::move(wanted));
 }
 
 void Gateway::endpoint_failed(const EndpointRef& ep, const std::string& why, bool real_request) {

@@ -51,8 +51,15 @@ struct ModelRuntime {
     ModelRuntime() = default;
     ModelRuntime(const ModelRuntime&) = delete;
     ~ModelRuntime();
-    // Endpoint indices in the order to try them: healthy ones first, each group in config order.
-    std::vector<size_t> order() const;
+    // Endpoint indices in the order to try them for a request of conversation `key`
+    // (conversation_key()): healthy ones first, each group in the model's routing order
+    // (failover: config order; round_robin: rotating per request; sticky: by the key's
+    // weighted rendezvous score, so a conversation always starts at the same endpoint and only
+    // the conversations of an endpoint that is down move, each to its own second choice).
+    std::vector<size_t> order(std::string_view key) const;
+    // sticky: where `key`'s conversation goes while every endpoint is healthy.
+    size_t home(std::string_view key) const;
+    mutable std::atomic<uint64_t> rotation{0};  // round_robin: requests routed so far
 };
 
 struct Snapshot {

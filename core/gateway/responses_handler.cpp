@@ -208,7 +208,7 @@ private:
                             "model_not_found"});
         }
         streaming_ = doc_.HasMember("stream") && doc_["stream"].IsTrue();
-        if (auto k = doc_.FindMember("prompt_cache_key"); k != doc_.MemberEnd() && k->value.IsString()) cache_key_ = k->value.GetString();
+        conversation_ = conversation_key(doc_);
         return true;
     }
 
@@ -423,7 +423,7 @@ private:
                 outcome_ = builder_->ended() ? (builder_->failure() ? Outcome::failed : Outcome::completed)
                                              : outcome_of(builder_->end(PULSE_STREAM_CLEAN));
                 if (outcome_ == Outcome::completed || outcome_ == Outcome::incomplete) {
-                    gw_.prefixes_->remember(model_id_, prefix_key(cache_key_, upstream_body()), upstream_body());
+                    gw_.prefixes_->remember(model_id_, conversation_, upstream_body());
                     if (gw_.warmer_ && !ep.backend) gw_.warmer_->served(*ep.cfg, ep.health);
                 }
                 return Attempt::served;
@@ -484,7 +484,12 @@ private:
         milliseconds backoff(250);
         for (int round = 0;; ++round) {
             Attempt a = Attempt::retry;
-            auto order = rt_->order();
+            auto order = rt_->order(conversation_);
+            if (round == 0 && rt_->cfg->routing == "sticky" && !order.empty() && order.front() != rt_->home(conversation_))
+                metrics::global()
+                    .counter("pulse_sticky_moved_total", "sticky requests that started away from their conversation's endpoint (it was down)",
+                             {{"model", model_id_}})
+                    .add();
             std::erase_if(order, [&](size_t i) { return refused_for_good_.count(&rt_->endpoints[i]) > 0; });
             if (order.empty() && !deterministic_error_.empty()) {
                 last_status_ = PULSE_E_INVALID_ARGUMENT;
@@ -586,7 +591,7 @@ private:
     const steady_clock::time_point t0_ = steady_clock::now();
 
     rapidjson::Document doc_;  // parsed in place: its strings point into ex_.body()
-    std::string model_id_, cache_key_;
+    std::string model_id_, conversation_;  // conversation_: conversation_key() of the request
     const ModelRuntime* rt_ = nullptr;
     bool streaming_ = false;
 

@@ -23,12 +23,39 @@ namespace pulse::gateway {
 
 using namespace std::chrono;
 
-std::string prefix_key(const std::string& prompt_cache_key, std::string_view upstream_body) {
-    if (!prompt_cache_key.empty()) return "k:" + prompt_cache_key;
-    // No key: the first 4 KiB of the body (system prompt and first turns) identify the prefix.
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < upstream_body.size() && i < 4096; ++i) h = (h ^ static_cast<unsigned char>(upstream_body[i])) * 1099511628211ull;
-    return "h:" + std::to_string(h);
+std::string conversation_key(const rapidjson::Value& request) {
+    if (!request.IsObject()) return "h:0";
+    if (auto k = request.FindMember("prompt_cache_key"); k != request.MemberEnd() && k->value.IsString() && k->value.GetStringLength() > 0)
+        return "k:" + std::string(k->value.GetString(), k->value.GetStringLength());
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    auto mix = [&h](std::string_view s) {
+        for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+        h = (h ^ 0xff) * 1099511628211ull;  // a separator no UTF-8 text contains
+    };
+    auto text = [](const rapidjson::Value& v) {
+        rapidjson::StringBuffer b;
+        rapidjson::Writer<rapidjson::StringBuffer> w(b);
+        v.Accept(w);
+        return std::string(b.GetString(), b.GetSize());
+    };
+    if (auto i = request.FindMember("instructions"); i != request.MemberEnd() && i->value.IsString())
+        mix({i->value.GetString(), i->value.GetStringLength()});
+    if (auto in = request.FindMember("input"); in != request.MemberEnd()) {
+        if (in->value.IsString()) {
+            mix({in->value.GetString(), in->value.GetStringLength()});
+        } else if (in->value.IsArray()) {
+            for (const auto& item : in->value.GetArray()) {
+                auto role = item.IsObject() ? item.FindMember("role") : rapidjson::Value::ConstMemberIterator();
+                if (item.IsObject() && role != item.MemberEnd() && role->value.IsString() && std::string_view(role->value.GetString()) == "user") {
+                    mix(text(item));
+                    break;
+                }
+            }
+        }
+    }
+    char out[24];
+    std::snprintf(out, sizeof out, "h:%016llx", static_cast<unsigned long long>(h));
+    return out;
 }
 
 std::string warm_body(const std::string& upstream_body) {
@@ -68,11 +95,16 @@ void PrefixStore::remember(const std::string& model, const std::string& key, std
     dirty_ = true;
 }
 
-std::vector<std::string> PrefixStore::bodies(const std::string& model) const {
-    std::lock_guard lock(m_);
+std::vector<std::string> PrefixStore::bodies(const std::string& model, const std::function<bool(const std::string&)>& wanted) const {
+    std::vector<std::pair<std::string, std::string>> entries;
+    {
+        std::lock_guard lock(m_);
+        if (auto it = models_.find(model); it != models_.end())
+            for (const auto& e : it->second.lru) entries.emplace_back(e.key, e.body);
+    }
     std::vector<std::string> out;
-    if (auto it = models_.find(model); it != models_.end())
-        for (const auto& e : it->second.lru) out.push_back(e.body);
+    for (auto& [key, body] : entries)  // `wanted` runs unlocked: it may take other locks
+        if (!wanted || wanted(key)) out.push_back(std::move(body));
     return out;
 }
 
@@ -165,11 +197,12 @@ void Warmer::stop() {
     thread_.join();
 }
 
-void Warmer::recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health) {
+void Warmer::recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health,
+                       std::function<bool(const std::string&)> wanted) {
     if (ep.is_plugin()) return;  // in-process backends manage their own caches
     {
         std::lock_guard lock(m_);
-        jobs_.push_back({Job::replay, model, ep, std::move(health)});
+        jobs_.push_back({Job::replay, model, ep, std::move(health), std::move(wanted)});
     }
     cv_.notify_all();
 }
@@ -281,7 +314,7 @@ void Warmer::run() {
 }
 
 void Warmer::warm(const Job& job) {
-    auto bodies = store_.bodies(job.model);
+    auto bodies = store_.bodies(job.model, job.wanted);
     if (bodies.empty()) return;
     // A backend with one slot (llama-server -np 1) runs one request at a time: a replay there
     // holds the slot against the live requests that are sure to come (a 16k-token replay kept a

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -15,6 +16,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <rapidjson/document.h>
 
 #include "config/config.h"
 #include "gateway/endpoint_health.h"
@@ -28,8 +31,9 @@ public:
 
     // Records the upstream body of a request (the newest body per key wins; LRU eviction).
     void remember(const std::string& model, const std::string& key, std::string_view upstream_body);
-    // Most recent first.
-    std::vector<std::string> bodies(const std::string& model) const;
+    // Most recent first; with `wanted`, only the conversations it accepts (by key).
+    std::vector<std::string> bodies(const std::string& model,
+                                    const std::function<bool(const std::string& key)>& wanted = nullptr) const;
 
     // Persistence (the file holds prompts: created 0600, replaced atomically).
     void load(const std::filesystem::path& file);
@@ -59,8 +63,10 @@ public:
     ~Warmer();
 
     // An endpoint of `model` recovered: restore its saved slots (llama-server with
-    // --slot-save-path), else queue a replay of the model's recorded prefixes.
-    void recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health);
+    // --slot-save-path), else queue a replay of the model's recorded prefixes: those `wanted`
+    // accepts (sticky routing: the conversations that will be routed to this endpoint), or all.
+    void recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health,
+                   std::function<bool(const std::string& key)> wanted = nullptr);
     // A request completed on `ep`: its KV cache changed. A llama-server that can save its slots
     // is asked to, at most every warmup.slot_save_interval_s and only while it serves nothing.
     void served(const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health);
@@ -72,6 +78,7 @@ private:
         std::string model;
         config::Endpoint ep;
         std::shared_ptr<EndpointHealth> health;
+        std::function<bool(const std::string& key)> wanted;  // replay: which conversations (null = all)
     };
     // What is known of an endpoint's slot persistence (keyed by URL).
     struct Slots {
@@ -100,7 +107,10 @@ private:
 
 // The key a request's prefix is remembered under: its prompt_cache_key, else a hash of the
 // first messages of the upstream body.
-std::string prefix_key(const std::string& prompt_cache_key, std::string_view upstream_body);
+// A conversation's key, the same for every turn of it: Codex's prompt_cache_key ("k:..."), else
+// a hash of what a conversation starts with and never changes: its instructions and its first
+// user message ("h:..."). Keys warmup's store and sticky routing.
+std::string conversation_key(const rapidjson::Value& request);
 
 // The warm version of an upstream body: same prompt, max_tokens 1.
 std::string warm_body(const std::string& upstream_body);

@@ -91,8 +91,8 @@ TEST_CASE("unknown keys are errors that list what is allowed") {
     e = error_of("[models.m]\ntempreature = 1\nprofile = \"p\"\n");
     CHECK(e.find("test.toml:2:1: unknown key 'models.m.tempreature'") == 0);
 
-    e = error_of(std::string(kMinimalModel) + "weight = 2\n");
-    CHECK(e.find("unknown key 'models.m.endpoints[0].weight'; allowed here: name, url, options") != std::string::npos);
+    e = error_of(std::string(kMinimalModel) + "priority = 2\n");
+    CHECK(e.find("unknown key 'models.m.endpoints[0].priority'; allowed here: name, url, weight, options") != std::string::npos);
 
     e = error_of(std::string(kMinimalModel) + "[models.m.sampling]\ntop_q = 1\n");
     CHECK(e.find("unknown key 'models.m.sampling.top_q'") != std::string::npos);
@@ -315,4 +315,20 @@ TEST_CASE("models keep the order the file lists them in (the first is the defaul
     REQUIRE(c.models.size() == 2);
     CHECK(c.models[0].id == "zeta");
     CHECK(c.models[1].id == "alpha");
+}
+
+TEST_CASE("routing: failover by default, round_robin or sticky; endpoint weights in range") {
+    Config c = load_string(kMinimalModel, "test.toml");
+    REQUIRE(c.models.size() == 1);
+    CHECK(c.models[0].routing == "failover");
+    CHECK(c.models[0].endpoints[0].weight == 1);
+    c = load_string("[models.m]\nprofile = \"qwen38\"\nrouting = \"sticky\"\n[[models.m.endpoints]]\nurl = \"http://127.0.0.1:1/v1\"\n"
+                    "weight = 2.5\n",
+                    "test.toml");
+    CHECK(c.models[0].routing == "sticky");
+    CHECK(c.models[0].endpoints[0].weight == 2.5);
+    CHECK(error_of("[models.m]\nprofile = \"qwen38\"\nrouting = \"random\"\n[[models.m.endpoints]]\nurl = \"http://x:1/v1\"\n")
+              .find("test.toml:3:11: 'models.m.routing' must be \"failover\", \"round_robin\" or \"sticky\"") == 0);
+    CHECK(error_of("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"http://x:1/v1\"\nweight = 0\n")
+              .find("'models.m.endpoints[0].weight' = 0 is out of range") != std::string::npos);
 }

@@ -35,7 +35,9 @@
 // as a batched engine (vLLM, llama-server) does at each decode step. "fail_first": N answers the first N requests with HTTP "fail_status"
 // (default 503); "prefix_cache": true simulates vLLM's prefix cache: cached_tokens is the
 // longest prefix (in 4-character "tokens") this process has seen before, so a restarted
-// backend starts cold. "loading_ms": N makes every request (and /v1/models) answer 503
+// backend starts cold; with it, "prefill_us_per_token": N delays the first chunk by N µs per
+// uncached prompt token, as a real engine's prefill does, one prefill at a time (an engine's
+// compute is shared: concurrent prefills queue). "loading_ms": N makes every request (and /v1/models) answer 503
 // "Loading model" for the first N ms, like llama-server while it loads.
 // Each request body is appended to --record as one JSON line, followed by a line
 // {"served": N, "chunks": K, "client_gone": bool, "peer_port": P} once the response ends (P: the
@@ -295,9 +297,13 @@ public:
             record(R"({"served":)" + std::to_string(served) + R"(,"status":)" + std::to_string(st) + "}");
             return;
         }
-        int64_t prefix_cached = -1;
-        if (g_script.HasMember("prefix_cache") && g_script["prefix_cache"].IsTrue() && rq.IsObject() && rq.HasMember("messages"))
-            prefix_cached = static_cast<int64_t>(cached_prefix(dump(rq["messages"])) / 4);
+        int64_t prefix_cached = -1, uncached = 0, prompt_tokens = static_cast<int64_t>(body.size() / 4);
+        if (g_script.HasMember("prefix_cache") && g_script["prefix_cache"].IsTrue() && rq.IsObject() && rq.HasMember("messages")) {
+            std::string prompt_text = dump(rq["messages"]);
+            prefix_cached = static_cast<int64_t>(cached_prefix(prompt_text) / 4);
+            prompt_tokens = static_cast<int64_t>(prompt_text.size() / 4);  // what the cache is measured on
+            uncached = std::max<int64_t>(0, prompt_tokens - prefix_cached);
+        }
 
         if (int64_t stall = get_int(turn, "head_stall_ms", 0)) std::this_thread::sleep_for(std::chrono::milliseconds(stall));
         if (int64_t status = get_int(turn, "status", 0)) {
@@ -323,6 +329,12 @@ public:
             return;
         }
         int64_t delay = get_int(turn, "delay_ms", get_int(g_script, "delay_ms", 0));
+        // Prefill is paid for the tokens the cache did not have, before the first chunk.
+        if (int64_t us = uncached * get_int(g_script, "prefill_us_per_token", 0)) {
+            static std::mutex prefill;
+            std::lock_guard lock(prefill);
+            std::this_thread::sleep_for(std::chrono::microseconds(us));
+        }
         int64_t first_delay = get_int(turn, "first_delay_ms", 0);
         const int64_t step = get_int(g_script, "step_ms", 0);
         size_t split = static_cast<size_t>(get_int(g_script, "split", 8));
@@ -386,7 +398,7 @@ public:
         std::string finish = get_str(turn, "finish_reason", ncalls ? "tool_calls" : "stop");
         send(head + R"([{"index":0,"delta":{},"logprobs":null,"finish_reason":)" + quote(finish) + R"(,"stop_reason":null}]})");
         const rapidjson::Value* u = turn.HasMember("usage") ? &turn["usage"] : nullptr;
-        int64_t prompt = u ? get_int(*u, "prompt_tokens", 0) : static_cast<int64_t>(body.size() / 4);
+        int64_t prompt = u ? get_int(*u, "prompt_tokens", 0) : prompt_tokens;
         int64_t comp = u ? get_int(*u, "completion_tokens", completion) : completion;
         int64_t cached = u ? get_int(*u, "cached_tokens", 0) : std::max<int64_t>(prefix_cached, 0);
         int64_t rtok = u ? get_int(*u, "reasoning_tokens", reasoning_tokens) : reasoning_tokens;
