@@ -234,6 +234,7 @@ Endpoint parse_endpoint(const toml::node& node, const std::string& path, const s
     t.str("name", e.name);
     t.str("url", e.url);
     t.number("weight", e.weight, 0.001, 1e6);
+    t.boolean("last_resort", e.last_resort);
     if (const toml::table* o = t.subtable("options")) {
         e.options_json.clear();
         to_json(*o, e.options_json);
@@ -293,6 +294,8 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
     if (m.profile.empty()) t.fail_here("'" + t.qualified("profile") + "' is required (e.g. \"qwen38\")");
     if (m.endpoints.empty())
         t.fail_here("model '" + id + "' has no endpoints; add [[" + t.qualified("endpoints") + "]] with a url");
+    if (std::all_of(m.endpoints.begin(), m.endpoints.end(), [](const Endpoint& e) { return e.last_resort; }))
+        t.fail_here("model '" + id + "': every endpoint is last_resort; at least one must serve normally");
     std::set<std::string> names;
     for (const auto& e : m.endpoints)
         if (!names.insert(e.name).second)

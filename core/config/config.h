@@ -24,6 +24,9 @@ struct Endpoint {
     std::string url;   // "http://host:port/v1" or "plugin://backend-name"
     std::string options_json = "null";  // [models.X.endpoints.options] as JSON (backends)
     double weight = 1;  // routing = "sticky": the share of conversations this endpoint gets
+    // Not in the rotation: serves a request only when no other endpoint can (every one down,
+    // or the retry window spent), e.g. a small local model behind decoder://.
+    bool last_resort = false;
 
     bool is_plugin() const { return url.rfind("plugin://", 0) == 0; }
     std::string plugin_name() const { return is_plugin() ? url.substr(9) : std::string(); }

@@ -41,8 +41,9 @@ double rendezvous_score(std::string_view key, std::string_view name, double weig
 }  // namespace
 
 std::vector<size_t> ModelRuntime::order(std::string_view key) const {
-    std::vector<size_t> all(endpoints.size());
-    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    std::vector<size_t> all;
+    for (size_t i = 0; i < endpoints.size(); ++i)
+        if (!endpoints[i].cfg->last_resort) all.push_back(i);
     if (cfg->routing == "sticky") {
         std::vector<double> score(all.size());
         for (size_t i = 0; i < all.size(); ++i) score[i] = rendezvous_score(key, endpoints[i].cfg->name, endpoints[i].cfg->weight);
@@ -54,14 +55,28 @@ std::vector<size_t> ModelRuntime::order(std::string_view key) const {
     return all;
 }
 
+std::vector<size_t> ModelRuntime::last_resorts() const {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < endpoints.size(); ++i)
+        if (endpoints[i].cfg->last_resort) out.push_back(i);
+    std::stable_partition(out.begin(), out.end(), [&](size_t i) { return endpoints[i].health->healthy(); });
+    return out;
+}
+
+bool ModelRuntime::regular_healthy() const {
+    return std::any_of(endpoints.begin(), endpoints.end(), [](const EndpointRef& e) { return !e.cfg->last_resort && e.health->healthy(); });
+}
+
 size_t ModelRuntime::home(std::string_view key) const {
     size_t best = 0;
     double top = -1;
-    for (size_t i = 0; i < endpoints.size(); ++i)
+    for (size_t i = 0; i < endpoints.size(); ++i) {
+        if (endpoints[i].cfg->last_resort) continue;
         if (double s = rendezvous_score(key, endpoints[i].cfg->name, endpoints[i].cfg->weight); s > top) {
             top = s;
             best = i;
         }
+    }
     return best;
 }
 

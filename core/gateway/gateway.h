@@ -56,7 +56,12 @@ struct ModelRuntime {
     // (failover: config order; round_robin: rotating per request; sticky: by the key's
     // weighted rendezvous score, so a conversation always starts at the same endpoint and only
     // the conversations of an endpoint that is down move, each to its own second choice).
+    // Last-resort endpoints are never in it (see last_resorts()).
     std::vector<size_t> order(std::string_view key) const;
+    // The last-resort endpoints, healthy ones first, in config order.
+    std::vector<size_t> last_resorts() const;
+    // Whether some endpoint that is not a last resort is healthy now.
+    bool regular_healthy() const;
     // sticky: where `key`'s conversation goes while every endpoint is healthy.
     size_t home(std::string_view key) const;
     mutable std::atomic<uint64_t> rotation{0};  // round_robin: requests routed so far

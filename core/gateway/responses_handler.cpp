@@ -140,10 +140,18 @@ public:
         if (events_.empty()) return;
         if (!head_sent_) {
             head_sent_ = true;
-            ex_.stream_head(wire, "text/event-stream", {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+            server::Headers h = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+            h.insert(h.end(), extra_.begin(), extra_.end());
+            ex_.stream_head(wire, "text/event-stream", h);
         }
         ex_.frame(wire, events_);
         events_.clear();
+    }
+    // A header for the head, if the head has not gone out yet (false when it has).
+    bool add_header(std::string name, std::string value) {
+        if (head_sent_) return false;
+        extra_.emplace_back(std::move(name), std::move(value));
+        return true;
     }
     // Bytes the stream loop could not send before its job ended: they go first.
     void put_back(std::string unsent) { wire_.insert(0, unsent); }
@@ -165,6 +173,7 @@ private:
     server::Exchange& ex_;
     std::string events_;  // SSE text not yet framed
     std::string wire_;    // framed bytes not yet sent
+    server::Headers extra_;
     bool head_sent_ = false;
 };
 
@@ -481,9 +490,18 @@ private:
 
     void serve() {
         const auto deadline = t0_ + duration_cast<steady_clock::duration>(duration<double>(cfg_.upstream.retry_window_s));
+        const size_t regular = static_cast<size_t>(
+            std::count_if(rt_->endpoints.begin(), rt_->endpoints.end(), [](const EndpointRef& e) { return !e.cfg->last_resort; }));
         milliseconds backoff(250);
+        Attempt a = Attempt::retry;
         for (int round = 0;; ++round) {
-            Attempt a = Attempt::retry;
+            a = Attempt::retry;
+            // Every other endpoint is known to be down: the last resort serves now, not after
+            // the window (a server that comes back takes the next requests again).
+            if (!tried_last_resort_ && !rt_->regular_healthy() && !rt_->last_resorts().empty()) {
+                a = serve_last_resort("all_down", "every other endpoint is down");
+                if (a != Attempt::retry || lost_ || gw_.cutting()) break;
+            }
             auto order = rt_->order(conversation_);
             if (round == 0 && rt_->cfg->routing == "sticky" && !order.empty() && order.front() != rt_->home(conversation_))
                 metrics::global()
@@ -494,7 +512,7 @@ private:
             if (order.empty() && !deterministic_error_.empty()) {
                 last_status_ = PULSE_E_INVALID_ARGUMENT;
                 last_error_ = deterministic_error_;
-                break;
+                return;  // the request's own fault: no last resort either
             }
             for (size_t n = 0; n < order.size() && a == Attempt::retry && !lost_ && !gw_.cutting(); ++n) {
                 if (round > 0 || n > 0) {
@@ -508,14 +526,36 @@ private:
                 a = attempt(order[n]);
             }
             if (a != Attempt::retry || lost_ || gw_.cutting()) break;
-            if (refused_for_good_.size() == rt_->endpoints.size()) continue;  // answered at the top of the next round
+            if (refused_for_good_.size() == regular) continue;  // answered at the top of the next round
             // The window is used to its end: the last round starts at the deadline.
             const auto now = steady_clock::now();
             if (now >= deadline) break;
             wait_backoff(std::min<steady_clock::duration>(backoff, deadline - now));
             backoff = std::min(backoff * 2, milliseconds(5000));
         }
+        if (a == Attempt::retry && !lost_ && !gw_.cutting() && !tried_last_resort_ && retryable(last_status_) && !rt_->last_resorts().empty())
+            serve_last_resort("window_spent", "no other endpoint took the request within the retry window");
         if (lost_ && outcome_ == Outcome::none) outcome_ = Outcome::cancelled;
+    }
+
+    // The request goes to the model's last-resort endpoints (at most once per request), marked
+    // in the response head (X-Pulse-Fallback), the log and pulse_last_resort_requests_total.
+    Attempt serve_last_resort(const char* reason, const char* why) {
+        tried_last_resort_ = true;
+        Attempt a = Attempt::retry;
+        for (size_t i : rt_->last_resorts()) {
+            const EndpointRef& ep = rt_->endpoints[i];
+            log::warn("responses", id_ + ": served by the last-resort endpoint " + ep.cfg->name + ": " + why);
+            metrics::global()
+                .counter("pulse_last_resort_requests_total", "requests sent to a last-resort endpoint because no other could serve them",
+                         {{"model", model_id_}, {"endpoint", ep.cfg->name}, {"reason", reason}})
+                .add();
+            last_resort_ = ep.cfg->name;
+            if (streaming_) writer_.add_header("X-Pulse-Fallback", "last-resort; endpoint=" + last_resort_);
+            a = attempt(i);
+            if (a != Attempt::retry || lost_ || gw_.cutting()) break;
+        }
+        return a;
     }
 
     // The response's end: the terminal event or the error, the request's record (trace,
@@ -525,6 +565,7 @@ private:
         std::optional<std::string> answer;         // a whole (non-streamed) response, written after the record
         int answer_status = 200;
         server::Headers answer_headers;
+        if (!last_resort_.empty()) answer_headers.emplace_back("X-Pulse-Fallback", "last-resort; endpoint=" + last_resort_);
         auto error_answer = [&](pulse_status_t s, const std::string& msg, const char* code = nullptr) {
             auto h = http_error_for(s);
             answer_status = h.status;
@@ -619,6 +660,8 @@ private:
     std::map<const EndpointRef*, std::string> refusals_;  // the last HTTP 500 body per endpoint
     std::set<const EndpointRef*> refused_for_good_;        // answered this request with the same 500 twice
     std::string deterministic_error_;
+    bool tried_last_resort_ = false;
+    std::string last_resort_;  // the last-resort endpoint this request went to, if any
     std::string served_by_;
     Outcome outcome_ = Outcome::none;
     std::optional<milliseconds> ttft_;

@@ -92,7 +92,7 @@ TEST_CASE("unknown keys are errors that list what is allowed") {
     CHECK(e.find("test.toml:2:1: unknown key 'models.m.tempreature'") == 0);
 
     e = error_of(std::string(kMinimalModel) + "priority = 2\n");
-    CHECK(e.find("unknown key 'models.m.endpoints[0].priority'; allowed here: name, url, weight, options") != std::string::npos);
+    CHECK(e.find("unknown key 'models.m.endpoints[0].priority'; allowed here: name, url, weight, last_resort, options") != std::string::npos);
 
     e = error_of(std::string(kMinimalModel) + "[models.m.sampling]\ntop_q = 1\n");
     CHECK(e.find("unknown key 'models.m.sampling.top_q'") != std::string::npos);
@@ -331,4 +331,14 @@ TEST_CASE("routing: failover by default, round_robin or sticky; endpoint weights
               .find("test.toml:3:11: 'models.m.routing' must be \"failover\", \"round_robin\" or \"sticky\"") == 0);
     CHECK(error_of("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"http://x:1/v1\"\nweight = 0\n")
               .find("'models.m.endpoints[0].weight' = 0 is out of range") != std::string::npos);
+}
+
+TEST_CASE("last_resort endpoints: a flag; a model needs one endpoint that is not a last resort") {
+    Config c = load_string(std::string(kMinimalModel) + "[[models.m.endpoints]]\nname = \"local\"\nurl = \"plugin://x\"\nlast_resort = true\n",
+                           "test.toml");
+    REQUIRE(c.models[0].endpoints.size() == 2);
+    CHECK_FALSE(c.models[0].endpoints[0].last_resort);
+    CHECK(c.models[0].endpoints[1].last_resort);
+    CHECK(error_of("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"plugin://x\"\nlast_resort = true\n")
+              .find("model 'm': every endpoint is last_resort; at least one must serve normally") != std::string::npos);
 }

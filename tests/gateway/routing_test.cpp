@@ -171,3 +171,55 @@ TEST_CASE("round_robin: consecutive requests rotate over the healthy endpoints")
     CHECK(b.requests().size() == 3);
     CHECK(c.requests().size() == 3);
 }
+
+TEST_CASE("last resort: serves only while every other endpoint is down or past the window, marked; servers take over again") {
+    Restartable srv(R"({"turns":[{"content":"from the server"}]})");
+    std::string models = "[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"server\"\nurl = \"" + srv.url() +
+                         "\"\n[[models.m.endpoints]]\nname = \"local\"\nurl = \"plugin://example-echo\"\nlast_resort = true\n"
+                         "options = { prefix = \"local: \" }\n";
+    Gateway gw(models, "", std::string(kFast), "[warmup]\nenabled = false\n");
+    auto ask = [&](bool stream) {
+        return post(gw.port, "/v1/responses", R"({"model":"m","stream":)" + std::string(stream ? "true" : "false") + R"(,"input":"hi"})");
+    };
+    auto r = ask(false);
+    CHECK(r.status == 200);
+    CHECK(r.body.find("from the server") != std::string::npos);
+    CHECK(r.fallback.empty());
+
+    srv.stop();
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }));
+    for (bool stream : {false, true}) {
+        CAPTURE(stream);
+        auto t0 = std::chrono::steady_clock::now();
+        r = ask(stream);
+        CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 2);  // not after the 5 s window
+        CHECK(r.status == 200);
+        CHECK(r.body.find("local: hi") != std::string::npos);
+        CHECK(r.fallback == "last-resort; endpoint=local");
+    }
+    CHECK(get(gw.port, "/metrics").find(R"(pulse_last_resort_requests_total{model="m",endpoint="local",reason="all_down"} 2)") != std::string::npos);
+    CHECK(gw.log().find("served by the last-resort endpoint local: every other endpoint is down") != std::string::npos);
+
+    srv.start();  // the server is back: it serves again
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") == std::string::npos; }));
+    r = ask(false);
+    CHECK(r.body.find("from the server") != std::string::npos);
+    CHECK(r.fallback.empty());
+}
+
+TEST_CASE("last resort after the retry window: a server that answers its probe but fails every request") {
+    FakeBackend sick(R"({"turns":[{"status":503}]})");
+    std::string models = "[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"server\"\nurl = \"" + sick.url() +
+                         "\"\n[[models.m.endpoints]]\nname = \"local\"\nurl = \"plugin://example-echo\"\nlast_resort = true\n";
+    Gateway gw(models, "", "keepalive_s = 0.3\nconnect_timeout_s = 1\nhealth_interval_s = 0.2\nretry_window_s = 0.5\n",
+               "[warmup]\nenabled = false\n");
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = post(gw.port, "/v1/responses", R"({"model":"m","stream":false,"input":"still here"})");
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(took >= 0.45);  // the server had the whole window first (three rounds)
+    CHECK(r.status == 200);
+    CHECK(r.body.find("echo: still here") != std::string::npos);
+    CHECK(r.fallback == "last-resort; endpoint=local");
+    CHECK(get(gw.port, "/metrics").find(R"(reason="window_spent"} 1)") != std::string::npos);
+    CHECK(sick.requests().size() >= 2);
+}

@@ -123,7 +123,7 @@ struct Gateway {
 struct HttpResult {
     int status = 0;
     std::string body;
-    std::string content_type, retry_after;
+    std::string content_type, retry_after, fallback;  // fallback: X-Pulse-Fallback
 };
 
 inline HttpResult post(uint16_t port, const std::string& path, const std::string& body,
@@ -141,6 +141,7 @@ inline HttpResult post(uint16_t port, const std::string& path, const std::string
     r.status = static_cast<int>(resp.getStatus());
     r.content_type = resp.getContentType();
     r.retry_after = resp.get("Retry-After", "");
+    r.fallback = resp.get("X-Pulse-Fallback", "");
     r.body.assign(std::istreambuf_iterator<char>(in), {});
     return r;
 }
