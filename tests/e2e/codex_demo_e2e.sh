@@ -17,15 +17,8 @@ fake=/dev/null
 . "$(dirname "$0")/lib.sh"
 enter_netns "$@"
 
-mkdir -p "$work/plugins"
-install -m 0755 "$plugins"/*.so "$work/plugins/"
-cat > "$work/pulse.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-[plugins]
-dirs = ["plugins"]
-dropin_dirs = []
-runtime_dir = "$work/run"
+pulse_config_head 0
+cat >> "$work/pulse.toml" <<TOML
 [models."pulse-demo"]
 profile = "qwen38"
 context_window = 65536

@@ -85,14 +85,7 @@ if [ "$mode" = launcher ]; then
     exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "$prompt" \
     > "$work/codex.out" 2> "$work/codex.err" || rc=$?
 else
-  HOME="$work/home" CODEX_HOME="$work/codex-home" timeout 180 "$codex" exec \
-    --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox \
-    -c model_provider=pulse \
-    -c "model_providers.pulse={name=\"pulse\",base_url=\"http://127.0.0.1:$gport/v1\",wire_api=\"responses\",request_max_retries=$retries,stream_max_retries=$retries}" \
-    -c "model_catalog_json=\"$src/config/codex/model-catalog.json\"" \
-    -m qwen3.8-flash-next \
-    "$prompt" \
-    > "$work/codex.out" 2> "$work/codex.err" || rc=$?
+  codex_exec "$retries" "$prompt"
 fi
 
 [ "$rc" -eq 0 ] || fail "codex exited $rc"

@@ -25,15 +25,8 @@ cat > "$work/script.json" <<'JSON'
 ]}
 JSON
 start_fake "$work/script.json"
-mkdir -p "$work/plugins"
-install -m 0755 "$plugins"/*.so "$work/plugins/"
-cat > "$work/pulse.toml" <<TOML
-[server]
-listen = "127.0.0.1:0"
-[plugins]
-dirs = ["plugins"]
-dropin_dirs = []
-runtime_dir = "$work/run"
+pulse_config_head 0
+cat >> "$work/pulse.toml" <<TOML
 [upstream]
 health_interval_s = 0.2
 connect_timeout_s = 1
@@ -71,15 +64,7 @@ pids+=($!)
 
 mkdir -p "$work/home" "$work/codex-home" "$work/project"
 cd "$work/project"
-rc=0
-HOME="$work/home" CODEX_HOME="$work/codex-home" timeout 240 "$codex" exec \
-  --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox \
-  -c model_provider=pulse \
-  -c "model_providers.pulse={name=\"pulse\",base_url=\"http://127.0.0.1:$gport/v1\",wire_api=\"responses\",request_max_retries=0,stream_max_retries=0}" \
-  -c "model_catalog_json=\"$src/config/codex/model-catalog.json\"" \
-  -m qwen3.8-flash-next \
-  "Create hello.txt saying hello from pulse." \
-  > "$work/codex.out" 2> "$work/codex.err" || rc=$?
+codex_exec 0 "Create hello.txt saying hello from pulse."
 
 [ -f "$work/killed" ] || fail "the server was never taken down"
 [ "$rc" -eq 0 ] || fail "codex exited $rc"

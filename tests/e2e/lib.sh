@@ -45,9 +45,9 @@ start_fake() {
   fport=$(wait_port "$work/fake.log" 'listening on 127\.0\.0\.1:[0-9]+') || fail "fake backend did not start"
 }
 
-# start_pulse_config PORT: writes $work/pulse.toml (model qwen3.8-flash-next on
-# ${profile:-qwen38} against the fake) and the plugin dir.
-start_pulse_config() {
+# pulse_config_head PORT: the plugin dir ($work/plugins, the build's plugins) and the start of
+# $work/pulse.toml (listen address, plugin dirs); the caller appends its models.
+pulse_config_head() {
   mkdir -p "$work/plugins"
   install -m 0755 "$plugins"/*.so "$work/plugins/"
   cat > "$work/pulse.toml" <<TOML
@@ -57,6 +57,14 @@ listen = "127.0.0.1:$1"
 dirs = ["plugins"]
 dropin_dirs = []
 runtime_dir = "$work/run"
+TOML
+}
+
+# start_pulse_config PORT: writes $work/pulse.toml (model qwen3.8-flash-next on
+# ${profile:-qwen38} against the fake) and the plugin dir.
+start_pulse_config() {
+  pulse_config_head "$1"
+  cat >> "$work/pulse.toml" <<TOML
 [models."qwen3.8-flash-next"]
 profile = "${profile:-qwen38}"
 [[models."qwen3.8-flash-next".endpoints]]
@@ -72,4 +80,19 @@ start_pulse() {
     "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
   pids+=($!)
   gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+}
+
+# codex_exec RETRIES PROMPT: `codex exec` in the current directory against the gateway on
+# $gport (provider "pulse", the shipped model catalog, model qwen3.8-flash-next), output in
+# $work/codex.out and codex.err; sets rc.
+codex_exec() {
+  rc=0
+  HOME="$work/home" CODEX_HOME="$work/codex-home" timeout 240 "$codex" exec \
+    --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox \
+    -c model_provider=pulse \
+    -c "model_providers.pulse={name=\"pulse\",base_url=\"http://127.0.0.1:$gport/v1\",wire_api=\"responses\",request_max_retries=$1,stream_max_retries=$1}" \
+    -c "model_catalog_json=\"$src/config/codex/model-catalog.json\"" \
+    -m qwen3.8-flash-next \
+    "$2" \
+    > "$work/codex.out" 2> "$work/codex.err" || rc=$?
 }

@@ -47,24 +47,6 @@ std::string request(bool stream = true, const std::string& input = "\"hello\"") 
 
 const char* kFast = "keepalive_s = 0.3\nconnect_timeout_s = 5\nhealth_interval_s = 0.2\n";
 
-template <class F>
-bool eventually(F cond, int ms = 10000) {
-    for (int waited = 0; waited < ms; waited += 20) {
-        if (cond()) return true;
-        std::this_thread::sleep_for(milliseconds(20));
-    }
-    return cond();
-}
-
-std::string get(uint16_t port, const std::string& path) {
-    Poco::Net::HTTPClientSession s("127.0.0.1", port);
-    s.setTimeout(Poco::Timespan(10, 0));
-    Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
-    s.sendRequest(req);
-    Poco::Net::HTTPResponse resp;
-    return std::string((std::istreambuf_iterator<char>(s.receiveResponse(resp))), {});
-}
-
 // A raw loopback connection, for what HTTP client libraries will not send.
 struct Raw {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

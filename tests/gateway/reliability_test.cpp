@@ -36,22 +36,6 @@ std::string request(const std::string& input = "\"hello\"", const std::string& m
     return R"({"model":")" + model + R"(","stream":true,"store":false,"input":)" + input + extra + "}";
 }
 
-std::string get(uint16_t port, const std::string& path, int* status = nullptr) {
-    Poco::Net::HTTPClientSession s("127.0.0.1", port);
-    s.setTimeout(Poco::Timespan(10, 0));
-    Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
-    s.sendRequest(req);
-    Poco::Net::HTTPResponse resp;
-    std::string body((std::istreambuf_iterator<char>(s.receiveResponse(resp))), {});
-    if (status) *status = static_cast<int>(resp.getStatus());
-    return body;
-}
-
-uint16_t free_port() {
-    Poco::Net::ServerSocket s(Poco::Net::SocketAddress("127.0.0.1", 0));
-    return s.address().port();
-}
-
 // A port that refuses connections but stays ours (bound, not listening) until release(), so a
 // test running in parallel cannot take it.
 struct DeadPort {
@@ -74,15 +58,6 @@ struct DeadPort {
 };
 
 // Polls `cond` every 20 ms for up to `ms`.
-template <class F>
-bool eventually(F cond, int ms = 10000) {
-    for (int waited = 0; waited < ms; waited += 20) {
-        if (cond()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return cond();
-}
-
 const char* kFast = "keepalive_s = 0.3\nconnect_timeout_s = 5\nhealth_interval_s = 0.2\n";
 
 }  // namespace

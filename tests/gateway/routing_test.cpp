@@ -19,29 +19,6 @@ namespace {
 
 const char* kFast = "keepalive_s = 0.3\nconnect_timeout_s = 1\nhealth_interval_s = 0.2\nretry_window_s = 5\n";
 
-std::string get(uint16_t port, const std::string& path) {
-    Poco::Net::HTTPClientSession s("127.0.0.1", port);
-    s.setTimeout(Poco::Timespan(10, 0));
-    Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
-    s.sendRequest(req);
-    Poco::Net::HTTPResponse resp;
-    return std::string((std::istreambuf_iterator<char>(s.receiveResponse(resp))), {});
-}
-
-uint16_t free_port() {
-    Poco::Net::ServerSocket s(Poco::Net::SocketAddress("127.0.0.1", 0));
-    return s.address().port();
-}
-
-template <class F>
-bool eventually(F cond, int ms = 10000) {
-    for (int waited = 0; waited < ms; waited += 20) {
-        if (cond()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return cond();
-}
-
 std::string model_toml(const std::string& routing, const std::vector<std::pair<std::string, double>>& endpoints) {
     std::string t = "[models.m]\nprofile = \"qwen38\"\nrouting = \"" + routing + "\"\n";
     for (size_t i = 0; i < endpoints.size(); ++i)

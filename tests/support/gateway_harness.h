@@ -8,10 +8,13 @@
 #include <Poco/Net/HTTPClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
+#include <Poco/Net/ServerSocket.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include <rapidjson/document.h>
 
@@ -125,6 +128,34 @@ struct HttpResult {
     std::string body;
     std::string content_type, retry_after, fallback;  // fallback: X-Pulse-Fallback
 };
+
+// GET `path`; the body, and the status in *status when asked.
+inline std::string get(uint16_t port, const std::string& path, int* status = nullptr) {
+    Poco::Net::HTTPClientSession s("127.0.0.1", port);
+    s.setTimeout(Poco::Timespan(10, 0));
+    Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
+    s.sendRequest(req);
+    Poco::Net::HTTPResponse resp;
+    std::string body((std::istreambuf_iterator<char>(s.receiveResponse(resp))), {});
+    if (status) *status = static_cast<int>(resp.getStatus());
+    return body;
+}
+
+// A loopback port free right now (for a server that must come back on the same port).
+inline uint16_t free_port() {
+    Poco::Net::ServerSocket s(Poco::Net::SocketAddress("127.0.0.1", 0));
+    return s.address().port();
+}
+
+// Polls `cond` every 20 ms for up to `ms`.
+template <class F>
+bool eventually(F cond, int ms = 10000) {
+    for (int waited = 0; waited < ms; waited += 20) {
+        if (cond()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return cond();
+}
 
 inline HttpResult post(uint16_t port, const std::string& path, const std::string& body,
                        const std::map<std::string, std::string>& headers = {}, int timeout_s = 20) {
