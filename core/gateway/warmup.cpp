@@ -89,23 +89,33 @@ void PrefixStore::remember(const std::string& model, const std::string& key, std
             m.lru.erase(it);
             break;
         }
-    m.lru.push_front({key, std::string(body)});
+    m.lru.push_front({key, std::string(body), std::chrono::steady_clock::now()});
     m.bytes += body.size();
     evict(m);
     dirty_ = true;
 }
 
-std::vector<std::string> PrefixStore::bodies(const std::string& model, const std::function<bool(const std::string&)>& wanted) const {
+bool PrefixStore::served_since(const std::string& model, const std::string& key, std::chrono::steady_clock::time_point t) const {
+    std::lock_guard lock(m_);
+    if (auto it = models_.find(model); it != models_.end())
+        for (const auto& e : it->second.lru)
+            if (e.key == key) return e.at >= t;
+    return false;
+}
+
+std::vector<std::pair<std::string, std::string>> PrefixStore::bodies(const std::string& model,
+                                                                     const std::function<bool(const std::string&)>& wanted,
+                                                                     std::chrono::steady_clock::time_point before) const {
     std::vector<std::pair<std::string, std::string>> entries;
     {
         std::lock_guard lock(m_);
         if (auto it = models_.find(model); it != models_.end())
-            for (const auto& e : it->second.lru) entries.emplace_back(e.key, e.body);
+            for (const auto& e : it->second.lru)
+                if (e.at < before) entries.emplace_back(e.key, e.body);
     }
-    std::vector<std::string> out;
-    for (auto& [key, body] : entries)  // `wanted` runs unlocked: it may take other locks
-        if (!wanted || wanted(key)) out.push_back(std::move(body));
-    return out;
+    if (wanted)  // unlocked: it may take other locks
+        std::erase_if(entries, [&](const auto& e) { return !wanted(e.first); });
+    return entries;
 }
 
 bool PrefixStore::dirty() const {
@@ -314,7 +324,7 @@ void Warmer::run() {
 }
 
 void Warmer::warm(const Job& job) {
-    auto bodies = store_.bodies(job.model, job.wanted);
+    auto bodies = store_.bodies(job.model, job.wanted, job.since);
     if (bodies.empty()) return;
     // A backend with one slot (llama-server -np 1) runs one request at a time: a replay there
     // holds the slot against the live requests that are sure to come (a 16k-token replay kept a
@@ -337,13 +347,16 @@ void Warmer::warm(const Job& job) {
     log::info("warmup", "endpoint " + job.ep.name + " is back: replaying " + std::to_string(bodies.size()) +
                             " prompt prefixes of model " + job.model);
     size_t sent = 0;
-    for (const auto& body : bodies) {
+    for (const auto& [key, body] : bodies) {
         // Wait (bounded) for a moment without real traffic on this endpoint.
         for (int i = 0; i < 600 && job.health->in_flight.load() > 0; ++i) {
             std::unique_lock lock(m_);
             if (cv_.wait_for(lock, milliseconds(100), [&] { return stop_; })) return;
         }
         if (job.health->in_flight.load() > 0 || !job.health->healthy()) break;
+        // A turn of this conversation completed since the endpoint came back (often the very
+        // request that proved it back): its prefix is warm where it ran, so no replay.
+        if (store_.served_since(job.model, key, job.since)) continue;
         pulse_upstream_req req;
         std::string wb = warm_body(body);
         if (wb.empty()) continue;

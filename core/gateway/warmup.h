@@ -5,6 +5,7 @@
 // that endpoint, and is cancelled as soon as one starts.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -31,9 +32,13 @@ public:
 
     // Records the upstream body of a request (the newest body per key wins; LRU eviction).
     void remember(const std::string& model, const std::string& key, std::string_view upstream_body);
-    // Most recent first; with `wanted`, only the conversations it accepts (by key).
-    std::vector<std::string> bodies(const std::string& model,
-                                    const std::function<bool(const std::string& key)>& wanted = nullptr) const;
+    // (key, body), most recent first; with `wanted`, only the conversations it accepts (by key);
+    // only those whose latest turn was remembered before `before`.
+    std::vector<std::pair<std::string, std::string>> bodies(
+        const std::string& model, const std::function<bool(const std::string& key)>& wanted = nullptr,
+        std::chrono::steady_clock::time_point before = std::chrono::steady_clock::time_point::max()) const;
+    // Whether conversation `key` of `model` had a turn complete at or after `t`.
+    bool served_since(const std::string& model, const std::string& key, std::chrono::steady_clock::time_point t) const;
 
     // Persistence (the file holds prompts: created 0600, replaced atomically).
     void load(const std::filesystem::path& file);
@@ -43,6 +48,7 @@ public:
 private:
     struct Entry {
         std::string key, body;
+        std::chrono::steady_clock::time_point at;  // when its latest turn completed
     };
     struct Model {
         std::list<Entry> lru;  // front = most recent
@@ -79,6 +85,9 @@ private:
         config::Endpoint ep;
         std::shared_ptr<EndpointHealth> health;
         std::function<bool(const std::string& key)> wanted;  // replay: which conversations (null = all)
+        // replay: when the endpoint came back; a conversation whose latest turn completed since
+        // then ran on a healthy gateway already and needs no replay
+        std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
     };
     // What is known of an endpoint's slot persistence (keyed by URL).
     struct Slots {
