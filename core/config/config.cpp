@@ -267,6 +267,7 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
     t.integer("context_window", m.context_window, 0, int64_t(1) << 32);
     t.str("reasoning_output", m.reasoning_output);
     t.str("routing", m.routing);
+    t.boolean("resume", m.resume);
     if (m.routing != "failover" && m.routing != "round_robin" && m.routing != "sticky")
         t.fail(*mt.get("routing"), "'" + t.qualified("routing") + "' must be \"failover\", \"round_robin\" or \"sticky\"");
     if (m.reasoning_output != "summary" && m.reasoning_output != "raw" && m.reasoning_output != "both")

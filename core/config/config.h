@@ -47,6 +47,9 @@ struct Model {
     // first healthy in config order), "round_robin" (rotating), "sticky" (each conversation
     // to one endpoint by weighted rendezvous hashing, so it lands where its prefix is cached).
     std::string routing = "failover";
+    // Mid-stream resume (docs/OPERATIONS.md, "Mid-stream resume"): a response whose backend
+    // fails after output reached the client continues on another endpoint.
+    bool resume = true;
     Sampling sampling;
     std::string profile_options_json = "null";  // [models.X.profile_options] as JSON
     // How model reasoning reaches the client: "summary" (shown by Codex by default), "raw"

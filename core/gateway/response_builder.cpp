@@ -115,12 +115,13 @@ std::string ResponseBuilder::response_json(std::string_view status, bool termina
     else o.null();
     if (terminal) {
         // Always present, always integers: Codex's auto-compaction is driven by these numbers.
+        const Usage u = usage_totals();
         o.key("usage").begin();
-        o.kv("input_tokens", usage_.input);
-        o.key("input_tokens_details").begin().kv("cached_tokens", usage_.cached).end();
-        o.kv("output_tokens", usage_.output);
-        o.key("output_tokens_details").begin().kv("reasoning_tokens", usage_.reasoning).end();
-        o.kv("total_tokens", usage_.input + usage_.output);
+        o.kv("input_tokens", u.input);
+        o.key("input_tokens_details").begin().kv("cached_tokens", u.cached).end();
+        o.kv("output_tokens", u.output);
+        o.key("output_tokens_details").begin().kv("reasoning_tokens", u.reasoning).end();
+        o.kv("total_tokens", u.input + u.output);
         o.end();
     }
     o.end();
@@ -257,6 +258,7 @@ pulse_status_t ResponseBuilder::text(std::string_view t) {
     if (ended_) return PULSE_E_INVALID_ARGUMENT;
     if (t.empty()) return PULSE_OK;
     if (!current_ || items_[*current_].type != Item::message) open_item(Item::message);
+    ++attempt_deltas_;
     Item& it = items_[*current_];
     it.text += t;
     event("response.output_text.delta", [&](JsonOut& o) {
@@ -271,6 +273,7 @@ pulse_status_t ResponseBuilder::reasoning(std::string_view t) {
     if (t.empty()) return PULSE_OK;
     if (!current_ || items_[*current_].type != Item::reasoning) open_item(Item::reasoning);
     ++reasoning_deltas_;
+    ++attempt_deltas_;
     Item& it = items_[*current_];
     uint64_t oi = *current_;
     if (reasoning_mode_ != ReasoningOutput::raw) {
@@ -331,6 +334,7 @@ pulse_status_t ResponseBuilder::tool_args(uint32_t index, std::string_view fragm
     if (!it.open || (it.type != Item::function_call && it.type != Item::custom_tool_call) || it.tool_index != index)
         return PULSE_E_INVALID_ARGUMENT;  // deltas must follow their own begin, in order
     it.args += fragment;
+    ++attempt_deltas_;
     uint64_t oi = *current_;
     if (it.type == Item::function_call)
         event("response.function_call_arguments.delta",
@@ -366,6 +370,44 @@ pulse_status_t ResponseBuilder::usage(const pulse_usage_t& u) {
     usage_.reasoning = std::min(u.reasoning_tokens >= 0 ? u.reasoning_tokens : reasoning_deltas_, usage_.output);
     usage_.reported = true;
     return PULSE_OK;
+}
+
+std::optional<ResponseBuilder::Partial> ResponseBuilder::resume_point() const {
+    if (ended_) return std::nullopt;
+    Partial p;
+    for (const auto& it : items_) {
+        switch (it.type) {
+            case Item::message: p.text += it.text; break;
+            case Item::reasoning: p.reasoning += it.raw_started ? it.raw : it.summary; break;
+            default: return std::nullopt;
+        }
+    }
+    return p;
+}
+
+void ResponseBuilder::begin_resume() {
+    failure_.reset();
+    finish_.reset();
+    Usage spent = usage_;
+    if (!spent.reported) spent = Usage{0, 0, attempt_deltas_, std::min(reasoning_deltas_, attempt_deltas_), true};
+    carried_.input += spent.input;
+    carried_.cached += spent.cached;
+    carried_.output += spent.output;
+    carried_.reasoning += spent.reasoning;
+    carried_.reported = true;
+    usage_ = Usage{};
+    attempt_deltas_ = 0;
+    reasoning_deltas_ = 0;
+}
+
+ResponseBuilder::Usage ResponseBuilder::usage_totals() const {
+    Usage u = usage_;
+    u.input += carried_.input;
+    u.cached += carried_.cached;
+    u.output += carried_.output;
+    u.reasoning += carried_.reasoning;
+    u.reported = usage_.reported || carried_.reported;
+    return u;
 }
 
 pulse_status_t ResponseBuilder::error(pulse_status_t status, std::string_view message) {

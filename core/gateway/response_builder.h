@@ -49,6 +49,20 @@ public:
     // Fails the response with a message (profile error, backend failure after acceptance).
     void fail(pulse_status_t status, std::string_view message);
 
+    // Mid-stream resume. What the client has of the answer, if the response can be continued
+    // from there: not ended, and no tool call shown (a call is delivered whole or not at all,
+    // and no backend continues one from inside its arguments).
+    struct Partial {
+        std::string text, reasoning;
+    };
+    std::optional<Partial> resume_point() const;
+    // The next deltas continue this response from another backend: the recorded failure is
+    // dropped, the open item stays open (text continues it), and the failed attempt's usage is
+    // carried into the totals: what its backend reported, else its output deltas as tokens.
+    void begin_resume();
+    // True once the current backend attempt added output (all of them: has_output()).
+    bool attempt_has_output() const { return attempt_deltas_ > 0; }
+
     bool started() const { return started_; }
     bool ended() const { return ended_; }
     // True once anything beyond created/in_progress went out (no retry after that).
@@ -61,7 +75,7 @@ public:
         int64_t input = 0, cached = 0, output = 0, reasoning = 0;
         bool reported = false;
     };
-    const Usage& usage_totals() const { return usage_; }
+    Usage usage_totals() const;
     // The error a failed response carried (status and message), if any.
     std::optional<std::pair<pulse_status_t, std::string>> failure() const { return failure_; }
 
@@ -98,7 +112,9 @@ private:
     std::optional<pulse_finish_t> finish_;
     std::optional<std::pair<pulse_status_t, std::string>> failure_;
     std::optional<std::string> incomplete_reason_;
-    Usage usage_;
+    Usage usage_;    // the current attempt's
+    Usage carried_;  // earlier attempts' (mid-stream resume)
+    int64_t attempt_deltas_ = 0;
     std::string final_;
     bool started_ = false, ended_ = false, has_output_ = false;
     uint32_t call_counter_ = 0;

@@ -258,14 +258,73 @@ private:
         return true;
     }
 
+    // A fresh profile stream for the next attempt: the request's own, or while resuming, one
+    // that reads a continuation of what the client has (with the request that asks for it).
     pulse_status_t open_profile_stream() {
         if (stream_) vt_->stream_close(stream_);
         stream_ = nullptr;
         call_.reset();
-        return vt_->stream_open(rt_->instance, &call_, host::view(&doc_), &stream_);
+        if (!resume_req_) return vt_->stream_open(rt_->instance, &call_, host::view(&doc_), &stream_);
+        auto point = builder_->resume_point();
+        rapidjson::Document partial(rapidjson::kObjectType);
+        auto& a = partial.GetAllocator();
+        partial.AddMember("text", rapidjson::Value(point->text.c_str(), static_cast<rapidjson::SizeType>(point->text.size()), a), a);
+        partial.AddMember("reasoning",
+                          rapidjson::Value(point->reasoning.c_str(), static_cast<rapidjson::SizeType>(point->reasoning.size()), a), a);
+        resume_req_ = std::make_unique<pulse_upstream_req>();
+        resume_req_->body.call = &call_;
+        pulse_status_t rc = vt_->resume(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), host::view(&partial),
+                                        resume_req_.get(), &stream_);
+        resume_req_->body.call = nullptr;
+        if (rc == PULSE_OK && !resume_req_->body.complete()) {
+            rc = PULSE_E_INTERNAL;
+            call_.message = "profile '" + rt_->profile->registration.name + "' wrote an unusable resume request: " +
+                            resume_req_->body.incomplete_reason();
+            call_.has_message = true;
+        }
+        if (rc != PULSE_OK) {
+            if (stream_) vt_->stream_close(stream_);
+            stream_ = nullptr;
+        }
+        return rc;
     }
 
-    std::string_view upstream_body() const { return upreq_.body.text(); }
+    // What goes upstream now: the request, or the request to continue it.
+    const pulse_upstream_req& active_request() const { return resume_req_ ? *resume_req_ : upreq_; }
+    std::string_view upstream_body() const { return active_request().body.text(); }
+
+    // Mid-stream resume: endpoint `ep` failed (`why`) after this response's output began. When
+    // the model allows it and the profile can, the response continues on the next endpoint the
+    // failover loop tries (Attempt::retry), from exactly what the client has; otherwise nullopt
+    // and the caller ends the response as failed.
+    std::optional<Attempt> resume_elsewhere(const EndpointRef& ep, const std::string& why) {
+        // Bounded like any failover: the loop in serve() ends its rounds with the retry window.
+        if (!rt_->cfg->resume || !vt_->resume || gw_.cutting() || lost_) return std::nullopt;
+        auto point = builder_->resume_point();
+        if (!point) return std::nullopt;
+        gw_.endpoint_failed(ep, why, /*real_request=*/true);
+        builder_->begin_resume();
+        resume_req_ = std::make_unique<pulse_upstream_req>();  // marks the session as resuming
+        if (pulse_status_t rc = open_profile_stream(); rc != PULSE_OK) {
+            log::warn("responses", id_ + ": cannot resume after endpoint " + ep.cfg->name +
+                                       " failed: " + host::call_error(call_, rc, rt_->profile->plugin_id()));
+            resume_req_.reset();
+            return std::nullopt;
+        }
+        ++resumes_;
+        metrics::global()
+            .counter("pulse_resumed_streams_total", "responses continued on another endpoint after their backend failed mid-stream",
+                     {{"model", model_id_}, {"endpoint", ep.cfg->name}})
+            .add();
+        log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + "); resuming the response after " +
+                                   std::to_string(point->text.size()) + " bytes of text and " + std::to_string(point->reasoning.size()) +
+                                   " of reasoning on the next endpoint");
+        return Attempt::retry;
+    }
+
+    steady_clock::time_point window_end() const {
+        return t0_ + duration_cast<steady_clock::duration>(duration<double>(cfg_.upstream.retry_window_s));
+    }
 
     // Sends what is queued to the client, unless the stream loop is the one sending now.
     void flush() {
@@ -299,7 +358,7 @@ private:
         if (!ep.backend) {
             for (bool fresh = false;; fresh = true) {
                 UpEvent error;
-                std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, upreq_, cfg_.upstream, fresh, error);
+                std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, active_request(), cfg_.upstream, fresh, error);
                 Attempt a = body ? relay(std::move(body), ep) : on_event(std::move(error), ep).value_or(Attempt::retry);
                 if (a != Attempt::again || fresh) return a == Attempt::again ? Attempt::retry : a;
                 log::info("upstream", "the backend had closed the pooled connection to " + ep.cfg->name + "; sending again on a fresh one");
@@ -400,7 +459,7 @@ private:
                     }
                     return Attempt::final;
                 }
-                if (!builder_->has_output()) {
+                if (!builder_->attempt_has_output()) {
                     // Nothing of this attempt reached the client (at most the role chunk, which
                     // carries no output): another endpoint, or this one later, may serve it.
                     log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + e.text);
@@ -408,6 +467,7 @@ private:
                     if (fed_ && open_profile_stream() != PULSE_OK) return Attempt::final;  // the profile starts afresh
                     return Attempt::retry;
                 }
+                if (auto a = resume_elsewhere(ep, e.text)) return *a;
                 call_.reset();
                 vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
                 outcome_ = outcome_of(builder_->end(PULSE_STREAM_TRUNCATED, e.text));
@@ -422,6 +482,13 @@ private:
                     outcome_ = Outcome::failed;
                     return Attempt::served;
                 }
+                // The engine reported an error inside the stream (vLLM's {"error":...} event)
+                // after output began: the endpoint failed mid-stream, as if it had dropped.
+                if (auto f = builder_->failure(); f && retryable(f->first) && builder_->attempt_has_output()) {
+                    last_status_ = f->first;
+                    last_error_ = f->second;
+                    if (auto a = resume_elsewhere(ep, "the backend reported an error mid-stream: " + f->second)) return *a;
+                }
                 keepalive_if_due();
                 return std::nullopt;
             }
@@ -432,7 +499,7 @@ private:
                 outcome_ = builder_->ended() ? (builder_->failure() ? Outcome::failed : Outcome::completed)
                                              : outcome_of(builder_->end(PULSE_STREAM_CLEAN));
                 if (outcome_ == Outcome::completed || outcome_ == Outcome::incomplete) {
-                    gw_.prefixes_->remember(model_id_, conversation_, upstream_body());
+                    gw_.prefixes_->remember(model_id_, conversation_, upreq_.body.text());
                     if (gw_.warmer_ && !ep.backend) gw_.warmer_->served(*ep.cfg, ep.health);
                 }
                 return Attempt::served;
@@ -489,7 +556,7 @@ private:
     }
 
     void serve() {
-        const auto deadline = t0_ + duration_cast<steady_clock::duration>(duration<double>(cfg_.upstream.retry_window_s));
+        const auto deadline = window_end();
         const size_t regular = static_cast<size_t>(
             std::count_if(rt_->endpoints.begin(), rt_->endpoints.end(), [](const EndpointRef& e) { return !e.cfg->last_resort; }));
         milliseconds backoff(250);
@@ -621,6 +688,7 @@ private:
         log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + name(outcome_) + " in=" + std::to_string(u.input) +
                                    " cached=" + std::to_string(u.cached) + " out=" + std::to_string(u.output) +
                                    " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +
+                                   (resumes_ ? " resumed=" + std::to_string(resumes_) : std::string()) +
                                    " total_ms=" + std::to_string(duration_cast<milliseconds>(steady_clock::now() - t0_).count()));
     }
 
@@ -642,6 +710,8 @@ private:
     pulse_upstream_req upreq_;
     void* stream_ = nullptr;
     std::unique_ptr<ResponseBuilder> builder_;
+    std::unique_ptr<pulse_upstream_req> resume_req_;  // set while the response is being resumed
+    int resumes_ = 0;
 
     ClientWriter writer_;
     bool lost_ = false;

@@ -67,6 +67,24 @@ pulse_status_t profile_stream_open(void* instance, pulse_call_t* call, const pul
     });
 }
 
+pulse_status_t profile_resume(void* instance, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
+                              const pulse_json_t* partial, pulse_upstream_req_t* out, void** out_stream) {
+    return guard(g_host, call, [&] {
+        auto& p = *static_cast<Profile*>(instance);
+        Json req(g_host->json, request);
+        Json part(g_host->json, partial);
+        Partial resume{std::string(part["text"].string_or("")), std::string(part["reasoning"].string_or(""))};
+        auto info = request_info(p.options, req);
+        Writer w(g_host->json, g_host->request->body(out));
+        write_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log, &resume);
+        g_host->request->set_path(out, str("/chat/completions"));
+        auto stream = std::make_unique<Stream>(Stream{ChunkTranslator(g_host, std::move(info))});
+        stream->translator.expect_echo(resume);
+        *out_stream = stream.release();
+        return PULSE_OK;
+    });
+}
+
 pulse_status_t profile_stream_feed(void* stream, pulse_call_t* call, pulse_str_t data, pulse_delta_sink_t* sink) {
     return guard(g_host, call, [&] { return static_cast<Stream*>(stream)->translator.feed(call, view(data), sink); });
 }

@@ -446,13 +446,30 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
 }  // namespace
 
 void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
-                   const Json& model, const RequestInfo& info, Writer& w, const Log& log) {
+                   const Json& model, const RequestInfo& info, Writer& w, const Log& log, const Partial* resume) {
     w.begin_object();
     w.kv("model", model["upstream_model"].string_or(model["id"].string_or("")));
 
+    std::vector<Message> messages = build_messages(host, call, opt, req, log);
+    if (resume) {
+        // The partial answer is the message to continue. A history that already ends with an
+        // assistant message (one without calls: a partial answer Codex kept) gets it joined, as
+        // two assistant messages at the end are refused (llama-server) or read as two turns.
+        if (messages.empty() || messages.back().role != "assistant" || !messages.back().calls.empty()) {
+            Message m;
+            m.role = "assistant";
+            messages.push_back(std::move(m));
+        }
+        Message& last = messages.back();
+        std::string text = last.text() + resume->text;
+        last.parts.clear();
+        last.parts.push_back(Part::made(std::move(text)));
+        last.reasoning += resume->reasoning;
+    }
+
     // messages
     w.key("messages").begin_array();
-    for (const auto& m : build_messages(host, call, opt, req, log)) {
+    for (const auto& m : messages) {
         w.begin_object().kv("role", m.role);
         w.key("content");
         write_content(w, m);
@@ -592,6 +609,7 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
         }
     }
 
+    if (resume) w.key("continue_final_message").boolean(true).key("add_generation_prompt").boolean(false);
     w.key("stream").boolean(true);
     w.key("stream_options").begin_object().key("include_usage").boolean(true).end_object();
     w.end_object();
@@ -618,13 +636,20 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         // vLLM >= 0.12 says "reasoning"; older vLLM and llama-server say "reasoning_content".
         for (std::string_view field : {"reasoning", "reasoning_content"}) {
             if (auto r = delta[field].string(); r && !r->empty()) {
-                if (pulse_status_t s = d->reasoning(sink, str(*r)); s != PULSE_OK) return s;
+                std::string fresh = echo_reasoning_.take(*r);
+                if (!fresh.empty())
+                    if (pulse_status_t s = d->reasoning(sink, str(fresh)); s != PULSE_OK) return s;
                 break;
             }
         }
         if (auto c = delta["content"].string(); c && !c->empty()) {
-            if (info_.forced.active) forced_content_ += *c;
-            else if (pulse_status_t s = d->text(sink, str(*c)); s != PULSE_OK) return s;
+            std::string fresh = echo_text_.take(*c);
+            if (fresh.empty()) {
+            } else if (info_.forced.active) {
+                forced_content_ += fresh;
+            } else if (pulse_status_t s = d->text(sink, str(fresh)); s != PULSE_OK) {
+                return s;
+            }
         }
         Json tcs = delta["tool_calls"];
         for (size_t i = 0; i < tcs.size(); ++i) {
@@ -658,6 +683,26 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;
     }
     return PULSE_OK;
+}
+
+void ChunkTranslator::expect_echo(const Partial& p) {
+    echo_text_ = Echo{p.text, "", p.text.empty()};
+    echo_reasoning_ = Echo{p.reasoning, "", p.reasoning.empty()};
+}
+
+std::string ChunkTranslator::Echo::take(std::string_view d) {
+    if (done) return std::string(d);
+    if (d.size() >= left.size() && d.substr(0, left.size()) == left) {  // the repeat ends here
+        done = true;
+        return std::string(d.substr(left.size()));
+    }
+    if (left.compare(0, d.size(), d) == 0) {  // still inside it
+        held += d;
+        left.erase(0, d.size());
+        return {};
+    }
+    done = true;  // not a repeat: what was held back is output after all
+    return std::move(held) + std::string(d);
 }
 
 pulse_status_t ChunkTranslator::emit_call(pulse_call_t* call, pulse_delta_sink_t* sink, uint32_t index,

@@ -66,11 +66,20 @@ struct RequestInfo {
 // Reads tools and tool_choice (used by build_request and by stream_open).
 RequestInfo request_info(const Options& opt, const Json& req);
 
+// What the client already has of an answer that is being resumed on another endpoint.
+struct Partial {
+    std::string text, reasoning;
+};
+
 // Writes the Chat Completions body for a Responses request. `model` is the host's model view
 // ({id, upstream_model, sampling{...}, context_window}). Throws pulse::Error.
 // Invalid history arguments are replaced (and logged through `log`), never sent through broken.
+// With `resume`, the body asks the backend to continue that partial answer: it is the last
+// message, an assistant message the server continues instead of closing (vLLM and llama-server
+// both read `continue_final_message: true` with `add_generation_prompt: false`).
 void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
-                   const Json& model, const RequestInfo& info, Writer& w, const Log& log);
+                   const Json& model, const RequestInfo& info, Writer& w, const Log& log,
+                   const Partial* resume = nullptr);
 
 // Streaming side: one upstream payload at a time -> deltas.
 class ChunkTranslator {
@@ -81,8 +90,21 @@ public:
     pulse_status_t feed(pulse_call_t* call, std::string_view data, pulse_delta_sink_t* sink);
     // The upstream ended.
     pulse_status_t finish(pulse_call_t* call, pulse_stream_end_t how, pulse_delta_sink_t* sink);
+    // This stream reads a continuation of `p`. A server that does not know
+    // continue_final_message (llama-server before it had it) still continues a trailing
+    // assistant message, but repeats it at the start of the stream: a repeat of the whole
+    // partial text (or reasoning) in the first deltas is dropped, anything else passes.
+    void expect_echo(const Partial& p);
 
 private:
+    // An expected repeat of what the client already has, on one channel.
+    struct Echo {
+        std::string left;  // not yet matched
+        std::string held;  // matched so far, not yet emitted
+        bool done = true;
+        // Returns the text to emit now from delta `d`.
+        std::string take(std::string_view d);
+    };
     struct PendingCall {
         std::string id, name, args;
     };
@@ -96,6 +118,7 @@ private:
     std::string forced_content_;            // schema-forced output is JSON in content
     std::optional<pulse_finish_t> finish_;
     uint32_t emitted_calls_ = 0;
+    Echo echo_text_, echo_reasoning_;
 };
 
 // Classifies an upstream HTTP error body (vLLM and llama-server shapes).

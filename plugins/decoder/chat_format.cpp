@@ -82,6 +82,19 @@ std::string render_chat(const rapidjson::Value& req, bool* thinking_out) {
         const auto& kw = req["chat_template_kwargs"];
         if (kw.HasMember("enable_thinking") && kw["enable_thinking"].IsBool()) thinking = kw["enable_thinking"].GetBool();
     }
+    // Continuing the last (assistant) message instead of answering after it, as vLLM and
+    // llama-server do with continue_final_message (mid-stream resume sends this).
+    const bool cont = req.HasMember("continue_final_message") && req["continue_final_message"].IsTrue();
+    if (cont) {
+        if (!(req.HasMember("add_generation_prompt") && req["add_generation_prompt"].IsFalse()))
+            throw std::invalid_argument("continue_final_message needs add_generation_prompt: false");
+        if (msgs.Empty() || str(msgs[msgs.Size() - 1], "role") != "assistant")
+            throw std::invalid_argument("continue_final_message: the last message is not an assistant message");
+        const auto& last = msgs[msgs.Size() - 1];
+        if (last.HasMember("tool_calls") && last["tool_calls"].IsArray() && !last["tool_calls"].Empty())
+            throw std::invalid_argument("cannot continue an assistant message that contains tool calls");
+    }
+    const size_t rendered = cont ? msgs.Size() - 1 : msgs.Size();
     if (thinking_out) *thinking_out = thinking;
     std::string out;
     // System turn: the system/developer messages first, then the tool definitions.
@@ -101,7 +114,7 @@ std::string render_chat(const rapidjson::Value& req, bool* thinking_out) {
     size_t last_user = 0;
     for (size_t i = 0; i < msgs.Size(); ++i)
         if (str(msgs[static_cast<rapidjson::SizeType>(i)], "role") == "user") last_user = i;
-    for (size_t i = 0; i < msgs.Size(); ++i) {
+    for (size_t i = 0; i < rendered; ++i) {
         const auto& m = msgs[static_cast<rapidjson::SizeType>(i)];
         std::string role = str(m, "role");
         if (role == "system" || role == "developer") continue;
@@ -130,7 +143,24 @@ std::string render_chat(const rapidjson::Value& req, bool* thinking_out) {
         }
     }
     out += "<|im_start|>assistant\n";
-    out += thinking ? "<think>\n" : "<think>\n\n</think>\n\n";
+    if (!cont) {
+        out += thinking ? "<think>\n" : "<think>\n\n</think>\n\n";
+        return out;
+    }
+    // The continued message: its reasoning stays open when it has no content yet (the model
+    // goes on thinking, as llama-server's automatic continuation does), else it is closed and
+    // the content goes on.
+    const auto& last = msgs[msgs.Size() - 1];
+    std::string reasoning = str(last, "reasoning_content");
+    if (reasoning.empty()) reasoning = str(last, "reasoning");
+    std::string content = content_of(last);
+    if (thinking && content.empty()) {
+        out += "<think>\n" + reasoning;
+        return out;
+    }
+    out += thinking || !reasoning.empty() ? "<think>\n" + reasoning + "\n</think>\n\n" : "<think>\n\n</think>\n\n";
+    out += content;
+    if (thinking_out) *thinking_out = false;  // the output is content
     return out;
 }
 

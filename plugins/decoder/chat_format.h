@@ -14,8 +14,11 @@ namespace pulse::decoder {
 // `request` is a Chat Completions body: messages (system/developer, user, assistant with
 // content, reasoning_content and tool_calls, tool), tools, chat_template_kwargs.enable_thinking
 // (default true). The prompt ends with the assistant generation prompt: "<think>\n" when
-// thinking, "<think>\n\n</think>\n\n" when not. Throws std::invalid_argument for a message it
-// cannot render (an unknown role, tool_calls with unparsable arguments).
+// thinking, "<think>\n\n</think>\n\n" when not. With continue_final_message: true (and
+// add_generation_prompt: false) the last message, an assistant message, is continued instead:
+// inside its reasoning when it has reasoning and no content, else after its content. `thinking`
+// says whether the output starts inside a <think> block. Throws std::invalid_argument for a
+// message it cannot render (an unknown role, tool_calls with unparsable arguments).
 std::string render_chat(const rapidjson::Value& request, bool* thinking = nullptr);
 
 // Incremental parser of the model's output. Feed text as it is generated; it returns what can

@@ -45,7 +45,7 @@ for row in "${examples[@]}"; do
     install -m 0755 "$so" "$site/plugins/"
     printf '[plugins]\ndirs = ["plugins"]\ndropin_dirs = []\nrequire = ["%s"]\n' "$id" >"$site/pulse.toml"
     out=$(env -u PULSE_PLUGIN_DIRS "$pulse" plugins --config "$site/pulse.toml") || { echo "$out" >&2; exit 1; }
-    grep -Eq "^${id//./\\.} +backend +1\.0\.0 +1\.0 +loaded .*backend $backend" <<<"$out" || {
+    grep -Eq "^${id//./\\.} +backend +1\.0\.0 +1\.[0-9]+ +loaded .*backend $backend" <<<"$out" || {
       echo "$out" >&2
       echo "check-examples: $dir built with $build did not load" >&2
       exit 1

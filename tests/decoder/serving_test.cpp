@@ -103,6 +103,25 @@ TEST_CASE("chat format: thinking off, reasoning of earlier turns dropped, no too
                     std::invalid_argument);
 }
 
+TEST_CASE("chat format: continue_final_message continues the last assistant message inside its reasoning or after its content") {
+    const std::string head = R"({"continue_final_message":true,"add_generation_prompt":false,"messages":[{"role":"user","content":"hi"},)";
+    bool thinking = false;
+    // Reasoning only: the think block stays open and the output is reasoning.
+    std::string p = render_chat(json(head + R"({"role":"assistant","content":"","reasoning_content":"First I"}]})"), &thinking);
+    CHECK(thinking);
+    CHECK(p == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\nFirst I");
+    // Content: the reasoning is closed, the content continues, the output is content.
+    p = render_chat(json(head + R"({"role":"assistant","content":"The answer","reasoning_content":"Easy."}]})"), &thinking);
+    CHECK_FALSE(thinking);
+    CHECK(p == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\nEasy.\n</think>\n\nThe answer");
+    CHECK_THROWS_WITH_AS(render_chat(json(R"({"continue_final_message":true,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"x"}]})")),
+                         doctest::Contains("add_generation_prompt: false"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(render_chat(json(head + R"({"role":"user","content":"x"}]})")), doctest::Contains("not an assistant message"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(render_chat(json(head + R"({"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]})")),
+                         doctest::Contains("tool calls"), std::invalid_argument);
+}
+
 TEST_CASE("output parser: think block, text, a typed XML tool call, fed one character at a time") {
     auto tools = json(kTools);
     OutputParser p(&tools, true);

@@ -133,10 +133,13 @@ TEST_CASE("health: degraded (503) when a model has no healthy endpoint") {
     CHECK(get(gw.port, "/health").find(R"("status":"degraded")") != std::string::npos);
 }
 
-TEST_CASE("backend dies mid-stream: response.failed, and no retry elsewhere after output") {
+TEST_CASE("backend dies mid-stream with resume = false: response.failed, and no retry elsewhere after output") {
+    // (With resume on, the default, the response continues elsewhere: gateway/resume_test.cpp.)
     FakeBackend dying(R"({"turns":[{"content":"partial answer that","truncate":true}]})");
     FakeBackend spare(R"({"turns":[{"content":"should not be asked"}]})");
-    Gateway gw(model_toml({dying.url(), spare.url()}), "", std::string(kFast) + "retry_window_s = 10\n");
+    std::string models = model_toml({dying.url(), spare.url()});
+    models.insert(models.find("[[models"), "resume = false\n");
+    Gateway gw(models, "", std::string(kFast) + "retry_window_s = 10\n");
     auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
     CHECK(st.terminal == "response.failed");
     CHECK(spare.requests().empty());

@@ -1,6 +1,7 @@
 // Test translation profile "reloadable", built twice (PROFILE_TAG "v1" / "v2"). It translates
 // like the shipped profiles (it links the shared Chat Completions translation) and starts every
-// answer with "[TAG] ", so a test can tell which generation served a stream.
+// answer with "[TAG] ", so a test can tell which generation served a stream. With -DSDK_1_0 it
+// registers as a plugin built against SDK 1.0 does (minor 0, the 1.0 vtable size: no resume).
 #include <pulse/plugin.hpp>
 
 #include <memory>
@@ -42,8 +43,21 @@ void stream_close(void* stream) {
 
 const pulse_translation_vt_t kProfile = {
     sizeof(pulse_translation_vt_t), "reloadable", pulse::chat::profile_create, pulse::chat::profile_destroy,
-    pulse::chat::profile_build_request, stream_open, stream_feed, stream_finish, stream_close, nullptr,
+    pulse::chat::profile_build_request, stream_open, stream_feed, stream_finish, stream_close, nullptr, nullptr,
 };
+#ifdef SDK_1_0
+// What a plugin built against the 1.0 header hands the host: the vtable without the 1.1 tail.
+constexpr uint32_t kProfileSize = offsetof(pulse_translation_vt_t, resume);
+const pulse_translation_vt_t kProfile10 = [] {
+    pulse_translation_vt_t v = kProfile;
+    v.struct_size = kProfileSize;
+    return v;
+}();
+#define PROFILE_VT kProfile10
+#else
+constexpr uint32_t kProfileSize = sizeof kProfile;
+#define PROFILE_VT kProfile
+#endif
 
 int g_inits = 0;
 pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
@@ -59,7 +73,7 @@ pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_c
     *state = &g_inits;
     ++g_inits;
     return pulse::guard(host, call, [&] {
-        return host->register_translation(ctx, &kProfile, sizeof kProfile, const_cast<pulse::chat::Dialect*>(&kDialect));
+        return host->register_translation(ctx, &PROFILE_VT, kProfileSize, const_cast<pulse::chat::Dialect*>(&kDialect));
     });
 }
 
@@ -67,10 +81,17 @@ void deinit(void*) {
     pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "reloadable " PROFILE_TAG ": deinit");
 }
 
+#ifdef SDK_1_0
+const pulse_plugin_info_t kInfo = {
+    sizeof(pulse_plugin_info_t), PULSE_ABI_MAJOR, 0, 0, 0, 0, PULSE_KIND_TRANSLATION, "test.reloadable", PROFILE_TAG,
+    PULSE_BUILD_INFO, nullptr, init, deinit,
+};
+#else
 const pulse_plugin_info_t kInfo = {
     PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_TRANSLATION, "test.reloadable", PROFILE_TAG),
     PULSE_BUILD_INFO, nullptr, init, deinit,
 };
+#endif
 
 }  // namespace
 

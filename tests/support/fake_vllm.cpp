@@ -25,6 +25,27 @@
 //   "usage": {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"}
 //   "match": text              the turn for any request whose body contains text (checked
 //                               first, in order; requests matching none use the rule above)
+//   "die_after": N, "die": how  fail mid-stream after N output deltas (reasoning, content and
+//                               tool-call deltas; the role chunk is not one): "drop" (default)
+//                               closes the connection, "kill" SIGKILLs this process (kill -9),
+//                               "error" sends an {"error":{...}} event then [DONE], "stall"
+//                               sends nothing more for "stall_ms" (default 60000) then ends.
+//                               A continuation request (below) does not fail unless
+//                               "die_on_continuation" is true.
+// Continuation (assistant prefill) as the real servers do it, so mid-stream resume is tested
+// against their rules. A request whose last message is an assistant message continues it:
+//   vllm flavor: only with "continue_final_message": true and "add_generation_prompt": false
+//     (both true is a 400, as in vLLM; a trailing assistant message without the flag is a
+//     closed turn and the answer starts over). The chat template closes the reasoning of the
+//     continued message, so the answer goes on with content: the scripted content minus the
+//     prefilled content when it starts with it, no more reasoning.
+//   llamacpp flavor: continue_final_message true / "content" / "reasoning_content" (with
+//     add_generation_prompt false, else a 400), or implicitly without the field (llama-server's
+//     prefill). Automatic mode continues the reasoning when the message has reasoning and no
+//     content, else the content. An implicit prefill repeats the prefilled reasoning and
+//     content in the first deltas (llama-server's echo); an explicit one does not. A continued
+//     message with tool_calls is a 400. Top-level "legacy_prefill": true ignores the field, as
+//     llama-server builds from before it had it do (every continuation is an implicit one).
 // "spec": {"drafts_per_request": D, "accept": [p1, p2, ...]} simulates MTP counters: each
 // streamed response adds D drafts of K = len(accept) tokens and round(D * p_i) accepted at
 // position i to /metrics (vLLM names; the llamacpp flavor also reports timings.draft_n*).
@@ -58,6 +79,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -287,6 +309,38 @@ public:
                 return;
             }
         }
+        // Continuation: what the answer continues from, and on which channel.
+        bool continuing = false, echo = false, cont_reasoning = false;
+        std::string pre_reasoning, pre_content;
+        if (rq.IsObject() && rq.HasMember("messages") && rq["messages"].IsArray() && !rq["messages"].Empty()) {
+            const auto& last = rq["messages"].GetArray()[rq["messages"].Size() - 1];
+            bool agp = !(rq.HasMember("add_generation_prompt") && rq["add_generation_prompt"].IsFalse());
+            const rapidjson::Value* cf = rq.HasMember("continue_final_message") ? &rq["continue_final_message"] : nullptr;
+            std::string cmode = !cf ? "" : cf->IsTrue() ? "auto" : cf->IsString() ? cf->GetString() : "";
+            if (g_flavor == "llamacpp" && cmode != "auto" && cmode != "content" && cmode != "reasoning_content") cmode.clear();
+            if (g_script.HasMember("legacy_prefill") && g_script["legacy_prefill"].IsTrue()) cmode.clear();
+            auto refuse = [&](const std::string& msg) {
+                std::string b = R"({"error":{"code":400,"message":)" + quote(msg) + R"(,"type":"invalid_request_error"}})";
+                resp.setStatus(Poco::Net::HTTPResponse::HTTP_BAD_REQUEST);
+                resp.setContentType("application/json");
+                resp.sendBuffer(b.data(), b.size());
+                record(R"({"served":0,"status":400})");
+            };
+            if (!cmode.empty() && agp)
+                return refuse(g_flavor == "llamacpp" ? "Cannot set both add_generation_prompt and continue_final_message to true."
+                                                     : "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+            bool assistant_last = last.IsObject() && get_str(last, "role") == "assistant";
+            if (assistant_last && (!cmode.empty() || g_flavor == "llamacpp")) {
+                if (g_flavor == "llamacpp" && last.HasMember("tool_calls") && last["tool_calls"].IsArray() && !last["tool_calls"].Empty())
+                    return refuse("Cannot continue an assistant message that contains tool calls.");
+                continuing = true;
+                echo = cmode.empty();  // llama-server's implicit prefill repeats itself
+                pre_content = get_str(last, "content");
+                pre_reasoning = get_str(last, "reasoning_content", get_str(last, "reasoning"));
+                if (g_flavor == "llamacpp")
+                    cont_reasoning = cmode == "reasoning_content" || ((cmode.empty() || cmode == "auto") && !pre_reasoning.empty() && pre_content.empty());
+            }
+        }
         int served = ++g_served;
         if (served <= get_int(g_script, "fail_first", 0)) {
             int64_t st = get_int(g_script, "fail_status", 503);
@@ -366,14 +420,63 @@ public:
             return;
         }
         std::string rfield = get_str(turn, "reasoning_field", g_flavor == "llamacpp" ? "reasoning_content" : "reasoning");
+        // What the model says: the scripted turn, or for a continuation what follows the prefill
+        // (a model that was not where the prefill says answers as scripted).
+        auto rest = [](const std::string& all, const std::string& done) {
+            return all.rfind(done, 0) == 0 ? all.substr(done.size()) : all;
+        };
+        std::string say_reasoning = get_str(turn, "reasoning"), say_content = get_str(turn, "content");
+        if (continuing) {
+            say_reasoning = cont_reasoning ? rest(say_reasoning, pre_reasoning) : "";
+            if (!cont_reasoning) say_content = rest(say_content, pre_content);
+        }
+        // Failing mid-stream, after die_after output deltas.
+        const int64_t die_after = continuing && !(turn.HasMember("die_on_continuation") && turn["die_on_continuation"].IsTrue())
+                                      ? -1
+                                      : get_int(turn, "die_after", -1);
+        const std::string die = get_str(turn, "die", "drop");
+        int outputs = 0;
+        bool died = false;
+        auto output = [&](const std::string& d) {
+            if (died) return;
+            if (outputs == die_after) {
+                died = true;
+                record(R"({"served":)" + std::to_string(served) + R"(,"chunks":)" + std::to_string(chunks) + R"(,"died":)" + quote(die) + "}");
+                if (die == "kill") ::kill(::getpid(), SIGKILL);
+                if (die == "error") {
+                    send(R"({"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root cause.","type":"InternalServerError","code":500}})");
+                    out << "data: [DONE]\n\n";
+                    out.flush();
+                } else if (die == "stall") {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(get_int(turn, "stall_ms", 60000)));
+                } else {
+                    out.flush();
+                    ::shutdown(static_cast<Poco::Net::HTTPServerRequestImpl&>(req).socket().impl()->sockfd(), SHUT_RDWR);
+                }
+                return;
+            }
+            ++outputs;
+            delta(d);
+        };
         int completion = 0, reasoning_tokens = 0;
-        for (const auto& w : words(get_str(turn, "reasoning"))) {
-            delta("{" + quote(rfield) + ":" + quote(w) + "}");
+        if (echo && !pre_reasoning.empty()) say_reasoning = pre_reasoning + say_reasoning;
+        if (echo && !cont_reasoning && !pre_content.empty()) say_content = pre_content + say_content;
+        auto pieces = [&](const std::string& text, const std::string& echoed) {
+            // The echo arrives whole in the first delta, as llama-server's first diff carries it.
+            std::vector<std::string> ws = words(text.substr(echoed.size()));
+            if (!echoed.empty()) {
+                if (ws.empty()) ws.push_back(echoed);
+                else ws.front() = echoed + ws.front();
+            }
+            return ws;
+        };
+        for (const auto& w : pieces(say_reasoning, echo ? pre_reasoning : "")) {
+            output("{" + quote(rfield) + ":" + quote(w) + "}");
             ++completion;
             ++reasoning_tokens;
         }
-        for (const auto& w : words(get_str(turn, "content"))) {
-            delta(R"({"content":)" + quote(w) + "}");
+        for (const auto& w : pieces(say_content, echo && !cont_reasoning ? pre_content : "")) {
+            output(R"({"content":)" + quote(w) + "}");
             ++completion;
         }
         int ncalls = 0;
@@ -381,13 +484,17 @@ public:
             for (const auto& tc : turn["tool_calls"].GetArray()) {
                 std::string args = tc["arguments"].IsString() ? tc["arguments"].GetString() : dump(tc["arguments"]);
                 std::string idx = std::to_string(ncalls);
-                delta(R"({"tool_calls":[{"index":)" + idx + R"(,"id":"chatcmpl-tool-)" + std::to_string(served) + "-" + idx +
-                      R"(","type":"function","function":{"name":)" + quote(tc["name"].GetString()) + R"(,"arguments":""}}]})");
+                output(R"({"tool_calls":[{"index":)" + idx + R"(,"id":"chatcmpl-tool-)" + std::to_string(served) + "-" + idx +
+                       R"(","type":"function","function":{"name":)" + quote(tc["name"].GetString()) + R"(,"arguments":""}}]})");
                 for (size_t p = 0; p < args.size(); p += split)
-                    delta(R"({"tool_calls":[{"index":)" + idx + R"(,"function":{"arguments":)" + quote(args.substr(p, split)) + "}}]}");
+                    output(R"({"tool_calls":[{"index":)" + idx + R"(,"function":{"arguments":)" + quote(args.substr(p, split)) + "}}]}");
                 completion += static_cast<int>(args.size() / 4 + 1);
                 ++ncalls;
             }
+        }
+        if (died) {
+            resp.setKeepAlive(false);
+            return;
         }
         if (turn.HasMember("truncate") && turn["truncate"].IsTrue()) {
             // Die mid-stream: no finish, no usage, no [DONE].

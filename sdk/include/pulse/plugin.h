@@ -26,6 +26,8 @@
  *        2026-12-01  before the first outside release, no layout change: the info macros are
  *                    plain C (here, not only in plugin.hpp); PULSE_PLUGIN_UNLOAD_SAFE withdrawn
  *                    (flags are reserved); every comment says what a 1.0 host really does.
+ *   1.1  2026-12-01  pulse_translation_vt_t.resume: continue a response on another endpoint
+ *                    after its backend failed mid-stream (a 1.0 profile's responses fail there).
  */
 #ifndef PULSE_PLUGIN_H
 #define PULSE_PLUGIN_H
@@ -39,7 +41,7 @@ extern "C" {
 #endif
 
 #define PULSE_ABI_MAJOR 1
-#define PULSE_ABI_MINOR 0
+#define PULSE_ABI_MINOR 1
 
 /* A plugin may define PULSE_TARGET_ABI_MINOR before including this header to declare the
  * oldest host minor it runs on; it then must not use fields newer than that minor without
@@ -314,6 +316,23 @@ typedef struct pulse_translation_vt {
      * failover, CONTEXT_LENGTH, INVALID_ARGUMENT). NULL: the host's generic mapping. */
     pulse_status_t (*map_error)(void* instance, pulse_call_t* call, int32_t http_status,
                                 pulse_str_t body);
+
+    /* ---- 1.1 ---- */
+
+    /* [any-thread] Optional. Mid-stream resume: the backend serving `request` failed after
+     * part of the answer reached the client, and the host continues the same response on
+     * another endpoint. `partial` is what the client has received of the answer so far, a JSON
+     * object {"text": string, "reasoning": string} (the output text and the reasoning text,
+     * each in the order it was sent; either may be empty; never a tool call: a response that
+     * showed one is not resumed). Write into `out`, as build_request does, a request that makes
+     * a backend continue right after that output (for Chat Completions backends: the partial
+     * answer as a trailing assistant message the server continues), and open in `*out_stream`
+     * the stream that reads the answer (fed, finished and closed like one from stream_open; it
+     * must emit only what follows the partial output: no repeat of it). Any error status: the
+     * response is not resumed and fails as it would have. NULL: this profile cannot resume. */
+    pulse_status_t (*resume)(void* instance, pulse_call_t* call, const pulse_json_t* request,
+                             const pulse_json_t* model, const pulse_json_t* partial,
+                             pulse_upstream_req_t* out, void** out_stream);
 } pulse_translation_vt_t;
 
 /* Backend: an in-process engine speaking the upstream dialect (Chat Completions request in,

@@ -1,0 +1,200 @@
+// Mid-stream resume (models.X.resume): a backend that fails after output reached the client,
+// and the same response continuing on another endpoint. Real processes on loopback (the fake
+// backend follows vLLM's and llama-server's continuation rules); every wait is bounded.
+#include <doctest/doctest.h>
+
+#include <regex>
+
+#include "support/gateway_harness.h"
+
+using namespace pulse::test;
+
+namespace {
+
+const char* kUpstream = "keepalive_s = 0.3\nconnect_timeout_s = 1\nhealth_interval_s = 0.2\nretry_window_s = 10\nidle_timeout_s = 1\n";
+
+std::string model_toml(const std::vector<std::string>& urls, const std::string& profile = "qwen38", const std::string& extra = "") {
+    std::string t = "[models.m]\nprofile = \"" + profile + "\"\n" + extra;
+    for (size_t i = 0; i < urls.size(); ++i)
+        t += "[[models.m.endpoints]]\nname = \"" + std::string(1, static_cast<char>('a' + i)) + "\"\nurl = \"" + urls[i] + "\"\n";
+    return t;
+}
+
+const std::string kRequest = R"({"model":"m","stream":true,"store":false,"input":[{"role":"user","content":"tell me"}]})";
+const std::string kAnswer = "The quick brown fox jumps over the lazy dog and runs far away.";
+
+// A script whose one turn says `turn` (JSON members), failing mid-stream as `die` says.
+std::string script(const std::string& turn, const std::string& top = "") {
+    return R"({"turns":[{)" + turn + "}]" + (top.empty() ? "" : "," + top) + "}";
+}
+
+std::string item_type(const Stream& st, size_t i) { return st.item(i)["type"].GetString(); }
+std::string message_text(const Stream& st, size_t i) { return st.item(i)["content"][0]["text"].GetString(); }
+std::string reasoning_summary(const Stream& st, size_t i) { return st.item(i)["summary"][0]["text"].GetString(); }
+
+// The last message of the request a backend received `n`-th (0-based).
+rapidjson::Document last_message(const FakeBackend& b, size_t n) {
+    auto reqs = b.requests();
+    REQUIRE(reqs.size() > n);
+    rapidjson::Document d;
+    d.Parse(reqs[n].c_str());
+    rapidjson::Document m;
+    const auto& ms = d["messages"];
+    m.CopyFrom(ms[ms.Size() - 1], m.GetAllocator());
+    if (d.HasMember("continue_final_message")) m.AddMember("_continue", rapidjson::Value(d["continue_final_message"].IsTrue()), m.GetAllocator());
+    if (d.HasMember("add_generation_prompt"))
+        m.AddMember("_add_generation_prompt", rapidjson::Value(d["add_generation_prompt"].IsTrue()), m.GetAllocator());
+    return m;
+}
+
+int64_t metric(const std::string& metrics, const std::string& series) {
+    std::smatch m;
+    if (!std::regex_search(metrics, m, std::regex(std::regex_replace(series, std::regex(R"([{}"])"), R"(\$&)") + R"( (\d+))"))) return 0;
+    return std::stoll(m[1]);
+}
+
+}  // namespace
+
+TEST_CASE("a backend that fails mid-answer: the same response continues on the next endpoint, nothing lost or repeated") {
+    // Every way an endpoint fails once output began: the connection drops, the server is
+    // killed (kill -9), the engine reports an error event, the stream stalls past the idle timeout.
+    for (const char* how : {"drop", "kill", "error", "stall"}) {
+        CAPTURE(how);
+        std::string die = std::string(R"("die_after":4,"die":")") + how + R"(","stall_ms":3000,)";
+        FakeBackend a(script(die + R"("content":")" + kAnswer + "\"")), b(script(R"("content":")" + kAnswer + "\""));
+        Gateway gw(model_toml({a.url(), b.url()}), "", kUpstream, "[warmup]\nenabled = false\n");
+        auto r = post(gw.port, "/v1/responses", kRequest);
+        REQUIRE(r.status == 200);
+        Stream st = check_stream(r.body);  // one response: sequence numbers continuous, deltas == done text
+        CHECK(st.terminal == "response.completed");
+        REQUIRE(st.items.size() == 1);
+        CHECK(item_type(st, 0) == "message");
+        CHECK(message_text(st, 0) == kAnswer);
+        // b was asked to continue exactly what the client had: the first four words.
+        auto m = last_message(b, 0);
+        CHECK(std::string(m["role"].GetString()) == "assistant");
+        CHECK(std::string(m["content"].GetString()) == "The quick brown fox ");
+        CHECK(m["_continue"].IsTrue());
+        CHECK(m["_add_generation_prompt"].IsFalse());
+        // Usage: b's request (prompt + the partial answer re-read) and a's four streamed tokens.
+        const auto& u = (*st.response)["usage"];
+        CHECK(u["output_tokens"].GetInt64() == 4 + 9);  // a: 4 words, b: the 9 that follow
+        std::string metrics = get(gw.port, "/metrics");
+        CHECK(metric(metrics, R"(pulse_resumed_streams_total{model="m",endpoint="a"})") == 1);
+        CHECK(metric(metrics, R"(pulse_requests_total{model="m",endpoint="b",outcome="completed"})") == 1);
+        CHECK(gw.log().find("failed mid-stream") != std::string::npos);
+        CHECK(gw.log().find("resumed=1") != std::string::npos);
+    }
+}
+
+TEST_CASE("resume without a second endpoint: the same endpoint continues the response once it is back") {
+    FakeBackend a(script(R"("die_after":3,"content":")" + kAnswer + "\""));
+    Gateway gw(model_toml({a.url()}), "", kUpstream, "[warmup]\nenabled = false\n");
+    auto r = post(gw.port, "/v1/responses", kRequest);
+    Stream st = check_stream(r.body);
+    CHECK(st.terminal == "response.completed");
+    REQUIRE(st.items.size() == 1);
+    CHECK(message_text(st, 0) == kAnswer);
+    CHECK(std::string(last_message(a, 1)["content"].GetString()) == "The quick brown ");
+}
+
+TEST_CASE("a stream:false response is resumed too: the client gets the whole answer") {
+    FakeBackend a(script(R"("die_after":5,"content":")" + kAnswer + "\"")), b(script(R"("content":")" + kAnswer + "\""));
+    Gateway gw(model_toml({a.url(), b.url()}), "", kUpstream, "[warmup]\nenabled = false\n");
+    std::string body = std::regex_replace(kRequest, std::regex(R"("stream":true)"), R"("stream":false)");
+    auto r = post(gw.port, "/v1/responses", body);
+    REQUIRE(r.status == 200);
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    CHECK(std::string(d["status"].GetString()) == "completed");
+    REQUIRE(d["output"].Size() == 1);
+    CHECK(std::string(d["output"][0]["content"][0]["text"].GetString()) == kAnswer);
+}
+
+TEST_CASE("inside the reasoning: llama-server continues the same reasoning item; vLLM's template closes it and the answer follows") {
+    const std::string thinking = "First I look at the file then I decide what to change.";
+    const std::string turn = R"("die_after":3,"reasoning":")" + thinking + R"(","content":"Done.")";
+    SUBCASE("llamacpp") {
+        FakeBackend a(script(turn), "llamacpp"), b(script(R"("reasoning":")" + thinking + R"(","content":"Done.")"), "llamacpp");
+        Gateway gw(model_toml({a.url(), b.url()}, "llamacpp"), "", kUpstream, "[warmup]\nenabled = false\n");
+        Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+        CHECK(st.terminal == "response.completed");
+        REQUIRE(st.items.size() == 2);
+        CHECK(item_type(st, 0) == "reasoning");
+        CHECK(reasoning_summary(st, 0) == thinking);  // one reasoning item, continued where it broke
+        CHECK(message_text(st, 1) == "Done.");
+        auto m = last_message(b, 0);
+        CHECK(std::string(m["reasoning_content"].GetString()) == "First I look ");
+        CHECK(std::string(m["content"].GetString()).empty());
+    }
+    SUBCASE("qwen38 (vLLM)") {
+        FakeBackend a(script(turn)), b(script(R"("reasoning":")" + thinking + R"(","content":"Done.")"));
+        Gateway gw(model_toml({a.url(), b.url()}), "", kUpstream, "[warmup]\nenabled = false\n");
+        Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+        CHECK(st.terminal == "response.completed");
+        REQUIRE(st.items.size() == 2);
+        CHECK(reasoning_summary(st, 0) == "First I look ");  // what the model thought before the failure
+        CHECK(message_text(st, 1) == "Done.");
+        CHECK(std::string(last_message(b, 0)["reasoning_content"].GetString()) == "First I look ");
+    }
+}
+
+TEST_CASE("a llama-server that repeats the prefill (built before continue_final_message): the repeat never reaches the client") {
+    FakeBackend a(script(R"("die_after":4,"content":")" + kAnswer + "\"", R"("legacy_prefill":true)"), "llamacpp"),
+        b(script(R"("content":")" + kAnswer + "\"", R"("legacy_prefill":true)"), "llamacpp");
+    Gateway gw(model_toml({a.url(), b.url()}, "llamacpp"), "", kUpstream, "[warmup]\nenabled = false\n");
+    Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+    CHECK(st.terminal == "response.completed");
+    REQUIRE(st.items.size() == 1);
+    CHECK(message_text(st, 0) == kAnswer);
+    // b does repeat a prefill, as such a server does:
+    auto direct = post(b.port, "/v1/chat/completions",
+                       R"({"model":"m","stream":true,"continue_final_message":true,"add_generation_prompt":false,)"
+                       R"("messages":[{"role":"user","content":"tell me"},{"role":"assistant","content":"The quick brown fox "}]})");
+    CHECK(direct.body.find(R"("content":"The quick brown fox jumps ")") != std::string::npos);
+}
+
+TEST_CASE("a failure inside a tool call's arguments: the call, never shown, arrives whole from the next endpoint") {
+    // 4 words, then the call's name delta and two 8-byte argument fragments; it dies in the third.
+    const std::string turn = R"("content":"I will run it.","tool_calls":[{"name":"exec_command","arguments":{"cmd":"ls -la /tmp"}}])";
+    FakeBackend a(script(R"("die_after":7,)" + turn)), b(script(turn));
+    Gateway gw(model_toml({a.url(), b.url()}), "", kUpstream, "[warmup]\nenabled = false\n");
+    std::string req = R"({"model":"m","stream":true,"store":false,"input":[{"role":"user","content":"list"}],)"
+                      R"("tools":[{"type":"function","name":"exec_command","parameters":{"type":"object","properties":{"cmd":{"type":"string"}}}}]})";
+    Stream st = check_stream(post(gw.port, "/v1/responses", req).body);
+    CHECK(st.terminal == "response.completed");
+    REQUIRE(st.items.size() == 2);
+    CHECK(message_text(st, 0) == "I will run it.");
+    CHECK(item_type(st, 1) == "function_call");
+    CHECK(std::string(st.item(1)["arguments"].GetString()) == R"({"cmd":"ls -la /tmp"})");
+    int added = 0;
+    for (const auto& e : st.events)
+        if (e.type == "response.output_item.added") ++added;
+    CHECK(added == 2);  // the call was announced once
+    CHECK(std::string(last_message(b, 0)["content"].GetString()) == "I will run it.");
+}
+
+TEST_CASE("resume = false: a mid-stream failure ends the response as failed, and nothing is resent") {
+    FakeBackend a(script(R"("die_after":4,"content":")" + kAnswer + "\"")), b(script(R"("content":")" + kAnswer + "\""));
+    Gateway gw(model_toml({a.url(), b.url()}, "qwen38", "resume = false\n"), "", kUpstream, "[warmup]\nenabled = false\n");
+    Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+    CHECK(st.terminal == "response.failed");
+    CHECK(b.requests().empty());
+    CHECK(metric(get(gw.port, "/metrics"), R"(pulse_resumed_streams_total{model="m",endpoint="a"})") == 0);
+}
+
+TEST_CASE("a profile built against SDK 1.0 (no resume) still loads and serves; its mid-stream failures fail as in 1.0") {
+    FakeBackend a(script(R"("die_after":4,"content":")" + kAnswer + "\"")), b(script(R"("content":")" + kAnswer + "\""));
+    std::string models = model_toml({a.url(), b.url()}, "reloadable") + "[models.ok]\nprofile = \"reloadable\"\n" +
+                         "[[models.ok.endpoints]]\nurl = \"" + b.url() + "\"\n";
+    Gateway gw(models, "", kUpstream, "[warmup]\nenabled = false\n", {{"reloadable_v10", "reloadable"}});
+    std::string ok_req = std::regex_replace(kRequest, std::regex(R"("model":"m")"), R"("model":"ok")");
+    Stream ok = check_stream(post(gw.port, "/v1/responses", ok_req).body);
+    CHECK(ok.terminal == "response.completed");
+    REQUIRE(ok.items.size() == 1);
+    CHECK(message_text(ok, 0) == "[v10] " + kAnswer);
+    Stream broken = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+    CHECK(broken.terminal == "response.failed");
+    CHECK(b.requests().size() == 1);  // only the "ok" request: nothing was resent
+    CHECK(gw.log().find("failed mid-stream") == std::string::npos);
+}
