@@ -333,6 +333,17 @@ TEST_CASE("routing: failover by default, round_robin or sticky; endpoint weights
               .find("'models.m.endpoints[0].weight' = 0 is out of range") != std::string::npos);
 }
 
+TEST_CASE("resume: on by default, a boolean that turns mid-stream resume off per model") {
+    CHECK(load_string(kMinimalModel, "test.toml").models[0].resume);
+    CHECK_FALSE(load_string("[models.m]\nprofile = \"qwen38\"\nresume = false\n[[models.m.endpoints]]\nurl = \"http://x:1/v1\"\n", "test.toml")
+                    .models[0]
+                    .resume);
+    std::string e = error_of("[models.m]\nprofile = \"qwen38\"\nresume = \"no\"\n[[models.m.endpoints]]\nurl = \"http://x:1/v1\"\n");
+    CAPTURE(e);
+    CHECK(e.find("test.toml:3:") == 0);
+    CHECK(e.find("models.m.resume") != std::string::npos);
+}
+
 TEST_CASE("last_resort endpoints: a flag; a model needs one endpoint that is not a last resort") {
     Config c = load_string(std::string(kMinimalModel) + "[[models.m.endpoints]]\nname = \"local\"\nurl = \"plugin://x\"\nlast_resort = true\n",
                            "test.toml");
