@@ -260,57 +260,70 @@ private:
 
     // A fresh profile stream for the next attempt: the request's own, or while resuming, one
     // that reads a continuation of what the client has (with the request that asks for it).
+    // On failure the current stream (and request) stay as they were.
     pulse_status_t open_profile_stream() {
-        if (stream_) vt_->stream_close(stream_);
-        stream_ = nullptr;
+        void* fresh = nullptr;
         call_.reset();
-        if (!resume_req_) return vt_->stream_open(rt_->instance, &call_, host::view(&doc_), &stream_);
+        pulse_status_t rc = resuming_ ? open_resume_stream(&fresh) : vt_->stream_open(rt_->instance, &call_, host::view(&doc_), &fresh);
+        if (rc != PULSE_OK) return rc;
+        if (stream_) vt_->stream_close(stream_);
+        stream_ = fresh;
+        return rc;
+    }
+
+    pulse_status_t open_resume_stream(void** fresh) {
         auto point = builder_->resume_point();
+        if (!point) {
+            call_.message = "the response showed a tool call: it cannot be continued";
+            call_.has_message = true;
+            return PULSE_E_UNSUPPORTED;
+        }
         rapidjson::Document partial(rapidjson::kObjectType);
         auto& a = partial.GetAllocator();
         partial.AddMember("text", rapidjson::Value(point->text.c_str(), static_cast<rapidjson::SizeType>(point->text.size()), a), a);
         partial.AddMember("reasoning",
                           rapidjson::Value(point->reasoning.c_str(), static_cast<rapidjson::SizeType>(point->reasoning.size()), a), a);
-        resume_req_ = std::make_unique<pulse_upstream_req>();
-        resume_req_->body.call = &call_;
-        pulse_status_t rc = vt_->resume(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), host::view(&partial),
-                                        resume_req_.get(), &stream_);
-        resume_req_->body.call = nullptr;
-        if (rc == PULSE_OK && !resume_req_->body.complete()) {
+        auto req = std::make_unique<pulse_upstream_req>();
+        req->body.call = &call_;
+        pulse_status_t rc = vt_->resume(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), host::view(&partial), req.get(), fresh);
+        req->body.call = nullptr;
+        if (rc == PULSE_OK && !req->body.complete()) {
             rc = PULSE_E_INTERNAL;
-            call_.message = "profile '" + rt_->profile->registration.name + "' wrote an unusable resume request: " +
-                            resume_req_->body.incomplete_reason();
+            call_.message = "profile '" + rt_->profile->registration.name + "' wrote an unusable resume request: " + req->body.incomplete_reason();
             call_.has_message = true;
         }
         if (rc != PULSE_OK) {
-            if (stream_) vt_->stream_close(stream_);
-            stream_ = nullptr;
+            if (*fresh) vt_->stream_close(*fresh);
+            *fresh = nullptr;
+            return rc;
         }
-        return rc;
+        resume_req_ = std::move(req);
+        return PULSE_OK;
     }
 
     // What goes upstream now: the request, or the request to continue it.
-    const pulse_upstream_req& active_request() const { return resume_req_ ? *resume_req_ : upreq_; }
+    const pulse_upstream_req& active_request() const { return resuming_ ? *resume_req_ : upreq_; }
     std::string_view upstream_body() const { return active_request().body.text(); }
 
     // Mid-stream resume: endpoint `ep` failed (`why`) after this response's output began. When
     // the model allows it and the profile can, the response continues on the next endpoint the
     // failover loop tries (Attempt::retry), from exactly what the client has; otherwise nullopt
-    // and the caller ends the response as failed.
+    // and the caller ends the response as failed, as it would have without resume.
     std::optional<Attempt> resume_elsewhere(const EndpointRef& ep, const std::string& why) {
         // Bounded like any failover: the loop in serve() ends its rounds with the retry window.
         if (!rt_->cfg->resume || !vt_->resume || gw_.cutting() || lost_) return std::nullopt;
         auto point = builder_->resume_point();
         if (!point) return std::nullopt;
-        gw_.endpoint_failed(ep, why, /*real_request=*/true);
-        builder_->begin_resume();
-        resume_req_ = std::make_unique<pulse_upstream_req>();  // marks the session as resuming
+        const bool was_resuming = resuming_;
+        resuming_ = true;
         if (pulse_status_t rc = open_profile_stream(); rc != PULSE_OK) {
-            log::warn("responses", id_ + ": cannot resume after endpoint " + ep.cfg->name +
-                                       " failed: " + host::call_error(call_, rc, rt_->profile->plugin_id()));
-            resume_req_.reset();
+            resuming_ = was_resuming;
+            log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why +
+                                       "); the response cannot be resumed: " + host::call_error(call_, rc, rt_->profile->plugin_id()));
             return std::nullopt;
         }
+        gw_.endpoint_failed(ep, why, /*real_request=*/true);
+        builder_->begin_resume();
         ++resumes_;
         metrics::global()
             .counter("pulse_resumed_streams_total", "responses continued on another endpoint after their backend failed mid-stream",
@@ -710,7 +723,8 @@ private:
     pulse_upstream_req upreq_;
     void* stream_ = nullptr;
     std::unique_ptr<ResponseBuilder> builder_;
-    std::unique_ptr<pulse_upstream_req> resume_req_;  // set while the response is being resumed
+    bool resuming_ = false;                           // the response continues an earlier attempt
+    std::unique_ptr<pulse_upstream_req> resume_req_;  // the request that continues it (resuming_)
     int resumes_ = 0;
 
     ClientWriter writer_;

@@ -75,7 +75,7 @@ codex_exec 0 "Create hello.txt saying hello from pulse, then check it."
 touch "$work/stop"
 
 kills=$(cat "$work/a.jsonl" "$work/b.jsonl" 2>/dev/null | grep -c '"died":"kill"' || true)
-resumed=$(grep -c 'failed mid-stream' "$work/pulse.log" || true)
+resumed=$(grep -c 'resuming the response' "$work/pulse.log" || true)
 [ "$rc" -eq 0 ] || fail "codex exited $rc"
 grep -q 'Reconnecting' "$work/codex.err" && fail "codex had to reconnect"
 [ -f hello.txt ] || fail "hello.txt was not created"

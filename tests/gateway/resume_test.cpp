@@ -198,3 +198,36 @@ TEST_CASE("a profile built against SDK 1.0 (no resume) still loads and serves; i
     CHECK(b.requests().size() == 1);  // only the "ok" request: nothing was resent
     CHECK(gw.log().find("failed mid-stream") == std::string::npos);
 }
+
+TEST_CASE("resume is bounded by the retry window: an endpoint that fails every continuation too ends the response as failed") {
+    std::string longer;
+    for (int i = 0; i < 10; ++i) longer += kAnswer + " ";  // 130 words: more than a 2 s window of one-word continuations
+    FakeBackend a(script(R"("die_after":1,"die_on_continuation":true,"content":")" + longer + "\""));
+    std::string upstream = std::regex_replace(kUpstream, std::regex("retry_window_s = 10"), "retry_window_s = 2");
+    Gateway gw(model_toml({a.url()}), "", upstream, "[warmup]\nenabled = false\n");
+    auto t0 = std::chrono::steady_clock::now();
+    Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(st.terminal == "response.failed");
+    CHECK(took < 8);  // the 2 s window, a last round at its end, and the slack of a loaded machine
+    // It did keep trying within the window: each continuation got one word further.
+    CHECK(a.requests().size() >= 3);
+    REQUIRE(st.items.empty());  // the message was never completed: no output_item.done for it
+    CHECK(metric(get(gw.port, "/metrics"), R"(pulse_resumed_streams_total{model="m",endpoint="a"})") >= 2);
+}
+
+TEST_CASE("a profile whose resume fails: the response ends failed, never completed with half an answer") {
+    // The engine error event is the case that matters: the stream goes on to [DONE] after it.
+    for (const char* how : {"drop", "error"}) {
+        CAPTURE(how);
+        FakeBackend a(script(std::string(R"("die_after":4,"die":")") + how + R"(","content":")" + kAnswer + "\"")),
+            b(script(R"("content":")" + kAnswer + "\""));
+        Gateway gw(model_toml({a.url(), b.url()}, "reloadable"), "", kUpstream, "[warmup]\nenabled = false\n",
+                   {{"reloadable_resume_fails", "reloadable"}});
+        Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+        CHECK(st.terminal == "response.failed");
+        CHECK(b.requests().empty());
+        CHECK(gw.log().find("the response cannot be resumed: ") != std::string::npos);
+        CHECK(gw.log().find("resume refused on purpose") != std::string::npos);
+    }
+}

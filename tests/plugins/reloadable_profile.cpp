@@ -1,7 +1,8 @@
 // Test translation profile "reloadable", built twice (PROFILE_TAG "v1" / "v2"). It translates
 // like the shipped profiles (it links the shared Chat Completions translation) and starts every
 // answer with "[TAG] ", so a test can tell which generation served a stream. With -DSDK_1_0 it
-// registers as a plugin built against SDK 1.0 does (minor 0, the 1.0 vtable size: no resume).
+// registers as a plugin built against SDK 1.0 does (minor 0, the 1.0 vtable size: no resume);
+// with -DRESUME_FAILS its resume hook refuses every call.
 #include <pulse/plugin.hpp>
 
 #include <memory>
@@ -41,9 +42,19 @@ void stream_close(void* stream) {
     delete s;
 }
 
+#ifdef RESUME_FAILS
+// A profile whose resume hook refuses: the host must end such a response as if it had none.
+pulse_status_t resume(void*, pulse_call_t* call, const pulse_json_t*, const pulse_json_t*, const pulse_json_t*, pulse_upstream_req_t*,
+                      void**) {
+    return g_host->set_error(call, PULSE_E_UNAVAILABLE, pulse::str("reloadable: resume refused on purpose"));
+}
+#else
+constexpr auto resume = nullptr;
+#endif
+
 const pulse_translation_vt_t kProfile = {
     sizeof(pulse_translation_vt_t), "reloadable", pulse::chat::profile_create, pulse::chat::profile_destroy,
-    pulse::chat::profile_build_request, stream_open, stream_feed, stream_finish, stream_close, nullptr, nullptr,
+    pulse::chat::profile_build_request, stream_open, stream_feed, stream_finish, stream_close, nullptr, resume,
 };
 #ifdef SDK_1_0
 // What a plugin built against the 1.0 header hands the host: the vtable without the 1.1 tail.
