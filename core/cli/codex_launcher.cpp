@@ -3,6 +3,7 @@
 // writes a model catalog for the chosen model, and passes provider, catalog, model and
 // auto-compaction settings as -c flags.
 #include "cli/codex_launcher.h"
+#include "cli/continuity_cmd.h"
 
 #include <Poco/Net/HTTPClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
@@ -31,7 +32,8 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* kHelp =
-    "usage: pulse codex [--model ID] [--gateway URL] [--start-gateway] [--config FILE] [--codex BIN] [--] [codex args...]\n"
+    "usage: pulse codex [--model ID] [--gateway URL] [--start-gateway] [--config FILE] [--codex BIN] [--no-continuity]\n"
+    "                   [--] [codex args...]\n"
     "\n"
     "Runs the Codex CLI against Pulse for this one process (your ~/.codex/config.toml is not\n"
     "touched). It checks the gateway's /health, writes a model catalog for the model, and passes\n"
@@ -42,6 +44,8 @@ const char* kHelp =
     "  --start-gateway   start `pulse serve --config FILE` in the background if none is running\n"
     "  --config FILE     the gateway config (for --gateway and --start-gateway; default $PULSE_CONFIG)\n"
     "  --codex BIN       the codex executable (default $PULSE_CODEX_BIN, else `codex` on PATH)\n"
+    "  --no-continuity   leave out the task-continuity hooks (`pulse continuity --help`), and with\n"
+    "                    them --dangerously-bypass-hook-trust, which they need\n"
     "\n"
     "Everything after `--` (or any argument pulse does not know) goes to codex, e.g.\n"
     "  pulse codex -- exec \"fix the failing test\"\n"
@@ -166,7 +170,7 @@ int fail(const std::string& msg) {
 
 int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of) {
     std::optional<std::string> model, gateway, config, codex;
-    bool start = false;
+    bool start = false, continuity = true;
     std::vector<std::string> passthrough;
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
@@ -190,6 +194,8 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
             if (!value(codex)) return fail("--codex needs a value"), 2;
         } else if (a == "--start-gateway") {
             start = true;
+        } else if (a == "--no-continuity") {
+            continuity = false;
         } else {
             passthrough.push_back(a);
         }
@@ -308,6 +314,22 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
                                      "-c", "model=" + quote_toml(id),
                                      "-c", "model_context_window=" + std::to_string(context),
                                      "-c", "model_auto_compact_token_limit=" + std::to_string(context * 9 / 10)};
+    if (continuity) {
+        // The task-continuity hook for this run only (~/.codex is not touched). Hooks given on
+        // the command line have no persisted trust, so Codex runs them only with
+        // --dangerously-bypass-hook-trust — which, for this run, also runs any other enabled hook
+        // the user has not reviewed. Said once on stderr; --no-continuity leaves both out.
+        const std::string handler = "{type=\"command\",command=" + quote_toml(self_exe + " continuity hook") + ",timeout=10}";
+        for (const auto& event : continuity_events()) {
+            args.push_back("-c");
+            args.push_back("hooks." + event + "=[{hooks=[" + handler + "]}]");
+        }
+        args.push_back("--dangerously-bypass-hook-trust");
+        std::fprintf(stderr,
+                     "pulse codex: task continuity on (the task state survives compaction; `pulse continuity list`). "
+                     "It needs --dangerously-bypass-hook-trust, which also runs your other enabled hooks unreviewed "
+                     "for this run; --no-continuity turns both off.\n");
+    }
     args.insert(args.end(), passthrough.begin(), passthrough.end());
     std::vector<char*> av;
     for (auto& a : args) av.push_back(a.data());

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cli/codex_launcher.h"
+#include "cli/continuity_cmd.h"
 #include "cli/decode_cmd.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -67,6 +68,7 @@ const char* kMainHelp =
     "  decode MODEL.gguf --prompt TEXT         run the in-process decoder directly\n"
     "  gguf make-demo [FILE] | info FILE       the random-weight demo model; inspect a GGUF file\n"
     "  codex [options] [-- codex args]         run the Codex CLI against this gateway\n"
+    "  continuity hook|show|clear|list         Codex task state kept across context compaction\n"
     "  version                                 print version and plugin ABI\n"
     "\n"
     "Every command takes --help. The config file defaults to $PULSE_CONFIG, else\n" PULSE_SYSCONF_DIR
@@ -575,6 +577,8 @@ int main(int argc, char** argv) {
         if (cmd == "bench") return cmd_bench(argc, argv);
         if (cmd == "decode") return cli::cmd_decode(std::vector<std::string>(argv + 2, argv + argc));
         if (cmd == "gguf") return cli::cmd_gguf(std::vector<std::string>(argv + 2, argv + argc));
+        if (cmd == "continuity")
+            return cli::cmd_continuity(std::vector<std::string>(argv + 2, argv + argc), fs::read_symlink("/proc/self/exe").string());
         if (cmd == "codex") {
             auto listen_of = [](const std::string* config) {
                 Args a;

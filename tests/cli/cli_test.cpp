@@ -395,6 +395,71 @@ TEST_CASE("codex: provider, catalog, model and compaction settings go to codex a
     CHECK(pulse::test::read_file(fs::path(out.string() + ".env")) == "PULSE_GATEWAY_API_KEY=\n");
 }
 
+TEST_CASE("codex: the task-continuity hooks for this run, with the trust bypass they need, unless --no-continuity") {
+    EchoGateway gw;
+    TempDir tmp;
+    auto out = tmp / "argv";
+    auto r = run({exe(), "codex", "--gateway", gw.url(), "--codex", fake_codex(), "--", "exec", "x"},
+                 {{"FAKE_CODEX_OUT", out.string()}, {"PULSE_GATEWAY_API_KEY", ""}});
+    CHECK(r.code == 0);
+    auto argv = lines_of(pulse::test::read_file(out));
+    auto has_arg = [&](const std::string& a) { return std::find(argv.begin(), argv.end(), a) != argv.end(); };
+    const std::string handler = "{type=\"command\",command=\"" + fs::canonical(exe()).string() + " continuity hook\",timeout=10}";
+    for (const char* ev : {"SessionStart", "UserPromptSubmit", "PostToolUse", "PreCompact", "PostCompact", "Stop"})
+        CHECK_MESSAGE(has_arg(std::string("hooks.") + ev + "=[{hooks=[" + handler + "]}]"), ev);
+    CHECK(has_arg("--dangerously-bypass-hook-trust"));
+    CHECK(has(r.err, "task continuity on"));  // and says what the bypass means
+    CHECK(has(r.err, "--no-continuity"));
+    r = run({exe(), "codex", "--gateway", gw.url(), "--codex", fake_codex(), "--no-continuity", "--", "exec", "x"},
+            {{"FAKE_CODEX_OUT", out.string()}, {"PULSE_GATEWAY_API_KEY", ""}});
+    CHECK(r.code == 0);
+    std::string text = pulse::test::read_file(out);
+    CHECK_FALSE(has(text, "hooks."));
+    CHECK_FALSE(has(text, "--dangerously-bypass-hook-trust"));
+}
+
+TEST_CASE("continuity: the hook never blocks Codex; show, clear and list for people") {
+    TempDir tmp;
+    std::map<std::string, std::string> env = {{"XDG_STATE_HOME", tmp.path().string()}};
+    auto hook = [&](const std::string& input) { return run({"/bin/sh", "-c", "printf '%s' \"$1\" | \"$2\" continuity hook", "sh", input, exe()}, env); };
+    auto r = hook("this is not json");
+    CHECK(r.code == 0);  // Codex goes on
+    CHECK(r.out.empty());
+    CHECK(has(r.err, "pulse continuity: the hook input is not a JSON object (the task goes on without it)"));
+    const std::string sid = "0199aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee";
+    r = hook(R"({"session_id":")" + sid + R"(","hook_event_name":"UserPromptSubmit","cwd":"/p","prompt":"fix the failing test"})");
+    CHECK(r.code == 0);
+    CHECK(r.err.empty());
+    r = hook(R"({"session_id":")" + sid + R"(","hook_event_name":"SessionStart","cwd":"/p","source":"compact"})");
+    CHECK(r.code == 0);
+    rapidjson::Document d;
+    d.Parse(r.out.c_str());
+    REQUIRE_MESSAGE(d.IsObject(), r.out);
+    CHECK(has(d["hookSpecificOutput"]["additionalContext"].GetString(), "- fix the failing test"));
+    r = run({exe(), "continuity", "list"}, env);
+    CHECK(r.code == 0);
+    CHECK(has(r.out, sid + "  "));
+    r = run({exe(), "continuity", "show", sid}, env);
+    CHECK(r.code == 0);
+    CHECK(has(r.out, "- fix the failing test"));
+    CHECK(run({exe(), "continuity", "clear", sid}, env).code == 0);
+    r = run({exe(), "continuity", "show", sid}, env);
+    CHECK(r.code == 1);
+    CHECK(has(r.err, "no task state recorded for session " + sid));
+    r = run({exe(), "continuity", "show", "../etc"}, env);
+    CHECK(r.code == 2);
+    CHECK(has(r.err, "'../etc' is not a Codex session id"));
+    CHECK(run({exe(), "continuity"}, env).code == 2);
+    // hooks-json: a hooks.json for plain codex, every event on this binary.
+    r = run({exe(), "continuity", "hooks-json"}, env);
+    CHECK(r.code == 0);
+    rapidjson::Document h;
+    h.Parse(r.out.c_str());
+    REQUIRE_MESSAGE(h.IsObject(), r.out);
+    CHECK(h["hooks"].MemberCount() == 6);
+    CHECK(std::string(h["hooks"]["SessionStart"][0]["hooks"][0]["command"].GetString()) == fs::canonical(exe()).string() + " continuity hook");
+}
+
 TEST_CASE("codex: unknown model and a model without a healthy backend are refused") {
     EchoGateway gw("", "[models.dead]\nprofile = \"test-profile\"\n[[models.dead.endpoints]]\nurl = \"http://127.0.0.1:1/v1\"\n");
     TempDir tmp;
