@@ -291,6 +291,19 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
         m.profile_options_json.clear();
         to_json(*po, m.profile_options_json);
     }
+    if (const toml::table* pt = t.subtable("policy")) {
+        Table p(*pt, t.qualified("policy"), file);
+        ModelPolicy pol;
+        p.str("name", pol.name);
+        p.integer("timeout_ms", pol.timeout_ms, 1, 60000);
+        if (const toml::table* o = p.subtable("options")) {
+            pol.options_json.clear();
+            to_json(*o, pol.options_json);
+        }
+        p.reject_unknown();
+        if (pol.name.empty()) p.fail_here("'" + p.qualified("name") + "' is required (a policy component, e.g. \"static\")");
+        m.policy = std::move(pol);
+    }
     t.reject_unknown();
     if (m.profile.empty()) t.fail_here("'" + t.qualified("profile") + "' is required (e.g. \"qwen38\")");
     if (m.endpoints.empty())

@@ -37,6 +37,13 @@ struct Sampling {
     std::optional<int64_t> top_k, max_output_tokens;
 };
 
+// [models.X.policy]: the request policy a model consults (docs/OPERATIONS.md, "Policies").
+struct ModelPolicy {
+    std::string name;                  // a policy component, e.g. "static"
+    int64_t timeout_ms = 200;          // how long a request waits for the decision
+    std::string options_json = "null"; // [models.X.policy.options] as JSON
+};
+
 struct Model {
     std::string id;              // what clients send as "model"
     std::string profile;         // translation profile component name, e.g. "qwen38"
@@ -50,6 +57,7 @@ struct Model {
     // Mid-stream resume (docs/OPERATIONS.md, "Mid-stream resume"): a response whose backend
     // fails after output reached the client continues on another endpoint.
     bool resume = true;
+    std::optional<ModelPolicy> policy;
     Sampling sampling;
     std::string profile_options_json = "null";  // [models.X.profile_options] as JSON
     // How model reasoning reaches the client: "summary" (shown by Codex by default), "raw"

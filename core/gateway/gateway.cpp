@@ -107,6 +107,9 @@ std::vector<std::string> Gateway::check_components(const config::Config& cfg, co
             out.push_back("model '" + m.id + "': translation profile '" + m.profile +
                           "' is not provided by any loaded plugin (loaded profiles: " +
                           list(plugins_.component_names(PULSE_KIND_TRANSLATION)) + ")");
+        if (m.policy && !plugins_.policy(m.policy->name))
+            out.push_back("model '" + m.id + "': policy '" + m.policy->name + "' is not provided by any loaded plugin (loaded policies: " +
+                          list(plugins_.component_names(PULSE_KIND_POLICY)) + ")");
         for (const auto& e : m.endpoints)
             if (e.is_plugin() && !plugins_.backend(e.plugin_name()))
                 out.push_back("model '" + m.id + "', endpoint '" + e.name + "': backend '" + e.plugin_name() +
@@ -155,6 +158,11 @@ std::unique_ptr<Snapshot> Gateway::build(config::Config cfg) {
         pulse_status_t rc = vt.create(rt->profile->registration.user, &call, opts.IsNull() ? nullptr : host::view(&opts), &rt->instance);
         if (rc != PULSE_OK)
             throw config::ConfigError(file + ": models." + m.id + ".profile_options: " + host::call_error(call, rc, rt->profile->plugin_id()));
+        if (m.policy) {
+            auto lease = plugins_.policy(m.policy->name);
+            if (!lease) throw config::ConfigError(file + ": model '" + m.id + "': policy '" + m.policy->name + "' is not loaded");
+            rt->policy = std::make_unique<Policy>(lease, *m.policy, file + ": models." + m.id + ".policy");
+        }
 
         std::lock_guard lock(registry_mutex_);
         for (const auto& e : m.endpoints) {

@@ -22,6 +22,7 @@
 
 #include "config/config.h"
 #include "gateway/endpoint_health.h"
+#include "gateway/policy.h"
 #include "gateway/response_builder.h"
 #include "gateway/stream_loop.h"
 #include "gateway/upstream.h"
@@ -47,6 +48,7 @@ struct ModelRuntime {
     rapidjson::Document view;        // {id, upstream_model, context_window, sampling{...}} for the profile
     std::vector<EndpointRef> endpoints;
     ReasoningOutput reasoning = ReasoningOutput::summary;
+    std::unique_ptr<Policy> policy;  // [models.X.policy], if any
 
     ModelRuntime() = default;
     ModelRuntime(const ModelRuntime&) = delete;
@@ -79,7 +81,7 @@ public:
     Gateway(config::Config cfg, plugin::PluginManager& plugins);
     ~Gateway();
 
-    // Every model's translation profile and every plugin:// endpoint must be provided by a
+    // Every model's translation profile, policy and plugin:// endpoint must be provided by a
     // loaded plugin. Returns one message per missing component (empty = all present).
     static std::vector<std::string> check_components(const config::Config& cfg, const plugin::PluginManager& plugins);
 

@@ -190,7 +190,10 @@ public:
     }
 
     void run() {
-        if (read_and_validate() && translate()) serve();
+        if (read_and_validate() && (apply_policy(), translate())) {
+            report_budget();
+            serve();
+        }
         finish();
     }
 
@@ -219,6 +222,107 @@ private:
         streaming_ = doc_.HasMember("stream") && doc_["stream"].IsTrue();
         conversation_ = conversation_key(doc_);
         return true;
+    }
+
+    // The model's policy (if any) decides the request's reasoning budget, effort and sampling:
+    // what it says is written into the request before translation. It never fails the request.
+    void apply_policy() {
+        const Policy* pol = rt_->policy.get();
+        if (!pol) return;
+        rapidjson::StringBuffer b;
+        {
+            rapidjson::Writer<rapidjson::StringBuffer> w(b);
+            auto kv = [&](const char* k, std::string_view v) {
+                w.Key(k);
+                w.String(v.data(), static_cast<rapidjson::SizeType>(v.size()));
+            };
+            w.StartObject();
+            kv("model", model_id_);
+            std::string effort;
+            if (doc_.HasMember("reasoning") && doc_["reasoning"].IsObject() && doc_["reasoning"].HasMember("effort") &&
+                doc_["reasoning"]["effort"].IsString())
+                effort = doc_["reasoning"]["effort"].GetString();
+            kv("effort", effort);
+            w.Key("tools");
+            w.StartArray();
+            if (doc_.HasMember("tools") && doc_["tools"].IsArray())
+                for (const auto& t : doc_["tools"].GetArray())
+                    if (t.IsObject() && t.HasMember("name") && t["name"].IsString()) w.String(t["name"].GetString());
+            w.EndArray();
+            w.Key("history_items");
+            w.Uint64(doc_.HasMember("input") && doc_["input"].IsArray() ? doc_["input"].Size() : 1);
+            kv("conversation", conversation_);
+            w.Key("input_chars");
+            w.Uint64(ex_.body().size());
+            w.Key("stream");
+            w.Bool(streaming_);
+            w.EndObject();
+        }
+        Policy::Decision d;
+        std::string why;
+        const auto outcome = pol->decide({b.GetString(), b.GetSize()}, id_, d, why);
+        metrics::global()
+            .counter("pulse_policy_decisions_total", "request policy calls by outcome (applied, unchanged, timeout, error, invalid, busy)",
+                     {{"model", model_id_}, {"policy", pol->component()}, {"outcome", Policy::name(outcome)}})
+            .add();
+        if (outcome != Policy::Outcome::applied) {
+            if (outcome != Policy::Outcome::unchanged)
+                log::warn("policy", id_ + ": policy '" + pol->component() + "' " + Policy::name(outcome) + ": " + why +
+                                        "; the request goes on unchanged");
+            return;
+        }
+        auto& a = doc_.GetAllocator();
+        if (!doc_.HasMember("reasoning") || !doc_["reasoning"].IsObject()) {
+            doc_.RemoveMember("reasoning");
+            doc_.AddMember("reasoning", rapidjson::Value(rapidjson::kObjectType), a);
+        }
+        auto& r = doc_["reasoning"];
+        auto set = [&](rapidjson::Value& obj, const char* k, rapidjson::Value v) {
+            if (obj.HasMember(k)) obj[k] = v;
+            else obj.AddMember(rapidjson::StringRef(k), v, a);
+        };
+        std::string said;
+        if (d.effort) {
+            set(r, "effort", rapidjson::Value(d.effort->c_str(), static_cast<rapidjson::SizeType>(d.effort->size()), a));
+            said += " effort=" + *d.effort;
+        }
+        if (d.reasoning_budget) {
+            set(r, "budget_tokens", rapidjson::Value(*d.reasoning_budget));
+            said += " reasoning_budget=" + std::to_string(*d.reasoning_budget);
+        }
+        static const char* const kIntegers[] = {"top_k", "max_output_tokens"};
+        for (const auto& [k, v] : d.sampling) {
+            bool integer = std::find_if(std::begin(kIntegers), std::end(kIntegers), [&](const char* x) { return k == x; }) != std::end(kIntegers);
+            // Keys are the decision's (validated against a fixed list); values are ours to copy.
+            rapidjson::Value key(k.c_str(), static_cast<rapidjson::SizeType>(k.size()), a);
+            rapidjson::Value val = integer ? rapidjson::Value(static_cast<int64_t>(v)) : rapidjson::Value(v);
+            if (doc_.HasMember(key)) doc_[key] = val;
+            else doc_.AddMember(key, val, a);
+            char num[32];
+            std::snprintf(num, sizeof num, "%g", v);
+            said += " " + k + "=" + num;
+        }
+        log::info("policy", id_ + ": policy '" + pol->component() + "' decided" + said);
+    }
+
+    // A reasoning budget (from the policy, or the client's reasoning.budget_tokens) is reported
+    // as the profile applied it: enforced by the backend, or not (a header and a log line).
+    void report_budget() {
+        if (!doc_.HasMember("reasoning") || !doc_["reasoning"].IsObject() || !doc_["reasoning"].HasMember("budget_tokens") ||
+            !doc_["reasoning"]["budget_tokens"].IsInt64())
+            return;
+        budget_ = doc_["reasoning"]["budget_tokens"].GetInt64();
+        auto it = upreq_.notes.find("reasoning_budget");
+        std::string how = it != upreq_.notes.end() ? it->second
+                                                   : "not enforced: profile '" + rt_->profile->registration.name + "' does not apply reasoning budgets";
+        budget_enforced_ = how.rfind("enforced", 0) == 0;
+        budget_header_ = std::to_string(*budget_) + "; " + how;
+        if (streaming_) writer_.add_header("X-Pulse-Reasoning-Budget", budget_header_);
+        metrics::global()
+            .counter("pulse_reasoning_budget_requests_total", "requests with a reasoning budget, by whether the backend enforces it",
+                     {{"model", model_id_}, {"enforced", budget_enforced_ ? "yes" : "no"}})
+            .add();
+        if (!budget_enforced_) log::warn("policy", id_ + ": reasoning budget " + std::to_string(*budget_) + " " + how);
     }
 
     bool invalid(const RequestError& e) {
@@ -646,6 +750,7 @@ private:
         int answer_status = 200;
         server::Headers answer_headers;
         if (!last_resort_.empty()) answer_headers.emplace_back("X-Pulse-Fallback", "last-resort; endpoint=" + last_resort_);
+        if (!budget_header_.empty()) answer_headers.emplace_back("X-Pulse-Reasoning-Budget", budget_header_);
         auto error_answer = [&](pulse_status_t s, const std::string& msg, const char* code = nullptr) {
             auto h = http_error_for(s);
             answer_status = h.status;
@@ -698,6 +803,15 @@ private:
         reg.counter("pulse_cached_tokens_total", "prompt tokens served from the backend prefix cache", {{"model", model_id_}})
             .add(static_cast<uint64_t>(u.cached));
         reg.counter("pulse_output_tokens_total", "output tokens reported by backends", {{"model", model_id_}}).add(static_cast<uint64_t>(u.output));
+        if (budget_ && builder_ && builder_->ended()) {
+            reg.counter("pulse_reasoning_budget_tokens_total", "reasoning budgets of finished requests that had one, summed", {{"model", model_id_}})
+                .add(static_cast<uint64_t>(*budget_));
+            reg.counter("pulse_budgeted_reasoning_tokens_total", "reasoning tokens of finished requests that had a budget", {{"model", model_id_}})
+                .add(static_cast<uint64_t>(u.reasoning));
+            if (u.reasoning > *budget_)
+                reg.counter("pulse_reasoning_over_budget_total", "finished requests whose reasoning went past their budget", {{"model", model_id_}})
+                    .add();
+        }
         log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + name(outcome_) + " in=" + std::to_string(u.input) +
                                    " cached=" + std::to_string(u.cached) + " out=" + std::to_string(u.output) +
                                    " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +
@@ -726,6 +840,9 @@ private:
     bool resuming_ = false;                           // the response continues an earlier attempt
     std::unique_ptr<pulse_upstream_req> resume_req_;  // the request that continues it (resuming_)
     int resumes_ = 0;
+    std::optional<int64_t> budget_;  // the request's reasoning budget, if it has one
+    bool budget_enforced_ = false;
+    std::string budget_header_;      // X-Pulse-Reasoning-Budget
 
     ClientWriter writer_;
     bool lost_ = false;

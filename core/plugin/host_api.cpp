@@ -109,6 +109,9 @@ pulse_status_t h_register_backend(pulse_host_ctx_t* ctx, const pulse_backend_vt_
 pulse_status_t h_register_controller(pulse_host_ctx_t* ctx, const pulse_controller_vt_t* vt, uint32_t size, void* user) {
     return do_register(ctx, PULSE_KIND_CONTROLLER, "controller", vt, size, user, &Registration::controller);
 }
+pulse_status_t h_register_policy(pulse_host_ctx_t* ctx, const pulse_policy_vt_t* vt, uint32_t size, void* user) {
+    return do_register(ctx, PULSE_KIND_POLICY, "policy", vt, size, user, &Registration::policy);
+}
 
 // ---- JSON views ----
 pulse_json_kind_t j_kind(const pulse_json_t* v) {
@@ -415,6 +418,13 @@ pulse_status_t r_add_header(pulse_upstream_req_t* r, pulse_str_t n, pulse_str_t 
     });
 }
 pulse_json_writer_t* r_body(pulse_upstream_req_t* r) { return &r->body; }
+pulse_status_t r_annotate(pulse_upstream_req_t* r, pulse_str_t k, pulse_str_t v) {
+    return fwd([&] {
+        if (!r || sv(k).empty() || sv(k).size() > 64 || sv(v).size() > 1024) return PULSE_E_INVALID_ARGUMENT;
+        r->notes[std::string(sv(k))] = std::string(sv(v));
+        return PULSE_OK;
+    });
+}
 
 pulse_status_t o_write(pulse_output_t* out, pulse_str_t text) {
     return fwd([&] {
@@ -459,7 +469,7 @@ const pulse_delta_api_t kDelta = {
     sizeof(pulse_delta_api_t), d_text, d_reasoning, d_tool_begin, d_tool_args, d_tool_end, d_finish, d_usage, d_error,
 };
 const pulse_chunk_api_t kChunk = {sizeof(pulse_chunk_api_t), c_data, c_begin, c_end};
-const pulse_request_api_t kRequest = {sizeof(pulse_request_api_t), r_set_path, r_add_header, r_body};
+const pulse_request_api_t kRequest = {sizeof(pulse_request_api_t), r_set_path, r_add_header, r_body, r_annotate};
 
 const pulse_host_api_t kHost = {
     sizeof(pulse_host_api_t),
@@ -482,6 +492,7 @@ const pulse_host_api_t kHost = {
     &kRequest,
     o_write,
     h_get_extension,
+    h_register_policy,
 };
 
 }  // namespace

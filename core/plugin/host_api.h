@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <list>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -111,6 +112,7 @@ struct pulse_upstream_req {
     std::string path = "/chat/completions";
     std::vector<std::pair<std::string, std::string>> headers;
     pulse_json_writer body;
+    std::map<std::string, std::string> notes;  // request->annotate (1.1)
 };
 
 struct pulse_output {
@@ -127,6 +129,7 @@ struct Registration {
     pulse_translation_vt_t translation{};  // host-sized, zero-initialised copies
     pulse_backend_vt_t backend{};
     pulse_controller_vt_t controller{};
+    pulse_policy_vt_t policy{};
 };
 
 }  // namespace pulse::host

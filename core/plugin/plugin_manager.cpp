@@ -32,7 +32,8 @@ int kind_slot(uint32_t kind) {
     switch (kind) {
         case PULSE_KIND_TRANSLATION: return 0;
         case PULSE_KIND_BACKEND: return 1;
-        default: return 2;
+        case PULSE_KIND_CONTROLLER: return 2;
+        default: return 3;  // PULSE_KIND_POLICY
     }
 }
 const char* kind_word(uint32_t kind) {
@@ -40,6 +41,7 @@ const char* kind_word(uint32_t kind) {
         case PULSE_KIND_TRANSLATION: return "translation";
         case PULSE_KIND_BACKEND: return "backend";
         case PULSE_KIND_CONTROLLER: return "controller";
+        case PULSE_KIND_POLICY: return "policy";
         default: return "unknown";
     }
 }
@@ -155,7 +157,7 @@ const char* state_name(State s) {
 
 std::string kinds_text(uint32_t kinds) {
     std::string out;
-    for (uint32_t k : {PULSE_KIND_TRANSLATION, PULSE_KIND_BACKEND, PULSE_KIND_CONTROLLER})
+    for (uint32_t k : {PULSE_KIND_TRANSLATION, PULSE_KIND_BACKEND, PULSE_KIND_CONTROLLER, PULSE_KIND_POLICY})
         if (kinds & k) out += (out.empty() ? "" : "+") + std::string(kind_word(k));
     return out.empty() ? "-" : out;
 }
@@ -449,7 +451,7 @@ std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path,
     if (!valid_id(info->id)) problems.push_back("id: expected 1-128 characters of [a-z0-9._-], found '" + st.id + "'");
     if (!info->version || !*info->version) problems.push_back("version: expected a version string, found none");
     if (!info->init) problems.push_back("init: expected a function, found NULL");
-    if ((info->kinds & ~(PULSE_KIND_TRANSLATION | PULSE_KIND_BACKEND | PULSE_KIND_CONTROLLER)) != 0)
+    if ((info->kinds & ~(PULSE_KIND_TRANSLATION | PULSE_KIND_BACKEND | PULSE_KIND_CONTROLLER | PULSE_KIND_POLICY)) != 0)
         log::warn("plugins", "plugin " + path.string() + " declares unknown component kinds; they will be ignored");
     if (problems.empty() && !reloading) {
         if (auto it = ids_.find(st.id); it != ids_.end())
@@ -636,7 +638,7 @@ ReloadReport PluginManager::reload() {
         }
         const std::string& id = old->ctx.plugin_id;
         if (old->info->kinds != PULSE_KIND_TRANSLATION) {
-            refuse(f, "plugin " + f.string() + " (" + id + ") changed, but backends and controllers are not reloaded: restart Pulse to use it");
+            refuse(f, "plugin " + f.string() + " (" + id + ") changed, but backends, controllers and policies are not reloaded: restart Pulse to use it");
             continue;
         }
         if (old->mapped == old->path) {
@@ -732,6 +734,11 @@ ComponentLease PluginManager::controller(const std::string& name) const {
     std::lock_guard lock(mutex_);
     auto it = components_[2].find(name);
     return it == components_[2].end() ? nullptr : it->second;
+}
+ComponentLease PluginManager::policy(const std::string& name) const {
+    std::lock_guard lock(mutex_);
+    auto it = components_[3].find(name);
+    return it == components_[3].end() ? nullptr : it->second;
 }
 std::vector<std::string> PluginManager::component_names(uint32_t kind) const {
     std::lock_guard lock(mutex_);

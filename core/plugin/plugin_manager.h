@@ -116,12 +116,13 @@ public:
     ComponentLease translation(const std::string& name) const;
     ComponentLease backend(const std::string& name) const;
     ComponentLease controller(const std::string& name) const;
+    ComponentLease policy(const std::string& name) const;
     std::vector<std::string> component_names(uint32_t kind) const;
 
     // Hot reload (control thread): a translation-profile plugin whose file changed is loaded as
     // a new generation and its components replace the old ones for new leases; streams in
     // flight keep the old generation. New translation plugins are added. Changed backends and
-    // controllers are refused ("requires restart"). A failure keeps the old generation.
+    // controllers and policies are refused ("requires restart"). A failure keeps the old generation.
     ReloadReport reload();
     // deinit of retired generations that no lease holds any more (control thread).
     void collect_retired();
@@ -152,7 +153,7 @@ private:
     std::map<std::string, std::filesystem::path> ids_;      // id -> path, for duplicates
     mutable std::mutex mutex_;                              // guards the component maps
     mutable std::mutex status_mutex_;                       // guards statuses_ against status_snapshot()
-    std::map<std::string, std::shared_ptr<const Component>> components_[3];
+    std::map<std::string, std::shared_ptr<const Component>> components_[4];  // by kind_slot()
     uint64_t next_generation_ = 1;
 };
 

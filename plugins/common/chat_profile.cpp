@@ -18,6 +18,12 @@ struct Stream {
     ChunkTranslator translator;
 };
 
+// Tells the host how the request's reasoning budget was applied (a 1.0 host has no annotate).
+void annotate_budget(const Options& o, const Json& req, pulse_upstream_req_t* out) {
+    if (!PULSE_HAS_FIELD(g_host->request, pulse_request_api_t, annotate)) return;
+    if (auto note = budget_note(o, req)) g_host->request->annotate(out, str("reasoning_budget"), str(*note));
+}
+
 }  // namespace
 
 void bind_host(const pulse_host_api_t* host, pulse_host_ctx_t* ctx) {
@@ -55,6 +61,7 @@ pulse_status_t profile_build_request(void* instance, pulse_call_t* call, const p
         Writer w(g_host->json, g_host->request->body(out));
         write_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log);
         g_host->request->set_path(out, str("/chat/completions"));
+        annotate_budget(p.options, req, out);
         return PULSE_OK;
     });
 }
@@ -78,6 +85,7 @@ pulse_status_t profile_resume(void* instance, pulse_call_t* call, const pulse_js
         Writer w(g_host->json, g_host->request->body(out));
         write_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log, &resume);
         g_host->request->set_path(out, str("/chat/completions"));
+        annotate_budget(p.options, req, out);
         auto stream = std::make_unique<Stream>(Stream{ChunkTranslator(g_host, std::move(info))});
         stream->translator.expect_echo(resume);
         *out_stream = stream.release();

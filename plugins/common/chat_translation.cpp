@@ -216,11 +216,15 @@ Options Options::parse(const Json& cfg, std::string_view profile) {
             auto n = v.i64();
             if (!n || *n < 0 || *n > 1024) bad(key, "an integer 0-1024");
             o.slots = *n;
+        } else if (key == "budget_field") {
+            auto s = v.string();
+            if (!s) bad(key, "a string (\"\" when the backend has no per-request reasoning budget)");
+            o.budget_field = std::string(*s);
         } else {
             throw Error(PULSE_E_INVALID_ARGUMENT,
                         std::string(profile) + ": unknown profile option '" + std::string(key) +
                             "' (allowed: thinking, force_tool_choice, namespace_separator, images, chat_template_kwargs, "
-                            "cache_prompt, slots)");
+                            "cache_prompt, slots, budget_field)");
         }
     }
     return o;
@@ -229,6 +233,22 @@ Options Options::parse(const Json& cfg, std::string_view profile) {
 // ---------------------------------------------------------------------------------------------
 // Request side
 // ---------------------------------------------------------------------------------------------
+
+bool thinking_on(const Options& opt, const Json& req) {
+    if (opt.thinking == Thinking::off) return false;
+    if (opt.thinking == Thinking::on) return true;
+    std::string_view effort = req["reasoning"]["effort"].string_or("medium");
+    return !(effort == "none" || effort == "minimal");
+}
+
+std::optional<std::string> budget_note(const Options& opt, const Json& req) {
+    auto budget = req["reasoning"]["budget_tokens"].i64();
+    if (!budget) return std::nullopt;
+    if (!thinking_on(opt, req)) return std::string("enforced: the model does not think for this request");
+    if (!opt.budget_field || opt.budget_field->empty())
+        return std::string("not enforced: this backend has no per-request reasoning budget (profile option budget_field is empty)");
+    return "enforced by " + *opt.budget_field + (opt.budget_requires.empty() ? "" : " (" + opt.budget_requires + ")");
+}
 
 RequestInfo request_info(const Options& opt, const Json& req) {
     RequestInfo info;
@@ -590,12 +610,9 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
     if (max_tokens.is_number()) w.key("max_tokens").copy(max_tokens);
 
     // thinking switch, from the reasoning effort unless the profile pins it
-    bool thinking = true;
-    if (opt.thinking == Thinking::off) thinking = false;
-    else if (opt.thinking == Thinking::effort) {
-        std::string_view effort = req["reasoning"]["effort"].string_or("medium");
-        thinking = !(effort == "none" || effort == "minimal");
-    }
+    const bool thinking = thinking_on(opt, req);
+    if (auto budget = req["reasoning"]["budget_tokens"].i64(); budget && thinking && opt.budget_field && !opt.budget_field->empty())
+        w.key(*opt.budget_field).i64(*budget);
     std::string kwargs = "{\"enable_thinking\":" + std::string(thinking ? "true" : "false");
     if (!opt.template_kwargs_json.empty()) kwargs += "," + opt.template_kwargs_json;
     w.key("chat_template_kwargs").raw(kwargs + "}");

@@ -36,6 +36,10 @@ struct Options {
     // llama-server extras: "cache_prompt": true and a stable id_slot per prompt_cache_key.
     bool cache_prompt = false;
     int64_t slots = 0;  // 0 = don't pin slots
+    // The request field that caps reasoning tokens per request (a request's
+    // reasoning.budget_tokens goes there); "" = the backend has none. Unset: the dialect's.
+    std::optional<std::string> budget_field;
+    std::string budget_requires;  // what the backend needs for the field to work, for the report
 
     // Parses [models.X.profile_options]; throws pulse::Error(INVALID_ARGUMENT) naming the key.
     // `allowed_extra` lists dialect-specific keys the caller handles itself.
@@ -65,6 +69,13 @@ struct RequestInfo {
 
 // Reads tools and tool_choice (used by build_request and by stream_open).
 RequestInfo request_info(const Options& opt, const Json& req);
+
+// Whether the model thinks for this request (the profile's thinking option, else the effort).
+bool thinking_on(const Options& opt, const Json& req);
+
+// How a request's reasoning budget (reasoning.budget_tokens) is applied, as the profile reports
+// it to the host (request->annotate "reasoning_budget"); nullopt when it has none.
+std::optional<std::string> budget_note(const Options& opt, const Json& req);
 
 // What the client already has of an answer that is being resumed on another endpoint.
 struct Partial {

@@ -37,6 +37,8 @@ public:
     std::vector<Event> feed(const std::string& text);
     std::vector<Event> finish();  // end of generation: flush; an unterminated call is dropped
     bool saw_tool_call() const { return calls_ > 0; }
+    // Inside the <think> block (what is generated now is reasoning).
+    bool thinking() const { return state_ == think; }
     bool broken_call() const { return broken_; }
 
 private:

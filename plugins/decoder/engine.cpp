@@ -237,9 +237,25 @@ void Engine::run(Job& job) {
     std::string finish = "length";
     bool eog = false;
     const int64_t V = model_->hparams().n_vocab;
+    // A reasoning budget (vLLM's field name, or llama-server's): after that many tokens inside
+    // the think block, the block is closed by force and the answer follows.
+    const int64_t budget = static_cast<int64_t>(num(req, "thinking_token_budget", num(req, "reasoning_budget_tokens", -1)));
+    int64_t reasoning_tokens = 0;
+    std::vector<int32_t> forced;  // tokens to emit instead of sampling
     while (static_cast<int64_t>(generated.size()) < max_new) {
         if (job.cancelled) return;
-        int32_t t = sampler.sample(logits.data(), V);
+        if (forced.empty() && budget >= 0 && parser.thinking() && reasoning_tokens >= budget) {
+            forced = tok_.encode("\n</think>\n\n");
+            std::reverse(forced.begin(), forced.end());
+        }
+        int32_t t;
+        if (!forced.empty()) {
+            t = forced.back();
+            forced.pop_back();
+        } else {
+            t = sampler.sample(logits.data(), V);
+        }
+        if (parser.thinking()) ++reasoning_tokens;
         if (tok_.is_eog(t)) {
             finish = "stop";
             eog = true;

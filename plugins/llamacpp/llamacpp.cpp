@@ -19,6 +19,9 @@ namespace {
 void adjust(pulse::chat::Options& o, const pulse::Json& cfg) {
     if (!cfg["cache_prompt"].present()) o.cache_prompt = true;  // llama-server's prefix reuse
     o.history_reasoning_field = "reasoning_content";
+    // llama-server caps reasoning per request with reasoning_budget_tokens (for templates with
+    // reasoning tags).
+    if (!o.budget_field) o.budget_field = "reasoning_budget_tokens";
 }
 
 const pulse::chat::Dialect kDialect = {"llamacpp", adjust};

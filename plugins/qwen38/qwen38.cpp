@@ -14,6 +14,10 @@ void adjust(pulse::chat::Options& o, const pulse::Json&) {
     if (o.cache_prompt || o.slots)
         throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "qwen38: cache_prompt and slots are llama-server options (profile llamacpp)");
     o.history_reasoning_field = "reasoning_content";
+    // vLLM caps reasoning per request with thinking_token_budget, once the server knows the
+    // model's reasoning markers (--reasoning-config; the shipped recipe sets it).
+    if (!o.budget_field) o.budget_field = "thinking_token_budget";
+    o.budget_requires = "vLLM started with --reasoning-config";
 }
 
 const pulse::chat::Dialect kDialect = {"qwen38", adjust};

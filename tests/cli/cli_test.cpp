@@ -148,6 +148,28 @@ TEST_CASE("plugins: a config that needs a profile or backend no plugin provides 
     CHECK(has(r.err, "backend 'nowhere' is not provided by any loaded plugin (loaded backends: none)"));
 }
 
+TEST_CASE("policies: one no plugin provides gives exit 4 naming it; options the policy refuses stop serve with its message") {
+    Site site({"good_cpp", "faulty_policy"},
+              "[models.m]\nprofile = \"test-profile\"\n[[models.m.endpoints]]\nurl = \"http://127.0.0.1:9/v1\"\n[models.m.policy]\nname = \"nope\"\n");
+    auto r = run({exe(), "plugins", "--config", site.config.string()}, kNoEnvOverrides);
+    CHECK(r.code == 4);
+    CHECK(has(r.err, "model 'm': policy 'nope' is not provided by any loaded plugin (loaded policies: test-policy)"));
+    CHECK(has(r.out, "test.policy"));
+    CHECK(has(r.out, "policy"));  // the kind column
+    Site refusing({"good_cpp", "faulty_policy"},
+                  "[server]\nlisten = \"127.0.0.1:0\"\n[models.m]\nprofile = \"test-profile\"\n[[models.m.endpoints]]\nurl = \"http://127.0.0.1:9/v1\"\n"
+                  "[models.m.policy]\nname = \"test-policy\"\n[models.m.policy.options]\nmode = \"refuse\"\n");
+    r = run({exe(), "serve", "--config", refusing.config.string()}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "models.m.policy.options: test-policy: refused on purpose"));
+    // A policy table without a name is a config error at its line.
+    TempDir tmp;
+    auto bad = tmp.write("p.toml", "[models.m]\nprofile = \"x\"\n[[models.m.endpoints]]\nurl = \"http://x:1/v1\"\n[models.m.policy]\ntimeout_ms = 0\n");
+    r = run({exe(), "config", "check", bad.string()}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "models.m.policy.timeout_ms"));
+}
+
 TEST_CASE("plugins: a binary in its build directory finds that build's plugins; a copy elsewhere the installed dir") {
     std::map<std::string, std::string> env = kNoEnvOverrides;
     auto r = run({exe(), "plugins"}, env);  // no config anywhere, no PULSE_PLUGIN_DIRS

@@ -206,6 +206,31 @@ TEST_CASE("engine: streams Chat Completions chunks with usage; the next turn reu
     CHECK(text(chunks) == text(chunks2));
 }
 
+TEST_CASE("engine: a reasoning budget closes the think block after that many tokens; the answer follows") {
+    TinyEngine t;
+    auto run = [&](const std::string& budget) {
+        auto job = t.engine->submit(json(R"({"max_tokens":40,"temperature":1,"seed":3,"messages":[{"role":"user","content":"think"}])" + budget + "}"));
+        std::string reasoning, content;
+        for (const auto& c : drain(*job)) {
+            if (!c["choices"].Size()) continue;
+            const auto& d = c["choices"][0]["delta"];
+            if (d.HasMember("reasoning_content")) reasoning += d["reasoning_content"].GetString();
+            if (d.HasMember("content")) content += d["content"].GetString();
+        }
+        return std::make_pair(reasoning, content);
+    };
+    auto [free_reasoning, free_content] = run("");
+    auto [reasoning, content] = run(R"(,"thinking_token_budget":5)");
+    CAPTURE(free_reasoning);
+    CAPTURE(reasoning);
+    // Seeded: the same tokens until the budget, then "</think>" by force and the answer.
+    REQUIRE(free_reasoning.size() > reasoning.size());  // unbudgeted, the random model thinks on
+    CHECK(free_reasoning.rfind(reasoning.substr(0, reasoning.size() / 2), 0) == 0);
+    CHECK(!content.empty());
+    // llama-server's field name works too.
+    CHECK(run(R"(,"reasoning_budget_tokens":5)").first == reasoning);
+}
+
 TEST_CASE("engine: max tokens ends with length; an over-long prompt is refused before any output; cancel stops") {
     TinyEngine t;
     auto job = t.engine->submit(json(R"({"max_tokens":3,"temperature":0,"messages":[{"role":"user","content":"x"}]})"));

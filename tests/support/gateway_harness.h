@@ -100,6 +100,7 @@ struct Gateway {
         // The decoder backend only where a model uses it (it is the slowest plugin to load).
         if (models_toml.find("decoder:") != std::string::npos || models_toml.find("plugin://decoder") != std::string::npos)
             plugins.push_back(env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/decoder.so");
+        if (models_toml.find(".policy]") != std::string::npos) plugins.push_back(env_or_fail("PULSE_PLUGIN_BUILD_DIR") + "/policy.so");
         for (const auto& src : plugins) {
             auto dst = dir / "plugins" / std::filesystem::path(src).filename();
             std::filesystem::copy_file(src, dst);
@@ -127,6 +128,7 @@ struct HttpResult {
     int status = 0;
     std::string body;
     std::string content_type, retry_after, fallback;  // fallback: X-Pulse-Fallback
+    std::string budget;                                // X-Pulse-Reasoning-Budget
 };
 
 // GET `path`; the body, and the status in *status when asked.
@@ -173,6 +175,7 @@ inline HttpResult post(uint16_t port, const std::string& path, const std::string
     r.content_type = resp.getContentType();
     r.retry_after = resp.get("Retry-After", "");
     r.fallback = resp.get("X-Pulse-Fallback", "");
+    r.budget = resp.get("X-Pulse-Reasoning-Budget", "");
     r.body.assign(std::istreambuf_iterator<char>(in), {});
     return r;
 }

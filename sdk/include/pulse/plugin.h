@@ -28,6 +28,9 @@
  *                    (flags are reserved); every comment says what a 1.0 host really does.
  *   1.1  2026-12-01  pulse_translation_vt_t.resume: continue a response on another endpoint
  *                    after its backend failed mid-stream (a 1.0 profile's responses fail there).
+ *                    The policy kind (PULSE_KIND_POLICY, pulse_policy_vt_t, register_policy):
+ *                    per-request reasoning budget, effort and sampling. request->annotate: a
+ *                    profile says how it applied a request's reasoning budget.
  */
 #ifndef PULSE_PLUGIN_H
 #define PULSE_PLUGIN_H
@@ -99,6 +102,7 @@ typedef int32_t pulse_log_level_t;
 #define PULSE_KIND_TRANSLATION 0x1u /* Responses <-> upstream dialect; hot-reloadable */
 #define PULSE_KIND_BACKEND 0x2u     /* in-process engine; startup only */
 #define PULSE_KIND_CONTROLLER 0x4u  /* runtime controller (`pulse model`); startup only */
+#define PULSE_KIND_POLICY 0x8u      /* per-request policy (1.1); startup only */
 
 /* pulse_plugin_info_t.flags: none are defined in 1.x; set 0. A host ignores bits it does not
  * know. (Loaded code is never unloaded: a host keeps every copy it mapped until it exits.) */
@@ -278,6 +282,15 @@ typedef struct pulse_request_api {
     pulse_status_t (*add_header)(pulse_upstream_req_t* r, pulse_str_t name, pulse_str_t value);
     /* The body writer: write exactly one JSON object. */
     pulse_json_writer_t* (*body)(pulse_upstream_req_t* r);
+
+    /* ---- 1.1 ---- */
+
+    /* Tells the host how this request was built, for what it reports to the client and logs.
+     * Keys the host reads: "reasoning_budget" — how the request's reasoning budget
+     * (request.reasoning.budget_tokens) was applied: "enforced by FIELD" when the backend caps
+     * reasoning per request through that field, else "not enforced: WHY". A budget the profile
+     * says nothing about is reported as not enforced. Copies both; last value per key wins. */
+    pulse_status_t (*annotate)(pulse_upstream_req_t* r, pulse_str_t key, pulse_str_t value);
 } pulse_request_api_t;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -384,6 +397,34 @@ typedef struct pulse_controller_vt {
     pulse_status_t (*health)(void* controller, pulse_call_t* call, pulse_json_writer_t* out);
 } pulse_controller_vt_t;
 
+/* Request policy (1.1): consulted once per request of a model that names it
+ * ([models.X.policy]), after validation and before translation, to decide the request's
+ * reasoning budget, reasoning effort and sampling. Startup only; never unloaded.
+ * OWNERSHIP: the plugin owns the vtable memory (static) and every `void*` it returns. */
+typedef struct pulse_policy_vt {
+    uint32_t struct_size;
+    const char* name; /* what config refers to: [models.X.policy] name = "NAME"; static */
+    /* [control] One instance per model that uses it; `config` is [models.X.policy.options] as
+     * JSON (may be NULL). Reject unknown keys. */
+    pulse_status_t (*create)(void* user, pulse_call_t* call, const pulse_json_t* config,
+                             void** out_policy);
+    /* [control] No decide call is running. */
+    void (*destroy)(void* policy);
+    /* [any-thread, concurrently] `request` summarises the request: {"model", "effort" (the
+     * client's reasoning effort, "" if none), "tools" (names), "history_items", "conversation"
+     * (the routing key), "input_chars", "stream"}. Write one JSON object to `out` with any of
+     * "reasoning_budget" (integer >= 0, reasoning tokens), "effort" ("none", "minimal", "low",
+     * "medium", "high", "xhigh") and "sampling" {"temperature", "top_p", "top_k", "min_p",
+     * "presence_penalty", "repetition_penalty", "max_output_tokens"}; `{}` changes nothing.
+     * The host waits until call_deadline_ms (the model's policy timeout_ms) and then goes on
+     * without the decision, marking the call cancelled: a slow policy checks call_cancelled.
+     * An error status, a late answer, or an object the host cannot use (a wrong type, a value
+     * out of range, an unknown key) leaves the request unchanged; the host logs and counts it.
+     * The request never fails because of its policy. */
+    pulse_status_t (*decide)(void* policy, pulse_call_t* call, const pulse_json_t* request,
+                             pulse_json_writer_t* out);
+} pulse_policy_vt_t;
+
 /* ---------------------------------------------------------------------------------------- */
 /* Host API (host -> plugin, passed to init)                                                */
 /* ---------------------------------------------------------------------------------------- */
@@ -439,6 +480,12 @@ typedef struct pulse_host_api {
 
     /* optional services by versioned id ("pulse.metrics/1"); NULL if absent [any-thread] */
     const void* (*get_extension)(pulse_host_ctx_t* ctx, const char* id);
+
+    /* ---- 1.1 (check PULSE_HAS_FIELD on a host older than your build) ---- */
+
+    /* registration [init-only], as register_translation. */
+    pulse_status_t (*register_policy)(pulse_host_ctx_t* ctx, const pulse_policy_vt_t* vt,
+                                      uint32_t vt_size, void* user);
 } pulse_host_api_t;
 
 /* ---------------------------------------------------------------------------------------- */
