@@ -11,7 +11,8 @@
 //   - HTTP 500 "Failed to parse tool call arguments as JSON" and exceed_context_size_error are
 //     mapped to clear 400s (not retryable as they are);
 //   - while loading, llama-server answers 503 "Loading model": the gateway treats that
-//     endpoint as loading (not ready), not as failed.
+//     endpoint as loading (not ready), not as failed;
+//   - a reasoning budget goes out as reasoning_budget_tokens.
 #include "chat_profile.h"
 
 namespace {

@@ -5,7 +5,9 @@
 //     history replays it as `reasoning_content`, which Qwen templates read;
 //   - tool_choice "required"/named is accepted but not always applied: a forced choice is
 //     constrained with a JSON schema (profile option force_tool_choice = "schema", default);
-//   - context overflow is a 400 whose message says "maximum context length".
+//   - context overflow is a 400 whose message says "maximum context length";
+//   - a reasoning budget goes out as thinking_token_budget (enforced by a vLLM started with
+//     --reasoning-config).
 #include "chat_profile.h"
 
 namespace {
