@@ -4,10 +4,13 @@
 # protocol is real). Checks what the fake llama-server claims too: the real server refuses two
 # trailing assistant messages and answers an image with a 500 when it has no vision projector.
 #
-# usage: llama_server_live.sh PULSE_EXE PLUGIN_DIR MAKE_SYNTHETIC
+# The continuation rules mid-stream resume relies on (and fake_vllm reproduces), and the
+# per-request reasoning budget, are checked against it directly and through Pulse.
+#
+# usage: llama_server_live.sh PULSE_EXE PLUGIN_DIR MAKE_SYNTHETIC FAKE_VLLM
 # Needs PULSE_LLAMA_SERVER and PULSE_LLAMA_TEMPLATE (tools/dev sets both); else SKIP.
 set -euo pipefail
-pulse=$(realpath "$1") plugins=$(realpath "$2") make_synthetic=$(realpath "$3")
+pulse=$(realpath "$1") plugins=$(realpath "$2") make_synthetic=$(realpath "$3") fake=$(realpath "$4")
 server=${PULSE_LLAMA_SERVER:-} template=${PULSE_LLAMA_TEMPLATE:-}
 if [ -z "$server" ] || [ ! -x "$server" ] || [ ! -f "$template" ]; then
   echo "llama-server not found (PULSE_LLAMA_SERVER='$server'); run the suite with tools/dev test, which builds it"
@@ -43,10 +46,26 @@ start_saving_server() {
   fail "the saving llama-server did not start"
 }
 start_saving_server
+# A fake llama-server that dies four deltas into every answer it starts: mid-stream resume must
+# continue those answers on the real server.
+cat > "$work/dying.json" <<'JSON'
+{"turns": [{"content": "The quick brown fox jumps over the lazy dog.", "die_after": 4}]}
+JSON
+"$fake" --script "$work/dying.json" --port 0 --flavor llamacpp > "$work/dying.log" 2>&1 &
+pids+=($!)
+dport=$(wait_port "$work/dying.log" 'listening on 127\.0\.0\.1:[0-9]+') || fail "the dying fake did not start"
 fport=$lport
 profile=llamacpp
 start_pulse_config 0
 cat >> "$work/pulse.toml" <<TOML
+[models.resumable]
+profile = "llamacpp"
+[[models.resumable.endpoints]]
+name = "dying"
+url = "http://127.0.0.1:$dport/v1"
+[[models.resumable.endpoints]]
+name = "real"
+url = "http://127.0.0.1:$lport/v1"
 [models.saving]
 profile = "llamacpp"
 [[models.saving.endpoints]]
@@ -154,8 +173,49 @@ check(st == 500 and "image input is not supported" in body, f"llama-server on an
 t0 = time.time()
 st, body = post(base + "/responses", dict(req, input=[{"role": "user", "content": [{"type": "input_text", "text": "what is this"}, image]}]), timeout=20)
 check(st == 400 and "takes no images" in body and time.time() - t0 < 5, f"image through Pulse: {st} {body[:200]}")
+
+# Continuing an assistant message, as mid-stream resume asks (and fake_vllm reproduces).
+def deltas(body):
+    out = []
+    for e in (json.loads(l[6:]) for b in body.split("\n\n") for l in b.split("\n") if l.startswith("data: ") and l[6:] != "[DONE]"):
+        if e.get("choices"): out.append(e["choices"][0]["delta"])
+    return out
+chat = {"model": "m", "stream": True, "max_tokens": 8, "temperature": 0, "chat_template_kwargs": {"enable_thinking": True}}
+partial = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer is"}]
+st, body = post(llama + "/chat/completions", dict(chat, messages=partial))
+first = next((d.get("content") for d in deltas(body) if d.get("content")), "")
+check(st == 200 and first.startswith("The answer is"), f"implicit prefill: the first delta repeats the prefill ({st} {first!r})")
+st, body = post(llama + "/chat/completions", dict(chat, messages=partial, continue_final_message=True, add_generation_prompt=False))
+first = next((d.get("content") for d in deltas(body) if d.get("content")), "")
+check(st == 200 and first and not first.startswith("The answer is"), f"continue_final_message: no repeat ({st} {first!r})")
+st, body = post(llama + "/chat/completions", dict(chat, messages=partial, continue_final_message=True))
+check(st == 400 and "Cannot set both add_generation_prompt and continue_final_message" in body, f"both flags: {st} {body[:200]}")
+thinking = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "reasoning_content": "Let me"}]
+st, body = post(llama + "/chat/completions", dict(chat, messages=thinking, continue_final_message=True, add_generation_prompt=False))
+ds = deltas(body)
+check(st == 200 and any(d.get("reasoning_content") for d in ds) and not any(d.get("content") for d in ds[:3]),
+      f"a reasoning-only message is continued inside its reasoning: {st} {ds[:4]}")
+# Through Pulse: an answer cut four deltas in on the dying endpoint goes on on the real server.
+st, body = post(base + "/responses", {"model": "resumable", "store": False, "stream": True, "max_output_tokens": 8,
+                                      "reasoning": {"effort": "none"}, "input": "go"})
+ev = sse(body)
+text = "".join(e["delta"] for e in ev if e["type"] == "response.output_text.delta")
+check(st == 200 and ev and ev[-1]["type"] in ("response.completed", "response.incomplete"), f"resumed response: {st} {body[-300:]}")
+check(text.startswith("The quick brown fox ") and not text[len("The quick brown fox "):].startswith("The quick"),
+      f"resumed text: the fake's words once, then the real server's continuation: {text!r}")
+check([e["sequence_number"] for e in ev] == list(range(len(ev))), "resumed response: sequence numbers")
+
+# A reasoning budget (reasoning.budget_tokens) is enforced by the real server.
+def reasoning_tokens(extra):
+    st, body = post(base + "/responses", dict(req, input="think", max_output_tokens=40, reasoning=dict({"effort": "high"}, **extra)))
+    r = json.loads(body) if st == 200 else {"usage": {"output_tokens_details": {"reasoning_tokens": -1}}}
+    return st, r["usage"]["output_tokens_details"]["reasoning_tokens"]
+st, free = reasoning_tokens({})
+st2, capped = reasoning_tokens({"budget_tokens": 3})
+check(st == 200 and st2 == 200 and free > 10 and 0 < capped <= 4, f"reasoning budget 3: {capped} reasoning tokens (without: {free})")
+
 health = json.loads(urllib.request.urlopen(base.replace("/v1", "") + "/health", timeout=10).read())
-check(all(e["state"] == "healthy" for m in health["models"] for e in m["endpoints"]), f"endpoint marked down: {health}")
+check(all(e["state"] == "healthy" for m in health["models"] if m["id"] != "resumable" for e in m["endpoints"]), f"endpoint marked down: {health}")
 
 if failures:
     print("FAIL:\n  " + "\n  ".join(failures))
