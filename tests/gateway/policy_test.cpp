@@ -72,6 +72,25 @@ TEST_CASE("static policy: a reasoning budget by effort, sent as vLLM's thinking_
     CHECK(metric(m, R"(pulse_reasoning_budget_tokens_total{model="m"})") == 1024 + 4096);
 }
 
+TEST_CASE("a vLLM started with --reasoning-config caps the reasoning at the budget; one without ignores it, as the header warns") {
+    const std::string thinking = "one two three four five six seven eight nine ten";
+    for (bool configured : {true, false}) {
+        CAPTURE(configured);
+        FakeBackend b(std::string(R"({"reasoning_config":)") + (configured ? "true" : "false") + R"(,"turns":[{"reasoning":")" + thinking +
+                      R"(","content":"ok"}]})");
+        Gateway gw(model(b.url(), "[models.m.policy]\nname = \"static\"\n[models.m.policy.options]\nbudgets = { low = 3 }\n"));
+        auto r = post(gw.port, "/v1/responses", request(R"(,"reasoning":{"effort":"low"})", false));
+        REQUIRE(r.status == 200);
+        rapidjson::Document d;
+        d.Parse(r.body.c_str());
+        CHECK(d["usage"]["output_tokens_details"]["reasoning_tokens"].GetInt() == (configured ? 3 : 10));
+        CHECK(r.budget.find("(vLLM started with --reasoning-config)") != std::string::npos);  // the condition is said
+        std::string m = get(gw.port, "/metrics");
+        CHECK(metric(m, R"(pulse_budgeted_reasoning_tokens_total{model="m"})") == (configured ? 3 : 10));
+        CHECK(metric(m, R"(pulse_reasoning_over_budget_total{model="m"})") == (configured ? 0 : 1));
+    }
+}
+
 TEST_CASE("llama-server gets reasoning_budget_tokens; a backend without a per-request budget is reported as not enforcing it") {
     SUBCASE("llamacpp") {
         FakeBackend b(R"({"turns":[{"content":"ok"}]})", "llamacpp");

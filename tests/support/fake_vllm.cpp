@@ -46,6 +46,11 @@
 //     content in the first deltas (llama-server's echo); an explicit one does not. A continued
 //     message with tool_calls is a 400. Top-level "legacy_prefill": true ignores the field, as
 //     llama-server builds from before it had it do (every continuation is an implicit one).
+// Reasoning budget: with top-level "reasoning_config": true (vLLM started with
+// --reasoning-config) a request's thinking_token_budget cuts the reasoning after that many
+// deltas and the answer follows; without it vLLM ignores the field, and so does this fake. The
+// llamacpp flavor always honours reasoning_budget_tokens (llama-server does, for templates with
+// reasoning tags).
 // "spec": {"drafts_per_request": D, "accept": [p1, p2, ...]} simulates MTP counters: each
 // streamed response adds D drafts of K = len(accept) tokens and round(D * p_i) accepted at
 // position i to /metrics (vLLM names; the llamacpp flavor also reports timings.draft_n*).
@@ -459,6 +464,17 @@ public:
             delta(d);
         };
         int completion = 0, reasoning_tokens = 0;
+        {
+            const bool honoured = g_flavor == "llamacpp" || (g_script.HasMember("reasoning_config") && g_script["reasoning_config"].IsTrue());
+            const char* field = g_flavor == "llamacpp" ? "reasoning_budget_tokens" : "thinking_token_budget";
+            if (int64_t budget = rq.IsObject() ? get_int(rq, field, -1) : -1; honoured && budget >= 0) {
+                std::string kept;
+                int64_t n = 0;
+                for (const auto& w : words(say_reasoning))
+                    if (n++ < budget) kept += w;
+                say_reasoning = kept;
+            }
+        }
         if (echo && !pre_reasoning.empty()) say_reasoning = pre_reasoning + say_reasoning;
         if (echo && !cont_reasoning && !pre_content.empty()) say_content = pre_content + say_content;
         auto pieces = [&](const std::string& text, const std::string& echoed) {
