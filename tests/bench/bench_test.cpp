@@ -273,6 +273,41 @@ TEST_CASE("bench decode: two arms interleaved, usage token counts, pair ratios, 
     CHECK(slurp(run.files(".svg")[0]).find("<svg") != std::string::npos);
 }
 
+TEST_CASE("bench decode --api responses: two policies on one gateway compared on the same prompts (tokens, time)") {
+    // One backend that enforces reasoning budgets; two models on it whose policies differ.
+    FakeBackend be(R"({"reasoning_config":true,"turns":[{"reasoning":"a b c d e f g h i j","content":"ok done","delay_ms":1}]})");
+    std::string models;
+    for (auto [name, budget] : {std::pair{"tight", 2}, std::pair{"loose", 8}})
+        models += std::string("[models.") + name + "]\nprofile = \"qwen38\"\n[[models." + name + ".endpoints]]\nurl = \"" + be.url() +
+                  "\"\n[models." + name + ".policy]\nname = \"static\"\n[models." + name + ".policy.options]\nbudgets = { medium = " +
+                  std::to_string(budget) + " }\n";
+    Gateway gw(models);
+    const std::string url = "http://127.0.0.1:" + std::to_string(gw.port) + "/v1";
+    BenchRun run({"decode", "--api", "responses", "--effort", "medium", "--arms", "tight=" + url + "#tight,loose=" + url + "#loose", "--interleave",
+                  "--reps", "1", "--max-tokens", "64"});
+    REQUIRE_MESSAGE(run.r.code == 0, run.r.err);
+    auto& d = run.doc;
+    CHECK(std::string(d["conditions"]["api"].GetString()) == "responses");
+    CHECK(std::string(d["conditions"]["effort"].GetString()) == "medium");
+    const auto& runs = d["runs"];
+    REQUIRE(runs.Size() == 2 * 4);
+    for (rapidjson::SizeType i = 0; i < runs.Size(); ++i) {
+        bool tight = std::string(runs[i]["arm"].GetString()) == "tight";
+        CHECK(runs[i]["reasoning_tokens"].GetInt() == (tight ? 2 : 8));
+        CHECK(runs[i]["completion_tokens"].GetInt() == (tight ? 4 : 10));
+    }
+    const auto& pair = d["pairs"][0];
+    CHECK(std::string(pair["arm"].GetString()) == "loose");
+    CHECK(pair["output_tokens_ratio"]["median"].GetDouble() == doctest::Approx(2.5));
+    CHECK(pair["e2e_ratio"]["n"].GetInt() == 4);
+    // The gateway saw each arm's model, with the effort asked for.
+    auto reqs = be.requests();
+    REQUIRE(reqs.size() == 8);
+    int tight = 0;
+    for (const auto& q : reqs) tight += q.find("\"thinking_token_budget\":2") != std::string::npos;
+    CHECK(tight == 4);
+}
+
 TEST_CASE("bench accept: acceptance rate, tokens per step and per position from /metrics deltas") {
     FakeBackend be(R"({"turns":[{"content":"x y z"}],"spec":{"drafts_per_request":10,"accept":[0.8,0.6,0.4]}})");
     // Traffic before the run must not count: deltas only.
@@ -324,6 +359,38 @@ TEST_CASE("bench quality: a 3-problem subset with right, wrong and looping answe
     std::string samples = slurp(run.doc["samples_file"].GetString());
     CHECK(std::count(samples.begin(), samples.end(), '\n') == 3);
     CHECK(samples.find("\"task_id\":\"Mini/0\"") != std::string::npos);
+}
+
+TEST_CASE("bench quality: two arms (two models of one gateway) on the same problems, interleaved, scored each") {
+    FakeBackend good(R"({"turns":[
+        {"match":"def add(", "content":"```python\ndef add(a: int, b: int) -> int:\n    return a + b\n```"},
+        {"match":"def is_palindrome(", "content":"```python\ndef is_palindrome(s: str) -> bool:\n    return s == s[::-1]\n```"},
+        {"match":"def count_up(", "content":"```python\ndef count_up(n: int) -> list:\n    return list(range(n))\n```"},
+        {"content":"no idea"}]})");
+    FakeBackend bad(R"({"turns":[{"content":"```python\ndef add(a, b):\n    return None\ndef is_palindrome(s):\n    return None\ndef count_up(n):\n    return None\n```"}]})");
+    Gateway gw("[models.good]\nprofile = \"qwen38\"\n[[models.good.endpoints]]\nurl = \"" + good.url() + "\"\n[models.bad]\nprofile = \"qwen38\"\n" +
+               "[[models.bad.endpoints]]\nurl = \"" + bad.url() + "\"\n");
+    const std::string url = "http://127.0.0.1:" + std::to_string(gw.port) + "/v1";
+    TempDir d;
+    auto ds = write_problems(d, "mini.jsonl");
+    BenchRun run({"quality", "--api", "responses", "--arms", "good=" + url + "#good,bad=" + url + "#bad", "--dataset", ds.string(),
+                  "--exec-timeout", "10", "--cpu-s", "1"},
+                 180);
+    REQUIRE_MESSAGE(run.r.code == 0, run.r.err);
+    const auto& arms = run.doc["arms"];
+    REQUIRE(arms.Size() == 2);
+    CHECK(std::string(arms[0]["arm"].GetString()) == "good");
+    CHECK(arms[0]["pass_at_k"]["pass@1"].GetDouble() == doctest::Approx(1.0));
+    CHECK(arms[0]["outcomes"]["passed"].GetInt() == 3);
+    CHECK(arms[1]["pass_at_k"]["pass@1"].GetDouble() == doctest::Approx(0.0));
+    CHECK(arms[1]["outcomes"]["failed"].GetInt() == 3);
+    CHECK(arms[0]["output_tokens"]["n"].GetInt() == 3);
+    CHECK(std::string(run.doc["conditions"]["api"].GetString()) == "responses");
+    std::string samples = slurp(run.doc["samples_file"].GetString());
+    CHECK(std::count(samples.begin(), samples.end(), '\n') == 6);
+    CHECK(samples.find("\"arm\":\"bad\",\"task_id\":\"Mini/0\"") != std::string::npos);
+    CHECK(good.requests().size() == 3);
+    CHECK(bad.requests().size() == 3);
 }
 
 TEST_CASE("bench quality: pass@k with several samples, and a dataset that is missing is a usage error") {

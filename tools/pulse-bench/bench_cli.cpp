@@ -41,7 +41,8 @@ const char* const kBenchHelp =
     "\n"
     "common options:\n"
     "  --endpoint [NAME=]URL     the server's OpenAI base URL, e.g. http://127.0.0.1:8888/v1\n"
-    "  --arms A=URL,B=URL        two or more endpoints (decode, drift); --interleave runs them A B A B\n"
+    "  --arms A=URL,B=URL        two or more endpoints (decode, drift); --interleave runs them A B A B;\n"
+    "                            URL#MODEL sets that arm's model (two models of one gateway)\n"
     "  --model M                 request model (default: the first /v1/models lists)\n"
     "  --api-key-env VAR         read a bearer key from this environment variable\n"
     "  --out DIR                 where JSON and charts go (default bench-results)\n"
@@ -50,7 +51,8 @@ const char* const kBenchHelp =
     "  --timeout S               per request (default 600)\n"
     "  --reps N --max-tokens N --prompts FILE --temperature T\n"
     "  --chat-template-kwargs JSON   default {\"enable_thinking\": false}\n"
-    "decode: --reps 3, --max-tokens 600, --ignore-eos      accept: --metrics URL, --max-tokens 256\n"
+    "decode: --reps 3, --max-tokens 600, --ignore-eos, --api chat|responses (a Pulse gateway), --effort E\n"
+    "accept: --metrics URL, --max-tokens 256\n"
     "ttft: --cases cold,warm,restart --restart-cmd CMD --api chat|responses --prompt-words N\n"
     "quality: --dataset PATH (HumanEval .jsonl[.gz]) --samples N --k 1,10 --limit N --mode chat|completions\n"
     "         --exec-timeout S --cpu-s S\n"
@@ -66,6 +68,7 @@ struct Options {
     std::string tool;
     std::vector<Endpoint> arms;
     std::string model, api_key_env, out = "bench-results", prompts, metrics, restart_cmd, api = "chat", dataset, mode = "chat";
+    std::string effort;  // decode --api responses: reasoning.effort ("" = none sent)
     std::string template_kwargs = R"({"enable_thinking":false})";
     std::vector<std::string> cases = {"cold", "warm"};
     std::vector<int> ks = {1};
@@ -125,6 +128,7 @@ Options parse(const std::vector<std::string>& args) {
         else if (a == "--restart-cmd") o.restart_cmd = next();
         else if (a == "--ready-timeout") o.ready_timeout = number(1, 86400);
         else if (a == "--api") o.api = next();
+        else if (a == "--effort") o.effort = next();
         else if (a == "--prompt-words") o.prompt_words = static_cast<int>(number(1, 1000000));
         else if (a == "--dataset") o.dataset = next();
         else if (a == "--samples") o.samples = static_cast<int>(number(1, 1000));
@@ -215,6 +219,21 @@ rapidjson::Document chat_body(const Options& o, const Prompt& p, int max_tokens)
     return b;
 }
 
+// The same prompt as a Responses request (a Pulse gateway: its policies act on these).
+rapidjson::Document responses_body(const Options& o, const Prompt& p, int max_tokens) {
+    rapidjson::Document b(rapidjson::kObjectType);
+    auto& a = b.GetAllocator();
+    if (!p.system.empty()) b.AddMember("instructions", sv(p.system, a), a);
+    b.AddMember("input", sv(p.user, a), a);
+    b.AddMember("store", false, a).AddMember("temperature", o.temperature, a).AddMember("max_output_tokens", max_tokens, a);
+    if (!o.effort.empty()) {
+        rapidjson::Value r(rapidjson::kObjectType);
+        r.AddMember("effort", sv(o.effort, a), a);
+        b.AddMember("reasoning", r, a);
+    }
+    return b;
+}
+
 // The conditions every result carries.
 rapidjson::Document start_doc(const Options& o, const std::vector<BackendInfo>& infos, int max_tokens, int reps) {
     rapidjson::Document d(rapidjson::kObjectType);
@@ -287,6 +306,7 @@ rapidjson::Value run_json(const RunRecord& x, Alloc& a) {
     if (!x.r.ok) v.AddMember("error", sv(x.r.error, a), a);
     v.AddMember("ttft_s", x.r.ttft, a).AddMember("e2e_s", x.r.end, a).AddMember("decode_tps", x.r.decode_tps(), a);
     v.AddMember("completion_tokens", x.r.completion_tokens, a).AddMember("prompt_tokens", x.r.prompt_tokens, a);
+    v.AddMember("reasoning_tokens", x.r.reasoning_tokens, a);
     v.AddMember("cached_tokens", x.r.cached_tokens, a).AddMember("output_chunks", x.r.output_chunks, a);
     v.AddMember("finish_reason", sv(x.r.finish_reason, a), a);
     return v;
@@ -315,7 +335,9 @@ int decode(Options& o) {
     bool failed = false;
     for (auto [a, p, r] : order) {
         progress.step(prompts[p].id + " rep " + std::to_string(r + 1) + " on " + o.arms[a].name);
-        RunRecord x{o.arms[a].name, prompts[p].id, prompts[p].kind, r, stream_chat(o.arms[a], chat_body(o, prompts[p], max_tokens), o.timeout)};
+        RunRecord x{o.arms[a].name, prompts[p].id, prompts[p].kind, r,
+                    o.api == "responses" ? stream_responses(o.arms[a], responses_body(o, prompts[p], max_tokens), o.timeout)
+                                         : stream_chat(o.arms[a], chat_body(o, prompts[p], max_tokens), o.timeout)};
         if (x.r.ok && x.r.completion_tokens < 0) x.r.completion_tokens = x.r.output_chunks;  // no usage: chunks (flagged below)
         failed = failed || !x.r.ok;
         if (!x.r.ok && !o.json) std::fprintf(stderr, "  failed: %s\n", x.r.error.c_str());
@@ -324,6 +346,7 @@ int decode(Options& o) {
     auto doc = start_doc(o, infos, max_tokens, reps);
     auto& al = doc.GetAllocator();
     doc["conditions"].AddMember("prompts", sv(o.prompts.empty() ? "decode_prompts.json (shipped)" : o.prompts, al), al);
+    doc["conditions"].AddMember("api", sv(o.api, al), al).AddMember("effort", sv(o.effort, al), al);
     rapidjson::Value jr(rapidjson::kArrayType);
     for (const auto& x : runs) jr.PushBack(run_json(x, al), al);
     doc.AddMember("runs", jr, al);
@@ -337,44 +360,57 @@ int decode(Options& o) {
     for (const auto& arm : o.arms) {
         Chart::Series series{arm.name, {}, {}};
         for (const auto& k : kinds) {
-            std::vector<double> tps, ttft, e2e;
+            std::vector<double> tps, ttft, e2e, out, reasoning;
             for (const auto& x : runs)
-                if (x.arm == arm.name && x.kind == k && x.r.ok) tps.push_back(x.r.decode_tps()), ttft.push_back(x.r.ttft), e2e.push_back(x.r.end);
-            Summary st = summarize(tps), tt = summarize(ttft), ee = summarize(e2e);
+                if (x.arm == arm.name && x.kind == k && x.r.ok) {
+                    tps.push_back(x.r.decode_tps()), ttft.push_back(x.r.ttft), e2e.push_back(x.r.end);
+                    out.push_back(static_cast<double>(x.r.completion_tokens));
+                    if (x.r.reasoning_tokens >= 0) reasoning.push_back(static_cast<double>(x.r.reasoning_tokens));
+                }
+            Summary st = summarize(tps), tt = summarize(ttft), ee = summarize(e2e), ot = summarize(out), rt = summarize(reasoning);
             rapidjson::Value s(rapidjson::kObjectType);
             s.AddMember("arm", sv(arm.name, al), al).AddMember("kind", sv(k, al), al);
             s.AddMember("decode_tps", summary_json(st, al), al).AddMember("ttft_s", summary_json(tt, al), al).AddMember("e2e_s", summary_json(ee, al), al);
+            s.AddMember("output_tokens", summary_json(ot, al), al).AddMember("reasoning_tokens", summary_json(rt, al), al);
             summ.PushBack(s, al);
             rows.push_back({arm.name, k, std::to_string(st.n), mean_sd(st), num(st.median), num(tt.median, 3), num(ee.median, 2),
-                            std::to_string(st.outliers.size())});
+                            num(ot.median, 0), rt.n ? num(rt.median, 0) : "-", std::to_string(st.outliers.size())});
             series.values.push_back(st.mean);
             series.errors.push_back(st.stdev);
         }
         chart.series.push_back(series);
     }
     doc.AddMember("summary", summ, al);
-    std::string text = table({"ARM", "KIND", "N", "DECODE tok/s", "MEDIAN", "TTFT s", "E2E s", "OUTLIERS"}, rows);
+    std::string text = table({"ARM", "KIND", "N", "DECODE tok/s", "MEDIAN", "TTFT s", "E2E s", "OUT tok", "REASONING tok", "OUTLIERS"}, rows);
     // Pair by pair ratios against the first arm (absolute numbers drift; ratios in one run do not).
     if (o.arms.size() > 1) {
         rapidjson::Value pairs(rapidjson::kArrayType);
         std::vector<std::vector<std::string>> prow;
         for (size_t b = 1; b < o.arms.size(); ++b) {
-            std::vector<double> ratios;
+            // Ratios of the same prompt and rep on both arms: decode speed, time, output tokens.
+            std::vector<double> ratios, e2e, tokens;
             for (const auto& x : runs) {
                 if (x.arm != o.arms[0].name || !x.r.ok) continue;
-                for (const auto& y : runs)
-                    if (y.arm == o.arms[b].name && y.prompt == x.prompt && y.rep == x.rep && y.r.ok && x.r.decode_tps() > 0)
-                        ratios.push_back(y.r.decode_tps() / x.r.decode_tps());
+                for (const auto& y : runs) {
+                    if (y.arm != o.arms[b].name || y.prompt != x.prompt || y.rep != x.rep || !y.r.ok) continue;
+                    if (x.r.decode_tps() > 0) ratios.push_back(y.r.decode_tps() / x.r.decode_tps());
+                    if (x.r.end > 0) e2e.push_back(y.r.end / x.r.end);
+                    if (x.r.completion_tokens > 0) tokens.push_back(static_cast<double>(y.r.completion_tokens) / static_cast<double>(x.r.completion_tokens));
+                }
             }
-            Summary rs = summarize(ratios);
+            Summary rs = summarize(ratios), es = summarize(e2e), ts = summarize(tokens);
             rapidjson::Value pr(rapidjson::kObjectType);
             pr.AddMember("arm", sv(o.arms[b].name, al), al).AddMember("baseline", sv(o.arms[0].name, al), al);
-            pr.AddMember("decode_tps_ratio", summary_json(rs, al), al);
+            pr.AddMember("decode_tps_ratio", summary_json(rs, al), al).AddMember("e2e_ratio", summary_json(es, al), al);
+            pr.AddMember("output_tokens_ratio", summary_json(ts, al), al);
             pairs.PushBack(pr, al);
-            prow.push_back({o.arms[b].name + " / " + o.arms[0].name, std::to_string(rs.n), num(rs.median, 3), num(rs.mean, 3), num(rs.min, 3), num(rs.max, 3)});
+            const std::string name = o.arms[b].name + " / " + o.arms[0].name;
+            prow.push_back({name, "decode tok/s", std::to_string(rs.n), num(rs.median, 3), num(rs.mean, 3), num(rs.min, 3), num(rs.max, 3)});
+            prow.push_back({name, "e2e time", std::to_string(es.n), num(es.median, 3), num(es.mean, 3), num(es.min, 3), num(es.max, 3)});
+            prow.push_back({name, "output tokens", std::to_string(ts.n), num(ts.median, 3), num(ts.mean, 3), num(ts.min, 3), num(ts.max, 3)});
         }
         doc.AddMember("pairs", pairs, al);
-        text += "\n" + table({"RATIO (decode tok/s, pair by pair)", "PAIRS", "MEDIAN", "MEAN", "MIN", "MAX"}, prow);
+        text += "\n" + table({"RATIO (pair by pair)", "OF", "PAIRS", "MEDIAN", "MEAN", "MIN", "MAX"}, prow);
     }
     return finish(o, doc, chart, text, failed);
 }
@@ -577,6 +613,7 @@ int ttft(Options& o) {
 
 int quality(Options& o) {
     if (o.dataset.empty()) throw Usage("quality needs --dataset PATH (HumanEval.jsonl or .jsonl.gz; nothing is downloaded)");
+    if (o.mode == "completions" && o.api == "responses") throw Usage("quality --mode completions cannot use --api responses");
     std::vector<Problem> problems;
     try {
         problems = load_problems(o.dataset);
@@ -588,97 +625,148 @@ int quality(Options& o) {
         std::fprintf(stderr, "note: %d samples at temperature 0 are likely identical; pass --temperature for pass@k\n", o.samples);
     int max_tokens = o.max_tokens > 0 ? o.max_tokens : 1024;
     auto infos = probe_all(o);
-    const Endpoint& ep = o.arms[0];
     SandboxLimits limits;
     limits.wall_s = o.exec_timeout;
     limits.cpu_s = o.cpu_s;
-    Progress progress(problems.size() * static_cast<size_t>(o.samples), o.json);
-    std::map<std::string, int> counts = {{"passed", 0}, {"failed", 0}, {"timeout", 0}, {"crashed", 0}, {"error", 0}};
-    std::vector<std::pair<int, int>> nc;  // per problem: samples, passed
+    // Every arm answers every problem and sample, interleaved (problem by problem, arm by arm),
+    // so that the arms differ only in what is compared.
+    Progress progress(problems.size() * static_cast<size_t>(o.samples) * o.arms.size(), o.json);
+    struct Tally {
+        std::map<std::string, int> counts = {{"passed", 0}, {"failed", 0}, {"timeout", 0}, {"crashed", 0}, {"error", 0}};
+        std::vector<std::pair<int, int>> nc;  // per problem: samples, passed
+        std::vector<double> tokens, seconds, reasoning;
+        rapidjson::Value per{rapidjson::kArrayType};
+    };
+    std::vector<Tally> tally(o.arms.size());
     auto doc = start_doc(o, infos, max_tokens, 1);
     auto& al = doc.GetAllocator();
-    rapidjson::Value per(rapidjson::kArrayType);
     fs::create_directories(o.out);
     fs::path samples_path = fs::path(o.out) / (stem(o) + "-samples.jsonl");
     std::ofstream samples(samples_path);
     bool sandbox_broken = false;
     for (const auto& pb : problems) {
-        int passed = 0;
-        rapidjson::Value outs(rapidjson::kArrayType);
+        std::vector<int> passed(o.arms.size(), 0);
+        std::vector<rapidjson::Value> outs;
+        for (size_t a = 0; a < o.arms.size(); ++a) outs.emplace_back(rapidjson::kArrayType);
         for (int s = 0; s < o.samples; ++s) {
-            progress.step(pb.task_id + (o.samples > 1 ? " sample " + std::to_string(s + 1) : ""));
-            std::string completion, outcome, detail;
-            if (o.mode == "chat") {
-                Prompt p{pb.task_id, "humaneval", "You are a careful Python programmer.", chat_prompt(pb)};
-                StreamResult r = stream_chat(ep, chat_body(o, p, max_tokens), o.timeout);
-                if (r.ok) completion = completion_from_chat(pb, r.text);
-                else outcome = "error", detail = "request: " + r.error;
-            } else {
-                rapidjson::Document b(rapidjson::kObjectType);
-                auto& a = b.GetAllocator();
-                b.AddMember("model", sv(ep.model, a), a).AddMember("prompt", sv(pb.prompt, a), a);
-                b.AddMember("max_tokens", max_tokens, a).AddMember("temperature", o.temperature, a);
+            for (size_t ai = 0; ai < o.arms.size(); ++ai) {
+                const Endpoint& ep = o.arms[ai];
+                progress.step(pb.task_id + (o.samples > 1 ? " sample " + std::to_string(s + 1) : "") + (o.arms.size() > 1 ? " on " + ep.name : ""));
+                std::string completion, outcome, detail;
+                if (o.mode == "chat") {
+                    Prompt p{pb.task_id, "humaneval", "You are a careful Python programmer.", chat_prompt(pb)};
+                    StreamResult r = o.api == "responses" ? stream_responses(ep, responses_body(o, p, max_tokens), o.timeout)
+                                                          : stream_chat(ep, chat_body(o, p, max_tokens), o.timeout);
+                    if (r.ok) {
+                        completion = completion_from_chat(pb, r.text);
+                        if (r.completion_tokens >= 0) tally[ai].tokens.push_back(static_cast<double>(r.completion_tokens));
+                        if (r.reasoning_tokens >= 0) tally[ai].reasoning.push_back(static_cast<double>(r.reasoning_tokens));
+                        tally[ai].seconds.push_back(r.end);
+                    } else {
+                        outcome = "error", detail = "request: " + r.error;
+                    }
+                } else {
+                    rapidjson::Document b(rapidjson::kObjectType);
+                    auto& a = b.GetAllocator();
+                    b.AddMember("model", sv(ep.model, a), a).AddMember("prompt", sv(pb.prompt, a), a);
+                    b.AddMember("max_tokens", max_tokens, a).AddMember("temperature", o.temperature, a);
+                    rapidjson::StringBuffer sb;
+                    rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+                    b.Accept(w);
+                    HttpReply h = http_post(ep.base + "/completions", sb.GetString(), o.timeout, ep.api_key);
+                    rapidjson::Document d;
+                    d.Parse(h.body.c_str());
+                    if (h.status == 200 && d.IsObject() && d.HasMember("choices") && d["choices"].IsArray() && !d["choices"].Empty() &&
+                        d["choices"][0].HasMember("text") && d["choices"][0]["text"].IsString())
+                        completion = completion_from_raw(d["choices"][0]["text"].GetString());
+                    else outcome = "error", detail = "request: HTTP " + std::to_string(h.status) + " " + (h.error.empty() ? h.body.substr(0, 200) : h.error);
+                }
+                if (outcome.empty()) {
+                    SandboxResult sr = run_python_sandboxed(program_for(pb, completion), limits);
+                    outcome = outcome_name(sr.outcome);
+                    detail = sr.detail.empty() && sr.outcome == Outcome::failed ? sr.output.substr(sr.output.size() > 400 ? sr.output.size() - 400 : 0) : sr.detail;
+                    if (sr.outcome == Outcome::error) sandbox_broken = true;
+                }
+                if (outcome == "passed") ++passed[ai];
+                ++tally[ai].counts[outcome];
+                rapidjson::Value x(rapidjson::kObjectType);
+                x.AddMember("outcome", sv(outcome, al), al).AddMember("detail", sv(detail, al), al);
+                outs[ai].PushBack(x, al);
+                rapidjson::Document line(rapidjson::kObjectType);
+                auto& la = line.GetAllocator();
+                line.AddMember("arm", sv(ep.name, la), la).AddMember("task_id", sv(pb.task_id, la), la);
+                line.AddMember("completion", sv(completion, la), la).AddMember("outcome", sv(outcome, la), la);
                 rapidjson::StringBuffer sb;
                 rapidjson::Writer<rapidjson::StringBuffer> w(sb);
-                b.Accept(w);
-                HttpReply h = http_post(ep.base + "/completions", sb.GetString(), o.timeout, ep.api_key);
-                rapidjson::Document d;
-                d.Parse(h.body.c_str());
-                if (h.status == 200 && d.IsObject() && d.HasMember("choices") && d["choices"].IsArray() && !d["choices"].Empty() &&
-                    d["choices"][0].HasMember("text") && d["choices"][0]["text"].IsString())
-                    completion = completion_from_raw(d["choices"][0]["text"].GetString());
-                else outcome = "error", detail = "request: HTTP " + std::to_string(h.status) + " " + (h.error.empty() ? h.body.substr(0, 200) : h.error);
+                line.Accept(w);
+                samples << sb.GetString() << "\n";
+                if (!o.json && outcome != "passed")
+                    std::fprintf(stderr, "  %s%s: %s %s\n", pb.task_id.c_str(), o.arms.size() > 1 ? (" on " + ep.name).c_str() : "", outcome.c_str(),
+                                 detail.substr(0, 160).c_str());
             }
-            if (outcome.empty()) {
-                SandboxResult sr = run_python_sandboxed(program_for(pb, completion), limits);
-                outcome = outcome_name(sr.outcome);
-                detail = sr.detail.empty() && sr.outcome == Outcome::failed ? sr.output.substr(sr.output.size() > 400 ? sr.output.size() - 400 : 0) : sr.detail;
-                if (sr.outcome == Outcome::error) sandbox_broken = true;
-            }
-            if (outcome == "passed") ++passed;
-            ++counts[outcome];
-            rapidjson::Value x(rapidjson::kObjectType);
-            x.AddMember("outcome", sv(outcome, al), al).AddMember("detail", sv(detail, al), al);
-            outs.PushBack(x, al);
-            rapidjson::Document line(rapidjson::kObjectType);
-            auto& la = line.GetAllocator();
-            line.AddMember("task_id", sv(pb.task_id, la), la).AddMember("completion", sv(completion, la), la).AddMember("outcome", sv(outcome, la), la);
-            rapidjson::StringBuffer sb;
-            rapidjson::Writer<rapidjson::StringBuffer> w(sb);
-            line.Accept(w);
-            samples << sb.GetString() << "\n";
-            if (!o.json && outcome != "passed") std::fprintf(stderr, "  %s: %s %s\n", pb.task_id.c_str(), outcome.c_str(), detail.substr(0, 160).c_str());
         }
-        nc.emplace_back(o.samples, passed);
-        rapidjson::Value pv(rapidjson::kObjectType);
-        pv.AddMember("task_id", sv(pb.task_id, al), al).AddMember("passed", passed, al).AddMember("samples", outs, al);
-        per.PushBack(pv, al);
+        for (size_t ai = 0; ai < o.arms.size(); ++ai) {
+            tally[ai].nc.emplace_back(o.samples, passed[ai]);
+            rapidjson::Value pv(rapidjson::kObjectType);
+            pv.AddMember("task_id", sv(pb.task_id, al), al).AddMember("passed", passed[ai], al).AddMember("samples", outs[ai], al);
+            tally[ai].per.PushBack(pv, al);
+        }
     }
     doc["conditions"].AddMember("dataset", sv(o.dataset, al), al).AddMember("problems", static_cast<uint64_t>(problems.size()), al);
     doc["conditions"].AddMember("samples_per_problem", o.samples, al).AddMember("mode", sv(o.mode, al), al);
+    doc["conditions"].AddMember("api", sv(o.api, al), al).AddMember("effort", sv(o.effort, al), al);
     doc["conditions"].AddMember("exec_wall_timeout_s", o.exec_timeout, al).AddMember("exec_cpu_s", o.cpu_s, al);
-    rapidjson::Value pk(rapidjson::kObjectType), cj(rapidjson::kObjectType);
     std::string text;
-    Chart chart{"HumanEval pass@k", "pass@k", {}, {{"pass@k", {}, {}}}};
-    for (int k : o.ks) {
-        double sum = 0;
-        for (auto [n, c] : nc) sum += pass_at_k(n, c, k);
-        double v = nc.empty() ? 0 : sum / static_cast<double>(nc.size());
-        pk.AddMember(sv("pass@" + std::to_string(k), al), rapidjson::Value(v), al);
-        text += "pass@" + std::to_string(k) + " = " + num(v, 4) + " over " + std::to_string(nc.size()) + " problems\n";
-        chart.categories.push_back("pass@" + std::to_string(k));
-        chart.series[0].values.push_back(v);
+    Chart chart{"HumanEval pass@k", "pass@k", {}, {}};
+    for (int k : o.ks) chart.categories.push_back("pass@" + std::to_string(k));
+    auto arm_result = [&](size_t ai, rapidjson::Value& into) {
+        Tally& t = tally[ai];
+        rapidjson::Value pk(rapidjson::kObjectType), cj(rapidjson::kObjectType);
+        Chart::Series series{o.arms[ai].name, {}, {}};
+        for (int k : o.ks) {
+            double sum = 0;
+            for (auto [n, c] : t.nc) sum += pass_at_k(n, c, k);
+            double v = t.nc.empty() ? 0 : sum / static_cast<double>(t.nc.size());
+            pk.AddMember(sv("pass@" + std::to_string(k), al), rapidjson::Value(v), al);
+            text += (o.arms.size() > 1 ? o.arms[ai].name + ": " : std::string()) + "pass@" + std::to_string(k) + " = " + num(v, 4) + " over " +
+                    std::to_string(t.nc.size()) + " problems\n";
+            series.values.push_back(v);
+        }
+        chart.series.push_back(series);
+        std::vector<std::vector<std::string>> rows;
+        for (const char* k : {"passed", "failed", "timeout", "crashed", "error"}) {
+            cj.AddMember(rapidjson::Value(k, al), rapidjson::Value(t.counts[k]), al);
+            rows.push_back({k, std::to_string(t.counts[k])});
+        }
+        into.AddMember("pass_at_k", pk, al).AddMember("outcomes", cj, al);
+        into.AddMember("output_tokens", summary_json(summarize(t.tokens), al), al).AddMember("e2e_s", summary_json(summarize(t.seconds), al), al);
+        into.AddMember("reasoning_tokens", summary_json(summarize(t.reasoning), al), al).AddMember("problems", t.per, al);
+        if (o.arms.size() == 1) text += table({"OUTCOME", "SAMPLES"}, rows);
+    };
+    if (o.arms.size() == 1) {
+        arm_result(0, doc);
+    } else {
+        rapidjson::Value arms(rapidjson::kArrayType);
+        std::vector<std::vector<std::string>> rows;
+        for (size_t ai = 0; ai < o.arms.size(); ++ai) {
+            rapidjson::Value v(rapidjson::kObjectType);
+            v.AddMember("arm", sv(o.arms[ai].name, al), al);
+            arm_result(ai, v);
+            Summary tk = summarize(tally[ai].tokens), sc = summarize(tally[ai].seconds), rs = summarize(tally[ai].reasoning);
+            rows.push_back({o.arms[ai].name, std::to_string(tally[ai].counts["passed"]), std::to_string(tally[ai].counts["failed"]),
+                            std::to_string(tally[ai].counts["timeout"] + tally[ai].counts["crashed"] + tally[ai].counts["error"]), num(tk.median, 0),
+                            rs.n ? num(rs.median, 0) : "-", num(sc.median, 2)});
+            arms.PushBack(v, al);
+        }
+        doc.AddMember("arms", arms, al);
+        text += table({"ARM", "PASSED", "FAILED", "OTHER", "OUT tok (median)", "REASONING tok", "E2E s"}, rows);
     }
-    std::vector<std::vector<std::string>> rows;
-    for (const char* k : {"passed", "failed", "timeout", "crashed", "error"}) {
-        cj.AddMember(rapidjson::Value(k, al), rapidjson::Value(counts[k]), al);
-        rows.push_back({k, std::to_string(counts[k])});
-    }
-    doc.AddMember("pass_at_k", pk, al).AddMember("outcomes", cj, al).AddMember("problems", per, al);
     doc.AddMember("samples_file", sv(samples_path.string(), al), al);
-    text += table({"OUTCOME", "SAMPLES"}, rows) + "samples: " + samples_path.string() + "\n";
+    text += "samples: " + samples_path.string() + "\n";
     if (sandbox_broken) text += "WARNING: the sandbox could not be set up for some samples (outcome 'error'); see the JSON\n";
-    return finish(o, doc, chart, text, counts["error"] > 0);
+    int errors = 0;
+    for (auto& t : tally) errors += t.counts["error"];
+    return finish(o, doc, chart, text, errors > 0);
 }
 
 // ---- drift -------------------------------------------------------------------------------------------------

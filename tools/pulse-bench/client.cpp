@@ -142,7 +142,12 @@ Endpoint parse_endpoint(const std::string& spec, const std::string& default_name
         e.name = spec.substr(0, eq);
         url = spec.substr(eq + 1);
     }
-    if (url.rfind("http://", 0) != 0) throw std::invalid_argument("endpoint '" + spec + "' must be [NAME=]http://host:port/v1");
+    if (auto hash = url.find('#'); hash != std::string::npos) {
+        e.model = url.substr(hash + 1);
+        url.resize(hash);
+        if (e.model.empty()) throw std::invalid_argument("endpoint '" + spec + "' names no model after '#'");
+    }
+    if (url.rfind("http://", 0) != 0) throw std::invalid_argument("endpoint '" + spec + "' must be [NAME=]http://host:port/v1[#MODEL]");
     while (!url.empty() && url.back() == '/') url.pop_back();
     e.base = url;
     return e;
@@ -195,6 +200,7 @@ StreamResult stream_chat(const Endpoint& ep, rapidjson::Document body, double ti
                           r.prompt_tokens = i64(*u, "prompt_tokens");
                           r.completion_tokens = i64(*u, "completion_tokens");
                           if (const auto* d = member(*u, "prompt_tokens_details")) r.cached_tokens = i64(*d, "cached_tokens");
+                          if (const auto* d = member(*u, "completion_tokens_details")) r.reasoning_tokens = i64(*d, "reasoning_tokens");
                       }
                       if (const auto* tm = member(c, "timings"); tm && tm->IsObject()) {
                           r.draft_n = i64(*tm, "draft_n");
@@ -229,6 +235,7 @@ StreamResult stream_responses(const Endpoint& ep, rapidjson::Document body, doub
                                   r.prompt_tokens = i64(*u, "input_tokens");
                                   r.completion_tokens = i64(*u, "output_tokens");
                                   if (const auto* d = member(*u, "input_tokens_details")) r.cached_tokens = i64(*d, "cached_tokens");
+                                  if (const auto* d = member(*u, "output_tokens_details")) r.reasoning_tokens = i64(*d, "reasoning_tokens");
                               }
                               if (type == "response.failed")
                                   if (const auto* err = member(*resp, "error")) r.error = "response.failed: " + str(*err, "message");

@@ -18,7 +18,8 @@ struct Endpoint {
     std::string root() const;  // base without a trailing /v1
 };
 
-// "URL" or "NAME=URL". Throws std::invalid_argument for anything else.
+// "URL", "NAME=URL" or either with "#MODEL" (that arm's request model: two models of one
+// gateway, say with different policies). Throws std::invalid_argument for anything else.
 Endpoint parse_endpoint(const std::string& spec, const std::string& default_name);
 
 struct HttpReply {
@@ -39,6 +40,7 @@ struct StreamResult {
     double end = -1;       // terminal event / [DONE]
     std::string text, reasoning, finish_reason;
     int64_t prompt_tokens = -1, completion_tokens = -1, cached_tokens = -1;
+    int64_t reasoning_tokens = -1;  // of completion_tokens, when the server says
     int output_chunks = 0;  // chunks that carried output text (under MTP, several tokens each)
     int64_t draft_n = -1, draft_accepted = -1;  // llama-server timings, when present
 
