@@ -150,6 +150,7 @@ public:
     // A header for the head, if the head has not gone out yet (false when it has).
     bool add_header(std::string name, std::string value) {
         if (head_sent_) return false;
+        std::erase_if(extra_, [&](const auto& h) { return h.first == name; });  // the latest value wins
         extra_.emplace_back(std::move(name), std::move(value));
         return true;
     }
@@ -199,7 +200,8 @@ public:
 
 private:
     // again: the same endpoint once more on a fresh connection (a pooled one had gone stale).
-    enum class Attempt { served, retry, final, again };
+    // resend: the same endpoint once more with a rebuilt request (it refused the reasoning budget).
+    enum class Attempt { served, retry, final, again, resend };
 
     bool read_and_validate() {
         if (auto e = parse_body_in_place(ex_.body(), doc_)) return invalid(*e);
@@ -323,6 +325,35 @@ private:
                      {{"model", model_id_}, {"enforced", budget_enforced_ ? "yes" : "no"}})
             .add();
         if (!budget_enforced_) log::warn("policy", id_ + ": reasoning budget " + std::to_string(*budget_) + " " + how);
+    }
+
+    // A backend that refuses the request because of its reasoning budget field (vLLM without a
+    // reasoning config, or on a model runner without budgets, answers 400 naming the field): the
+    // request is sent again without the budget, reported as not enforced. A policy never costs
+    // the request.
+    bool drop_refused_budget(const EndpointRef& ep, const std::string& body) {
+        auto it = upreq_.notes.find("reasoning_budget");
+        if (it == upreq_.notes.end() || it->second.rfind("enforced by ", 0) != 0) return false;
+        std::string field = it->second.substr(12);
+        field = field.substr(0, field.find(' '));
+        if (field.empty() || body.find(field) == std::string::npos) return false;
+        doc_["reasoning"].RemoveMember("budget_tokens");
+        upreq_.reset();
+        call_.reset();
+        upreq_.body.call = &call_;
+        pulse_status_t rc = vt_->build_request(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), &upreq_);
+        upreq_.body.call = nullptr;
+        if (rc != PULSE_OK || !upreq_.body.complete() || open_profile_stream() != PULSE_OK) return false;
+        const std::string why = "not enforced: endpoint " + ep.cfg->name + " refused " + field + " (" + body.substr(0, 160) + ")";
+        log::warn("policy", id_ + ": reasoning budget " + std::to_string(*budget_) + " " + why + "; sent again without it");
+        budget_header_ = std::to_string(*budget_) + "; " + why;
+        metrics::global()
+            .counter("pulse_reasoning_budget_refused_total", "requests sent again without their reasoning budget because the backend refused it",
+                     {{"model", model_id_}, {"endpoint", ep.cfg->name}})
+            .add();
+        budget_enforced_ = false;
+        if (streaming_) writer_.add_header("X-Pulse-Reasoning-Budget", budget_header_);
+        return true;
     }
 
     bool invalid(const RequestError& e) {
@@ -473,11 +504,17 @@ private:
         InFlight in_flight(*ep.health);
         fed_ = false;
         if (!ep.backend) {
-            for (bool fresh = false;; fresh = true) {
+            for (bool fresh = false, resent = false;;) {
                 UpEvent error;
                 std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, active_request(), cfg_.upstream, fresh, error);
                 Attempt a = body ? relay(std::move(body), ep) : on_event(std::move(error), ep).value_or(Attempt::retry);
+                if (a == Attempt::resend && !resent) {
+                    resent = true;
+                    continue;
+                }
+                if (a == Attempt::resend) return Attempt::final;
                 if (a != Attempt::again || fresh) return a == Attempt::again ? Attempt::retry : a;
+                fresh = true;
                 log::info("upstream", "the backend had closed the pooled connection to " + ep.cfg->name + "; sending again on a fresh one");
             }
         }
@@ -529,6 +566,7 @@ private:
                 builder_->start();
                 return std::nullopt;
             case UpEvent::Kind::rejected: {
+                if (e.http_status == 400 && budget_ && !resuming_ && drop_refused_budget(ep, e.text)) return Attempt::resend;
                 pulse_status_t s = e.status;
                 call_.reset();
                 if (e.http_status) {

@@ -113,6 +113,15 @@ struct pulse_upstream_req {
     std::vector<std::pair<std::string, std::string>> headers;
     pulse_json_writer body;
     std::map<std::string, std::string> notes;  // request->annotate (1.1)
+
+    // Empty again, for a request built once more (the body writer points into this object:
+    // it is reset in place, never copied).
+    void reset() {
+        path = "/chat/completions";
+        headers.clear();
+        body.reset();
+        notes.clear();
+    }
 };
 
 struct pulse_output {

@@ -6,8 +6,8 @@
 //   - tool_choice "required"/named is accepted but not always applied: a forced choice is
 //     constrained with a JSON schema (profile option force_tool_choice = "schema", default);
 //   - context overflow is a 400 whose message says "maximum context length";
-//   - a reasoning budget goes out as thinking_token_budget (enforced by a vLLM started with
-//     --reasoning-config).
+//   - a reasoning budget goes out as thinking_token_budget (enforced by a vLLM with a reasoning
+//     parser or --reasoning-config; one that refuses the field gets the request without it).
 #include "chat_profile.h"
 
 namespace {
@@ -16,10 +16,11 @@ void adjust(pulse::chat::Options& o, const pulse::Json&) {
     if (o.cache_prompt || o.slots)
         throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "qwen38: cache_prompt and slots are llama-server options (profile llamacpp)");
     o.history_reasoning_field = "reasoning_content";
-    // vLLM caps reasoning per request with thinking_token_budget, once the server knows the
-    // model's reasoning markers (--reasoning-config; the shipped recipe sets it).
+    // vLLM caps reasoning per request with thinking_token_budget once it knows the model's
+    // reasoning markers: --reasoning-config, or (newer vLLM) derived from --reasoning-parser. A
+    // vLLM that cannot refuses the field with a 400; the host then sends the request without it.
     if (!o.budget_field) o.budget_field = "thinking_token_budget";
-    o.budget_requires = "vLLM started with --reasoning-config";
+    o.budget_requires = "vLLM with a reasoning parser or --reasoning-config";
 }
 
 const pulse::chat::Dialect kDialect = {"qwen38", adjust};

@@ -49,13 +49,13 @@ const char* kStatic = "[models.m.policy]\nname = \"static\"\n[models.m.policy.op
 }  // namespace
 
 TEST_CASE("static policy: a reasoning budget by effort, sent as vLLM's thinking_token_budget and reported in a header") {
-    FakeBackend b(R"({"turns":[{"reasoning":"think","content":"ok"}]})");
+    FakeBackend b(R"({"reasoning_config":true,"turns":[{"reasoning":"think","content":"ok"}]})");
     Gateway gw(model(b.url(), kStatic));
     auto r = post(gw.port, "/v1/responses", request(R"(,"reasoning":{"effort":"low"})"));
     REQUIRE(r.status == 200);
     CHECK(check_stream(r.body).terminal == "response.completed");
     CHECK(last_body(b)["thinking_token_budget"].GetInt64() == 1024);
-    CHECK(r.budget == "1024; enforced by thinking_token_budget (vLLM started with --reasoning-config)");
+    CHECK(r.budget == "1024; enforced by thinking_token_budget (vLLM with a reasoning parser or --reasoning-config)");
     // No effort: the default (medium). A whole (non-streamed) response has the header too.
     r = post(gw.port, "/v1/responses", request("", false));
     REQUIRE(r.status == 200);
@@ -72,7 +72,7 @@ TEST_CASE("static policy: a reasoning budget by effort, sent as vLLM's thinking_
     CHECK(metric(m, R"(pulse_reasoning_budget_tokens_total{model="m"})") == 1024 + 4096);
 }
 
-TEST_CASE("a vLLM started with --reasoning-config caps the reasoning at the budget; one without ignores it, as the header warns") {
+TEST_CASE("a vLLM with a reasoning config caps the reasoning at the budget; one that refuses the field gets the request again without it") {
     const std::string thinking = "one two three four five six seven eight nine ten";
     for (bool configured : {true, false}) {
         CAPTURE(configured);
@@ -83,11 +83,23 @@ TEST_CASE("a vLLM started with --reasoning-config caps the reasoning at the budg
         REQUIRE(r.status == 200);
         rapidjson::Document d;
         d.Parse(r.body.c_str());
+        CHECK(std::string(d["status"].GetString()) == "completed");
         CHECK(d["usage"]["output_tokens_details"]["reasoning_tokens"].GetInt() == (configured ? 3 : 10));
-        CHECK(r.budget.find("(vLLM started with --reasoning-config)") != std::string::npos);  // the condition is said
         std::string m = get(gw.port, "/metrics");
         CHECK(metric(m, R"(pulse_budgeted_reasoning_tokens_total{model="m"})") == (configured ? 3 : 10));
         CHECK(metric(m, R"(pulse_reasoning_over_budget_total{model="m"})") == (configured ? 0 : 1));
+        if (configured) {
+            CHECK(r.budget == "3; enforced by thinking_token_budget (vLLM with a reasoning parser or --reasoning-config)");
+        } else {
+            // vLLM's 400, then the same request without the field: answered, and said so.
+            CHECK(r.budget.rfind("3; not enforced: endpoint ep0 refused thinking_token_budget (", 0) == 0);
+            CHECK(gw.log().find("reasoning budget 3 not enforced: endpoint ep0 refused thinking_token_budget") != std::string::npos);
+            CHECK(metric(m, R"(pulse_reasoning_budget_refused_total{model="m",endpoint="ep0"})") == 1);
+            auto reqs = b.requests();
+            REQUIRE(reqs.size() == 2);
+            CHECK(reqs[0].find("thinking_token_budget") != std::string::npos);
+            CHECK(reqs[1].find("thinking_token_budget") == std::string::npos);
+        }
     }
 }
 
@@ -226,7 +238,7 @@ struct DecisionService {
 TEST_CASE("http policy: the request summary is POSTed with the API key from the environment; a service that is down changes nothing") {
     DecisionService svc;
     ::setenv("PULSE_TEST_DECISION_KEY", "s3cret", 1);  // the gateway inherits it
-    FakeBackend b(R"({"turns":[{"content":"ok"}]})");
+    FakeBackend b(R"({"reasoning_config":true,"turns":[{"content":"ok"}]})");
     std::string policy = "[models.m.policy]\nname = \"http\"\ntimeout_ms = 2000\n[models.m.policy.options]\nurl = \"http://127.0.0.1:" +
                          std::to_string(svc.port) + "/decide\"\napi_key_env = \"PULSE_TEST_DECISION_KEY\"\n";
     Gateway gw(model(b.url(), policy));

@@ -47,8 +47,10 @@
 //     message with tool_calls is a 400. Top-level "legacy_prefill": true ignores the field, as
 //     llama-server builds from before it had it do (every continuation is an implicit one).
 // Reasoning budget: with top-level "reasoning_config": true (vLLM started with
-// --reasoning-config) a request's thinking_token_budget cuts the reasoning after that many
-// deltas and the answer follows; without it vLLM ignores the field, and so does this fake. The
+// --reasoning-config, or since it derives one, with --reasoning-parser) a request's
+// thinking_token_budget cuts the reasoning after that many deltas and the answer follows;
+// without it vLLM refuses the request (400 "thinking_token_budget is set but reasoning_config is
+// not configured...") and so does this fake. The
 // llamacpp flavor always honours reasoning_budget_tokens (llama-server does, for templates with
 // reasoning tags).
 // "spec": {"drafts_per_request": D, "accept": [p1, p2, ...]} simulates MTP counters: each
@@ -345,6 +347,15 @@ public:
                 if (g_flavor == "llamacpp")
                     cont_reasoning = cmode == "reasoning_content" || ((cmode.empty() || cmode == "auto") && !pre_reasoning.empty() && pre_content.empty());
             }
+        }
+        if (g_flavor == "vllm" && rq.IsObject() && rq.HasMember("thinking_token_budget") &&
+            !(g_script.HasMember("reasoning_config") && g_script["reasoning_config"].IsTrue())) {
+            std::string b = R"({"error":{"message":"thinking_token_budget is set but reasoning_config is not configured. Please set --reasoning-config to use thinking_token_budget.","type":"BadRequestError","param":null,"code":400}})";
+            resp.setStatus(Poco::Net::HTTPResponse::HTTP_BAD_REQUEST);
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            record(R"({"served":0,"status":400})");
+            return;
         }
         int served = ++g_served;
         if (served <= get_int(g_script, "fail_first", 0)) {
