@@ -24,7 +24,10 @@
 //   "delay_ms": N               pause before each chunk (and "first_delay_ms" before the first)
 //   "usage": {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"}
 //   "match": text              the turn for any request whose body contains text (checked
-//                               first, in order; requests matching none use the rule above)
+//                               first, in order; requests matching none use the rule above);
+//                               with "tools_seen": N only when the request carries N tool messages
+// A request with "stream": false gets the turn as one chat.completion object (content, reasoning,
+// tool calls, usage; the streaming faults do not apply).
 //   "die_after": N, "die": how  fail mid-stream after N output deltas (reasoning, content and
 //                               tool-call deltas; the role chunk is not one): "drop" (default)
 //                               closes the connection, "kill" SIGKILLs this process (kill -9),
@@ -283,7 +286,9 @@ public:
         const auto& turns = g_script["turns"];
         const rapidjson::Value* picked = nullptr;
         for (const auto& t : turns.GetArray())
-            if (!picked && t.HasMember("match") && t["match"].IsString() && body.find(t["match"].GetString()) != std::string::npos) picked = &t;
+            if (!picked && t.HasMember("match") && t["match"].IsString() && body.find(t["match"].GetString()) != std::string::npos &&
+                (!t.HasMember("tools_seen") || get_int(t, "tools_seen", -1) == tools_seen))
+                picked = &t;
         const auto& turn = picked ? *picked
                                   : turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
         // llama-server started without a vision projector (--mmproj): an image is a 500, every time.
@@ -386,6 +391,30 @@ public:
             return;
         }
 
+        if (rq.IsObject() && rq.HasMember("stream") && rq["stream"].IsFalse()) {
+            std::string calls;
+            int n = 0;
+            if (turn.HasMember("tool_calls"))
+                for (const auto& tc : turn["tool_calls"].GetArray()) {
+                    std::string args = tc["arguments"].IsString() ? tc["arguments"].GetString() : dump(tc["arguments"]);
+                    calls += std::string(n ? "," : "") + R"({"id":"chatcmpl-tool-)" + std::to_string(served) + "-" + std::to_string(n) +
+                             R"(","type":"function","function":{"name":)" + quote(tc["name"].GetString()) + R"(,"arguments":)" + quote(args) + "}}";
+                    ++n;
+                }
+            std::string content = get_str(turn, "content"), reasoning = get_str(turn, "reasoning");
+            int64_t completion = static_cast<int64_t>(words(content).size() + words(reasoning).size()) + n;
+            std::string b = R"({"id":"chatcmpl-fake)" + std::to_string(served) + R"(","object":"chat.completion","model":)" +
+                            quote(rq.IsObject() ? get_str(rq, "model", "fake") : "fake") + R"(,"choices":[{"index":0,"message":{"role":"assistant","content":)" +
+                            (content.empty() && n ? "null" : quote(content)) + (reasoning.empty() ? "" : R"(,"reasoning":)" + quote(reasoning)) +
+                            (n ? R"(,"tool_calls":[)" + calls + "]" : "") + R"(},"finish_reason":)" + quote(n ? "tool_calls" : "stop") +
+                            R"(}],"usage":{"prompt_tokens":)" + std::to_string(prompt_tokens) + R"(,"completion_tokens":)" + std::to_string(completion) +
+                            R"(,"total_tokens":)" + std::to_string(prompt_tokens + completion) + "}}";
+            resp.setStatus(Poco::Net::HTTPResponse::HTTP_OK);
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            record(R"({"served":)" + std::to_string(served) + R"(,"whole":true})");
+            return;
+        }
         resp.setStatus(Poco::Net::HTTPResponse::HTTP_OK);
         resp.setContentType("text/event-stream");
         resp.setChunkedTransferEncoding(true);

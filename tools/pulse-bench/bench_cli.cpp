@@ -23,6 +23,7 @@
 #include "pulse-bench/humaneval.h"
 #include "pulse-bench/prometheus.h"
 #include "pulse-bench/report.h"
+#include "pulse-bench/agent.h"
 #include "pulse-bench/sandbox.h"
 #include "pulse-bench/stats.h"
 
@@ -38,6 +39,7 @@ const char* const kBenchHelp =
     "  ttft     time to first token: cold prefix cache, warm, first turn after a backend restart\n"
     "  quality  HumanEval pass@k, each completion run in a sandbox\n"
     "  drift    A/B of two configurations: identical outputs, first divergence, speed ratio\n"
+    "  agent    matched agent tasks (tool-calling scenarios, repository tasks) per arm, compared pair by pair\n"
     "\n"
     "common options:\n"
     "  --endpoint [NAME=]URL     the server's OpenAI base URL, e.g. http://127.0.0.1:8888/v1\n"
@@ -56,6 +58,8 @@ const char* const kBenchHelp =
     "ttft: --cases cold,warm,restart --restart-cmd CMD --api chat|responses --prompt-words N\n"
     "quality: --dataset PATH (HumanEval .jsonl[.gz]) --samples N --k 1,10 --limit N --mode chat|completions\n"
     "         --exec-timeout S --cpu-s S\n"
+    "agent: --suite FILE (default the shipped suite) --kind tools|repo|all --limit N --seed N --max-turns N\n"
+    "       --api chat|responses --effort E --max-tokens N (512)\n"
     "exit codes: 0 ok, 1 some request or run failed, 2 usage\n";
 
 namespace {
@@ -69,6 +73,8 @@ struct Options {
     std::vector<Endpoint> arms;
     std::string model, api_key_env, out = "bench-results", prompts, metrics, restart_cmd, api = "chat", dataset, mode = "chat";
     std::string effort;  // decode --api responses: reasoning.effort ("" = none sent)
+    std::string suite, kind = "all";  // agent: the task file, and which kinds run
+    int max_turns = 0, seed = 1;
     std::string template_kwargs = R"({"enable_thinking":false})";
     std::vector<std::string> cases = {"cold", "warm"};
     std::vector<int> ks = {1};
@@ -92,7 +98,7 @@ Options parse(const std::vector<std::string>& args) {
     Options o;
     if (args.empty()) throw Usage("missing TOOL");
     o.tool = args[0];
-    if (o.tool != "decode" && o.tool != "accept" && o.tool != "ttft" && o.tool != "quality" && o.tool != "drift")
+    if (o.tool != "decode" && o.tool != "accept" && o.tool != "ttft" && o.tool != "quality" && o.tool != "drift" && o.tool != "agent")
         throw Usage("unknown tool '" + o.tool + "'");  // before its options: they depend on the tool
     std::vector<std::string> endpoints;
     for (size_t i = 1; i < args.size(); ++i) {
@@ -129,6 +135,10 @@ Options parse(const std::vector<std::string>& args) {
         else if (a == "--ready-timeout") o.ready_timeout = number(1, 86400);
         else if (a == "--api") o.api = next();
         else if (a == "--effort") o.effort = next();
+        else if (a == "--suite") o.suite = next();
+        else if (a == "--kind") o.kind = next();
+        else if (a == "--max-turns") o.max_turns = static_cast<int>(number(1, 50));
+        else if (a == "--seed") o.seed = static_cast<int>(number(0, 1 << 30));
         else if (a == "--prompt-words") o.prompt_words = static_cast<int>(number(1, 1000000));
         else if (a == "--dataset") o.dataset = next();
         else if (a == "--samples") o.samples = static_cast<int>(number(1, 1000));
@@ -769,6 +779,142 @@ int quality(Options& o) {
     return finish(o, doc, chart, text, errors > 0);
 }
 
+// ---- agent -------------------------------------------------------------------------------------------------
+
+int agent_bench(Options& o) {
+    if (o.kind != "tools" && o.kind != "repo" && o.kind != "all") throw Usage("--kind must be tools, repo or all");
+    const std::string suite_path = o.suite.empty() ? (data_dir() / "agent_tasks.json").string() : o.suite;
+    std::vector<agent::Task> tasks;
+    {
+        std::ifstream in(suite_path);
+        if (!in) throw Usage("cannot read the agent suite " + suite_path);
+        try {
+            tasks = agent::load_suite(std::string(std::istreambuf_iterator<char>(in), {}), suite_path);
+        } catch (const std::runtime_error& e) {
+            throw Usage(e.what());
+        }
+    }
+    std::erase_if(tasks, [&](const agent::Task& t) { return o.kind != "all" && t.kind != o.kind; });
+    if (o.limit > 0 && static_cast<size_t>(o.limit) < tasks.size()) tasks.resize(static_cast<size_t>(o.limit));
+    if (tasks.empty()) throw Usage("no task of kind " + o.kind + " in " + suite_path);
+    for (auto& t : tasks)
+        if (o.max_turns > 0) t.max_turns = o.max_turns;
+    const int max_tokens = o.max_tokens > 0 ? o.max_tokens : 512;
+    auto infos = probe_all(o);
+    SandboxLimits limits;
+    limits.wall_s = o.exec_timeout;
+    limits.cpu_s = o.cpu_s;
+    // Matched: task by task, every arm in turn, the task's seed the same on each.
+    Progress progress(tasks.size() * o.arms.size(), o.json);
+    std::vector<std::vector<agent::Result>> results(o.arms.size());
+    for (size_t ti = 0; ti < tasks.size(); ++ti) {
+        for (size_t ai = 0; ai < o.arms.size(); ++ai) {
+            progress.step(tasks[ti].id + " on " + o.arms[ai].name);
+            agent::Sampler sm{o.temperature, o.seed + static_cast<int64_t>(ti), max_tokens, o.effort};
+            const Endpoint& ep = o.arms[ai];
+            agent::Ask ask = [&](const agent::Conversation& c) {
+                return o.api == "responses" ? agent::ask_responses(ep, c, sm, o.timeout) : agent::ask_chat(ep, c, sm, o.timeout);
+            };
+            results[ai].push_back(agent::run_task(tasks[ti], ask, limits));
+            const auto& r = results[ai].back();
+            if (!o.json && r.outcome != "pass") std::fprintf(stderr, "  %s on %s: %s (%s)\n", tasks[ti].id.c_str(), ep.name.c_str(), r.outcome.c_str(), r.detail.c_str());
+        }
+    }
+    auto doc = start_doc(o, infos, max_tokens, 1);
+    auto& al = doc.GetAllocator();
+    doc["conditions"].AddMember("suite", sv(o.suite.empty() ? "agent_tasks.json (shipped)" : o.suite, al), al);
+    doc["conditions"].AddMember("kind", sv(o.kind, al), al).AddMember("tasks", static_cast<uint64_t>(tasks.size()), al);
+    doc["conditions"].AddMember("api", sv(o.api, al), al).AddMember("effort", sv(o.effort, al), al);
+    doc["conditions"].AddMember("seed", o.seed, al).AddMember("order", "task by task, every arm in turn", al);
+    rapidjson::Value runs(rapidjson::kArrayType), arms(rapidjson::kArrayType);
+    std::vector<std::vector<std::string>> rows;
+    Chart chart{"agent tasks by outcome", "tasks", {"pass", "partial", "fail", "error"}, {}};
+    int errors = 0;
+    std::string verdicts;
+    for (size_t ai = 0; ai < o.arms.size(); ++ai) {
+        std::map<std::string, int> n = {{"pass", 0}, {"partial", 0}, {"fail", 0}, {"error", 0}};
+        int unknown = 0, bad_args = 0, extra = 0;
+        int64_t tin = 0, tout = 0;
+        std::vector<double> secs;
+        for (size_t ti = 0; ti < tasks.size(); ++ti) {
+            const auto& r = results[ai][ti];
+            ++n[r.outcome];
+            unknown += r.unknown_tools, bad_args += r.bad_arguments, extra += r.extra_calls;
+            tin += r.input_tokens, tout += r.output_tokens;
+            secs.push_back(r.seconds);
+            rapidjson::Value x(rapidjson::kObjectType);
+            x.AddMember("arm", sv(o.arms[ai].name, al), al).AddMember("task", sv(tasks[ti].id, al), al).AddMember("kind", sv(tasks[ti].kind, al), al);
+            x.AddMember("outcome", sv(r.outcome, al), al).AddMember("detail", sv(r.detail, al), al);
+            x.AddMember("turns", r.turns, al).AddMember("calls", r.calls, al).AddMember("matched_calls", r.matched, al);
+            x.AddMember("extra_calls", r.extra_calls, al).AddMember("unknown_tools", r.unknown_tools, al).AddMember("bad_arguments", r.bad_arguments, al);
+            x.AddMember("input_tokens", r.input_tokens, al).AddMember("output_tokens", r.output_tokens, al).AddMember("seconds", r.seconds, al);
+            rapidjson::Value tr(rapidjson::kArrayType);
+            for (const auto& l : r.transcript) tr.PushBack(sv(l, al), al);
+            x.AddMember("transcript", tr, al);
+            runs.PushBack(x, al);
+        }
+        errors += n["error"];
+        const double total = static_cast<double>(tasks.size());
+        rapidjson::Value a(rapidjson::kObjectType);
+        a.AddMember("arm", sv(o.arms[ai].name, al), al);
+        for (const char* k : {"pass", "partial", "fail", "error"}) a.AddMember(rapidjson::Value(k, al), rapidjson::Value(n[k]), al);
+        a.AddMember("pass_rate", n["pass"] / total, al).AddMember("input_tokens", tin, al).AddMember("output_tokens", tout, al);
+        a.AddMember("seconds", summary_json(summarize(secs), al), al);
+        rapidjson::Value te(rapidjson::kObjectType);
+        te.AddMember("unknown_tools", unknown, al).AddMember("bad_arguments", bad_args, al).AddMember("extra_calls", extra, al);
+        a.AddMember("tool_call_errors", te, al);
+        arms.PushBack(a, al);
+        rows.push_back({o.arms[ai].name, std::to_string(n["pass"]), std::to_string(n["partial"]), std::to_string(n["fail"]), std::to_string(n["error"]),
+                        num(100.0 * n["pass"] / total, 0) + " %", std::to_string(tin), std::to_string(tout), num(summarize(secs).median, 2),
+                        std::to_string(unknown + bad_args)});
+        chart.series.push_back({o.arms[ai].name, {double(n["pass"]), double(n["partial"]), double(n["fail"]), double(n["error"])}, {}});
+        verdicts += o.arms[ai].name + ": " + std::to_string(n["pass"]) + " of " + std::to_string(tasks.size()) + " tasks passed (" +
+                    std::to_string(n["partial"]) + " partial, " + std::to_string(n["fail"]) + " failed" +
+                    (n["error"] ? ", " + std::to_string(n["error"]) + " not run to the end: request errors" : "") + ")\n";
+    }
+    doc.AddMember("runs", runs, al).AddMember("arms", arms, al);
+    std::string text = table({"ARM", "PASS", "PARTIAL", "FAIL", "ERROR", "PASS RATE", "TOKENS IN", "TOKENS OUT", "SECONDS (median)", "TOOL-CALL ERRORS"}, rows);
+    text += verdicts;
+    if (o.arms.size() > 1) {
+        // Pair by pair against the first arm: per task, and over all tasks (a run that errored
+        // on either arm is left out of the pair).
+        rapidjson::Value pairs(rapidjson::kArrayType);
+        std::vector<std::vector<std::string>> prow;
+        for (size_t b = 1; b < o.arms.size(); ++b) {
+            std::vector<bool> pa, pb;
+            rapidjson::Value differ(rapidjson::kArrayType);
+            for (size_t ti = 0; ti < tasks.size(); ++ti) {
+                const auto& x = results[0][ti];
+                const auto& y = results[b][ti];
+                if (x.outcome == "error" || y.outcome == "error") continue;
+                pa.push_back(x.outcome == "pass");
+                pb.push_back(y.outcome == "pass");
+                if (x.outcome != y.outcome) {
+                    rapidjson::Value d(rapidjson::kObjectType);
+                    d.AddMember("task", sv(tasks[ti].id, al), al).AddMember(sv(o.arms[0].name, al), sv(x.outcome, al), al);
+                    d.AddMember(sv(o.arms[b].name, al), sv(y.outcome, al), al);
+                    differ.PushBack(d, al);
+                }
+            }
+            agent::Paired p = agent::compare(pa, pb);
+            rapidjson::Value pr(rapidjson::kObjectType);
+            pr.AddMember("arm", sv(o.arms[b].name, al), al).AddMember("baseline", sv(o.arms[0].name, al), al).AddMember("tasks", p.n, al);
+            pr.AddMember("both_pass", p.both, al).AddMember("only_baseline", p.only_a, al).AddMember("only_arm", p.only_b, al).AddMember("neither", p.neither, al);
+            pr.AddMember("pass_rate_difference", p.diff, al);
+            rapidjson::Value ci(rapidjson::kArrayType);
+            ci.PushBack(p.lo, al).PushBack(p.hi, al);
+            pr.AddMember("ci95", ci, al).AddMember("mcnemar_p", p.mcnemar_p, al).AddMember("differing_tasks", differ, al);
+            pairs.PushBack(pr, al);
+            prow.push_back({o.arms[b].name + " vs " + o.arms[0].name, std::to_string(p.n), std::to_string(p.only_b), std::to_string(p.only_a),
+                            (p.diff >= 0 ? "+" : "") + num(100 * p.diff, 1) + " pt", "[" + num(100 * p.lo, 1) + ", " + num(100 * p.hi, 1) + "]",
+                            num(p.mcnemar_p, 3)});
+        }
+        doc.AddMember("pairs", pairs, al);
+        text += "\n" + table({"PAIR", "TASKS", "ONLY ARM PASSES", "ONLY BASELINE PASSES", "PASS RATE DIFF", "95 % CI", "McNEMAR p"}, prow);
+    }
+    return finish(o, doc, chart, text, errors > 0);
+}
+
 // ---- drift -------------------------------------------------------------------------------------------------
 
 int drift(Options& o) {
@@ -845,6 +991,7 @@ int run_bench(const std::vector<std::string>& args) {
         if (o.tool == "ttft") return ttft(o);
         if (o.tool == "quality") return quality(o);
         if (o.tool == "drift") return drift(o);
+        if (o.tool == "agent") return agent_bench(o);
         throw Usage("unknown tool '" + o.tool + "'");
     } catch (const Usage& e) {
         std::fprintf(stderr, "pulse bench: %s\n%s", e.what(), kBenchHelp);

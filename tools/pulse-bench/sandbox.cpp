@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace pulse::bench {
 namespace fs = std::filesystem;
@@ -107,6 +108,7 @@ long tasks_of(uid_t uid) {
 
 struct Plan {
     std::string root, work, prog;
+    std::vector<std::string> argv;  // what runs in /work (argv[0] an absolute path)
     uid_t uid;
     gid_t gid;
     bool drop;
@@ -180,10 +182,14 @@ struct Plan {
         lim(RLIMIT_NPROC, p.nproc, p.nproc);
         lim(RLIMIT_NOFILE, static_cast<rlim_t>(p.limits.open_files), static_cast<rlim_t>(p.limits.open_files));
         lim(RLIMIT_CORE, 0, 0);
-        const char* argv[] = {"python3", "-I", "-B", "prog.py", nullptr};
-        const char* envp[] = {"PATH=/usr/bin:/bin", "HOME=/work", "TMPDIR=/work", "LANG=C.UTF-8", "PYTHONHASHSEED=0", nullptr};
-        ::execve("/usr/bin/python3", const_cast<char* const*>(argv), const_cast<char* const*>(envp));
-        die("exec /usr/bin/python3");
+        std::vector<const char*> argv;
+        for (const auto& a : p.argv) argv.push_back(a.c_str());
+        argv.push_back(nullptr);
+        // No bytecode caches: an agent task's files go in and out of the sandbox between commands,
+        // and a cache as new as a rewritten source of the same size would pass for it.
+        const char* envp[] = {"PATH=/usr/bin:/bin", "HOME=/work", "TMPDIR=/work", "LANG=C.UTF-8", "PYTHONHASHSEED=0", "PYTHONDONTWRITEBYTECODE=1", nullptr};
+        ::execve(argv[0], const_cast<char* const*>(argv.data()), const_cast<char* const*>(envp));
+        die("exec");
     }
     int status = 0;
     rusage ru{};
@@ -229,8 +235,16 @@ struct Plan {
 
 }  // namespace
 
-SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimits& limits) {
+// Runs `argv` in the sandbox with `files` written into its work directory first; afterwards, when
+// `back` is set, the work directory's regular files are read back into `files`.
+static SandboxResult run_sandboxed(const std::vector<std::string>& argv, Files& files, bool back, const SandboxLimits& limits) {
     SandboxResult r;
+    for (const auto& [path, text] : files) {
+        fs::path rel(path);
+        bool bad = path.empty() || rel.is_absolute();
+        for (const auto& part : rel) bad = bad || part == "..";
+        if (bad) return r.detail = "a task file path leaves the work directory: '" + path + "'", r;
+    }
     std::string tmpl = (fs::temp_directory_path() / "pulse-sandbox-XXXXXX").string();
     if (!::mkdtemp(tmpl.data())) return r.detail = std::string("mkdtemp: ") + std::strerror(errno), r;
     const fs::path top(tmpl);
@@ -245,16 +259,23 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
     p.root = (top / "root").string();
     p.work = (top / "work").string();
     p.limits = limits;
+    p.argv = argv;
     fs::create_directories(p.root);
     fs::create_directories(p.work);
-    std::ofstream(top / "work" / "prog.py") << program;
     p.drop = ::geteuid() == 0;
     p.uid = p.drop ? kNobody : ::geteuid();
     p.gid = p.drop ? kNogroup : ::getegid();
+    for (const auto& [path, text] : files) {
+        fs::path f = top / "work" / path;
+        fs::create_directories(f.parent_path());
+        std::ofstream(f, std::ios::binary) << text;
+    }
     if (p.drop) {
         ::chmod(top.c_str(), 0711);
-        if (::chown(p.work.c_str(), p.uid, p.gid) != 0 || ::chown((top / "work" / "prog.py").c_str(), p.uid, p.gid) != 0)
-            return r.detail = std::string("chown work dir: ") + std::strerror(errno), r;
+        std::error_code ec;
+        for (auto it = fs::recursive_directory_iterator(top / "work", ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+            if (::chown(it->path().c_str(), p.uid, p.gid) != 0) return r.detail = std::string("chown work files: ") + std::strerror(errno), r;
+        if (::chown(p.work.c_str(), p.uid, p.gid) != 0) return r.detail = std::string("chown work dir: ") + std::strerror(errno), r;
     }
     p.nproc = static_cast<rlim_t>(tasks_of(p.uid) + limits.processes);
     std::snprintf(p.uid_map, sizeof p.uid_map, "0 %u 1\n", p.uid);
@@ -321,6 +342,19 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
     if (inner_pid > 0)
         for (int i = 0; i < 100 && ::waitpid(inner_pid, nullptr, WNOHANG) == 0; ++i) ::usleep(2000);
     if (auto nl = report.find('\n'); nl != std::string::npos) report = report.substr(nl + 1);
+    if (back) {
+        // What the command left: regular files only (no links out of the tree), bounded.
+        Files now;
+        std::error_code ec;
+        const fs::path work = top / "work";
+        for (auto it = fs::recursive_directory_iterator(work, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+            if (!it->is_regular_file(ec) || it->is_symlink(ec) || now.size() >= 256) continue;
+            if (fs::file_size(it->path(), ec) > (1u << 20)) continue;
+            std::ifstream in(it->path(), std::ios::binary);
+            now[fs::relative(it->path(), work).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+        }
+        files = std::move(now);
+    }
     if (timed_out) {
         r.outcome = Outcome::timeout;
         r.detail = "wall timeout after " + std::to_string(static_cast<int>(limits.wall_s)) + " s";
@@ -352,6 +386,15 @@ SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimi
         r.detail = cpu_limit ? "CPU limit (" + std::to_string(limits.cpu_s) + " s)" : "signal " + std::to_string(r.signal) + " (" + strsignal(r.signal) + ")";
     }
     return r;
+}
+
+SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimits& limits) {
+    Files files{{"prog.py", program}};
+    return run_sandboxed({"/usr/bin/python3", "-I", "-B", "prog.py"}, files, false, limits);
+}
+
+SandboxResult run_shell_sandboxed(const std::string& command, Files& files, const SandboxLimits& limits) {
+    return run_sandboxed({"/bin/sh", "-c", command}, files, true, limits);
 }
 
 }  // namespace pulse::bench

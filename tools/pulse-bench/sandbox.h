@@ -1,4 +1,4 @@
-// Runs untrusted model-written Python (HumanEval completions) in a sandbox: a child in fresh
+// Runs untrusted model-written code (HumanEval completions, agent tasks' commands) in a sandbox: a child in fresh
 // user, PID, network, mount, IPC and UTS namespaces, no network (loopback down), a read-only
 // view of /usr, /lib and /etc with one writable work directory, rlimits on CPU time, address
 // space, file size, processes and open files, a wall-clock timeout, and the whole namespace
@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace pulse::bench {
@@ -34,5 +35,13 @@ struct SandboxResult {
 // exit 0 = passed, other exit = failed, time limits = timeout, other signals = crashed, a
 // sandbox that could not be set up = error (never counted as a failure of the model).
 SandboxResult run_python_sandboxed(const std::string& program, const SandboxLimits& limits);
+
+// A small tree of text files by relative path (an agent task's repository).
+using Files = std::map<std::string, std::string>;
+
+// Runs `sh -c command` in the same sandbox with `files` as its work directory; afterwards
+// `files` holds what the work directory holds (regular files only, at most 256 of 1 MiB each).
+// A path that leaves the directory ("..", absolute) is refused before anything runs (error).
+SandboxResult run_shell_sandboxed(const std::string& command, Files& files, const SandboxLimits& limits);
 
 }  // namespace pulse::bench

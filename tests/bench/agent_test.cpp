@@ -1,0 +1,320 @@
+// `pulse bench agent`: scoring on scripted transcripts with known outcomes, the paired
+// statistics, the suite format's errors, the shipped suite, and whole runs — two arms against
+// the fake backend (one scripted right, one wrong) and the in-process demo model.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <rapidjson/document.h>
+
+#include "pulse-bench/agent.h"
+#include "support/gateway_harness.h"
+
+using namespace pulse::bench;
+using namespace pulse::bench::agent;
+using pulse::test::env_or_fail;
+using pulse::test::FakeBackend;
+using pulse::test::Gateway;
+using pulse::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+const char* kTwoCalls = R"({"tasks":[{"id":"t","user":"Make alice@example.com an admin.",
+  "tools":[{"name":"lookup_user","parameters":{"type":"object","properties":{"email":{"type":"string"}}}},
+           {"name":"set_role","parameters":{"type":"object","properties":{"user_id":{"type":"string"},"role":{"type":"string"}}}}],
+  "expect":[{"tool":"lookup_user","args":{"email":{"equals":"alice@example.com"}},"result":{"id":"u_1"}},
+            {"tool":"set_role","args":{"user_id":{"equals":"u_1"},"role":{"equals":"admin"}},"result":"ok"}],
+  "final":[{"contains":"admin"}]}]})";
+
+Reply calls(std::vector<Call> cs) {
+    Reply r;
+    r.ok = true;
+    r.calls = std::move(cs);
+    r.input_tokens = 100;
+    r.output_tokens = 10;
+    return r;
+}
+Reply text(const std::string& t) {
+    Reply r;
+    r.ok = true;
+    r.text = t;
+    r.input_tokens = 120;
+    r.output_tokens = 5;
+    return r;
+}
+
+// An Ask that plays `replies` in order (and records what it was shown).
+struct Script {
+    std::vector<Reply> replies;
+    size_t next = 0;
+    std::vector<Conversation> seen;
+    Ask ask() {
+        return [this](const Conversation& c) {
+            seen.push_back(c);
+            return next < replies.size() ? replies[next++] : text("(script ran out)");
+        };
+    }
+};
+
+Result run(const std::string& suite, std::vector<Reply> replies, Script* keep = nullptr) {
+    auto tasks = load_suite(suite, "test");
+    Script local;
+    Script& s = keep ? *keep : local;
+    s.replies = std::move(replies);
+    return run_task(tasks.at(0), s.ask(), SandboxLimits{});
+}
+
+}  // namespace
+
+TEST_CASE("scoring tool-calling transcripts: pass, partial, fail, error, and tool-call errors counted") {
+    SUBCASE("every expected call, nothing else, and the answer: pass") {
+        Script s;
+        Result r = run(kTwoCalls,
+                       {calls({{"c1", "lookup_user", R"({"email":"Alice@example.com"})"}}), calls({{"c2", "set_role", R"({"user_id":"u_1","role":"admin"})"}}),
+                        text("alice is an admin now")},
+                       &s);
+        CHECK(r.outcome == "pass");
+        CHECK(r.matched == 2);
+        CHECK(r.turns == 3);
+        CHECK(r.input_tokens == 320);
+        CHECK(r.output_tokens == 25);
+        // The scripted result went back to the model as the tool's answer.
+        REQUIRE(s.seen.size() == 3);
+        CHECK(s.seen[1].steps.at(0).results.at(0).second == R"({"id":"u_1"})");
+    }
+    SUBCASE("an extra call: partial, and counted") {
+        Result r = run(kTwoCalls, {calls({{"c1", "lookup_user", R"({"email":"alice@example.com"})"}, {"c9", "lookup_user", R"({"email":"bob@example.com"})"}}),
+                                   calls({{"c2", "set_role", R"({"user_id":"u_1","role":"admin"})"}}), text("done, admin")});
+        CHECK(r.outcome == "partial");
+        CHECK(r.extra_calls == 1);
+    }
+    SUBCASE("wrong arguments, an unknown tool, unparseable arguments: fail, each error counted") {
+        Result r = run(kTwoCalls, {calls({{"c1", "lookup_user", R"({"email":"bob@example.com"})"}}), calls({{"c2", "delete_user", "{}"}}),
+                                   calls({{"c3", "set_role", "{not json"}}), text("admin?")});
+        CHECK(r.outcome == "fail");
+        CHECK(r.matched == 0);
+        CHECK(r.extra_calls == 1);
+        CHECK(r.unknown_tools == 1);
+        CHECK(r.bad_arguments == 1);
+    }
+    SUBCASE("the calls but not the answer: partial") {
+        Result r = run(kTwoCalls, {calls({{"c1", "lookup_user", R"({"email":"alice@example.com"})"}}),
+                                   calls({{"c2", "set_role", R"({"user_id":"u_1","role":"admin"})"}}), text("done")});
+        CHECK(r.outcome == "partial");
+        CHECK(r.detail.find("the answer misses a check") != std::string::npos);
+    }
+    SUBCASE("never answering within max_turns: fail") {
+        std::vector<Reply> loop(10, calls({{"c", "lookup_user", R"({"email":"x@y"})"}}));
+        Result r = run(kTwoCalls, loop);
+        CHECK(r.outcome == "fail");
+        CHECK(r.turns == 6);
+        CHECK(r.detail.find("no final answer within 6 turns") != std::string::npos);
+    }
+    SUBCASE("a failed request: error, not a model failure") {
+        Reply bad;
+        bad.error = "HTTP 503: down";
+        Result r = run(kTwoCalls, {bad});
+        CHECK(r.outcome == "error");
+        CHECK(r.detail.find("HTTP 503") != std::string::npos);
+    }
+    SUBCASE("a task whose right answer calls nothing") {
+        const char* none = R"({"tasks":[{"id":"n","user":"2+2?","tools":[{"name":"calculate","parameters":{}}],"final":[{"contains":"4"}]}]})";
+        CHECK(run(none, {text("4")}).outcome == "pass");
+        CHECK(run(none, {calls({{"c", "calculate", R"({"expression":"2+2"})"}}), text("4")}).outcome == "partial");  // an uncalled-for call
+        CHECK(run(none, {text("five")}).outcome == "fail");
+    }
+}
+
+TEST_CASE("repository tasks: the tools act on the files for real in the sandbox, and the check decides") {
+    const char* suite = R"({"tasks":[{"id":"r","kind":"repo","user":"fix it",
+      "files":{"calc.py":"def add(a, b):\n    return a - b\n","test_calc.py":"from calc import add\nassert add(2, 3) == 5\n"},
+      "check":"grep -q 'a + b' calc.py || exit 1; python3 test_calc.py"}]})";
+    Script s;
+    Result r = run(suite,
+                   {calls({{"c1", "run", R"({"command":"python3 test_calc.py"})"}}), calls({{"c2", "read_file", R"({"path":"calc.py"})"}}),
+                    calls({{"c3", "write_file", R"({"path":"calc.py","content":"def add(a, b):\n    return a + b\n"})"}}),
+                    calls({{"c4", "run", R"({"command":"python3 test_calc.py && echo fixed"})"}}), text("fixed add")},
+                   &s);
+    CHECK(r.outcome == "pass");
+    REQUIRE(s.seen.size() == 5);
+    CHECK(s.seen[1].steps[0].results[0].second.rfind("exit code 1", 0) == 0);  // the test failed before the fix
+    CHECK(s.seen[2].steps[1].results[0].second.find("return a - b") != std::string::npos);
+    CHECK(s.seen[4].steps[3].results[0].second.rfind("exit code 0\nfixed", 0) == 0);
+    // Nothing done: the check fails. Partial is the check's own exit 3.
+    CHECK(run(suite, {text("done")}).outcome == "fail");
+    const char* partial = R"({"tasks":[{"id":"p","kind":"repo","user":"x","files":{},"check":"test -f a.txt && exit 0; exit 3"}]})";
+    CHECK(run(partial, {text("nothing")}).outcome == "partial");
+    // A path out of the repository is refused, not written.
+    Script w;
+    run(partial, {calls({{"c", "write_file", R"({"path":"../escape.txt","content":"x"})"}}), text("ok")}, &w);
+    CHECK(w.seen[1].steps[0].results[0].second.find("must be relative") != std::string::npos);
+}
+
+TEST_CASE("paired comparison: counts, the difference with its interval, the exact McNemar p") {
+    std::vector<bool> a(10, false), b(10, false);
+    for (int i = 0; i < 6; ++i) b[i] = true;  // b passes 6 tasks a fails
+    a[9] = b[9] = true;                       // both pass one
+    Paired p = compare(a, b);
+    CHECK(p.n == 10);
+    CHECK(p.both == 1);
+    CHECK(p.only_b == 6);
+    CHECK(p.only_a == 0);
+    CHECK(p.neither == 3);
+    CHECK(p.diff == doctest::Approx(0.6));
+    CHECK(p.mcnemar_p == doctest::Approx(2 * std::pow(0.5, 6)));  // 6 discordant pairs all one way
+    CHECK(p.lo > 0);
+    CHECK(p.hi <= 1);
+    Paired same = compare(a, a);
+    CHECK(same.diff == 0);
+    CHECK(same.mcnemar_p == 1);
+    std::vector<bool> x = {true, false, true, false}, y = {false, true, false, true};  // 2 each way
+    CHECK(compare(x, y).mcnemar_p == doctest::Approx(1.0));
+}
+
+TEST_CASE("suite format: precise errors") {
+    auto err = [](const std::string& s) {
+        try {
+            load_suite(s, "suite.json");
+        } catch (const std::runtime_error& e) {
+            return std::string(e.what());
+        }
+        return std::string("(no error)");
+    };
+    CHECK(err("[]") == "suite.json: expected {\"tasks\": [...]}");
+    CHECK(err(R"({"tasks":[{"user":"x","tools":[]}]})") == "suite.json: a task has no id");
+    CHECK(err(R"({"tasks":[{"id":"a","tools":[]}]})").find("task 'a': \"user\" (the request) is required") != std::string::npos);
+    CHECK(err(R"({"tasks":[{"id":"a","user":"x","tools":[],"expect":[{"tool":"nope"}]}]})").find("expects a call to 'nope', which is not among its tools") !=
+          std::string::npos);
+    CHECK(err(R"({"tasks":[{"id":"a","user":"x","tools":[{"name":"f"}],"expect":[{"tool":"f","args":{"q":{"similar":"x"}}}]}]})")
+              .find("unknown check 'similar'") != std::string::npos);
+    CHECK(err(R"({"tasks":[{"id":"a","kind":"repo","user":"x","files":{}}]})").find("\"check\" (a shell command) is required") != std::string::npos);
+    CHECK(err(R"({"tasks":[{"id":"a","user":"x","tools":[]},{"id":"a","user":"y","tools":[]}]})").find("id used twice") != std::string::npos);
+}
+
+TEST_CASE("the shipped suite: at least 30 scenarios and 8 repository tasks, all well formed") {
+    auto tasks = load_suite(slurp(PULSE_SOURCE_ROOT "/tools/bench/data/agent_tasks.json"), "agent_tasks.json");
+    size_t tools = 0, repo = 0;
+    for (const auto& t : tasks) (t.kind == "tools" ? tools : repo) += 1;
+    CHECK(tools >= 30);
+    CHECK(repo >= 8);
+    // No repository task passes untouched (its check fails on the files as given).
+    for (const auto& t : tasks) {
+        if (t.kind != "repo") continue;
+        CAPTURE(t.id);
+        Files f = t.files;
+        SandboxResult r = run_shell_sandboxed(t.check, f, SandboxLimits{});
+        CHECK(r.outcome != Outcome::passed);
+        CHECK(r.outcome != Outcome::error);
+    }
+}
+
+namespace {
+
+struct AgentRun {
+    TempDir out;
+    pulse::test::Result r;
+    rapidjson::Document doc;
+    AgentRun(std::vector<std::string> args, bool json = true) {
+        std::vector<std::string> argv = {env_or_fail("PULSE_EXE"), "bench", "agent"};
+        argv.insert(argv.end(), args.begin(), args.end());
+        argv.insert(argv.end(), {"--out", out.path().string()});
+        if (json) argv.push_back("--json");
+        r = pulse::test::run(argv, {}, 240);
+        if (json) doc.Parse(r.out.c_str());
+    }
+};
+
+const char* kSuite = R"({"tasks":[
+ {"id":"weather","user":"What is the weather in Paris?","tools":[{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}],
+  "expect":[{"tool":"get_weather","args":{"city":{"equals":"Paris"}},"result":{"temp_c":18}}],"final":[{"contains":"18"}]},
+ {"id":"sum","user":"Compute 2+2 with the calculator.","tools":[{"name":"calculate","parameters":{"type":"object","properties":{"expression":{"type":"string"}}}}],
+  "expect":[{"tool":"calculate","args":{"expression":{"regex":"2\\s*\\+\\s*2"}},"result":"4"}],"final":[{"contains":"4"}]},
+ {"id":"capital","user":"Name the capital of Japan.","tools":[{"name":"calculate","parameters":{}}],"final":[{"contains":"Tokyo"}]}]})";
+
+// Per prompt (and tool results so far): the right arm's answers, and the wrong arm's.
+const char* kRight = R"({"turns":[
+ {"match":"weather in Paris","tools_seen":0,"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]},
+ {"match":"weather in Paris","tools_seen":1,"content":"It is 18 C in Paris."},
+ {"match":"2+2 with","tools_seen":0,"tool_calls":[{"name":"calculate","arguments":{"expression":"2+2"}}]},
+ {"match":"2+2 with","tools_seen":1,"content":"It is 4."},
+ {"match":"capital of Japan","content":"Tokyo."},
+ {"content":"?"}]})";
+const char* kWrong = R"({"turns":[
+ {"match":"weather in Paris","tools_seen":0,"tool_calls":[{"name":"get_weather","arguments":{"city":"London"}}]},
+ {"match":"weather in Paris","tools_seen":1,"content":"It is mild."},
+ {"match":"2+2 with","content":"It is 5."},
+ {"match":"capital of Japan","content":"Kyoto."},
+ {"content":"?"}]})";
+
+}  // namespace
+
+TEST_CASE("a whole run: the arm scripted right passes every task, the wrong one none, and the comparison says exactly that") {
+    FakeBackend right(kRight), wrong(kWrong);
+    TempDir d;
+    auto suite = d.write("suite.json", kSuite);
+    AgentRun run({"--arms", "right=" + right.url() + ",wrong=" + wrong.url(), "--suite", suite.string(), "--seed", "7"});
+    REQUIRE_MESSAGE(run.r.code == 0, run.r.err);
+    auto& doc = run.doc;
+    REQUIRE(doc.IsObject());
+    const auto& arms = doc["arms"];
+    CHECK(arms[0]["pass"].GetInt() == 3);
+    CHECK(arms[0]["pass_rate"].GetDouble() == doctest::Approx(1.0));
+    CHECK(arms[1]["pass"].GetInt() == 0);
+    CHECK(arms[1]["fail"].GetInt() == 3);
+    CHECK(arms[1]["tool_call_errors"]["extra_calls"].GetInt() == 1);  // get_weather(London)
+    CHECK(arms[0]["input_tokens"].GetInt() > 0);
+    const auto& p = doc["pairs"][0];
+    CHECK(std::string(p["arm"].GetString()) == "wrong");
+    CHECK(std::string(p["baseline"].GetString()) == "right");
+    CHECK(p["only_baseline"].GetInt() == 3);
+    CHECK(p["only_arm"].GetInt() == 0);
+    CHECK(p["pass_rate_difference"].GetDouble() == doctest::Approx(-1.0));
+    CHECK(p["mcnemar_p"].GetDouble() == doctest::Approx(0.25));
+    CHECK(p["differing_tasks"].Size() == 3);
+    // Matched: the same tasks, in the same order, each with one seed on both arms.
+    const auto& runs = doc["runs"];
+    REQUIRE(runs.Size() == 6);
+    CHECK(std::string(runs[0]["task"].GetString()) == "weather");  // listed arm by arm, each in task order
+    CHECK(std::string(runs[0]["arm"].GetString()) == "right");
+    CHECK(std::string(runs[3]["arm"].GetString()) == "wrong");
+    CHECK(std::string(runs[3]["task"].GetString()) == "weather");
+    auto seeds = [](const FakeBackend& b) {
+        std::vector<int64_t> out;
+        for (const auto& q : b.requests()) {
+            rapidjson::Document d;
+            d.Parse(q.c_str());
+            out.push_back(d["seed"].GetInt64());
+        }
+        return out;
+    };
+    CHECK(seeds(right) == std::vector<int64_t>{7, 7, 8, 8, 9});
+    CHECK(seeds(wrong) == std::vector<int64_t>{7, 7, 8, 9});
+    CHECK(doc["conditions"]["seed"].GetInt() == 7);
+    CHECK(std::string(doc["conditions"]["order"].GetString()) == "task by task, every arm in turn");
+}
+
+TEST_CASE("against the in-process demo model: the run completes, its random answers fail, and the report says so") {
+    TempDir d;
+    Gateway gw("[models.demo]\nprofile = \"qwen38\"\n[[models.demo.endpoints]]\nname = \"local\"\nurl = \"decoder://" + (d / "demo.gguf").string() +
+               "\"\n[models.demo.endpoints.options]\nmake_demo = true\n[models.demo.profile_options]\nthinking = \"off\"\n");
+    const std::string url = "http://127.0.0.1:" + std::to_string(gw.port) + "/v1#demo";
+    AgentRun run({"--arms", "demo=" + url, "--api", "responses", "--kind", "repo", "--limit", "2", "--max-turns", "2", "--max-tokens", "24"}, false);
+    CAPTURE(run.r.err);
+    CHECK(run.r.code == 0);
+    CHECK(run.r.out.find("demo: 0 of 2 tasks passed") != std::string::npos);
+    std::string json;
+    for (const auto& e : fs::directory_iterator(run.out.path()))
+        if (e.path().extension() == ".json") json = slurp(e.path());
+    rapidjson::Document doc;
+    doc.Parse(json.c_str());
+    REQUIRE(doc.IsObject());
+    CHECK(doc["arms"][0]["pass"].GetInt() == 0);
+    CHECK(doc["arms"][0]["error"].GetInt() == 0);  // every request answered: a model result, not a failed run
+}
