@@ -300,6 +300,21 @@ TEST_CASE("a whole run: the arm scripted right passes every task, the wrong one 
     CHECK(std::string(doc["conditions"]["order"].GetString()) == "task by task, every arm in turn");
 }
 
+TEST_CASE("through a Pulse gateway over the Responses API: the same scenarios, the same scores") {
+    FakeBackend right(kRight);
+    Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"" + right.url() + "\"\n");
+    TempDir d;
+    auto suite = d.write("suite.json", kSuite);
+    AgentRun run({"--arms", "gw=http://127.0.0.1:" + std::to_string(gw.port) + "/v1#m", "--api", "responses", "--suite", suite.string()});
+    REQUIRE_MESSAGE(run.r.code == 0, run.r.err);
+    CHECK(run.doc["arms"][0]["pass"].GetInt() == 3);
+    CHECK(std::string(run.doc["conditions"]["api"].GetString()) == "responses");
+    // The tool results went back as function_call_output items, which the gateway made tool messages.
+    bool tool_message = false;
+    for (const auto& q : right.requests()) tool_message = tool_message || q.find(R"("role":"tool")") != std::string::npos;
+    CHECK(tool_message);
+}
+
 TEST_CASE("against the in-process demo model: the run completes, its random answers fail, and the report says so") {
     TempDir d;
     Gateway gw("[models.demo]\nprofile = \"qwen38\"\n[[models.demo.endpoints]]\nname = \"local\"\nurl = \"decoder://" + (d / "demo.gguf").string() +

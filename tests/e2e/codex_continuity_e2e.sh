@@ -64,14 +64,15 @@ HOME="$work/home" CODEX_HOME="$work/codex-home" XDG_RUNTIME_DIR="$work" XDG_STAT
 grep -q "Done: hello.txt says hello from pulse" "$work/codex.out" || fail "the task did not complete"
 grep -q 'CONTEXT CHECKPOINT COMPACTION' "$work/requests.jsonl" || fail "codex never compacted"
 # The first request after the compaction: the one that carries the summary.
-after=$(grep -v '^{"served"' "$work/requests.jsonl" | grep 'SUMMARY-7f3a' | head -n 1)
+# (awk reads the file itself: a `| head` would SIGPIPE the writer and, with pipefail, this script)
+after=$(awk '!/^[{]"served"/ && /SUMMARY-7f3a/ { print; exit }' "$work/requests.jsonl")
 [ -n "$after" ] || fail "no request after the compaction"
 for want in 'Task state recorded by Pulse' 'Create hello.txt saying hello from pulse, then list the files.' \
             'hello.txt: added' 'cat hello.txt && ls /no-such-dir` exited 2' '1 compaction so far'; do
   grep -qF -- "$want" <<<"$after" || fail "the request after the compaction lacks: $want"
 done
 # Before the compaction nothing was handed back (SessionStart at startup has nothing to give).
-first=$(grep -v '^{"served"' "$work/requests.jsonl" | head -n 1)
+first=$(awk '!/^[{]"served"/ { print; exit }' "$work/requests.jsonl")
 grep -q 'Task state recorded by Pulse' <<<"$first" && fail "the first request already carried a task state"
 sessions=$(HOME="$work/home" XDG_STATE_HOME="$work/state" "$pulse" continuity list | wc -l)
 [ "$sessions" -eq 1 ] || fail "expected one recorded session, found $sessions"
