@@ -109,6 +109,8 @@ long tasks_of(uid_t uid) {
 struct Plan {
     std::string root, work, prog;
     std::vector<std::string> argv;  // what runs in /work (argv[0] an absolute path)
+    std::vector<const char*> cargv;  // argv as exec takes it, made before fork: nothing may
+                                     // allocate after the rlimits (an ASan build cannot)
     uid_t uid;
     gid_t gid;
     bool drop;
@@ -182,13 +184,10 @@ struct Plan {
         lim(RLIMIT_NPROC, p.nproc, p.nproc);
         lim(RLIMIT_NOFILE, static_cast<rlim_t>(p.limits.open_files), static_cast<rlim_t>(p.limits.open_files));
         lim(RLIMIT_CORE, 0, 0);
-        std::vector<const char*> argv;
-        for (const auto& a : p.argv) argv.push_back(a.c_str());
-        argv.push_back(nullptr);
         // No bytecode caches: an agent task's files go in and out of the sandbox between commands,
         // and a cache as new as a rewritten source of the same size would pass for it.
         const char* envp[] = {"PATH=/usr/bin:/bin", "HOME=/work", "TMPDIR=/work", "LANG=C.UTF-8", "PYTHONHASHSEED=0", "PYTHONDONTWRITEBYTECODE=1", nullptr};
-        ::execve(argv[0], const_cast<char* const*>(argv.data()), const_cast<char* const*>(envp));
+        ::execve(p.cargv[0], const_cast<char* const*>(p.cargv.data()), const_cast<char* const*>(envp));
         die("exec");
     }
     int status = 0;
@@ -260,6 +259,8 @@ static SandboxResult run_sandboxed(const std::vector<std::string>& argv, Files& 
     p.work = (top / "work").string();
     p.limits = limits;
     p.argv = argv;
+    for (const auto& a : p.argv) p.cargv.push_back(a.c_str());
+    p.cargv.push_back(nullptr);
     fs::create_directories(p.root);
     fs::create_directories(p.work);
     p.drop = ::geteuid() == 0;
