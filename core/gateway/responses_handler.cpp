@@ -292,9 +292,8 @@ private:
             set(r, "budget_tokens", rapidjson::Value(*d.reasoning_budget));
             said += " reasoning_budget=" + std::to_string(*d.reasoning_budget);
         }
-        static const char* const kIntegers[] = {"top_k", "max_output_tokens"};
         for (const auto& [k, v] : d.sampling) {
-            bool integer = std::find_if(std::begin(kIntegers), std::end(kIntegers), [&](const char* x) { return k == x; }) != std::end(kIntegers);
+            const bool integer = k == "top_k" || k == "max_output_tokens";
             // Keys are the decision's (validated against a fixed list); values are ours to copy.
             rapidjson::Value key(k.c_str(), static_cast<rapidjson::SizeType>(k.size()), a);
             rapidjson::Value val = integer ? rapidjson::Value(static_cast<int64_t>(v)) : rapidjson::Value(v);
