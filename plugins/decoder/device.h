@@ -12,14 +12,17 @@
 #include <vector>
 
 #include "gguf.h"
+#include "hadamard.h"
 
 namespace pulse::decoder {
 
 // A matmul weight: rows of `n_in` values in the tensor's type, with an optional output scale.
+// `rot`: a Hadamard-folded weight, whose input is rotated first (hadamard.h).
 struct Matrix {
     const TensorInfo* t = nullptr;
     int64_t n_in = 0, n_out = 0;
     float scale = 1;
+    const Rotation* rot = nullptr;
 };
 
 // Gated attention for B new tokens at positions pos0..pos0+B-1, between the q/k/v projections
@@ -64,6 +67,8 @@ public:
     virtual void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, double eps) const = 0;
     virtual void swiglu(float* g, const float* u, int64_t n) const = 0;  // g = silu(g) * u
     virtual void add(float* x, const float* y, int64_t n) const = 0;    // x += y
+    // out[b] = the rotation of x[b] for b < B (rows of r.width values)
+    virtual void rotate(const Rotation& r, const float* x, float* out, int64_t B) const = 0;
     virtual void attention(const AttentionOp& op) const = 0;
     virtual void deltanet(const DeltaNetOp& op) const = 0;
 };

@@ -108,6 +108,10 @@ public:
     void add(float* x, const float* y, int64_t n) const override {
         for (int64_t i = 0; i < n; ++i) x[i] += y[i];
     }
+    void rotate(const Rotation& r, const float* x, float* out, int64_t B) const override {
+#pragma omp parallel for schedule(static) if (B > 1)
+        for (int64_t b = 0; b < B; ++b) rotate_row(r, x + b * r.width, out + b * r.width);
+    }
     void attention(const AttentionOp& op) const override;
     void deltanet(const DeltaNetOp& op) const override;
 };

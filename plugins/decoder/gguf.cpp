@@ -30,10 +30,11 @@ const TypeRow kTypes[] = {
     {23, {"IQ4_XS", 256, 136, false}}, {24, {"I8", 1, 1, false}},   {25, {"I16", 1, 2, false}},
     {26, {"I32", 1, 4, false}},      {27, {"I64", 1, 8, false}},     {28, {"F64", 1, 8, false}},
     {29, {"IQ1_M", 256, 56, false}}, {30, {"BF16", 1, 2, true}},     {34, {"TQ1_0", 256, 54, true}},
-    {35, {"TQ2_0", 256, 66, true}},  {39, {"MXFP4", 32, 17, false}}, {41, {"Q1_0", 128, 18, false}},
-    {42, {"Q2_0", 64, 18, false}},
+    {35, {"TQ2_0", 256, 66, true}},  {39, {"MXFP4", 32, 17, false}}, {41, {"Q1_0", 128, 18, true}},
+    {42, {"Q2_0", 64, 18, true}},
     // Forks seen in the wild (PrismML's llama.cpp for Ternary Bonsai).
-    {142, {"PQ2_0 (PrismML fork)", 128, 34, false}}, {143, {"PTQ1_0 (PrismML fork)", 128, 28, false}},
+    {142, {"PQ2_0", 128, 34, true}}, {143, {"PTQ1_0", 128, 28, true}},
+    {kQ2_0_G128, {"Q2_0 (group-128 fork layout)", 128, 34, true}},
 };
 
 constexpr uint32_t kMaxDepth = 4;
@@ -123,6 +124,13 @@ const TypeTraits* type_traits(uint32_t type) {
     for (const auto& r : kTypes)
         if (r.id == type) return &r.t;
     return nullptr;
+}
+
+std::string supported_type_names() {
+    std::string s;
+    for (const auto& r : kTypes)
+        if (r.t.supported && r.id != kQ2_0_G128) s += (s.empty() ? "" : ", ") + std::string(r.t.name);
+    return s;
 }
 
 std::string type_name(uint32_t type) {
@@ -228,10 +236,10 @@ void GgufFile::parse_all() {
         }
         t.type = c.read<uint32_t>(what + " type");
         const TypeTraits* tt = type_traits(t.type);
-        if (!tt) c.fail(what + ": unknown ggml type " + std::to_string(t.type) + " (a fork's format? supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, TQ1_0, TQ2_0)");
+        if (!tt || t.type == kQ2_0_G128) c.fail(what + ": unknown ggml type " + std::to_string(t.type) + " (a fork's format? supported: " + supported_type_names() + ")");
         if (!tt->supported)
             c.fail(what + ": ggml type " + std::string(tt->name) + " (" + std::to_string(t.type) +
-                   ") is not supported (supported: F32, F16, BF16, Q8_0, Q4_K, Q6_K, TQ1_0, TQ2_0)");
+                   ") is not supported (supported: " + supported_type_names() + ")");
         if (t.ne[0] % tt->block) c.fail(what + ": ne[0] = " + std::to_string(t.ne[0]) + " is not a multiple of " + tt->name + "'s block of " + std::to_string(tt->block));
         t.nbytes = elements / tt->block * tt->bytes;
         t.offset = c.read<uint64_t>(what + " offset");
@@ -242,6 +250,7 @@ void GgufFile::parse_all() {
     uint64_t data_start = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
     if (data_start > size_ && !tensors_.empty()) c.fail("truncated: the tensor data section would start at " + std::to_string(data_start) + ", past the end (" + std::to_string(size_) + ")");
     uint64_t data_size = size_ > data_start ? size_ - data_start : 0;
+    resolve_q2_0_layout(data_size);
     // Data regions: inside the file and not overlapping one another.
     std::vector<std::pair<uint64_t, size_t>> spans;
     for (size_t k = 0; k < tensors_.size(); ++k) {
@@ -258,6 +267,44 @@ void GgufFile::parse_all() {
         if (prev.offset + prev.nbytes > spans[k].first)
             c.fail("tensors '" + prev.name + "' and '" + tensors_[spans[k].second].name + "' overlap in the data section");
     }
+}
+
+// Type 42 is mainline Q2_0 (18 bytes per 64 weights), but a fork wrote its 34-byte groups of 128
+// under the same number. The header cannot tell them apart; the space each tensor's data has
+// up to the next tensor (or the end) can: the group-128 layout is 1/64 byte per weight smaller.
+// A file uses one quantizer, so every type-42 tensor must agree; a tensor too small for the
+// difference to exceed the padding decides nothing.
+void GgufFile::resolve_q2_0_layout(uint64_t data_size) {
+    std::vector<uint64_t> starts;
+    for (const auto& t : tensors_) starts.push_back(t.offset);
+    std::sort(starts.begin(), starts.end());
+    int mainline = 0, fork = 0;
+    std::string mainline_name, fork_name;
+    for (const auto& t : tensors_) {
+        if (t.type != kQ2_0) continue;
+        auto next = std::upper_bound(starts.begin(), starts.end(), t.offset);
+        uint64_t room = next == starts.end() ? (data_size > t.offset ? data_size - t.offset : 0) : *next - t.offset;
+        const uint64_t n64 = t.nbytes, n128 = t.ne[0] % 128 ? 0 : t.elements() / 128 * 34;
+        if (room >= n64) {
+            if (n64 - n128 >= alignment_) ++mainline, mainline_name = t.name;  // a group-128 tensor would leave that much unused
+        } else if (n128 && room >= n128 && room - n128 < alignment_) {
+            ++fork, fork_name = t.name;  // exactly the group-128 size plus padding: not a truncated mainline tensor
+        }
+        // else: too small for either; the truncation check below names it
+    }
+    if (fork && mainline)
+        throw GgufError(name_ + ": tensors of type 42 (Q2_0) disagree on their layout: '" + mainline_name +
+                        "' has mainline Q2_0's size (groups of 64) and '" + fork_name +
+                        "' the size of a fork's groups of 128; refusing to guess");
+    if (!fork) return;
+    for (auto& t : tensors_)
+        if (t.type == kQ2_0) {
+            if (t.ne[0] % 128)
+                throw GgufError(name_ + ": tensor '" + t.name + "': type 42 is stored in a fork's groups of 128 in this file, but ne[0] = " +
+                                std::to_string(t.ne[0]) + " is not a multiple of 128");
+            t.type = kQ2_0_G128;
+            t.nbytes = t.elements() / 128 * 34;
+        }
 }
 
 const Value* GgufFile::find(const std::string& key) const {
@@ -334,35 +381,46 @@ void put_str(std::vector<uint8_t>& out, const std::string& s) {
 }
 }  // namespace
 
+void GgufWriter::store(Kv kv) {
+    for (auto& e : kv_)
+        if (e.key == kv.key) {
+            e = std::move(kv);
+            return;
+        }
+    kv_.push_back(std::move(kv));
+}
+void GgufWriter::remove(const std::string& key) {
+    kv_.erase(std::remove_if(kv_.begin(), kv_.end(), [&](const Kv& e) { return e.key == key; }), kv_.end());
+}
 void GgufWriter::set_u32(const std::string& key, uint32_t v) {
     Kv kv{key, {}};
     put<uint32_t>(kv.encoded, 4);
     put(kv.encoded, v);
-    kv_.push_back(std::move(kv));
+    store(std::move(kv));
 }
 void GgufWriter::set_i32(const std::string& key, int32_t v) {
     Kv kv{key, {}};
     put<uint32_t>(kv.encoded, 5);
     put(kv.encoded, v);
-    kv_.push_back(std::move(kv));
+    store(std::move(kv));
 }
 void GgufWriter::set_f32(const std::string& key, float v) {
     Kv kv{key, {}};
     put<uint32_t>(kv.encoded, 6);
     put(kv.encoded, v);
-    kv_.push_back(std::move(kv));
+    store(std::move(kv));
 }
 void GgufWriter::set_bool(const std::string& key, bool v) {
     Kv kv{key, {}};
     put<uint32_t>(kv.encoded, 7);
     put<uint8_t>(kv.encoded, v ? 1 : 0);
-    kv_.push_back(std::move(kv));
+    store(std::move(kv));
 }
 void GgufWriter::set_string(const std::string& key, const std::string& v) {
     Kv kv{key, {}};
     put<uint32_t>(kv.encoded, 8);
     put_str(kv.encoded, v);
-    kv_.push_back(std::move(kv));
+    store(std::move(kv));
 }
 void GgufWriter::set_strings(const std::string& key, const std::vector<std::string>& v) {
     Kv kv{key, {}};
@@ -370,7 +428,7 @@ void GgufWriter::set_strings(const std::string& key, const std::vector<std::stri
     put<uint32_t>(kv.encoded, 8);
     put<uint64_t>(kv.encoded, v.size());
     for (const auto& s : v) put_str(kv.encoded, s);
-    kv_.push_back(std::move(kv));
+    store(std::move(kv));
 }
 void GgufWriter::set_i32s(const std::string& key, const std::vector<int32_t>& v) {
     Kv kv{key, {}};
@@ -378,7 +436,7 @@ void GgufWriter::set_i32s(const std::string& key, const std::vector<int32_t>& v)
     put<uint32_t>(kv.encoded, 5);
     put<uint64_t>(kv.encoded, v.size());
     for (int32_t x : v) put(kv.encoded, x);
-    kv_.push_back(std::move(kv));
+    store(std::move(kv));
 }
 void GgufWriter::add_tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::vector<uint8_t> data) {
     tensors_.push_back({name, std::move(ne), type, std::move(data)});

@@ -30,6 +30,13 @@ enum GgmlType : uint32_t {
     kBF16 = 30,
     kTQ1_0 = 34,
     kTQ2_0 = 35,
+    kQ1_0 = 41,     // mainline: group 128, {f16 d; u8 qs[16]}, one sign bit per weight
+    kQ2_0 = 42,     // mainline: group 64, {f16 d; u8 qs[16]}, four 2-bit codes per byte
+    kPQ2_0 = 142,   // PrismML fork: Q2_0's layout in groups of 128 (34 bytes)
+    kPTQ1_0 = 143,  // PrismML fork: base-3 ternary in groups of 128 (28 bytes, scale last)
+    // Not a ggml number: the reader gives it to tensors stored as type 42 whose byte size proves
+    // the group-128 layout a fork shipped under mainline Q2_0's id (read like PQ2_0).
+    kQ2_0_G128 = 1042,
 };
 
 struct TypeTraits {
@@ -40,6 +47,7 @@ struct TypeTraits {
 };
 // nullptr for numbers no known ggml (or known fork) uses.
 const TypeTraits* type_traits(uint32_t type);
+std::string supported_type_names();  // "F32, F16, ...": for error messages
 std::string type_name(uint32_t type);  // "Q8_0", or "unknown type 142"
 
 enum class ValueType : uint32_t { u8 = 0, i8, u16, i16, u32, i32, f32, boolean, string, array, u64, i64, f64 };
@@ -100,6 +108,7 @@ public:
 private:
     GgufFile() = default;
     void parse_all();
+    void resolve_q2_0_layout(uint64_t data_size);
 
     std::string name_;
     const uint8_t* base_ = nullptr;
@@ -112,9 +121,10 @@ private:
     std::map<std::string, size_t> by_name_;
 };
 
-// Writes a GGUF v3 file (tests, synthetic models, the demo model).
+// Writes a GGUF v3 file (tests, synthetic models, the demo model). Setting a key again replaces it.
 class GgufWriter {
 public:
+    void remove(const std::string& key);
     void set_u32(const std::string& key, uint32_t v);
     void set_i32(const std::string& key, int32_t v);
     void set_f32(const std::string& key, float v);
@@ -137,6 +147,7 @@ private:
         uint32_t type;
         std::vector<uint8_t> data;
     };
+    void store(Kv kv);
     std::vector<Kv> kv_;
     std::vector<T> tensors_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "quants.h"
 
@@ -92,14 +93,41 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::st
         dequantize_row(t.type, t.data, v.data(), n);
         return v;
     };
+    // Hadamard fold: the rotation each folded weight's input needs (hadamard.h).
+    m->fold_ = read_hadamard(f);
+    std::set<std::string> folded_bound;
+    auto rotation = [&](const std::string& tensor, int64_t width, bool inverse, bool grouped) -> const Rotation* {
+        auto it = m->fold_->signs.find(width);
+        if (it == m->fold_->signs.end())
+            bad("metadata prism.hadamard.sign_widths has no sign vector for width " + std::to_string(width) + ", the input width of folded tensor '" + tensor + "'");
+        auto r = std::make_unique<Rotation>();
+        r->width = width;
+        r->block = m->fold_->block;
+        r->signs = it->second.data();
+        r->inverse = inverse;
+        if (grouped) {
+            r->grouped_heads = true;
+            r->state = hp.ssm_state;
+            r->key_heads = hp.ssm_groups;
+            r->rep = hp.ssm_heads / hp.ssm_groups;
+        }
+        m->rotations_.push_back(std::move(r));
+        return m->rotations_.back().get();
+    };
     auto mat = [&](const std::string& name, int64_t n_in, int64_t n_out) {
         const TensorInfo& t = f.get_tensor(name + ".weight");
         shape(t, {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)});
-        Matrix mx{&t, n_in, n_out, 1};
+        Matrix mx{&t, n_in, n_out, 1, nullptr};
         if (const TensorInfo* s = f.tensor(name + ".scale")) {
             float sc;
             dequantize_row(s->type, s->data, &sc, 1);
             mx.scale = sc;
+        }
+        if (m->fold_ && m->fold_->folded.count(t.name)) {
+            // ssm_out multiplies the Gated DeltaNet output, computed here in tiled head order.
+            bool grouped = m->fold_->gdn_v_grouped && name.size() > 7 && name.compare(name.size() - 7, 7, "ssm_out") == 0;
+            mx.rot = rotation(t.name, n_in, false, grouped);
+            folded_bound.insert(t.name);
         }
         return mx;
     };
@@ -109,8 +137,14 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::st
         bad("tensor 'token_embd.weight' must be [" + std::to_string(E) + ", n_vocab]");
     hp.n_vocab = static_cast<int64_t>(m->tok_embd_->ne[1]);
     m->output_norm_ = vec("output_norm.weight", E);
-    if (f.tensor("output.weight")) m->output_ = mat("output", E, hp.n_vocab);
-    else m->output_ = Matrix{m->tok_embd_, E, hp.n_vocab, 1};  // tied
+    if (m->fold_ && m->fold_->inverse.count("token_embd.weight")) m->embd_rot_ = rotation("token_embd.weight", E, true, false);
+    if (f.tensor("output.weight")) {
+        m->output_ = mat("output", E, hp.n_vocab);
+    } else {
+        m->output_ = Matrix{m->tok_embd_, E, hp.n_vocab, 1, nullptr};  // tied
+        // Rows stored as e' with e = s ⊙ (H·e'): e·x = e'·(H·(s ⊙ x)), the forward rotation.
+        if (m->embd_rot_) m->output_.rot = rotation("token_embd.weight", E, false, false);
+    }
     const int64_t H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, K = hp.conv_kernel;
     for (int64_t il = 0; il < hp.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
@@ -144,6 +178,11 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::st
         }
         m->layers_.push_back(std::move(L));
     }
+    if (m->fold_)
+        for (const auto& name : m->fold_->folded)
+            if (!folded_bound.count(name))
+                bad("metadata prism.hadamard.weight_names lists '" + name + "', which is not a weight this model multiplies" +
+                    (f.tensor(name) ? "" : " (no such tensor)"));
     return m;
 }
 
@@ -186,6 +225,10 @@ void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* l
             throw std::out_of_range("token id " + std::to_string(token) + " is outside the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
         dequantize_row(tok_embd_->type, tok_embd_->data + static_cast<uint64_t>(token) * tok_embd_->row_bytes(), x.data() + b * E, E);
     }
+    if (embd_rot_) {
+        dev_->rotate(*embd_rot_, x.data(), tmp.data(), B);
+        x.swap(tmp);
+    }
     std::vector<float> g(static_cast<size_t>(B * F)), u(g.size());
     size_t ai = 0, gi = 0;
     for (const auto& L : layers_) {
@@ -194,48 +237,55 @@ void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* l
         else attention(L, seq, ai++, h.data(), tmp.data(), B);
         dev_->add(x.data(), tmp.data(), static_cast<int64_t>(x.size()));
         dev_->rmsnorm(x.data(), L.post_norm.data(), h.data(), B, E, hp_.rms_eps);
-        dev_->matmul(L.ffn_gate, h.data(), B, g.data(), int8_prefill);
-        dev_->matmul(L.ffn_up, h.data(), B, u.data(), int8_prefill);
+        matmul(L.ffn_gate, h.data(), B, g.data(), int8_prefill);
+        matmul(L.ffn_up, h.data(), B, u.data(), int8_prefill);
         dev_->swiglu(g.data(), u.data(), static_cast<int64_t>(g.size()));
-        dev_->matmul(L.ffn_down, g.data(), B, tmp.data(), int8_prefill);
+        matmul(L.ffn_down, g.data(), B, tmp.data(), int8_prefill);
         dev_->add(x.data(), tmp.data(), static_cast<int64_t>(x.size()));
     }
     seq.n_past += B;
     if (!logits) return;
     if (all_logits) {
         dev_->rmsnorm(x.data(), output_norm_.data(), h.data(), B, E, hp_.rms_eps);
-        dev_->matmul(output_, h.data(), B, logits, int8_prefill);
+        matmul(output_, h.data(), B, logits, int8_prefill);
     } else {
         dev_->rmsnorm(x.data() + (B - 1) * E, output_norm_.data(), h.data(), 1, E, hp_.rms_eps);
-        dev_->matmul(output_, h.data(), 1, logits, false);
+        matmul(output_, h.data(), 1, logits, false);
     }
+}
+
+void Model::matmul(const Matrix& w, const float* x, int64_t B, float* y, bool int8) const {
+    if (!w.rot) return dev_->matmul(w, x, B, y, int8);
+    std::vector<float> xr(static_cast<size_t>(B * w.n_in));
+    dev_->rotate(*w.rot, x, xr.data(), B);
+    dev_->matmul(w, xr.data(), B, y, int8);
 }
 
 void Model::attention(const Layer& L, Sequence& seq, size_t ai, const float* h, float* out, int64_t B) const {
     const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
     std::vector<float> qg(static_cast<size_t>(B * 2 * H * D)), k(static_cast<size_t>(B * Hkv * D)), v(k.size()), o(static_cast<size_t>(B * H * D));
-    dev_->matmul(L.q, h, B, qg.data(), int8_prefill);
-    dev_->matmul(L.k, h, B, k.data(), int8_prefill);
-    dev_->matmul(L.v, h, B, v.data(), int8_prefill);
+    matmul(L.q, h, B, qg.data(), int8_prefill);
+    matmul(L.k, h, B, k.data(), int8_prefill);
+    matmul(L.v, h, B, v.data(), int8_prefill);
     AttentionOp op{qg.data(), k.data(), v.data(), B, seq.n_past, H, Hkv, D, hp_.rope_dim, hp_.rope_base, hp_.rms_eps,
                    hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D)), L.q_norm.data(), L.k_norm.data(),
                    &seq.k_cache[ai], &seq.v_cache[ai], o.data()};
     dev_->attention(op);
-    dev_->matmul(L.o, o.data(), B, out, int8_prefill);
+    matmul(L.o, o.data(), B, out, int8_prefill);
 }
 
 void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, const float* h, float* out, int64_t B) const {
     const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads, VD = hp_.value_dim();
     std::vector<float> qkv(static_cast<size_t>(B * C)), z(static_cast<size_t>(B * VD)), beta(static_cast<size_t>(B * Hv)), alpha(beta.size()),
         o(static_cast<size_t>(B * VD));
-    dev_->matmul(L.qkv, h, B, qkv.data(), int8_prefill);
-    dev_->matmul(L.gate, h, B, z.data(), int8_prefill);
-    dev_->matmul(L.beta, h, B, beta.data(), int8_prefill);
-    dev_->matmul(L.alpha, h, B, alpha.data(), int8_prefill);
+    matmul(L.qkv, h, B, qkv.data(), int8_prefill);
+    matmul(L.gate, h, B, z.data(), int8_prefill);
+    matmul(L.beta, h, B, beta.data(), int8_prefill);
+    matmul(L.alpha, h, B, alpha.data(), int8_prefill);
     DeltaNetOp op{qkv.data(), z.data(), beta.data(), alpha.data(), B, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps,
                   L.conv.data(), L.dt_bias.data(), L.ssm_a.data(), L.ssm_norm.data(), seq.conv[gi].data(), seq.state[gi].data(), o.data()};
     dev_->deltanet(op);
-    dev_->matmul(L.out, o.data(), B, out, int8_prefill);
+    matmul(L.out, o.data(), B, out, int8_prefill);
 }
 
 }  // namespace pulse::decoder

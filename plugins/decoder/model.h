@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "device.h"
 #include "gguf.h"
+#include "hadamard.h"
 
 namespace pulse::decoder {
 
@@ -65,6 +67,8 @@ private:
     void batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* logits, bool all_logits) const;
     void attention(const Layer& L, Sequence& seq, size_t attn_index, const float* h, float* out, int64_t B) const;
     void deltanet(const Layer& L, Sequence& seq, size_t gdn_index, const float* h, float* out, int64_t B) const;
+    // y = W·x, rotating x first when W is Hadamard-folded
+    void matmul(const Matrix& w, const float* x, int64_t B, float* y, bool int8) const;
 
     std::shared_ptr<GgufFile> file_;
     std::unique_ptr<Device> dev_;
@@ -73,6 +77,9 @@ private:
     Matrix output_;
     std::vector<float> output_norm_;
     std::vector<Layer> layers_;
+    std::optional<HadamardFold> fold_;                // prism.hadamard.*, when the file is folded
+    std::vector<std::unique_ptr<Rotation>> rotations_;  // what folded Matrix::rot point at
+    const Rotation* embd_rot_ = nullptr;              // the stored embedding's inverse rotation
 };
 
 // Per-sequence state. Copyable: a copy is a checkpoint (prefix reuse).

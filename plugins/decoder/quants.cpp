@@ -132,6 +132,37 @@ void dequantize_row(uint32_t type, const uint8_t* s, float* y, int64_t n) {
                     for (int j = 0; j < 4; ++j) y[240 + 4 * t + j] = static_cast<float>(trit(qh[j], t) - 1) * d;
             }
             return;
+        case kQ2_0:
+        case kPQ2_0:
+        case kQ2_0_G128: {
+            // Scale first, then four 2-bit codes per byte (element j in bits 2(j%4) of byte j/4);
+            // value (code - 1)·d, so code 3 is +2d.
+            const int64_t g = type == kQ2_0 ? 64 : 128;
+            for (int64_t b = 0; b < n / g; ++b, s += 2 + g / 4, y += g) {
+                float d = fp16_to_f32(rd16(s));
+                for (int64_t j = 0; j < g; ++j) y[j] = static_cast<float>(((s[2 + j / 4] >> (2 * (j % 4))) & 3) - 1) * d;
+            }
+            return;
+        }
+        case kQ1_0:
+            for (int64_t b = 0; b < n / 128; ++b, s += 18, y += 128) {
+                float d = fp16_to_f32(rd16(s));
+                for (int j = 0; j < 128; ++j) y[j] = (s[2 + j / 8] >> (j % 8)) & 1 ? d : -d;
+            }
+            return;
+        case kPTQ1_0:
+            // TQ1_0's base-3 packing in groups of 128: 16 bytes of 5 trits (elements 16t+m),
+            // 8 bytes of 5 trits (80+8t+m), 2 bytes of 4 trits (120+2t+j), then the f16 scale.
+            for (int64_t b = 0; b < n / 128; ++b, s += 28, y += 128) {
+                float d = fp16_to_f32(rd16(s + 26));
+                for (int t = 0; t < 5; ++t)
+                    for (int m = 0; m < 16; ++m) y[16 * t + m] = static_cast<float>(trit(s[m], t) - 1) * d;
+                for (int t = 0; t < 5; ++t)
+                    for (int m = 0; m < 8; ++m) y[80 + 8 * t + m] = static_cast<float>(trit(s[16 + m], t) - 1) * d;
+                for (int t = 0; t < 4; ++t)
+                    for (int j = 0; j < 2; ++j) y[120 + 2 * t + j] = static_cast<float>(trit(s[24 + j], t) - 1) * d;
+            }
+            return;
         case kQ4_K:
             for (int64_t b = 0; b < n / 256; ++b, s += 144) {
                 float d = fp16_to_f32(rd16(s)), dmin = fp16_to_f32(rd16(s + 2));
@@ -232,6 +263,61 @@ std::vector<uint8_t> quantize(uint32_t type, const float* x, int64_t n) {
                     o[48 + j] = pack(v * 3);
                 }
                 put16(o + 52, f32_to_fp16(amax));
+            }
+            break;
+        case kQ2_0:
+        case kPQ2_0:
+        case kQ2_0_G128: {
+            // d = max(largest negative magnitude, largest positive / 2): weights t·d with t in
+            // {-1, 0, 1, 2} round-trip exactly (llama.cpp's reference quantizer never uses +2).
+            const int64_t g = type == kQ2_0 ? 64 : 128;
+            for (int64_t b = 0; b < n / g; ++b, o += 2 + g / 4, x += g) {
+                float neg = 0, pos = 0;
+                for (int64_t j = 0; j < g; ++j) neg = std::max(neg, -x[j]), pos = std::max(pos, x[j]);
+                uint16_t dh = f32_to_fp16(std::max(neg, pos / 2));
+                float d = fp16_to_f32(dh), id = d ? 1 / d : 0;
+                put16(o, dh);
+                std::memset(o + 2, 0, static_cast<size_t>(g / 4));
+                for (int64_t j = 0; j < g; ++j) {
+                    int q = std::clamp(static_cast<int>(round_half_away(x[j] * id)), -1, 2) + 1;
+                    o[2 + j / 4] |= static_cast<uint8_t>(q << (2 * (j % 4)));
+                }
+            }
+            break;
+        }
+        case kQ1_0:
+            for (int64_t b = 0; b < n / 128; ++b, o += 18, x += 128) {
+                float sum = 0;  // llama.cpp's reference: d = mean |x|, one sign bit each
+                for (int j = 0; j < 128; ++j) sum += std::fabs(x[j]);
+                put16(o, f32_to_fp16(sum / 128));
+                std::memset(o + 2, 0, 16);
+                for (int j = 0; j < 128; ++j)
+                    if (x[j] >= 0) o[2 + j / 8] |= static_cast<uint8_t>(1 << (j % 8));
+            }
+            break;
+        case kPTQ1_0:
+            for (int64_t b = 0; b < n / 128; ++b, o += 28, x += 128) {
+                float amax = 0;
+                for (int j = 0; j < 128; ++j) amax = std::max(amax, std::fabs(x[j]));
+                float id = amax ? 1 / amax : 0;
+                auto t = [&](int e) { return static_cast<int>(round_half_away(x[e] * id)) + 1; };
+                auto pack = [](int v) { return static_cast<uint8_t>((v * 256 + 242) / 243); };
+                for (int m = 0; m < 16; ++m) {
+                    int v = 0;
+                    for (int k = 0; k < 5; ++k) v = v * 3 + t(16 * k + m);
+                    o[m] = pack(v);
+                }
+                for (int m = 0; m < 8; ++m) {
+                    int v = 0;
+                    for (int k = 0; k < 5; ++k) v = v * 3 + t(80 + 8 * k + m);
+                    o[16 + m] = pack(v);
+                }
+                for (int j = 0; j < 2; ++j) {
+                    int v = 0;
+                    for (int k = 0; k < 4; ++k) v = v * 3 + t(120 + 2 * k + j);
+                    o[24 + j] = pack(v * 3);
+                }
+                put16(o + 26, f32_to_fp16(amax));
             }
             break;
         case kQ4_K:

@@ -17,8 +17,9 @@ uint16_t f32_to_bf16(float f);  // round to nearest even
 void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n);
 
 // Encodes `n` floats (a multiple of the block) in `type`. For F16/BF16/Q8_0 the usual round to
-// nearest; TQ1_0/TQ2_0 store t·amax with t = round(x/amax) in {-1, 0, 1}; Q4_K/Q6_K use a
-// simple per-sub-block fit (any valid encoding: tests compare decoders on the same bytes).
+// nearest; TQ1_0/TQ2_0/PTQ1_0 store t·amax with t = round(x/amax) in {-1, 0, 1}; the Q2_0
+// layouts t·d with t in {-1, 0, 1, 2}; Q1_0 signs times mean |x|; Q4_K/Q6_K use a simple
+// per-sub-block fit (any valid encoding: tests compare decoders on the same bytes).
 std::vector<uint8_t> quantize(uint32_t type, const float* src, int64_t n);
 
 }  // namespace pulse::decoder

@@ -4,9 +4,11 @@
 #include <random>
 
 #include "gguf.h"
+#include "hadamard.h"
 #include "quants.h"
 #include "tokenizer.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -216,14 +218,69 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
     w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(vocab.endoftext));
     w.set_bool("tokenizer.ggml.add_bos_token", false);
 
-    // A matrix [n_in, n_out] of ternary weights times `scale` (a power of two: exact in fp16).
+    const int64_t kd = s.ssm_groups * s.ssm_state, vd = s.ssm_heads * s.ssm_state, conv_dim = 2 * kd + vd;
+    // The fold: the weights Bonsai folds (every projection but ssm_beta/ssm_alpha, and the
+    // output), the embedding stored inverse-rotated, one sign vector per input width. The signs
+    // come from their own generator, so a folded file stores the codes its unfolded sibling does.
+    FoldSpec fold;
+    std::map<int64_t, Rotation> rot_by_width;
+    Rotation grouped_out;
+    if (s.hadamard_block > 0) {
+        Rng srng(seed ^ 0x9e3779b97f4a7c15ull);
+        fold.block = s.hadamard_block;
+        fold.gdn_v_grouped = true;
+        for (int64_t width : {s.n_embd, s.n_ff, vd, s.n_head * s.head_dim}) {
+            if (std::find(fold.widths.begin(), fold.widths.end(), width) != fold.widths.end()) continue;
+            fold.widths.push_back(width);
+            std::vector<float> sg(static_cast<size_t>(width));
+            for (auto& x : sg) x = srng.g() % 2 ? 1.f : -1.f;
+            fold.signs.push_back(std::move(sg));
+        }
+        for (size_t k = 0; k < fold.widths.size(); ++k)
+            rot_by_width[fold.widths[k]] = Rotation{fold.widths[k], fold.block, fold.signs[k].data(), false, false, 0, 0, 0};
+        grouped_out = rot_by_width[vd];
+        grouped_out.grouped_heads = true;
+        grouped_out.state = s.ssm_state;
+        grouped_out.key_heads = s.ssm_groups;
+        grouped_out.rep = s.ssm_heads / s.ssm_groups;
+        fold.inverse = {"token_embd.weight"};
+        if (!s.tied_output) fold.folded.push_back("output.weight");
+        for (int64_t il = 0; il < s.n_layer; ++il) {
+            const std::string p = "blk." + std::to_string(il) + ".";
+            bool recurrent = s.all_recurrent || (il + 1) % 4 != 0;
+            for (const char* n : recurrent ? std::vector<const char*>{"attn_qkv", "attn_gate", "ssm_out"} : std::vector<const char*>{"attn_q", "attn_k", "attn_v", "attn_output"})
+                fold.folded.push_back(p + n + ".weight");
+            for (const char* n : {"ffn_gate", "ffn_up", "ffn_down"}) fold.folded.push_back(p + n + ".weight");
+        }
+        if (!twin) write_hadamard_metadata(w, fold);
+    }
+    auto code = [&]() -> float {
+        if (type == kQ2_0 || type == kPQ2_0) {  // ternary, and +2 one time in 16 (Bonsai: ~1 %)
+            uint64_t r = rng.g();
+            return (r & 15) == 0 ? 2.f : static_cast<float>(static_cast<int>((r >> 4) % 3) - 1);
+        }
+        if (type == kQ1_0) return rng.g() % 2 ? 1.f : -1.f;
+        return static_cast<float>(rng.ternary());
+    };
+    // A matrix [n_in, n_out] of codes times `scale` (a power of two: exact in fp16).
     auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out, float scale) {
         std::vector<float> x(static_cast<size_t>(n_in * n_out));
-        for (auto& e : x) e = static_cast<float>(rng.ternary()) * scale;
+        for (auto& e : x) e = code() * scale;
         uint32_t t = type;
         std::vector<uint8_t> bytes = quantize(t, x.data(), static_cast<int64_t>(x.size()));
         if (twin && t != kF32) {
             dequantize_row(t, bytes.data(), x.data(), static_cast<int64_t>(x.size()));
+            bool folded = std::find(fold.folded.begin(), fold.folded.end(), name) != fold.folded.end();
+            bool inverse = std::find(fold.inverse.begin(), fold.inverse.end(), name) != fold.inverse.end();
+            if (folded || inverse) {
+                Rotation r = name.find("ssm_out") != std::string::npos ? grouped_out : rot_by_width.at(n_in);
+                r.inverse = inverse;
+                std::vector<float> row(static_cast<size_t>(n_in));
+                for (int64_t o = 0; o < n_out; ++o) {
+                    unfold_row(r, x.data() + o * n_in, row.data());
+                    std::copy(row.begin(), row.end(), x.begin() + o * n_in);
+                }
+            }
             bytes = quantize(kF32, x.data(), static_cast<int64_t>(x.size()));
             t = kF32;
         }
@@ -263,7 +320,6 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
         f32("output_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
         if (!s.tied_output) matrix("output.weight", E, V, pow2(-3));
     }
-    const int64_t kd = s.ssm_groups * s.ssm_state, vd = s.ssm_heads * s.ssm_state, conv_dim = 2 * kd + vd;
     for (int64_t il = 0; il < s.n_layer; ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
         bool recurrent = s.all_recurrent || (il + 1) % 4 != 0;
@@ -303,10 +359,19 @@ std::vector<FixtureFile> fixture_set(uint64_t seed) {
     struct {
         const char* name;
         uint32_t type;
-    } types[] = {{"f32", kF32}, {"f16", kF16}, {"bf16", kBF16}, {"q8_0", kQ8_0}, {"tq1_0", kTQ1_0}, {"tq2_0", kTQ2_0}, {"q4_k", kQ4_K}, {"q6_k", kQ6_K}};
+    } types[] = {{"f32", kF32},     {"f16", kF16},     {"bf16", kBF16}, {"q8_0", kQ8_0}, {"tq1_0", kTQ1_0},  {"tq2_0", kTQ2_0},
+                 {"q4_k", kQ4_K},   {"q6_k", kQ6_K},   {"q2_0", kQ2_0}, {"q1_0", kQ1_0}, {"pq2_0", kPQ2_0}, {"ptq1_0", kPTQ1_0}};
     for (const auto& t : types) {
         out.push_back({std::string("synth-") + t.name + ".gguf", shape, t.type, seed, false});
         if (t.type != kF32) out.push_back({std::string("synth-") + t.name + ".f32twin.gguf", shape, t.type, seed, true});
+    }
+    // Bonsai's layout: PQ2_0 / PTQ1_0 with the Hadamard fold (blocks of 128: two or four per
+    // input width here, as 1024 gives five to seventeen in the 27B).
+    SynthShape folded = shape;
+    folded.hadamard_block = 128;
+    for (const auto& t : {std::pair{"pq2_0", kPQ2_0}, std::pair{"ptq1_0", kPTQ1_0}}) {
+        out.push_back({std::string("synth-") + t.first + "-folded.gguf", folded, t.second, seed, false});
+        out.push_back({std::string("synth-") + t.first + "-folded.f32twin.gguf", folded, t.second, seed, true});
     }
     SynthShape odd;
     odd.n_layer = 8;

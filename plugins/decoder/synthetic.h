@@ -24,6 +24,10 @@ struct SynthShape {
     // <|im_end|> points along it (so answers end after a few dozen tokens), while the other
     // special tokens point away from it (so random text does not open tool calls).
     float end_bias = 0;
+    // Hadamard-fold every weight PrismML's Bonsai files fold, in blocks of this size (0: none):
+    // the file stores the weights' codes as drawn and prism.hadamard.* metadata; its F32 twin
+    // holds the unfolded equivalent (hadamard.h), a plain qwen35 file llama.cpp can run.
+    int64_t hadamard_block = 0;
     std::string name = "pulse-synthetic";
     const struct SynthVocab* vocab = nullptr;  // default: synthetic_vocab()
 };
@@ -45,6 +49,7 @@ SynthVocab trained_vocab(int merges);
 void write_demo_model(const std::filesystem::path& path);
 
 // Writes `path` with every 2-D weight in `type` (1-D tensors, conv and SSM parameters in F32).
+// Weight codes: ternary; {-1, 0, 1, 2} for the Q2_0 layouts (all four codes); ±1 for Q1_0.
 // When `dequantized_twin` is set, writes instead the F32 file holding exactly the values the
 // `type` file decodes to (the reference for quantized formats).
 void write_synthetic(const std::filesystem::path& path, const SynthShape& shape, uint32_t type, uint64_t seed,
