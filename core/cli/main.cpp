@@ -28,7 +28,6 @@
 
 #include "cli/codex_launcher.h"
 #include "cli/continuity_cmd.h"
-#include "cli/decode_cmd.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "config/config.h"
@@ -167,33 +166,51 @@ std::optional<fs::path> build_tree_plugin_dir() {
 #endif
 }
 
-// `pulse bench ARGS` runs the pulse-bench program (git-style): next to this binary (an install
-// puts both in BINDIR), this build's (a binary in its build tree), else the first on PATH.
-int cmd_bench(int argc, char** argv) {
+// `pulse bench ARGS` runs the pulse-bench program, `pulse decode|gguf ARGS` the pulse-decoder
+// program (git-style: the host binary carries neither): next to this binary (an install puts
+// them all in BINDIR), this build's (a binary in its build tree), else the first on PATH.
+// `args` is the companion's argv, its program name first.
+int exec_companion(const char* program, const char* build_path, std::vector<std::string> args) {
     std::error_code ec;
     fs::path self = fs::read_symlink("/proc/self/exe", ec);
     std::vector<fs::path> candidates;
-    if (!ec) candidates.push_back(self.parent_path() / "pulse-bench");
-#if defined(PULSE_BUILD_BENCH)
-    if (build_tree_plugin_dir()) candidates.push_back(PULSE_BUILD_BENCH);
-#endif
-    std::vector<char*> args(argv + 1, argv + argc);  // argv[1] = "bench" becomes the program name
-    args.push_back(nullptr);
+    if (!ec) candidates.push_back(self.parent_path() / program);
+    if (build_path && build_tree_plugin_dir()) candidates.push_back(build_path);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     for (const auto& c : candidates)
         if (::access(c.c_str(), X_OK) == 0) {
-            ::execv(c.c_str(), args.data());
-            std::fprintf(stderr, "pulse: bench: cannot run %s: %s\n", c.c_str(), std::strerror(errno));
+            ::execv(c.c_str(), argv.data());
+            std::fprintf(stderr, "pulse: cannot run %s: %s\n", c.c_str(), std::strerror(errno));
             return kExitRuntime;
         }
-    args[0] = const_cast<char*>("pulse-bench");
-    ::execvp("pulse-bench", args.data());
+    ::execvp(program, argv.data());
     std::string looked;
     for (const auto& c : candidates) looked += c.string() + ", ";
-    std::fprintf(stderr,
-                 "pulse: bench: the pulse-bench program was not found (looked at %sthen PATH): it is installed with Pulse, "
-                 "next to pulse\n",
+    std::fprintf(stderr, "pulse: the %s program was not found (looked at %sthen PATH): it is installed with Pulse, next to pulse\n", program,
                  looked.c_str());
     return kExitRuntime;
+}
+
+int cmd_bench(int argc, char** argv) {
+    std::vector<std::string> args(argv + 1, argv + argc);  // argv[1] = "bench" becomes the program name
+    args[0] = "pulse-bench";
+#if defined(PULSE_BUILD_BENCH)
+    return exec_companion("pulse-bench", PULSE_BUILD_BENCH, args);
+#else
+    return exec_companion("pulse-bench", nullptr, args);
+#endif
+}
+
+int cmd_decoder_tool(int argc, char** argv) {
+    std::vector<std::string> args{"pulse-decoder"};
+    args.insert(args.end(), argv + 1, argv + argc);  // decode|gguf ARGS
+#if defined(PULSE_BUILD_DECODER_TOOL)
+    return exec_companion("pulse-decoder", PULSE_BUILD_DECODER_TOOL, args);
+#else
+    return exec_companion("pulse-decoder", nullptr, args);
+#endif
 }
 
 std::optional<fs::path> default_config() {
@@ -575,8 +592,7 @@ int main(int argc, char** argv) {
         if (cmd == "version" || cmd == "--version") return cmd_version();
         if (cmd == "model") return cmd_model(argc, argv);
         if (cmd == "bench") return cmd_bench(argc, argv);
-        if (cmd == "decode") return cli::cmd_decode(std::vector<std::string>(argv + 2, argv + argc));
-        if (cmd == "gguf") return cli::cmd_gguf(std::vector<std::string>(argv + 2, argv + argc));
+        if (cmd == "decode" || cmd == "gguf") return cmd_decoder_tool(argc, argv);
         if (cmd == "continuity")
             return cli::cmd_continuity(std::vector<std::string>(argv + 2, argv + argc), fs::read_symlink("/proc/self/exe").string());
         if (cmd == "codex") {

@@ -213,6 +213,40 @@ TEST_CASE("bench: runs the pulse-bench program next to pulse, or says it is miss
     CHECK(has(bad.err, "unknown tool 'nonsense'"));
 }
 
+TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links none of the decoder") {
+    // The host stays minimal: no ICU (the tokenizer's), no OpenMP (the matmuls').
+    auto elf = run({"readelf", "-d", exe()});
+    REQUIRE(elf.code == 0);
+    CHECK(has(elf.out, "(NEEDED)"));
+    CHECK_FALSE(has(elf.out, "libicu"));
+    CHECK_FALSE(has(elf.out, "libgomp"));
+    auto syms = run({"nm", "-C", exe()});
+    CHECK_FALSE(has(syms.out, "pulse::decoder::"));
+
+    TempDir tmp;
+    auto demo = run({exe(), "gguf", "make-demo", (tmp / "demo.gguf").string()});
+    CHECK(demo.code == 0);
+    CHECK(has(demo.out, "RANDOM weights"));
+    auto info = run({exe(), "gguf", "info", (tmp / "demo.gguf").string()});
+    CHECK(info.code == 0);
+    CHECK(has(info.out, "general.architecture"));
+    CHECK(has(info.out, "qwen35"));
+    auto dec = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2,3", "-n", "2", "--json"});
+    CHECK(dec.code == 0);
+    CHECK(has(dec.out, "\"decode_tokens_per_s\""));
+    CHECK(run({exe(), "gguf", "info", (tmp / "missing.gguf").string()}).code == 3);
+    CHECK(run({exe(), "decode"}).code == 2);
+
+    // A copy of pulse with no pulse-decoder beside it or on PATH says so.
+    fs::copy_file(exe(), tmp / "pulse");
+    fs::permissions(tmp / "pulse", fs::perms(0755));
+    std::map<std::string, std::string> env = kNoEnvOverrides;
+    env["PATH"] = "/usr/bin:/bin";
+    auto missing = run({(tmp / "pulse").string(), "decode", "x.gguf"}, env);
+    CHECK(missing.code == 1);
+    CHECK(has(missing.err, "the pulse-decoder program was not found (looked at " + (tmp / "pulse-decoder").string() + ", then PATH)"));
+}
+
 TEST_CASE("model: runs the runtime controller plugin's command") {
     Site site({"good_minimal"}, "");
     auto r = run({exe(), "model", "--config", site.config.string(), "up", "best", "--node", "n1"}, kNoEnvOverrides);

@@ -1,5 +1,8 @@
-#include "cli/decode_cmd.h"
-
+// pulse-decoder: the decoder's own command line, `pulse decode` and `pulse gguf` (the host
+// binary runs this program for them, as it runs pulse-bench for `pulse bench`, so that `pulse`
+// links none of the decoder: no ICU, no OpenMP).
+//   pulse-decoder decode MODEL.gguf --prompt TEXT ...
+//   pulse-decoder gguf make-demo [FILE] | info FILE
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
@@ -21,7 +24,7 @@
 #include "synthetic.h"
 #include "tokenizer.h"
 
-namespace pulse::cli {
+namespace pulse::decoder_tool {
 
 namespace {
 
@@ -275,4 +278,13 @@ int cmd_gguf(const std::vector<std::string>& args) {
     return 2;
 }
 
-}  // namespace pulse::cli
+}  // namespace pulse::decoder_tool
+
+int main(int argc, char** argv) {
+    std::string cmd = argc > 1 ? argv[1] : "";
+    std::vector<std::string> rest(argv + std::min(argc, 2), argv + argc);
+    if (cmd == "decode") return pulse::decoder_tool::cmd_decode(rest);
+    if (cmd == "gguf") return pulse::decoder_tool::cmd_gguf(rest);
+    std::fprintf(stderr, "usage: pulse-decoder decode ARGS | gguf ARGS (run as `pulse decode` / `pulse gguf`)\n");
+    return 2;
+}
