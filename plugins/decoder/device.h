@@ -61,7 +61,8 @@ class Device {
 public:
     virtual ~Device() = default;
     virtual const char* name() const = 0;
-    // y[b][n_out] = W · x[b][n_in] for b < B (int8: 8-bit activations where the device has them)
+    // y[b][n_out] = W · x[b][n_in] for b < B (int8: 8-bit activations where the device has a
+    // kernel for the weight type; else exact f32)
     virtual void matmul(const Matrix& w, const float* x, int64_t B, float* y, bool int8) const = 0;
     // RMSNorm of `rows` rows of n values with weight w
     virtual void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, double eps) const = 0;

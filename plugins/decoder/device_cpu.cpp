@@ -48,20 +48,75 @@ void matvec(const Matrix& w, const float* x, float* y) {
     }
 }
 
-void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
-    if (B == 1) return matvec(w, x, y);
+// Int8 activations: every row of X quantized once (kernels.h), then 8-bit dots, four tokens at
+// a time against each weight row (the row is read once per four tokens, from cache after the
+// first).
+constexpr int64_t ROWS = 2;  // weight rows per tile in batches (measured: 4 spills and is no faster)
+
+void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
     const TensorInfo& t = *w.t;
     const uint64_t rb = t.row_bytes();
-    const int64_t n = w.n_in;
-    // int8 activations: quantize every row of X once, then 8-bit dots four tokens at a time.
-    const bool i8 = int8 && B >= 4 && n % 32 == 0 && has_i8_kernel(t.type);
-    std::vector<int8_t> xq;
-    std::vector<float> xd;
-    if (i8) {
-        xq.resize(static_cast<size_t>(B * n));
-        xd.resize(static_cast<size_t>(B * (n / 32)));
-        for (int64_t b = 0; b < B; ++b) quantize_act_q8(x + b * n, n, xq.data() + b * n, xd.data() + b * (n / 32));
+    const int64_t n = w.n_in, nb = n / i8_block(t.type);
+    // The calling thread's buffers (no allocation per token); OpenMP's workers see them through
+    // these pointers, never through their own thread_local copies.
+    thread_local std::vector<int8_t> q_buf;
+    thread_local std::vector<float> d_buf;
+    thread_local std::vector<int32_t> sum_buf;
+    thread_local std::vector<QuantRow> row_buf;
+    q_buf.resize(static_cast<size_t>(B * n));
+    d_buf.resize(static_cast<size_t>(B * nb));
+    sum_buf.resize(d_buf.size());
+    row_buf.resize(static_cast<size_t>(B));
+    int8_t* q = q_buf.data();
+    float* d = d_buf.data();
+    int32_t* sums = sum_buf.data();
+#pragma omp parallel for schedule(static) if (B >= 8)
+    for (int64_t b = 0; b < B; ++b) quantize_rows_i8(t.type, x + b * n, 1, n, q + b * n, d + b * nb, sums + b * nb);
+    for (int64_t b = 0; b < B; ++b) row_buf[static_cast<size_t>(b)] = QuantRow{q + b * n, d + b * nb, sums + b * nb};
+    const QuantRow* xr = row_buf.data();
+    // Batches: pairs of weight rows, so each activation load serves two rows. One token (decode,
+    // bound by reading the weights): one row at a time, a single stream per thread.
+    const int64_t step = B >= 4 ? ROWS : 1, groups = (w.n_out + step - 1) / step;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < groups; ++p) {
+        const int64_t o = step * p;
+        const int R = o + step <= w.n_out ? static_cast<int>(step) : 1;
+        const uint8_t* raw[4];
+        for (int i = 0; i < 4; ++i) raw[i] = t.data + static_cast<uint64_t>(o + std::min<int64_t>(i, R - 1)) * rb;
+        if (R == 1 && step > 1) {  // the last rows, one at a time
+            for (int64_t oo = o; oo < w.n_out; ++oo) {
+                const uint8_t* one = t.data + static_cast<uint64_t>(oo) * rb;
+                for (int64_t b = 0; b < B; ++b) {
+                    float v;
+                    dot_rows_i8(t.type, &one, 1, xr + b, 1, n, &v);
+                    y[b * w.n_out + oo] = v * w.scale;
+                }
+            }
+            continue;
+        }
+        int64_t b = 0;
+        float r[16];
+        for (; b + 4 <= B; b += 4) {
+            dot_rows_i8(t.type, raw, R, xr + b, 4, n, r);
+            for (int i = 0; i < R; ++i)
+                for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + o + i] = r[i * 4 + k] * w.scale;
+        }
+        for (; b < B; ++b) {
+            dot_rows_i8(t.type, raw, R, xr + b, 1, n, r);
+            for (int i = 0; i < R; ++i) y[b * w.n_out + o + i] = r[i] * w.scale;
+        }
     }
+}
+
+void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
+    const TensorInfo& t = *w.t;
+    if (int8) {
+        const int64_t blk = i8_block(t.type);
+        if (blk && w.n_in % blk == 0) return matmat_i8(w, x, B, y);
+    }
+    if (B == 1) return matvec(w, x, y);
+    const uint64_t rb = t.row_bytes();
+    const int64_t n = w.n_in;
 #pragma omp parallel
     {
         std::vector<float>& scratch = row_scratch(n);
@@ -69,15 +124,6 @@ void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
         for (int64_t o = 0; o < w.n_out; ++o) {
             const uint8_t* raw = t.data + static_cast<uint64_t>(o) * rb;
             int64_t b = 0;
-            if (i8) {
-                for (; b + 4 <= B; b += 4) {
-                    float d[4];
-                    dot4_row_i8(t.type, raw, xq.data() + b * n, xd.data() + b * (n / 32), n, d);
-                    for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + o] = d[k] * w.scale;
-                }
-                for (; b < B; ++b) y[b * w.n_out + o] = dot_row(t.type, raw, x + b * n, n, scratch.data()) * w.scale;
-                continue;
-            }
             // Decode the row once, then one dot per token (four at a time).
             const float* r = reinterpret_cast<const float*>(raw);
             if (t.type != kF32) {
@@ -118,131 +164,124 @@ public:
 
 void CpuDevice::attention(const AttentionOp& op) const {
     const int64_t B = op.B, H = op.H, Hkv = op.Hkv, D = op.D, R = op.R;
-    std::fill(op.out, op.out + B * H * D, 0.f);
-    for (int64_t b = 0; b < B; ++b) {
-        const float* qg = op.qg + b * 2 * H * D;
-        std::vector<float> kn(op.k + b * Hkv * D, op.k + (b + 1) * Hkv * D);
-        std::vector<float> vx(op.v + b * Hkv * D, op.v + (b + 1) * Hkv * D);
-        const int64_t p = op.pos0 + b;
-        // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
-        auto rope = [&](float* v) {
-            for (int64_t i = 0; i < R / 2; ++i) {
-                double theta = static_cast<double>(p) * std::pow(op.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
-                float c = static_cast<float>(std::cos(theta)), sn = static_cast<float>(std::sin(theta));
-                float a = v[i], bb = v[i + R / 2];
-                v[i] = a * c - bb * sn;
-                v[i + R / 2] = a * sn + bb * c;
-            }
-        };
-        std::vector<float> q(static_cast<size_t>(H * D)), gate(static_cast<size_t>(H * D));
-        for (int64_t j = 0; j < H; ++j) {
-            rmsnorm_row(qg + 2 * D * j, op.q_norm, q.data() + D * j, D, op.eps);
-            std::memcpy(gate.data() + D * j, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
-            rope(q.data() + D * j);
+    // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
+    std::vector<double> inv_freq(static_cast<size_t>(R / 2));
+    for (int64_t i = 0; i < R / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(op.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+    auto rope = [&](float* v, int64_t p) {
+        for (int64_t i = 0; i < R / 2; ++i) {
+            double theta = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
+            float c = static_cast<float>(std::cos(theta)), sn = static_cast<float>(std::sin(theta));
+            float a = v[i], bb = v[i + R / 2];
+            v[i] = a * c - bb * sn;
+            v[i + R / 2] = a * sn + bb * c;
         }
-        for (int64_t j = 0; j < Hkv; ++j) {
-            std::vector<float> raw(kn.begin() + D * j, kn.begin() + D * (j + 1));
-            rmsnorm_row(raw.data(), op.k_norm, kn.data() + D * j, D, op.eps);
-            rope(kn.data() + D * j);
+    };
+    // The batch's queries (normed, rotated), gates, and keys/values appended to the cache.
+    std::vector<float> q(static_cast<size_t>(B * H * D)), gate(q.size());
+    auto& kc = *op.k_cache;
+    auto& vc = *op.v_cache;
+    const size_t before = kc.size();
+    kc.resize(before + static_cast<size_t>(B * Hkv * D));
+    vc.resize(kc.size());
+#pragma omp parallel for schedule(static) if (B > 1)
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t p = op.pos0 + b;
+        const float* qg = op.qg + b * 2 * H * D;
+        for (int64_t j = 0; j < H; ++j) {
+            float* qj = q.data() + (b * H + j) * D;
+            rmsnorm_row(qg + 2 * D * j, op.q_norm, qj, D, op.eps);
+            std::memcpy(gate.data() + (b * H + j) * D, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
+            rope(qj, p);
         }
         // The cache holds K and V at f16 precision, as llama.cpp's default F16 cache does.
-        for (auto& xv : kn) xv = fp16_to_f32(f32_to_fp16(xv));
-        for (auto& xv : vx) xv = fp16_to_f32(f32_to_fp16(xv));
-        auto& kc = *op.k_cache;
-        auto& vc = *op.v_cache;
-        kc.insert(kc.end(), kn.begin(), kn.end());
-        vc.insert(vc.end(), vx.begin(), vx.end());
-        const int64_t n = static_cast<int64_t>(kc.size()) / (Hkv * D);
-        const float scale = static_cast<float>(op.scale);
-        float* o = op.out + b * H * D;
-        const int64_t group = H / Hkv;
-#pragma omp parallel for schedule(static)
-        for (int64_t j = 0; j < H; ++j) {
-            const int64_t kvh = j / group;  // GQA: blocks of consecutive query heads share a KV head
-            std::vector<float> w(static_cast<size_t>(n));
-            float mx = -INFINITY;
-            for (int64_t t = 0; t < n; ++t) {
-                w[static_cast<size_t>(t)] = dot_f32(q.data() + j * D, kc.data() + (t * Hkv + kvh) * D, D) * scale;
-                mx = std::max(mx, w[static_cast<size_t>(t)]);
-            }
-            double sum = 0;
-            for (auto& xw : w) sum += (xw = std::exp(xw - mx));
-            float* oj = o + j * D;
-            for (int64_t t = 0; t < n; ++t) {
-                const float* vt = vc.data() + (t * Hkv + kvh) * D;
-                float a = static_cast<float>(w[static_cast<size_t>(t)] / sum);
-                for (int64_t d = 0; d < D; ++d) oj[d] += a * vt[d];
-            }
-            for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>(j * D + d)]);
+        float* kn = kc.data() + before + static_cast<size_t>(b * Hkv * D);
+        float* vn = vc.data() + before + static_cast<size_t>(b * Hkv * D);
+        for (int64_t j = 0; j < Hkv; ++j) {
+            rmsnorm_row(op.k + b * Hkv * D + j * D, op.k_norm, kn + j * D, D, op.eps);
+            rope(kn + j * D, p);
         }
+        for (int64_t i = 0; i < Hkv * D; ++i) {
+            kn[i] = fp16_to_f32(f32_to_fp16(kn[i]));
+            vn[i] = fp16_to_f32(f32_to_fp16(op.v[b * Hkv * D + i]));
+        }
+    }
+    const int64_t n0 = static_cast<int64_t>(before) / (Hkv * D);  // cached positions before the batch
+    const float scale = static_cast<float>(op.scale);
+    const int64_t group = H / Hkv;
+    // One parallel region for the batch: each (token, head) pair attends causally to the cache.
+#pragma omp parallel
+    {
+        std::vector<float> w(static_cast<size_t>(n0 + B));
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t j = 0; j < H; ++j) {
+                const int64_t n = n0 + b + 1;
+                const int64_t kvh = j / group;  // GQA: blocks of consecutive query heads share a KV head
+                const float* qj = q.data() + (b * H + j) * D;
+                float mx = -INFINITY;
+                for (int64_t t = 0; t < n; ++t) {
+                    w[static_cast<size_t>(t)] = dot_f32(qj, kc.data() + (t * Hkv + kvh) * D, D) * scale;
+                    mx = std::max(mx, w[static_cast<size_t>(t)]);
+                }
+                double sum = 0;
+                for (int64_t t = 0; t < n; ++t) sum += (w[static_cast<size_t>(t)] = std::exp(w[static_cast<size_t>(t)] - mx));
+                float* oj = op.out + (b * H + j) * D;
+                std::fill(oj, oj + D, 0.f);
+                for (int64_t t = 0; t < n; ++t) {
+                    const float* vt = vc.data() + (t * Hkv + kvh) * D;
+                    float a = static_cast<float>(w[static_cast<size_t>(t)] / sum);
+                    for (int64_t d = 0; d < D; ++d) oj[d] += a * vt[d];
+                }
+                for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>((b * H + j) * D + d)]);
+            }
     }
 }
 
 void CpuDevice::deltanet(const DeltaNetOp& op) const {
     const int64_t B = op.B, K = op.K, C = op.C, S = op.S, Hk = op.Hk, Hv = op.Hv;
     const int64_t kd = Hk * S, VD = Hv * S;
-    float* win = op.conv_state;
-    float* st = op.state;
-    const float inv_sqrt_s = 1.f / std::sqrt(static_cast<float>(S));
-    for (int64_t b = 0; b < B; ++b) {
-        const float* qkv = op.qkv + b * C;
-        const float* z = op.z + b * VD;
-        const float* beta = op.beta + b * Hv;
-        const float* alpha = op.alpha + b * Hv;
-        // Causal depthwise conv over the last K inputs (window of K-1 previous + current), then SiLU.
-        std::vector<float> y(static_cast<size_t>(C));
-        for (int64_t c = 0; c < C; ++c) {
-            float acc = 0;
-            for (int64_t t = 0; t < K - 1; ++t) acc += op.conv[c * K + t] * win[t * C + c];
-            acc += op.conv[c * K + K - 1] * qkv[c];
-            y[static_cast<size_t>(c)] = silu(acc);
-        }
-        if (K > 1) {
-            std::memmove(win, win + C, static_cast<size_t>((K - 2) * C) * 4);
-            std::memcpy(win + (K - 2) * C, qkv, static_cast<size_t>(C) * 4);
-        }
-        float* q = y.data();
-        float* kk = y.data() + kd;
-        float* v = y.data() + 2 * kd;
-        for (int64_t m = 0; m < Hk; ++m) {
-            l2norm(q + m * S, S, op.eps);
-            l2norm(kk + m * S, S, op.eps);
-        }
-        float* o = op.out + b * VD;
+    if (S > 512) throw std::invalid_argument("Gated DeltaNet state size " + std::to_string(S) + " is above 512 (not supported)");
+    // Causal depthwise conv + SiLU for the whole batch: input rows are the K-1 kept in the window,
+    // then the B new ones.
+    std::vector<float> ext(static_cast<size_t>((K - 1 + B) * C)), y(static_cast<size_t>(B * C));
+    std::memcpy(ext.data(), op.conv_state, static_cast<size_t>((K - 1) * C) * 4);
+    std::memcpy(ext.data() + (K - 1) * C, op.qkv, static_cast<size_t>(B * C) * 4);
 #pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; ++c)
+        for (int64_t b = 0; b < B; ++b) {
+            float acc = 0;
+            for (int64_t t = 0; t < K; ++t) acc += op.conv[c * K + t] * ext[static_cast<size_t>((b + t) * C + c)];
+            y[static_cast<size_t>(b * C + c)] = silu(acc);
+        }
+    std::memcpy(op.conv_state, ext.data() + B * C, static_cast<size_t>((K - 1) * C) * 4);
+    // Per token: q and k L2-normalised per key head; the gates per value head.
+    std::vector<float> beta(static_cast<size_t>(B * Hv)), decay(beta.size());
+    for (int64_t b = 0; b < B; ++b) {
+        float* yb = y.data() + b * C;
+        for (int64_t m = 0; m < Hk; ++m) {
+            l2norm(yb + m * S, S, op.eps);
+            l2norm(yb + kd + m * S, S, op.eps);
+        }
         for (int64_t hh = 0; hh < Hv; ++hh) {
-            const int64_t m = hh % Hk;  // tiled key head for this value head
-            const float bt = sigmoid(beta[hh]);
-            const float decay = std::exp(softplus(alpha[hh] + op.dt_bias[hh]) * op.ssm_a[hh]);
-            float* Sm = st + hh * S * S;  // Sm[i * S + j]: i = key dim, j = value dim
-            const float* km = kk + m * S;
-            const float* qm = q + m * S;
-            const float* vh = v + hh * S;
-            std::vector<float> delta(static_cast<size_t>(S), 0.f), acc(static_cast<size_t>(S), 0.f);
-            // S <- decay*S; delta = beta*(v - S^T k); S += k delta^T; o = S^T q / sqrt(S)
-            for (int64_t i = 0; i < S; ++i) {
-                float* row = Sm + i * S;
-                const float ki = km[i];
-                for (int64_t j = 0; j < S; ++j) {
-                    row[j] *= decay;
-                    acc[static_cast<size_t>(j)] += row[j] * ki;
-                }
-            }
-            for (int64_t j = 0; j < S; ++j) delta[static_cast<size_t>(j)] = bt * (vh[j] - acc[static_cast<size_t>(j)]);
-            std::fill(acc.begin(), acc.end(), 0.f);
-            for (int64_t i = 0; i < S; ++i) {
-                float* row = Sm + i * S;
-                const float ki = km[i], qi = qm[i];
-                for (int64_t j = 0; j < S; ++j) {
-                    row[j] += ki * delta[static_cast<size_t>(j)];
-                    acc[static_cast<size_t>(j)] += row[j] * qi;
-                }
-            }
-            float* oh = o + hh * S;
-            for (int64_t j = 0; j < S; ++j) oh[j] = acc[static_cast<size_t>(j)] * inv_sqrt_s;
-            std::vector<float> normed(static_cast<size_t>(S));
+            beta[static_cast<size_t>(b * Hv + hh)] = sigmoid(op.beta[b * Hv + hh]);
+            decay[static_cast<size_t>(b * Hv + hh)] = std::exp(softplus(op.alpha[b * Hv + hh] + op.dt_bias[hh]) * op.ssm_a[hh]);
+        }
+    }
+    // Each value head runs its B tokens in order with its state hot in cache (heads are
+    // independent: one parallel region per batch, not per token).
+#pragma omp parallel for schedule(static)
+    for (int64_t hh = 0; hh < Hv; ++hh) {
+        const int64_t m = hh % Hk;  // tiled key head for this value head
+        GdnHeadArgs g{op.state + hh * S * S, S, B, y.data() + m * S, y.data() + kd + m * S, y.data() + 2 * kd + hh * S,
+                      beta.data() + hh, decay.data() + hh, C, C, Hv, op.out + hh * S, VD};
+        gdn_head(g);
+        // Gated RMSNorm of each token's head output, in place.
+        std::vector<float> normed(static_cast<size_t>(S));
+        for (int64_t b = 0; b < B; ++b) {
+            float* oh = op.out + b * VD + hh * S;
             rmsnorm_row(oh, op.ssm_norm, normed.data(), S, op.eps);
-            for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[hh * S + j]);
+            const float* z = op.z + b * VD + hh * S;
+            for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[j]);
         }
     }
 }

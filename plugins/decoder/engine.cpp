@@ -70,7 +70,7 @@ Engine::Engine(EngineOptions o) : opts_(std::move(o)) {
     auto file = GgufFile::open(opts_.model);
     model_ = Model::load(file);
     model_->threads = opts_.threads;
-    model_->int8_prefill = opts_.int8_prefill;
+    model_->exact = opts_.exact;
     tok_ = Tokenizer::load(*file);
     if (static_cast<int64_t>(tok_.size()) != model_->hparams().n_vocab)
         throw GgufError(file->name() + ": the vocabulary has " + std::to_string(tok_.size()) + " tokens but token_embd has " +

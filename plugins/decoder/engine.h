@@ -60,7 +60,7 @@ struct EngineOptions {
     int threads = 0;          // 0 = all cores
     int64_t context = 0;      // 0 = the model's context_length
     int64_t max_checkpoints = 3;  // whole-sequence states kept for prefix reuse (LRU)
-    bool int8_prefill = false;    // int8 activations in batched prefill (Q8_0/TQ2_0)
+    bool exact = false;           // f32 activations everywhere (Model::exact)
 };
 
 class Engine {

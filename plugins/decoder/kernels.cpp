@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "gguf.h"
 #include "quants.h"
@@ -16,6 +18,8 @@
 namespace pulse::decoder {
 
 namespace {
+
+int kernel_cap = 2;  // 0 scalar, 1 avx2, 2 whatever the CPU has (limit_kernels)
 
 float dot_f32_scalar(const float* a, const float* b, int64_t n) {
     // Eight partial sums: lets the compiler vectorise without reassociation flags.
@@ -114,48 +118,8 @@ __attribute__((target("avx2,fma"))) void dot4_f32_avx2(const float* w, const flo
         for (int k = 0; k < 4; ++k) out[k] += w[i] * x[k * n + i];
 }
 
-// |w| x sign(x, w): the maddubs trick for signed x signed int8 products.
-__attribute__((target("avx2,fma"))) inline void i8_block4(__m256i w, const int8_t* xq, int64_t n, const float* scale, __m256 acc[4]) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i aw = _mm256_sign_epi8(w, w);
-    for (int k = 0; k < 4; ++k) {
-        __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + k * n));
-        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), ones);
-        acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(scale[k]), acc[k]);
-    }
-}
-
-__attribute__((target("avx2,fma,f16c"))) void dot4_q8_0_i8(const uint8_t* s, const int8_t* xq, const float* xd, int64_t n, float out[4]) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const int64_t nb = n / 32;
-    for (int64_t b = 0; b < nb; ++b, s += 34) {
-        float dw = _cvtsh_ss(rd16(s));
-        float sc[4] = {dw * xd[b], dw * xd[nb + b], dw * xd[2 * nb + b], dw * xd[3 * nb + b]};
-        i8_block4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 2)), xq + 32 * b, n, sc, acc);
-    }
-    for (int k = 0; k < 4; ++k) out[k] = hsum(acc[k]);
-}
-
-__attribute__((target("avx2,fma,f16c"))) void dot4_tq2_0_i8(const uint8_t* s, const int8_t* xq, const float* xd, int64_t n, float out[4]) {
-    const __m256i three = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const int64_t nb = n / 32;
-    for (int64_t blk = 0; blk < n / 256; ++blk, s += 66) {
-        float dw = _cvtsh_ss(rd16(s + 64));
-        for (int h = 0; h < 2; ++h) {
-            __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32 * h));
-            for (int l = 0; l < 4; ++l) {
-                int64_t j = blk * 8 + 4 * h + l;  // the 32-element activation block
-                float sc[4] = {dw * xd[j], dw * xd[nb + j], dw * xd[2 * nb + j], dw * xd[3 * nb + j]};
-                __m256i w = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 2 * l), three), one);
-                i8_block4(w, xq + 32 * j, n, sc, acc);
-            }
-        }
-    }
-    for (int k = 0; k < 4; ++k) out[k] = hsum(acc[k]);
-}
-
 bool have_avx2() {
+    if (kernel_cap < 1) return false;
     // F16C through cpuid: not every compiler's __builtin_cpu_supports knows "f16c" (clang 14).
     static const bool yes = [] {
         unsigned a = 0, b = 0, c = 0, d = 0;
@@ -164,6 +128,149 @@ bool have_avx2() {
     }();
     return yes;
 }
+
+bool have_vnni() {
+    static const bool yes = have_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    return kernel_cap >= 2 && yes;
+}
+
+// Sum of eight int32 lanes.
+__attribute__((target("avx2"))) inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// The per-token and per-plane loops must be unrolled so the accumulators live in registers (at
+// -O2 GCC keeps a loop over a local array in memory: a store and a reload per instruction).
+#if defined(__clang__)
+#define PULSE_UNROLL _Pragma("unroll")
+#else
+#define PULSE_UNROLL _Pragma("GCC unroll 8")
+#endif
+
+// The kernels, once per instruction set: DP(acc, u, s) adds to each int32 lane the four
+// products of unsigned bytes u and signed bytes s (maddubs + madd on AVX2, dpbusd with VNNI).
+// Ternary and 2-bit codes are unsigned (code = value + 1): Σ value·x = Σ code·x − Σ x, and Σ x
+// per block comes with the quantized row. Q8_0's signed weights use |w| and sign(x, w).
+#define PULSE_I8_KERNELS(SUFFIX, TARGET, DP)                                                                               \
+    /* R weight rows against T activation rows: out[r*T + t]. */                                                         \
+    template <int R, int T>                                                                                              \
+    __attribute__((target(TARGET))) void i8_q8_0_##SUFFIX(const uint8_t* const* w, const QuantRow* x, int64_t n, float* out) { \
+        __m256 acc[R][T];                                                                                                \
+        PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(); \
+        for (int64_t b = 0; b < n / 32; ++b) {                                                                           \
+            __m256i wv[R], aw[R];                                                                                        \
+            float dw[R];                                                                                                 \
+            PULSE_UNROLL for (int r = 0; r < R; ++r) {                                                                   \
+                wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + 34 * b + 2));                         \
+                aw[r] = _mm256_sign_epi8(wv[r], wv[r]);                                                                  \
+                dw[r] = _cvtsh_ss(rd16(w[r] + 34 * b));                                                                  \
+            }                                                                                                            \
+            PULSE_UNROLL for (int t = 0; t < T; ++t) {                                                                   \
+                const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t].q + 32 * b));                \
+                const float dx = x[t].d[b];                                                                              \
+                PULSE_UNROLL for (int r = 0; r < R; ++r) {                                                               \
+                    __m256i p = DP(_mm256_setzero_si256(), aw[r], _mm256_sign_epi8(xv, wv[r]));                          \
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[r] * dx), acc[r][t]);           \
+                }                                                                                                        \
+            }                                                                                                            \
+        }                                                                                                                \
+        PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) out[r * T + t] = hsum(acc[r][t]); \
+    }                                                                                                                    \
+    /* TQ2_0: byte 32h+m holds elements 128h+32l+m in bits 2l..2l+1 (contiguous per plane). */                           \
+    template <int R, int T>                                                                                              \
+    __attribute__((target(TARGET))) void i8_tq2_0_##SUFFIX(const uint8_t* const* w, const QuantRow* x, int64_t n, float* out) { \
+        const __m256i three = _mm256_set1_epi8(3);                                                                       \
+        __m256 acc[R][T];                                                                                                \
+        float corr[R][T];                                                                                                \
+        PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), corr[r][t] = 0; \
+        for (int64_t b = 0; b < n / 256; ++b) {                                                                          \
+            __m256i ip[R][T];                                                                                            \
+            PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) ip[r][t] = _mm256_setzero_si256(); \
+            PULSE_UNROLL for (int h = 0; h < 2; ++h) {                                                                   \
+                __m256i q[R];                                                                                            \
+                PULSE_UNROLL for (int r = 0; r < R; ++r) q[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + 66 * b + 32 * h)); \
+                PULSE_UNROLL for (int l = 0; l < 4; ++l) {                                                               \
+                    __m256i u[R];                                                                                        \
+                    PULSE_UNROLL for (int r = 0; r < R; ++r) u[r] = _mm256_and_si256(_mm256_srli_epi16(q[r], 2 * l), three); \
+                    PULSE_UNROLL for (int t = 0; t < T; ++t) {                                                           \
+                        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t].q + 256 * b + 128 * h + 32 * l)); \
+                        PULSE_UNROLL for (int r = 0; r < R; ++r) ip[r][t] = DP(ip[r][t], u[r], xv);                      \
+                    }                                                                                                    \
+                }                                                                                                        \
+            }                                                                                                            \
+            PULSE_UNROLL for (int r = 0; r < R; ++r) {                                                                   \
+                const float dw = _cvtsh_ss(rd16(w[r] + 66 * b + 64));                                                    \
+                PULSE_UNROLL for (int t = 0; t < T; ++t) {                                                               \
+                    const float sc = dw * x[t].d[b];                                                                     \
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip[r][t]), _mm256_set1_ps(sc), acc[r][t]);            \
+                    corr[r][t] += sc * static_cast<float>(x[t].sum[b]);                                                  \
+                }                                                                                                        \
+            }                                                                                                            \
+        }                                                                                                                \
+        PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) out[r * T + t] = hsum(acc[r][t]) - corr[r][t]; \
+    }                                                                                                                    \
+    /* Q2_0 layouts: scale first, G/4 code bytes; plane l of the bytes holds elements 4i+l, */                           \
+    /* which the permuted activation keeps at l*(G/4)+i, quantized per 32 (as llama.cpp's Q8_0). */                      \
+    template <int R, int T, int G>                                                                                       \
+    __attribute__((target(TARGET))) void i8_q2_0_##SUFFIX(const uint8_t* const* w, const QuantRow* x, int64_t n, float* out) { \
+        const __m256i three = _mm256_set1_epi8(3);                                                                       \
+        __m256 acc[R][T];                                                                                                \
+        float corr[R][T];                                                                                                \
+        PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps(), corr[r][t] = 0; \
+        constexpr int64_t bytes = 2 + G / 4;                                                                             \
+        for (int64_t b = 0; b < n / G; ++b) {                                                                            \
+            float dw[R];                                                                                                 \
+            __m256i u[R][G / 32];                                                                                        \
+            PULSE_UNROLL for (int r = 0; r < R; ++r) {                                                                   \
+                const uint8_t* s = w[r] + bytes * b;                                                                     \
+                dw[r] = _cvtsh_ss(rd16(s));                                                                              \
+                if constexpr (G == 128) {                                                                                \
+                    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 2));                       \
+                    PULSE_UNROLL for (int l = 0; l < 4; ++l) u[r][l] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), three); \
+                } else {                                                                                                 \
+                    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 2));                          \
+                    const __m256i qq = _mm256_set_m128i(_mm_srli_epi16(q, 2), q);                                        \
+                    PULSE_UNROLL for (int l = 0; l < 2; ++l) u[r][l] = _mm256_and_si256(_mm256_srli_epi16(qq, 4 * l), three); \
+                }                                                                                                        \
+            }                                                                                                            \
+            PULSE_UNROLL for (int l = 0; l < G / 32; ++l) {                                                              \
+                const int64_t blk = b * (G / 32) + l;                                                                    \
+                PULSE_UNROLL for (int t = 0; t < T; ++t) {                                                               \
+                    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t].q + 32 * blk));          \
+                    const float dx = x[t].d[blk], sx = static_cast<float>(x[t].sum[blk]);                                \
+                    PULSE_UNROLL for (int r = 0; r < R; ++r) {                                                           \
+                        const __m256i p = DP(_mm256_setzero_si256(), u[r][l], xv);                                       \
+                        const float sc = dw[r] * dx;                                                                     \
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sc), acc[r][t]);               \
+                        corr[r][t] += sc * sx;                                                                           \
+                    }                                                                                                    \
+                }                                                                                                        \
+            }                                                                                                            \
+        }                                                                                                                \
+        PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) out[r * T + t] = hsum(acc[r][t]) - corr[r][t]; \
+    }                                                                                                                    \
+    template <int R, int T>                                                                                              \
+    __attribute__((target(TARGET))) void i8_rows_##SUFFIX(uint32_t type, const uint8_t* const* w, const QuantRow* x, int64_t n, float* out) { \
+        switch (type) {                                                                                                  \
+            case kQ8_0: return i8_q8_0_##SUFFIX<R, T>(w, x, n, out);                                                     \
+            case kTQ2_0: return i8_tq2_0_##SUFFIX<R, T>(w, x, n, out);                                                   \
+            case kQ2_0: return i8_q2_0_##SUFFIX<R, T, 64>(w, x, n, out);                                                 \
+            default: return i8_q2_0_##SUFFIX<R, T, 128>(w, x, n, out); /* PQ2_0, Q2_0 group-128 */                      \
+        }                                                                                                                \
+    }
+
+__attribute__((target("avx2"))) inline __m256i dp_avx2(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+__attribute__((target("avx512vnni,avx512vl,avx2"))) inline __m256i dp_vnni(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_dpbusd_epi32(acc, u, s);
+}
+PULSE_I8_KERNELS(avx2, "avx2,fma,f16c", dp_avx2)
+PULSE_I8_KERNELS(vnni, "avx512vnni,avx512vl,avx2,fma,f16c", dp_vnni)
+#undef PULSE_I8_KERNELS
 #endif
 
 }  // namespace
@@ -182,34 +289,126 @@ void dot4_f32(const float* w, const float* x, int64_t n, float out[4]) {
     for (int k = 0; k < 4; ++k) out[k] = dot_f32_scalar(w, x + k * n, n);
 }
 
-void quantize_act_q8(const float* x, int64_t n, int8_t* q, float* d) {
-    for (int64_t b = 0; b < n / 32; ++b) {
-        float amax = 0;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * b + i]));
-        float scale = amax / 127, inv = scale ? 1 / scale : 0;
-        d[b] = scale;
-        for (int i = 0; i < 32; ++i) q[32 * b + i] = static_cast<int8_t>(std::lrint(x[32 * b + i] * inv));
+namespace {
+
+inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
+    const int64_t S = g.S;
+    float* st = g.state;
+    const float inv_sqrt = 1.f / std::sqrt(static_cast<float>(S));
+    float a[512], b[512], delta[512];  // S <= 512 (checked by the caller)
+    for (int64_t j = 0; j < S; ++j) a[j] = b[j] = 0;
+    for (int64_t i = 0; i < S; ++i) {
+        const float* row = st + i * S;
+        const float ki = g.k[i], qi = g.q[i];
+#pragma omp simd
+        for (int64_t j = 0; j < S; ++j) {
+            a[j] += row[j] * ki;
+            b[j] += row[j] * qi;
+        }
+    }
+    for (int64_t t = 0; t < g.T; ++t) {
+        const float* k = g.k + t * g.qk_stride;
+        const float* q = g.q + t * g.qk_stride;
+        const float* v = g.v + t * g.v_stride;
+        const float e = g.decay[t * g.gate_stride], bt = g.beta[t * g.gate_stride];
+        float kq = 0;
+        for (int64_t i = 0; i < S; ++i) kq += k[i] * q[i];
+        float* o = g.out + t * g.out_stride;
+#pragma omp simd
+        for (int64_t j = 0; j < S; ++j) {
+            delta[j] = bt * (v[j] - e * a[j]);
+            o[j] = (e * b[j] + delta[j] * kq) * inv_sqrt;
+            a[j] = b[j] = 0;
+        }
+        const bool next = t + 1 < g.T;
+        const float* kn = next ? k + g.qk_stride : k;
+        const float* qn = next ? q + g.qk_stride : q;
+        for (int64_t i = 0; i < S; ++i) {
+            float* row = st + i * S;
+            const float ki = k[i], kni = kn[i], qni = qn[i];
+#pragma omp simd
+            for (int64_t j = 0; j < S; ++j) {
+                const float r = e * row[j] + ki * delta[j];
+                row[j] = r;
+                a[j] += r * kni;
+                b[j] += r * qni;
+            }
+        }
     }
 }
 
-bool has_i8_kernel(uint32_t type) {
 #ifdef PULSE_X86
-    return have_avx2() && (type == kQ8_0 || type == kTQ2_0);
+__attribute__((target("avx2,fma"))) void gdn_head_avx2(const GdnHeadArgs& g) { gdn_head_body(g); }
+#endif
+void gdn_head_generic(const GdnHeadArgs& g) { gdn_head_body(g); }
+
+}  // namespace
+
+void gdn_head(const GdnHeadArgs& g) {
+#ifdef PULSE_X86
+    if (have_avx2()) return gdn_head_avx2(g);
+#endif
+    gdn_head_generic(g);
+}
+
+int64_t i8_block(uint32_t type) {
+#ifdef PULSE_X86
+    if (!have_avx2()) return 0;
+    switch (type) {
+        case kQ8_0:
+        case kQ2_0:
+        case kPQ2_0:
+        case kQ2_0_G128: return 32;
+        case kTQ2_0: return 256;
+        default: return 0;
+    }
 #else
     (void)type;
-    return false;
+    return 0;
 #endif
 }
 
-bool dot4_row_i8(uint32_t type, const uint8_t* row, const int8_t* xq, const float* xd, int64_t n, float out[4]) {
-#ifdef PULSE_X86
-    if (have_avx2()) {
-        if (type == kQ8_0) return dot4_q8_0_i8(row, xq, xd, n, out), true;
-        if (type == kTQ2_0) return dot4_tq2_0_i8(row, xq, xd, n, out), true;
+void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, int8_t* q, float* d, int32_t* sum) {
+    const int64_t blk = i8_block(type), per_row = n / blk;
+    // The Q2_0 layouts: element 4i+l of each weight group of G goes to l*(G/4)+i first.
+    const int64_t group = type == kQ2_0 ? 64 : type == kPQ2_0 || type == kQ2_0_G128 ? 128 : 0;
+    std::vector<float> perm(group ? static_cast<size_t>(n) : 0);
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* row = x + r * n;
+        if (group) {
+            for (int64_t g = 0; g < n; g += group)
+                for (int64_t i = 0; i < group / 4; ++i)
+                    for (int64_t l = 0; l < 4; ++l) perm[static_cast<size_t>(g + l * (group / 4) + i)] = row[g + 4 * i + l];
+            row = perm.data();
+        }
+        for (int64_t b = 0; b < per_row; ++b) {
+            const float* src = row + b * blk;
+            float amax = 0;
+            for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(src[i]));
+            const float scale = amax / 127, inv = scale > 0 ? 1 / scale : 0;
+            int8_t* qo = q + r * n + b * blk;
+            int32_t s = 0;
+            for (int64_t i = 0; i < blk; ++i) s += (qo[i] = static_cast<int8_t>(std::lrint(src[i] * inv)));
+            d[r * per_row + b] = scale;
+            sum[r * per_row + b] = s;
+        }
     }
+}
+
+void dot_rows_i8(uint32_t type, const uint8_t* const* w, int R, const QuantRow* x, int T, int64_t n, float* out) {
+#ifdef PULSE_X86
+    // VNNI has AVX512VL's 32 vector registers: two weight rows by four tokens fit; AVX2's 16 fit one.
+    if (have_vnni()) {
+        if (R == 2) return T == 4 ? i8_rows_vnni<2, 4>(type, w, x, n, out) : i8_rows_vnni<2, 1>(type, w, x, n, out);
+        return T == 4 ? i8_rows_vnni<1, 4>(type, w, x, n, out) : i8_rows_vnni<1, 1>(type, w, x, n, out);
+    }
+    for (int r = 0; r < R; ++r) {
+        if (T == 4) i8_rows_avx2<1, 4>(type, w + r, x, n, out + r * T);
+        else i8_rows_avx2<1, 1>(type, w + r, x, n, out + r * T);
+    }
+#else
+    (void)type, (void)w, (void)R, (void)x, (void)T, (void)n, (void)out;
 #endif
-    (void)type, (void)row, (void)xq, (void)xd, (void)n, (void)out;
-    return false;
 }
 
 float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch) {
@@ -224,8 +423,14 @@ float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, floa
     return dot_f32(scratch, x, n);
 }
 
+void limit_kernels(const char* name) {
+    std::string n = name ? name : "";
+    kernel_cap = n == "scalar" ? 0 : n == "avx2" ? 1 : 2;
+}
+
 const char* kernel_name() {
 #ifdef PULSE_X86
+    if (have_vnni()) return "avx512vnni";
     if (have_avx2()) return "avx2";
 #endif
     return "scalar";

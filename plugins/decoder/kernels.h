@@ -1,7 +1,7 @@
 // CPU kernels behind one small interface: the forward pass calls these, and each has an AVX2
 // (+FMA, F16C) implementation chosen at run time with a portable scalar fallback. Activations
-// stay f32 (llama.cpp rounds them to 8 bits for quantized weights; we keep the accuracy and
-// fuse the weight decode into the dot product instead).
+// are f32 in the exact path (the weight decode fused into the dot product) and int8 in the fast
+// one (below).
 #pragma once
 
 #include <cstdint>
@@ -17,15 +17,45 @@ void dot4_f32(const float* w, const float* x, int64_t n, float out[4]);
 // the types without a fused kernel).
 float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch);
 
-// Int8 activations (the llama.cpp way, opt-in): x quantized per 32-element block to int8 with an
-// f32 scale, dotted against Q8_0 or TQ2_0 rows with 8-bit multiplies. Four activation rows at a
-// time. `xq`/`xd` hold 4 rows, each n int8 values / n/32 scales. Returns false when this CPU or
-// type has no int8 kernel (the caller then uses the f32 path).
-void quantize_act_q8(const float* x, int64_t n, int8_t* q, float* d);
-bool dot4_row_i8(uint32_t type, const uint8_t* row, const int8_t* xq, const float* xd, int64_t n, float out[4]);
-bool has_i8_kernel(uint32_t type);
+// Int8 activations (the llama.cpp way; the default path, Model::exact turns it off): each
+// activation row is quantized once per matmul to int8 in blocks of the weight's group (32 for
+// Q8_0, 256 for TQ2_0 like llama.cpp's Q8_K, 64/128 for the Q2_0 layouts), with an f32 scale
+// and the block's sum of codes, and dotted against the weight rows with 8-bit multiplies
+// (AVX2 maddubs, or AVX512-VNNI dpbusd where the CPU has it). The Q2_0 layouts keep four
+// consecutive weights in one byte; their activation rows are permuted within each group to
+// the weights' bit-plane order once, so the dot needs no byte shuffles.
+struct QuantRow {
+    const int8_t* q;     // n codes
+    const float* d;      // per block: scale
+    const int32_t* sum;  // per block: sum of the codes
+};
+int64_t i8_block(uint32_t type);  // the activation block for `type`; 0: no int8 kernel here
+// Quantizes `rows` rows of n floats for `type` into q (rows*n), d and sum (rows*n/block each).
+void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, int8_t* q, float* d, int32_t* sum);
+// out[r*T + t] = w_r · x_t for R = 1 or 2 weight rows and T = 1 or 4 quantized activation rows
+// (i8_block(type) > 0).
+void dot_rows_i8(uint32_t type, const uint8_t* const* w, int R, const QuantRow* x, int T, int64_t n, float* out);
 
-// "avx2" or "scalar": what this CPU runs (for logs and benchmarks).
+// One Gated DeltaNet value head over T tokens, its S×S state (S[i][j]: key dim i, value dim j)
+// kept hot in cache: per token, with e the decay and β the write strength,
+//   δ = β·(v − e·Sᵀk),  o = (e·Sᵀq + δ·(k·q)) / √S,  S ← e·S + k·δᵀ
+// (the delta rule with the read o = S′ᵀq/√S folded in). One read-write pass over the state per
+// token: the update of token t also accumulates Sᵀk and Sᵀq for token t+1. Inputs per token at
+// the given strides (q and k already L2-normalised).
+struct GdnHeadArgs {
+    float* state;
+    int64_t S, T;
+    const float *q, *k, *v, *beta, *decay;  // beta and decay: one per token
+    int64_t qk_stride, v_stride, gate_stride;
+    float* out;  // T rows of S
+    int64_t out_stride;
+};
+void gdn_head(const GdnHeadArgs& a);
+
+// "avx512vnni", "avx2" or "scalar": the kernels this CPU runs (logs, benchmarks).
 const char* kernel_name();
+// Caps the kernels at "avx2" or "scalar" (tests of each set on a CPU that has more; "" lifts the
+// cap). Set it before any decoding starts.
+void limit_kernels(const char* name);
 
 }  // namespace pulse::decoder

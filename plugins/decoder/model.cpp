@@ -237,20 +237,20 @@ void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* l
         else attention(L, seq, ai++, h.data(), tmp.data(), B);
         dev_->add(x.data(), tmp.data(), static_cast<int64_t>(x.size()));
         dev_->rmsnorm(x.data(), L.post_norm.data(), h.data(), B, E, hp_.rms_eps);
-        matmul(L.ffn_gate, h.data(), B, g.data(), int8_prefill);
-        matmul(L.ffn_up, h.data(), B, u.data(), int8_prefill);
+        matmul(L.ffn_gate, h.data(), B, g.data(), !exact);
+        matmul(L.ffn_up, h.data(), B, u.data(), !exact);
         dev_->swiglu(g.data(), u.data(), static_cast<int64_t>(g.size()));
-        matmul(L.ffn_down, g.data(), B, tmp.data(), int8_prefill);
+        matmul(L.ffn_down, g.data(), B, tmp.data(), !exact);
         dev_->add(x.data(), tmp.data(), static_cast<int64_t>(x.size()));
     }
     seq.n_past += B;
     if (!logits) return;
     if (all_logits) {
         dev_->rmsnorm(x.data(), output_norm_.data(), h.data(), B, E, hp_.rms_eps);
-        matmul(output_, h.data(), B, logits, int8_prefill);
+        matmul(output_, h.data(), B, logits, !exact);
     } else {
         dev_->rmsnorm(x.data() + (B - 1) * E, output_norm_.data(), h.data(), 1, E, hp_.rms_eps);
-        matmul(output_, h.data(), 1, logits, false);
+        matmul(output_, h.data(), 1, logits, !exact);
     }
 }
 
@@ -264,28 +264,28 @@ void Model::matmul(const Matrix& w, const float* x, int64_t B, float* y, bool in
 void Model::attention(const Layer& L, Sequence& seq, size_t ai, const float* h, float* out, int64_t B) const {
     const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
     std::vector<float> qg(static_cast<size_t>(B * 2 * H * D)), k(static_cast<size_t>(B * Hkv * D)), v(k.size()), o(static_cast<size_t>(B * H * D));
-    matmul(L.q, h, B, qg.data(), int8_prefill);
-    matmul(L.k, h, B, k.data(), int8_prefill);
-    matmul(L.v, h, B, v.data(), int8_prefill);
+    matmul(L.q, h, B, qg.data(), !exact);
+    matmul(L.k, h, B, k.data(), !exact);
+    matmul(L.v, h, B, v.data(), !exact);
     AttentionOp op{qg.data(), k.data(), v.data(), B, seq.n_past, H, Hkv, D, hp_.rope_dim, hp_.rope_base, hp_.rms_eps,
                    hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D)), L.q_norm.data(), L.k_norm.data(),
                    &seq.k_cache[ai], &seq.v_cache[ai], o.data()};
     dev_->attention(op);
-    matmul(L.o, o.data(), B, out, int8_prefill);
+    matmul(L.o, o.data(), B, out, !exact);
 }
 
 void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, const float* h, float* out, int64_t B) const {
     const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads, VD = hp_.value_dim();
     std::vector<float> qkv(static_cast<size_t>(B * C)), z(static_cast<size_t>(B * VD)), beta(static_cast<size_t>(B * Hv)), alpha(beta.size()),
         o(static_cast<size_t>(B * VD));
-    matmul(L.qkv, h, B, qkv.data(), int8_prefill);
-    matmul(L.gate, h, B, z.data(), int8_prefill);
-    matmul(L.beta, h, B, beta.data(), int8_prefill);
-    matmul(L.alpha, h, B, alpha.data(), int8_prefill);
+    matmul(L.qkv, h, B, qkv.data(), !exact);
+    matmul(L.gate, h, B, z.data(), !exact);
+    matmul(L.beta, h, B, beta.data(), !exact);
+    matmul(L.alpha, h, B, alpha.data(), !exact);
     DeltaNetOp op{qkv.data(), z.data(), beta.data(), alpha.data(), B, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps,
                   L.conv.data(), L.dt_bias.data(), L.ssm_a.data(), L.ssm_norm.data(), seq.conv[gi].data(), seq.state[gi].data(), o.data()};
     dev_->deltanet(op);
-    matmul(L.out, o.data(), B, out, int8_prefill);
+    matmul(L.out, o.data(), B, out, !exact);
 }
 
 }  // namespace pulse::decoder

@@ -57,9 +57,10 @@ public:
     std::vector<float> forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits = false) const;
 
     int threads = 0;  // 0 = OpenMP's default
-    // Batched prefill with int8 activations for Q8_0/TQ2_0 weights (faster, less exact: see
-    // docs/DECODER.md); single-token decode always keeps f32 activations.
-    bool int8_prefill = false;
+    // f32 activations in every matmul (the reference path the golden tests hold to llama.cpp's
+    // F32 runs). Off by default: matmuls on Q8_0, TQ2_0 and the Q2_0 layouts take int8
+    // activations, as llama.cpp does (docs/DECODER.md, "Exact and fast paths").
+    bool exact = false;
 
 private:
     // B tokens at positions seq.n_past...: every matmul runs once for the batch; attention and

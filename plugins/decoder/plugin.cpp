@@ -40,10 +40,13 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
             else if (key == "threads" && value.i64() && *value.i64() >= 0) o.threads = static_cast<int>(*value.i64());
             else if (key == "context" && value.i64() && *value.i64() > 0) o.context = *value.i64();
             else if (key == "make_demo" && value.boolean()) make_demo = *value.boolean();
-            else if (key == "int8_prefill" && value.boolean()) o.int8_prefill = *value.boolean();
+            else if (key == "exact" && value.boolean()) o.exact = *value.boolean();
+            else if (key == "int8_prefill")
+                throw pulse::Error(PULSE_E_INVALID_ARGUMENT,
+                                   "decoder: option 'int8_prefill' is gone: int8 activations are the default now; 'exact = true' turns them off");
             else
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
-                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, int8_prefill = true|false)");
+                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false)");
         }
         if (o.model.empty()) throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'model' (the GGUF file) is required");
         auto b = std::make_unique<Backend>();

@@ -390,18 +390,20 @@ std::vector<FixtureFile> fixture_set(uint64_t seed) {
 }
 
 SynthShape bench_shape() {
+    // 332.7M parameters: 16 layers (12 GDN + 4 gated attention), E 1024, FFN 3584, 8 query / 2 KV
+    // heads of 256, GDN 16 key / 16 value heads of 128 — Qwen3.5's proportions at 1/10 the size.
     SynthShape b;
-    b.name = "pulse-bench-200m";
+    b.name = "pulse-bench-333m";
     b.n_layer = 16;
     b.n_embd = 1024;
-    b.n_ff = 2816;
+    b.n_ff = 3584;
     b.n_head = 8;
     b.n_head_kv = 2;
-    b.head_dim = 128;
-    b.rope_dim = 32;
+    b.head_dim = 256;
+    b.rope_dim = 64;
     b.sections = {11, 11, 10, 0};
-    b.ssm_groups = 4;
-    b.ssm_heads = 8;
+    b.ssm_groups = 16;
+    b.ssm_heads = 16;
     b.ssm_state = 128;
     return b;
 }

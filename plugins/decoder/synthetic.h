@@ -67,6 +67,6 @@ struct FixtureFile {
 };
 std::vector<FixtureFile> fixture_set(uint64_t seed = 1);
 SynthShape tiny_shape();   // a few hundred KB: fuzz seed and quick tests
-SynthShape bench_shape();  // ~200M parameters (16 layers, E 1024): tools/bench/decoder
+SynthShape bench_shape();  // 332.7M parameters (16 layers, E 1024): tools/bench/decoder
 
 }  // namespace pulse::decoder

@@ -38,7 +38,7 @@ const char* kDecodeHelp =
     "  --temperature T --top-k K --top-p P --min-p P --seed S   sampling (default: greedy)\n"
     "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
     "  --no-special      read <|...|> in --prompt as plain text\n"
-    "  --int8-prefill    int8 activations in the batched prefill (Q8_0/TQ2_0; faster, less exact)\n"
+    "  --exact           f32 activations in every matmul (default: int8 for Q8_0, TQ2_0, Q2_0 layouts)\n"
     "exit codes: 0 ok, 2 usage, 3 the file cannot be used\n";
 
 const char* kGgufHelp =
@@ -53,7 +53,7 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 
 int cmd_decode(const std::vector<std::string>& args) {
     std::string path, prompt, tokens_csv;
-    bool json = false, special = true, have_prompt = false, int8 = false;
+    bool json = false, special = true, have_prompt = false, exact = false;
     int64_t n = 32, topk_print = 0;
     int threads = 0;
     decoder::SamplerParams sp;
@@ -77,7 +77,8 @@ int cmd_decode(const std::vector<std::string>& args) {
             else if (a == "--seed") sp.seed = std::stoull(next());
             else if (a == "--json") json = true;
             else if (a == "--no-special") special = false;
-            else if (a == "--int8-prefill") int8 = true;
+            else if (a == "--exact") exact = true;
+            else if (a == "--int8-prefill") throw std::invalid_argument("--int8-prefill is gone: int8 activations are the default; --exact turns them off");
             else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unknown option " + a);
             else if (path.empty()) path = a;
             else throw std::invalid_argument("unexpected argument " + a);
@@ -107,7 +108,7 @@ int cmd_decode(const std::vector<std::string>& args) {
         std::fprintf(stderr, "pulse decode: %s\n", e.what());
         return 3;
     }
-    model->int8_prefill = int8;
+    model->exact = exact;
     const int64_t V = model->hparams().n_vocab;
     std::vector<int32_t> ids;
     if (have_prompt) ids = tok.encode(prompt, special);

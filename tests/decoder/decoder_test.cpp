@@ -387,6 +387,69 @@ TEST_CASE("formats: Q2_0 codes {-1,0,1,2}, Q1_0 signs and PTQ1_0 trits round-tri
     }
 }
 
+TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the decoded int8 activations (AVX2 and VNNI)") {
+    // Random code bytes with a real scale, random activations; each kernel set (the best this CPU
+    // has, then capped at AVX2) against a double-precision reference built from dequantize_row
+    // and the quantized activations put back in their original order.
+    std::mt19937 g(21);
+    const int64_t n = 1024;
+    for (const char* cap : {"", "avx2"}) {
+        limit_kernels(cap);
+        CAPTURE(kernel_name());
+        for (uint32_t type : {kQ8_0, kTQ2_0, kQ2_0, kPQ2_0, kQ2_0_G128}) {
+            const int64_t blk = i8_block(type);
+            if (!blk) continue;  // no int8 kernels on this CPU
+            CAPTURE(type_name(type));
+            const TypeTraits* tt = type_traits(type);
+            std::vector<uint8_t> row(static_cast<size_t>(n / tt->block * tt->bytes));
+            for (auto& b : row) b = static_cast<uint8_t>(g());
+            uint16_t scale = f32_to_fp16(0.01f);
+            for (int64_t b = 0; b < n / tt->block; ++b)  // a sane f16 scale where each layout keeps it
+                std::memcpy(row.data() + b * tt->bytes + (type == kTQ2_0 ? 64 : 0), &scale, 2);
+            if (type == kTQ2_0)  // TQ2_0 codes are 0..2
+                for (int64_t b = 0; b < n / 256; ++b)
+                    for (int i = 0; i < 64; ++i) {
+                        uint8_t& c = row[static_cast<size_t>(b * 66 + i)];
+                        for (int l = 0; l < 4; ++l)
+                            if (((c >> (2 * l)) & 3) == 3) c = static_cast<uint8_t>(c & ~(1 << (2 * l)));
+                    }
+            std::vector<float> w(static_cast<size_t>(n));
+            dequantize_row(type, row.data(), w.data(), n);
+            std::vector<float> x(static_cast<size_t>(4 * n));
+            for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 250.f;
+            const int64_t nb = n / blk;
+            std::vector<int8_t> q(static_cast<size_t>(4 * n));
+            std::vector<float> d(static_cast<size_t>(4 * nb));
+            std::vector<int32_t> sum(d.size());
+            quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
+            QuantRow rows[4];
+            for (int t = 0; t < 4; ++t) rows[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
+            const int64_t group = type == kQ2_0 ? 64 : (type == kPQ2_0 || type == kQ2_0_G128) ? 128 : 0;
+            float four[8];
+            const uint8_t* pair[2] = {row.data(), row.data()};  // two rows (the same bytes) by four tokens
+            dot_rows_i8(type, pair, 2, rows, 4, n, four);
+            for (int t = 0; t < 4; ++t) {
+                double want = 0;
+                for (int64_t j = 0; j < n; ++j) {
+                    int64_t at = j;  // where element j sits in the quantized row
+                    if (group) at = j / group * group + (j % 4) * (group / 4) + (j % group) / 4;
+                    want += static_cast<double>(w[static_cast<size_t>(j)]) * q[static_cast<size_t>(t * n + at)] * d[static_cast<size_t>(t * nb + at / blk)];
+                }
+                float one;
+                const uint8_t* single = row.data();
+                dot_rows_i8(type, &single, 1, rows + t, 1, n, &one);
+                CHECK(one == doctest::Approx(want).epsilon(1e-4));
+                CHECK(four[t] == doctest::Approx(want).epsilon(1e-4));
+                CHECK(four[4 + t] == doctest::Approx(want).epsilon(1e-4));
+                int32_t s = 0;  // the block sums are the codes' sums
+                for (int64_t i = 0; i < blk; ++i) s += q[static_cast<size_t>(t * n + i)];
+                CHECK(sum[static_cast<size_t>(t * nb)] == s);
+            }
+        }
+    }
+    limit_kernels("");
+}
+
 TEST_CASE("gguf: type 42 in a fork's 34-byte groups of 128 is recognised by its size, never misread as mainline Q2_0") {
     // Two [256 x 16] weights of type 42, laid out as the writer of each layout would. (The
     // layouts differ by 1/64 byte per weight: 64 bytes here, more than the alignment padding.)
@@ -456,6 +519,7 @@ struct Compared {
 };
 Compared compare_files(const fs::path& a, const fs::path& b, size_t steps) {
     auto ma = Model::load(GgufFile::open(a)), mb = Model::load(GgufFile::open(b));
+    ma->exact = mb->exact = true;  // the same function in f32 (the int8 path rounds the two differently)
     std::vector<int32_t> prompt = {297, 72, 101, 108, 108, 111, 256, 258, 32, 119, 111, 114, 108, 100, 10, 298};
     auto sa = ma->new_sequence(), sb = mb->new_sequence();
     auto la = ma->forward(*sa, prompt, true), lb = mb->forward(*sb, prompt, true);
@@ -649,6 +713,7 @@ TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type a
         if (direct_quantized(r["file"].GetString())) continue;
         std::string file = write_fixture_for(r["file"].GetString(), d);
         auto model = Model::load(GgufFile::open(d / file));
+        model->exact = true;
         auto seq = model->new_sequence();
         auto logits = model->forward(*seq, golden_prompt(r), true);
         const int64_t V = model->hparams().n_vocab;
@@ -680,6 +745,7 @@ TEST_CASE("forward: mainline Q2_0 and Q1_0 files agree with llama.cpp's own run 
         if (!direct_quantized(golden)) continue;
         std::string file = write_fixture_for(golden, d);
         auto model = Model::load(GgufFile::open(d / file));
+        model->exact = true;  // what is checked is the reading of the file, not the rounding
         auto seq = model->new_sequence();
         auto logits = model->forward(*seq, golden_prompt(r), true);
         const int64_t V = model->hparams().n_vocab;
@@ -698,26 +764,34 @@ TEST_CASE("forward: mainline Q2_0 and Q1_0 files agree with llama.cpp's own run 
     CHECK(compared == 2);
 }
 
-TEST_CASE("forward: int8 prefill (opt-in) stays within its measured tolerance of llama.cpp's F32 twin run") {
+TEST_CASE("forward: the default int8 path stays within its measured tolerance of llama.cpp's F32 twin run") {
+    // 8-bit activation rounding (per 32 values for Q8_0 and the Q2_0 layouts, per 256 for TQ2_0
+    // as llama.cpp's Q8_K) against the exact reference. Measured (the MESSAGE lines): Q8_0 0.16,
+    // PQ2_0 0.20, Q2_0 0.24, TQ2_0 0.37, folded PQ2_0 0.42 (its rotated activations spread more
+    // evenly, so per-block scales fit them less tightly); llama.cpp's own quantized runs move
+    // these logits by up to ~0.8. The test allows 0.5, and requires a difference above 1e-3
+    // where a kernel exists (the int8 path really ran).
     auto g = load_golden();
     TempDir d;
     int compared = 0;
     for (const auto& r : g["results"].GetArray()) {
         std::string golden = r["file"].GetString();
-        if (golden != "synth-q8_0.f32twin.gguf" && golden != "synth-tq2_0.f32twin.gguf") continue;
+        if (golden != "synth-q8_0.f32twin.gguf" && golden != "synth-tq2_0.f32twin.gguf" && golden != "synth-q2_0.f32twin.gguf" &&
+            golden != "synth-pq2_0.f32twin.gguf" && golden != "synth-pq2_0-folded.f32twin.gguf")
+            continue;
         std::string file = write_fixture_for(golden, d);
         auto model = Model::load(GgufFile::open(d / file));
-        model->int8_prefill = true;
+        CHECK_FALSE(model->exact);  // the default
         auto seq = model->new_sequence();
-        double worst = worst_logit_diff(model->forward(*seq, golden_prompt(r), true), model->hparams().n_vocab, r);
+        auto logits = model->forward(*seq, golden_prompt(r), true);
+        double worst = worst_logit_diff(logits, model->hparams().n_vocab, r);
         CAPTURE(file);
-        // Measured 0.16 for both (8-bit activation rounding; llama.cpp's own quantized runs move
-        // these logits by up to ~0.8). The test allows 0.3.
-        CHECK(worst < 0.3);
-        if (std::string(kernel_name()) == "avx2") CHECK(worst > 1e-3);  // the int8 path really ran
+        MESSAGE(file << " (int8 activations): max |logit - llama.cpp F32 twin| " << worst);
+        CHECK(worst < 0.5);
+        if (std::string(kernel_name()) != "scalar") CHECK(worst > 1e-3);
         ++compared;
     }
-    CHECK(compared == 2);
+    CHECK(compared == 5);
 }
 
 TEST_CASE("forward: a batched prefill gives the logits of token-by-token steps") {

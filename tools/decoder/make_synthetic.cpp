@@ -1,7 +1,7 @@
 // Writes seeded synthetic qwen35 GGUF files for the decoder's correctness fixtures:
 //   make_synthetic OUT_DIR [SEED]   the fixture set (synthetic.h: every type, F32 twins, an odd shape)
 //   make_synthetic --tiny FILE      one small F32 model (the GGUF fuzzer's seed)
-//   make_synthetic --bench TYPE FILE  ~200M parameters (16 layers, E 1024) for tools/bench/decoder
+//   make_synthetic --bench TYPE FILE  332.7M parameters (16 layers, E 1024) for tools/bench/decoder
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
     if (std::string(argv[1]) == "--bench") {
         if (argc < 4) return 2;
         std::string t = argv[2];
-        uint32_t type = t == "q8_0" ? kQ8_0 : t == "tq2_0" ? kTQ2_0 : t == "tq1_0" ? kTQ1_0 : t == "q4_k" ? kQ4_K : t == "f16" ? kF16 : kF32;
+        uint32_t type = t == "q8_0" ? kQ8_0 : t == "tq2_0" ? kTQ2_0 : t == "tq1_0" ? kTQ1_0 : t == "q4_k" ? kQ4_K : t == "f16" ? kF16 :
+                        t == "q2_0" ? kQ2_0 : t == "pq2_0" ? kPQ2_0 : kF32;
         write_synthetic(argv[3], bench_shape(), type, 42);
         return 0;
     }
