@@ -1,11 +1,16 @@
-// The compute device the qwen35 forward pass runs on: the model (model.cpp) is written once as
-// a sequence of these ops — ggml's backend split — and each device implements them. `cpu`
-// (device_cpu.cpp: OpenMP threads, the AVX2/scalar kernels of kernels.h) is the one this part
-// ships; a CUDA device (a later issue) implements the same ops. Buffers are host float arrays
-// in this version: a device that keeps them in its own memory will take ownership of the work
-// and state buffers through this interface when it arrives.
+// The compute device the qwen35 forward pass runs on (ggml's backend split). The model
+// (model.cpp) is written once as a sequence of these ops over memory the device owns: weights
+// registered once (`prepare`), norms and other parameters uploaded at load, per-sequence state
+// and KV caches, the work buffers of a step, and an explicit read-back of the logits. `cpu`
+// (device_cpu.cpp: OpenMP threads, the kernels of kernels.h) is the one this build has; a CUDA
+// device implements the same interface without model.cpp changing.
+//
+// Device memory is reached only through DevPtr, an address in the device's own space that the
+// model offsets and hands to ops but cannot dereference (the type has no way to), so nothing
+// outside a device reads or writes device memory except through upload/download/copy.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,65 +21,124 @@
 
 namespace pulse::decoder {
 
+class Device;
+
+class DevPtr {
+public:
+    DevPtr() = default;
+    DevPtr operator+(int64_t floats) const { return DevPtr(p_ + floats); }
+    explicit operator bool() const { return p_ != nullptr; }
+
+private:
+    explicit DevPtr(float* p) : p_(p) {}
+    float* p_ = nullptr;
+    friend struct DeviceMemory;
+};
+
+// How a device turns its addresses into something it can use (device implementations only).
+struct DeviceMemory {
+    static float* raw(DevPtr p) { return p.p_; }
+    static DevPtr wrap(float* p) { return DevPtr(p); }
+};
+
+// An owned run of `size()` floats in device memory, freed by its device.
+class Buffer {
+public:
+    Buffer() = default;
+    Buffer(const Device* dev, DevPtr p, size_t n) : dev_(dev), p_(p), n_(n) {}
+    Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+    Buffer& operator=(Buffer&& o) noexcept;
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer();
+    DevPtr ptr() const { return p_; }
+    size_t size() const { return n_; }
+
+private:
+    const Device* dev_ = nullptr;
+    DevPtr p_;
+    size_t n_ = 0;
+};
+
 // A matmul weight: rows of `n_in` values in the tensor's type, with an optional output scale.
-// `rot`: a Hadamard-folded weight, whose input is rotated first (hadamard.h).
+// `rot`: a Hadamard-folded weight, whose input is rotated first (hadamard.h). `prepared`: what
+// the device made of it at registration (its own layout or copy; opaque to the model).
 struct Matrix {
     const TensorInfo* t = nullptr;
     int64_t n_in = 0, n_out = 0;
     float scale = 1;
     const Rotation* rot = nullptr;
+    const void* prepared = nullptr;
 };
 
 // Gated attention for B new tokens at positions pos0..pos0+B-1, between the q/k/v projections
-// and the output projection: per-head RMSNorm of q and k, partial NeoX RoPE, append to the
-// cache, causal softmax attention with GQA, sigmoid gate.
+// and the output projection: per-head RMSNorm of q and k, partial NeoX RoPE, store into the
+// cache at pos0.., causal softmax attention with GQA, sigmoid gate.
 struct AttentionOp {
-    const float* qg;  // [B][H][2][D]: query and gate, interleaved per head
-    const float* k;   // [B][Hkv*D]
-    const float* v;   // [B][Hkv*D]
+    DevPtr qg;  // [B][H][2][D]: query and gate, interleaved per head
+    DevPtr k;   // [B][Hkv*D]
+    DevPtr v;   // [B][Hkv*D]
     int64_t B, pos0, H, Hkv, D, R;
     double rope_base, eps, scale;
-    const float* q_norm;  // [D]
-    const float* k_norm;  // [D]
-    std::vector<float>* k_cache;  // [pos][Hkv*D], grown by B rows
-    std::vector<float>* v_cache;
-    float* out;  // [B][H*D]
+    DevPtr q_norm;   // [D]
+    DevPtr k_norm;   // [D]
+    DevPtr k_cache;  // [capacity >= pos0 + B][Hkv*D]; positions < pos0 filled
+    DevPtr v_cache;
+    DevPtr out;  // [B][H*D]
 };
 
 // Gated DeltaNet for B new tokens, between the input projections and ssm_out: causal conv +
 // SiLU, L2-normed q/k per key head, the delta rule per value head (tiled key head), gated
 // RMSNorm.
 struct DeltaNetOp {
-    const float *qkv, *z, *beta, *alpha;  // [B][conv_dim], [B][Hv*S], [B][Hv], [B][Hv]
+    DevPtr qkv, z, beta, alpha;  // [B][conv_dim], [B][Hv*S], [B][Hv], [B][Hv]
     int64_t B, K, C, S, Hk, Hv;
     double eps;
-    const float* conv;      // [C][K]
-    const float* dt_bias;   // [Hv]
-    const float* ssm_a;     // [Hv] (already -exp(A_log))
-    const float* ssm_norm;  // [S]
-    float* conv_state;      // [(K-1)][C]
-    float* state;           // [Hv][S][S]
-    float* out;             // [B][Hv*S]
+    DevPtr conv;        // [C][K]
+    DevPtr dt_bias;     // [Hv]
+    DevPtr ssm_a;       // [Hv] (already -exp(A_log))
+    DevPtr ssm_norm;    // [S]
+    DevPtr conv_state;  // [(K-1)][C]
+    DevPtr state;       // [Hv][S][S]
+    DevPtr out;         // [B][Hv*S]
 };
 
 class Device {
 public:
     virtual ~Device() = default;
     virtual const char* name() const = 0;
+
+    // Memory. alloc: `n` zeroed floats. copy: device to device.
+    virtual Buffer alloc(size_t n) const = 0;
+    virtual void release(DevPtr p) const = 0;  // Buffer's destructor
+    virtual void upload(const float* host, DevPtr to, size_t n) const = 0;
+    virtual void download(DevPtr from, float* host, size_t n) const = 0;
+    virtual void copy(DevPtr from, DevPtr to, size_t n) const = 0;
+    Buffer upload(const std::vector<float>& host) const;  // alloc + upload
+
+    // Registers a weight once (load time): returns what goes in Matrix::prepared. The device
+    // owns it (a repacked copy, an upload) until it is destroyed.
+    virtual const void* prepare(const Matrix& w) = 0;
+
+    // out[b] = row tokens[b] of `table` (an embedding: n_in values per row), for b < B
+    virtual void embed(const Matrix& table, const int32_t* tokens, int64_t B, DevPtr out) const = 0;
     // y[b][n_out] = W · x[b][n_in] for b < B (int8: 8-bit activations where the device has a
     // kernel for the weight type; else exact f32)
-    virtual void matmul(const Matrix& w, const float* x, int64_t B, float* y, bool int8) const = 0;
+    virtual void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool int8) const = 0;
     // RMSNorm of `rows` rows of n values with weight w
-    virtual void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, double eps) const = 0;
-    virtual void swiglu(float* g, const float* u, int64_t n) const = 0;  // g = silu(g) * u
-    virtual void add(float* x, const float* y, int64_t n) const = 0;    // x += y
-    // out[b] = the rotation of x[b] for b < B (rows of r.width values)
-    virtual void rotate(const Rotation& r, const float* x, float* out, int64_t B) const = 0;
+    virtual void rmsnorm(DevPtr x, DevPtr w, DevPtr out, int64_t rows, int64_t n, double eps) const = 0;
+    virtual void swiglu(DevPtr g, DevPtr u, int64_t n) const = 0;  // g = silu(g) * u
+    virtual void add(DevPtr x, DevPtr y, int64_t n) const = 0;     // x += y
+    // out[b] = the rotation of x[b] for b < B (rows of r.width values; r.signs is host memory
+    // the model keeps alive: a device may cache its own copy by that address)
+    virtual void rotate(const Rotation& r, DevPtr x, DevPtr out, int64_t B) const = 0;
     virtual void attention(const AttentionOp& op) const = 0;
     virtual void deltanet(const DeltaNetOp& op) const = 0;
 };
 
-// "cpu" (the default); anything else is std::invalid_argument naming what this build has.
+// The devices this build has, by name ("cpu" first: the default).
+std::vector<std::string> device_names();
+// `name` ("" = the default); anything else is std::invalid_argument naming what this build has.
 std::unique_ptr<Device> make_device(const std::string& name);
 
 }  // namespace pulse::decoder

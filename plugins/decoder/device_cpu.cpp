@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 #include "device.h"
@@ -141,22 +142,45 @@ void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
 }
 
 
+float* raw(DevPtr p) { return DeviceMemory::raw(p); }
+
 class CpuDevice : public Device {
 public:
     const char* name() const override { return "cpu"; }
-    void matmul(const Matrix& w, const float* x, int64_t B, float* y, bool int8) const override { matmat(w, x, B, y, int8); }
-    void rmsnorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, double eps) const override {
-        for (int64_t r = 0; r < rows; ++r) rmsnorm_row(x + r * n, w, out + r * n, n, eps);
+    Buffer alloc(size_t n) const override {
+        // 64-byte aligned (a cache line, an AVX-512 vector), zeroed.
+        float* p = static_cast<float*>(::operator new[](std::max<size_t>(n, 1) * sizeof(float), std::align_val_t{64}));
+        std::memset(p, 0, std::max<size_t>(n, 1) * sizeof(float));
+        return Buffer(this, DeviceMemory::wrap(p), n);
     }
-    void swiglu(float* g, const float* u, int64_t n) const override {
-        for (int64_t i = 0; i < n; ++i) g[i] = silu(g[i]) * u[i];
+    void release(DevPtr p) const override { ::operator delete[](raw(p), std::align_val_t{64}); }
+    void upload(const float* host, DevPtr to, size_t n) const override { std::memcpy(raw(to), host, n * sizeof(float)); }
+    void download(DevPtr from, float* host, size_t n) const override { std::memcpy(host, raw(from), n * sizeof(float)); }
+    void copy(DevPtr from, DevPtr to, size_t n) const override { std::memcpy(raw(to), raw(from), n * sizeof(float)); }
+    // The CPU reads weights where the file is mapped.
+    const void* prepare(const Matrix&) override { return nullptr; }
+    void embed(const Matrix& table, const int32_t* tokens, int64_t B, DevPtr out) const override {
+        const TensorInfo& t = *table.t;
+        for (int64_t b = 0; b < B; ++b)
+            dequantize_row(t.type, t.data + static_cast<uint64_t>(tokens[b]) * t.row_bytes(), raw(out) + b * table.n_in, table.n_in);
     }
-    void add(float* x, const float* y, int64_t n) const override {
-        for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+    void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool int8) const override { matmat(w, raw(x), B, raw(y), int8); }
+    void rmsnorm(DevPtr x, DevPtr w, DevPtr out, int64_t rows, int64_t n, double eps) const override {
+        for (int64_t r = 0; r < rows; ++r) rmsnorm_row(raw(x) + r * n, raw(w), raw(out) + r * n, n, eps);
     }
-    void rotate(const Rotation& r, const float* x, float* out, int64_t B) const override {
+    void swiglu(DevPtr g, DevPtr u, int64_t n) const override {
+        float *gp = raw(g), *up = raw(u);
+        for (int64_t i = 0; i < n; ++i) gp[i] = silu(gp[i]) * up[i];
+    }
+    void add(DevPtr x, DevPtr y, int64_t n) const override {
+        float *xp = raw(x), *yp = raw(y);
+        for (int64_t i = 0; i < n; ++i) xp[i] += yp[i];
+    }
+    void rotate(const Rotation& r, DevPtr x, DevPtr out, int64_t B) const override {
+        const float* xp = raw(x);
+        float* op = raw(out);
 #pragma omp parallel for schedule(static) if (B > 1)
-        for (int64_t b = 0; b < B; ++b) rotate_row(r, x + b * r.width, out + b * r.width);
+        for (int64_t b = 0; b < B; ++b) rotate_row(r, xp + b * r.width, op + b * r.width);
     }
     void attention(const AttentionOp& op) const override;
     void deltanet(const DeltaNetOp& op) const override;
@@ -178,31 +202,31 @@ void CpuDevice::attention(const AttentionOp& op) const {
     };
     // The batch's queries (normed, rotated), gates, and keys/values appended to the cache.
     std::vector<float> q(static_cast<size_t>(B * H * D)), gate(q.size());
-    auto& kc = *op.k_cache;
-    auto& vc = *op.v_cache;
-    const size_t before = kc.size();
-    kc.resize(before + static_cast<size_t>(B * Hkv * D));
-    vc.resize(kc.size());
+    float* kc = raw(op.k_cache);
+    float* vc = raw(op.v_cache);
+    const float *qgp = raw(op.qg), *kp = raw(op.k), *vp = raw(op.v), *q_norm = raw(op.q_norm), *k_norm = raw(op.k_norm);
+    float* outp = raw(op.out);
+    const size_t before = static_cast<size_t>(op.pos0 * Hkv * D);
 #pragma omp parallel for schedule(static) if (B > 1)
     for (int64_t b = 0; b < B; ++b) {
         const int64_t p = op.pos0 + b;
-        const float* qg = op.qg + b * 2 * H * D;
+        const float* qg = qgp + b * 2 * H * D;
         for (int64_t j = 0; j < H; ++j) {
             float* qj = q.data() + (b * H + j) * D;
-            rmsnorm_row(qg + 2 * D * j, op.q_norm, qj, D, op.eps);
+            rmsnorm_row(qg + 2 * D * j, q_norm, qj, D, op.eps);
             std::memcpy(gate.data() + (b * H + j) * D, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
             rope(qj, p);
         }
         // The cache holds K and V at f16 precision, as llama.cpp's default F16 cache does.
-        float* kn = kc.data() + before + static_cast<size_t>(b * Hkv * D);
-        float* vn = vc.data() + before + static_cast<size_t>(b * Hkv * D);
+        float* kn = kc + before + static_cast<size_t>(b * Hkv * D);
+        float* vn = vc + before + static_cast<size_t>(b * Hkv * D);
         for (int64_t j = 0; j < Hkv; ++j) {
-            rmsnorm_row(op.k + b * Hkv * D + j * D, op.k_norm, kn + j * D, D, op.eps);
+            rmsnorm_row(kp + b * Hkv * D + j * D, k_norm, kn + j * D, D, op.eps);
             rope(kn + j * D, p);
         }
         for (int64_t i = 0; i < Hkv * D; ++i) {
             kn[i] = fp16_to_f32(f32_to_fp16(kn[i]));
-            vn[i] = fp16_to_f32(f32_to_fp16(op.v[b * Hkv * D + i]));
+            vn[i] = fp16_to_f32(f32_to_fp16(vp[b * Hkv * D + i]));
         }
     }
     const int64_t n0 = static_cast<int64_t>(before) / (Hkv * D);  // cached positions before the batch
@@ -220,15 +244,15 @@ void CpuDevice::attention(const AttentionOp& op) const {
                 const float* qj = q.data() + (b * H + j) * D;
                 float mx = -INFINITY;
                 for (int64_t t = 0; t < n; ++t) {
-                    w[static_cast<size_t>(t)] = dot_f32(qj, kc.data() + (t * Hkv + kvh) * D, D) * scale;
+                    w[static_cast<size_t>(t)] = dot_f32(qj, kc + (t * Hkv + kvh) * D, D) * scale;
                     mx = std::max(mx, w[static_cast<size_t>(t)]);
                 }
                 double sum = 0;
                 for (int64_t t = 0; t < n; ++t) sum += (w[static_cast<size_t>(t)] = std::exp(w[static_cast<size_t>(t)] - mx));
-                float* oj = op.out + (b * H + j) * D;
+                float* oj = outp + (b * H + j) * D;
                 std::fill(oj, oj + D, 0.f);
                 for (int64_t t = 0; t < n; ++t) {
-                    const float* vt = vc.data() + (t * Hkv + kvh) * D;
+                    const float* vt = vc + (t * Hkv + kvh) * D;
                     float a = static_cast<float>(w[static_cast<size_t>(t)] / sum);
                     for (int64_t d = 0; d < D; ++d) oj[d] += a * vt[d];
                 }
@@ -243,17 +267,20 @@ void CpuDevice::deltanet(const DeltaNetOp& op) const {
     if (S > 512) throw std::invalid_argument("Gated DeltaNet state size " + std::to_string(S) + " is above 512 (not supported)");
     // Causal depthwise conv + SiLU for the whole batch: input rows are the K-1 kept in the window,
     // then the B new ones.
+    float *conv_state = raw(op.conv_state), *state = raw(op.state), *outp = raw(op.out);
+    const float *conv = raw(op.conv), *zp = raw(op.z), *betap = raw(op.beta), *alphap = raw(op.alpha), *dt_bias = raw(op.dt_bias),
+                *ssm_a = raw(op.ssm_a), *ssm_norm = raw(op.ssm_norm);
     std::vector<float> ext(static_cast<size_t>((K - 1 + B) * C)), y(static_cast<size_t>(B * C));
-    std::memcpy(ext.data(), op.conv_state, static_cast<size_t>((K - 1) * C) * 4);
-    std::memcpy(ext.data() + (K - 1) * C, op.qkv, static_cast<size_t>(B * C) * 4);
+    std::memcpy(ext.data(), conv_state, static_cast<size_t>((K - 1) * C) * 4);
+    std::memcpy(ext.data() + (K - 1) * C, raw(op.qkv), static_cast<size_t>(B * C) * 4);
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < C; ++c)
         for (int64_t b = 0; b < B; ++b) {
             float acc = 0;
-            for (int64_t t = 0; t < K; ++t) acc += op.conv[c * K + t] * ext[static_cast<size_t>((b + t) * C + c)];
+            for (int64_t t = 0; t < K; ++t) acc += conv[c * K + t] * ext[static_cast<size_t>((b + t) * C + c)];
             y[static_cast<size_t>(b * C + c)] = silu(acc);
         }
-    std::memcpy(op.conv_state, ext.data() + B * C, static_cast<size_t>((K - 1) * C) * 4);
+    std::memcpy(conv_state, ext.data() + B * C, static_cast<size_t>((K - 1) * C) * 4);
     // Per token: q and k L2-normalised per key head; the gates per value head.
     std::vector<float> beta(static_cast<size_t>(B * Hv)), decay(beta.size());
     for (int64_t b = 0; b < B; ++b) {
@@ -263,8 +290,8 @@ void CpuDevice::deltanet(const DeltaNetOp& op) const {
             l2norm(yb + kd + m * S, S, op.eps);
         }
         for (int64_t hh = 0; hh < Hv; ++hh) {
-            beta[static_cast<size_t>(b * Hv + hh)] = sigmoid(op.beta[b * Hv + hh]);
-            decay[static_cast<size_t>(b * Hv + hh)] = std::exp(softplus(op.alpha[b * Hv + hh] + op.dt_bias[hh]) * op.ssm_a[hh]);
+            beta[static_cast<size_t>(b * Hv + hh)] = sigmoid(betap[b * Hv + hh]);
+            decay[static_cast<size_t>(b * Hv + hh)] = std::exp(softplus(alphap[b * Hv + hh] + dt_bias[hh]) * ssm_a[hh]);
         }
     }
     // Each value head runs its B tokens in order with its state hot in cache (heads are
@@ -272,15 +299,15 @@ void CpuDevice::deltanet(const DeltaNetOp& op) const {
 #pragma omp parallel for schedule(static)
     for (int64_t hh = 0; hh < Hv; ++hh) {
         const int64_t m = hh % Hk;  // tiled key head for this value head
-        GdnHeadArgs g{op.state + hh * S * S, S, B, y.data() + m * S, y.data() + kd + m * S, y.data() + 2 * kd + hh * S,
-                      beta.data() + hh, decay.data() + hh, C, C, Hv, op.out + hh * S, VD};
+        GdnHeadArgs g{state + hh * S * S, S, B, y.data() + m * S, y.data() + kd + m * S, y.data() + 2 * kd + hh * S,
+                      beta.data() + hh, decay.data() + hh, C, C, Hv, outp + hh * S, VD};
         gdn_head(g);
         // Gated RMSNorm of each token's head output, in place.
         std::vector<float> normed(static_cast<size_t>(S));
         for (int64_t b = 0; b < B; ++b) {
-            float* oh = op.out + b * VD + hh * S;
-            rmsnorm_row(oh, op.ssm_norm, normed.data(), S, op.eps);
-            const float* z = op.z + b * VD + hh * S;
+            float* oh = outp + b * VD + hh * S;
+            rmsnorm_row(oh, ssm_norm, normed.data(), S, op.eps);
+            const float* z = zp + b * VD + hh * S;
             for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[j]);
         }
     }
@@ -288,9 +315,6 @@ void CpuDevice::deltanet(const DeltaNetOp& op) const {
 
 }  // namespace
 
-std::unique_ptr<Device> make_device(const std::string& name) {
-    if (name.empty() || name == "cpu") return std::make_unique<CpuDevice>();
-    throw std::invalid_argument("device '" + name + "' is not available in this build (devices: cpu; CUDA is a later part)");
-}
+std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
 
 }  // namespace pulse::decoder

@@ -68,7 +68,7 @@ double num(const rapidjson::Value& req, const char* k, double d) {
 
 Engine::Engine(EngineOptions o) : opts_(std::move(o)) {
     auto file = GgufFile::open(opts_.model);
-    model_ = Model::load(file);
+    model_ = Model::load(file, opts_.device);
     model_->threads = opts_.threads;
     model_->exact = opts_.exact;
     tok_ = Tokenizer::load(*file);

@@ -61,6 +61,7 @@ struct EngineOptions {
     int64_t context = 0;      // 0 = the model's context_length
     int64_t max_checkpoints = 3;  // whole-sequence states kept for prefix reuse (LRU)
     bool exact = false;           // f32 activations everywhere (Model::exact)
+    std::string device;           // the compute device (device.h; "" = the default, cpu)
 };
 
 class Engine {

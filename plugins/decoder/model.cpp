@@ -16,9 +16,13 @@ std::string k(const std::string& arch, const char* key) { return arch + "." + ke
 }  // namespace
 
 std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::string& device) {
+    return load(std::move(file), make_device(device));
+}
+
+std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_ptr<Device> device) {
     auto m = std::shared_ptr<Model>(new Model);
     m->file_ = file;
-    m->dev_ = make_device(device);
+    m->dev_ = std::move(device);
     const GgufFile& f = *file;
     const std::string arch = f.get_string("general.architecture");
     if (arch != "qwen35")
@@ -86,12 +90,13 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::st
             bad("tensor '" + t.name + "' has shape " + fmt(t.ne) + ", expected " + fmt(want));
         }
     };
+    Device& dev = *m->dev_;
     auto vec = [&](const std::string& name, int64_t n) {
         const TensorInfo& t = f.get_tensor(name);
         shape(t, {static_cast<uint64_t>(n)});
         std::vector<float> v(static_cast<size_t>(n));
         dequantize_row(t.type, t.data, v.data(), n);
-        return v;
+        return dev.upload(v);
     };
     // Hadamard fold: the rotation each folded weight's input needs (hadamard.h).
     m->fold_ = read_hadamard(f);
@@ -117,7 +122,7 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::st
     auto mat = [&](const std::string& name, int64_t n_in, int64_t n_out) {
         const TensorInfo& t = f.get_tensor(name + ".weight");
         shape(t, {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)});
-        Matrix mx{&t, n_in, n_out, 1, nullptr};
+        Matrix mx{&t, n_in, n_out, 1, nullptr, nullptr};
         if (const TensorInfo* s = f.tensor(name + ".scale")) {
             float sc;
             dequantize_row(s->type, s->data, &sc, 1);
@@ -141,7 +146,7 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::st
     if (f.tensor("output.weight")) {
         m->output_ = mat("output", E, hp.n_vocab);
     } else {
-        m->output_ = Matrix{m->tok_embd_, E, hp.n_vocab, 1, nullptr};  // tied
+        m->output_ = Matrix{m->tok_embd_, E, hp.n_vocab, 1, nullptr, nullptr};  // tied
         // Rows stored as e' with e = s ⊙ (H·e'): e·x = e'·(H·(s ⊙ x)), the forward rotation.
         if (m->embd_rot_) m->output_.rot = rotation("token_embd.weight", E, false, false);
     }
@@ -163,8 +168,9 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::st
             L.out = mat(p + "ssm_out", hp.value_dim(), E);
             const TensorInfo& conv = f.get_tensor(p + "ssm_conv1d.weight");
             shape(conv, {static_cast<uint64_t>(K), static_cast<uint64_t>(hp.conv_dim())});
-            L.conv.resize(static_cast<size_t>(K * hp.conv_dim()));
-            dequantize_row(conv.type, conv.data, L.conv.data(), K * hp.conv_dim());
+            std::vector<float> cv(static_cast<size_t>(K * hp.conv_dim()));
+            dequantize_row(conv.type, conv.data, cv.data(), K * hp.conv_dim());
+            L.conv = dev.upload(cv);
             L.dt_bias = vec(p + "ssm_dt.bias", hp.ssm_heads);
             L.ssm_a = vec(p + "ssm_a", hp.ssm_heads);
             L.ssm_norm = vec(p + "ssm_norm.weight", hp.ssm_state);
@@ -183,109 +189,179 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::st
             if (!folded_bound.count(name))
                 bad("metadata prism.hadamard.weight_names lists '" + name + "', which is not a weight this model multiplies" +
                     (f.tensor(name) ? "" : " (no such tensor)"));
+    // Every weight registered with the device once.
+    m->embd_ = Matrix{m->tok_embd_, E, hp.n_vocab, 1, nullptr, nullptr};
+    for (Matrix* w : {&m->embd_, &m->output_}) w->prepared = dev.prepare(*w);
+    for (auto& L : m->layers_)
+        for (Matrix* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.q, &L.k, &L.v, &L.o, &L.qkv, &L.gate, &L.beta, &L.alpha, &L.out})
+            if (w->t) w->prepared = dev.prepare(*w);
     return m;
 }
 
 std::unique_ptr<Sequence> Model::new_sequence() const {
-    auto s = std::make_unique<Sequence>();
+    auto s = std::make_unique<Sequence>(dev_.get());
+    s->kv_row = hp_.n_head_kv * hp_.head_dim;
     for (const auto& L : layers_) {
         if (L.recurrent) {
-            s->conv.emplace_back(static_cast<size_t>((hp_.conv_kernel - 1) * hp_.conv_dim()), 0.f);
-            s->state.emplace_back(static_cast<size_t>(hp_.ssm_heads * hp_.ssm_state * hp_.ssm_state), 0.f);
+            s->conv.push_back(dev_->alloc(static_cast<size_t>((hp_.conv_kernel - 1) * hp_.conv_dim())));
+            s->state.push_back(dev_->alloc(static_cast<size_t>(hp_.ssm_heads * hp_.ssm_state * hp_.ssm_state)));
         } else {
-            s->k_cache.emplace_back();
-            s->v_cache.emplace_back();
+            s->kv.emplace_back();
         }
     }
     return s;
 }
 
+Sequence& Sequence::operator=(const Sequence& o) {
+    if (this == &o) return *this;
+    dev_ = o.dev_;
+    n_past = o.n_past;
+    kv_row = o.kv_row;
+    auto clone = [&](const Buffer& b, size_t used) {
+        Buffer c = dev_->alloc(b.size());
+        if (used) dev_->copy(b.ptr(), c.ptr(), used);
+        return c;
+    };
+    kv.clear();
+    for (const auto& c : o.kv) {
+        // A checkpoint holds what is cached, not the spare capacity.
+        KvCache n;
+        n.capacity = n_past;
+        if (n_past) {
+            n.k = dev_->alloc(static_cast<size_t>(n_past * kv_row));
+            n.v = dev_->alloc(static_cast<size_t>(n_past * kv_row));
+            dev_->copy(c.k.ptr(), n.k.ptr(), static_cast<size_t>(n_past * kv_row));
+            dev_->copy(c.v.ptr(), n.v.ptr(), static_cast<size_t>(n_past * kv_row));
+        }
+        kv.push_back(std::move(n));
+    }
+    conv.clear();
+    state.clear();
+    for (const auto& b : o.conv) conv.push_back(clone(b, b.size()));
+    for (const auto& b : o.state) state.push_back(clone(b, b.size()));
+    return *this;
+}
+
+void Sequence::reserve(int64_t positions) {
+    for (auto& c : kv) {
+        if (c.capacity >= positions) continue;
+        const int64_t cap = std::max<int64_t>({positions, 2 * c.capacity, 64});
+        for (Buffer* b : {&c.k, &c.v}) {
+            Buffer grown = dev_->alloc(static_cast<size_t>(cap * kv_row));
+            if (n_past) dev_->copy(b->ptr(), grown.ptr(), static_cast<size_t>(n_past * kv_row));
+            *b = std::move(grown);
+        }
+        c.capacity = cap;
+    }
+}
+
+size_t Sequence::bytes() const {
+    size_t n = 2 * kv.size() * static_cast<size_t>(n_past * kv_row);
+    for (const auto& b : conv) n += b.size();
+    for (const auto& b : state) n += b.size();
+    return n * sizeof(float);
+}
+
+// One step's device buffers, sized for B tokens.
+struct Model::Work {
+    Buffer x, h, tmp, g, u, qg, k, v, o, qkv, z, beta, alpha, rot, logits;
+    int64_t B = 0;
+};
+
 std::vector<float> Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits) const {
     const size_t V = static_cast<size_t>(hp_.n_vocab);
     std::vector<float> logits(V * (all_logits ? tokens.size() : 1));
+    for (int32_t token : tokens)
+        if (token < 0 || token >= hp_.n_vocab)
+            throw std::out_of_range("token id " + std::to_string(token) + " is outside the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
     // Batches of up to 64 tokens: every weight row is read once per batch (prefill), and the
     // recurrent and attention state still advance token by token inside the batch.
     constexpr size_t kBatch = 64;
+    const int64_t Bmax = static_cast<int64_t>(std::min(kBatch, tokens.size()));
+    Work w;
+    w.B = Bmax;
+    const int64_t E = hp_.n_embd, F = hp_.n_ff, H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
+    const int64_t C = hp_.conv_dim(), VD = hp_.value_dim(), Hv = hp_.ssm_heads;
+    auto buf = [&](int64_t per_token) { return dev_->alloc(static_cast<size_t>(Bmax * per_token)); };
+    w.x = buf(E), w.h = buf(E), w.tmp = buf(E), w.g = buf(F), w.u = buf(F);
+    w.qg = buf(2 * H * D), w.k = buf(Hkv * D), w.v = buf(Hkv * D), w.o = buf(std::max(H * D, VD));
+    w.qkv = buf(C), w.z = buf(VD), w.beta = buf(Hv), w.alpha = buf(Hv);
+    if (!rotations_.empty()) w.rot = buf(std::max({E, F, VD, H * D}));
+    w.logits = buf(hp_.n_vocab);
+    seq.reserve(seq.n_past + static_cast<int64_t>(tokens.size()));
     for (size_t i = 0; i < tokens.size(); i += kBatch) {
         size_t n = std::min(kBatch, tokens.size() - i);
         bool last = i + n == tokens.size();
         float* out = all_logits ? logits.data() + i * V : (last ? logits.data() : nullptr);
-        batch_step(seq, tokens.data() + i, static_cast<int64_t>(n), out, all_logits);
+        batch_step(seq, tokens.data() + i, static_cast<int64_t>(n), w, out, all_logits);
     }
     return logits;
 }
 
-void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* logits, bool all_logits) const {
+void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, Work& w, float* logits, bool all_logits) const {
     const int64_t E = hp_.n_embd, F = hp_.n_ff;
-    const size_t uE = static_cast<size_t>(E);
-    std::vector<float> x(static_cast<size_t>(B) * uE), h(x.size()), tmp(x.size());
-    for (int64_t b = 0; b < B; ++b) {
-        int32_t token = tokens[b];
-        if (token < 0 || token >= hp_.n_vocab)
-            throw std::out_of_range("token id " + std::to_string(token) + " is outside the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
-        dequantize_row(tok_embd_->type, tok_embd_->data + static_cast<uint64_t>(token) * tok_embd_->row_bytes(), x.data() + b * E, E);
-    }
+    const DevPtr x = w.x.ptr(), h = w.h.ptr(), tmp = w.tmp.ptr();
     if (embd_rot_) {
-        dev_->rotate(*embd_rot_, x.data(), tmp.data(), B);
-        x.swap(tmp);
+        dev_->embed(embd_, tokens, B, tmp);
+        dev_->rotate(*embd_rot_, tmp, x, B);
+    } else {
+        dev_->embed(embd_, tokens, B, x);
     }
-    std::vector<float> g(static_cast<size_t>(B * F)), u(g.size());
     size_t ai = 0, gi = 0;
     for (const auto& L : layers_) {
-        dev_->rmsnorm(x.data(), L.attn_norm.data(), h.data(), B, E, hp_.rms_eps);
-        if (L.recurrent) deltanet(L, seq, gi++, h.data(), tmp.data(), B);
-        else attention(L, seq, ai++, h.data(), tmp.data(), B);
-        dev_->add(x.data(), tmp.data(), static_cast<int64_t>(x.size()));
-        dev_->rmsnorm(x.data(), L.post_norm.data(), h.data(), B, E, hp_.rms_eps);
-        matmul(L.ffn_gate, h.data(), B, g.data(), !exact);
-        matmul(L.ffn_up, h.data(), B, u.data(), !exact);
-        dev_->swiglu(g.data(), u.data(), static_cast<int64_t>(g.size()));
-        matmul(L.ffn_down, g.data(), B, tmp.data(), !exact);
-        dev_->add(x.data(), tmp.data(), static_cast<int64_t>(x.size()));
+        dev_->rmsnorm(x, L.attn_norm.ptr(), h, B, E, hp_.rms_eps);
+        if (L.recurrent) deltanet(L, seq, gi++, w, h, tmp, B);
+        else attention(L, seq, ai++, w, h, tmp, B);
+        dev_->add(x, tmp, B * E);
+        dev_->rmsnorm(x, L.post_norm.ptr(), h, B, E, hp_.rms_eps);
+        matmul(L.ffn_gate, h, B, w.g.ptr(), w);
+        matmul(L.ffn_up, h, B, w.u.ptr(), w);
+        dev_->swiglu(w.g.ptr(), w.u.ptr(), B * F);
+        matmul(L.ffn_down, w.g.ptr(), B, tmp, w);
+        dev_->add(x, tmp, B * E);
     }
     seq.n_past += B;
     if (!logits) return;
+    const int64_t V = hp_.n_vocab;
     if (all_logits) {
-        dev_->rmsnorm(x.data(), output_norm_.data(), h.data(), B, E, hp_.rms_eps);
-        matmul(output_, h.data(), B, logits, !exact);
+        dev_->rmsnorm(x, output_norm_.ptr(), h, B, E, hp_.rms_eps);
+        matmul(output_, h, B, w.logits.ptr(), w);
+        dev_->download(w.logits.ptr(), logits, static_cast<size_t>(B * V));
     } else {
-        dev_->rmsnorm(x.data() + (B - 1) * E, output_norm_.data(), h.data(), 1, E, hp_.rms_eps);
-        matmul(output_, h.data(), 1, logits, !exact);
+        dev_->rmsnorm(x + (B - 1) * E, output_norm_.ptr(), h, 1, E, hp_.rms_eps);
+        matmul(output_, h, 1, w.logits.ptr(), w);
+        dev_->download(w.logits.ptr(), logits, static_cast<size_t>(V));
     }
 }
 
-void Model::matmul(const Matrix& w, const float* x, int64_t B, float* y, bool int8) const {
-    if (!w.rot) return dev_->matmul(w, x, B, y, int8);
-    std::vector<float> xr(static_cast<size_t>(B * w.n_in));
-    dev_->rotate(*w.rot, x, xr.data(), B);
-    dev_->matmul(w, xr.data(), B, y, int8);
+void Model::matmul(const Matrix& m, DevPtr x, int64_t B, DevPtr y, Work& w) const {
+    if (!m.rot) return dev_->matmul(m, x, B, y, !exact);
+    dev_->rotate(*m.rot, x, w.rot.ptr(), B);
+    dev_->matmul(m, w.rot.ptr(), B, y, !exact);
 }
 
-void Model::attention(const Layer& L, Sequence& seq, size_t ai, const float* h, float* out, int64_t B) const {
+void Model::attention(const Layer& L, Sequence& seq, size_t ai, Work& w, DevPtr h, DevPtr out, int64_t B) const {
     const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
-    std::vector<float> qg(static_cast<size_t>(B * 2 * H * D)), k(static_cast<size_t>(B * Hkv * D)), v(k.size()), o(static_cast<size_t>(B * H * D));
-    matmul(L.q, h, B, qg.data(), !exact);
-    matmul(L.k, h, B, k.data(), !exact);
-    matmul(L.v, h, B, v.data(), !exact);
-    AttentionOp op{qg.data(), k.data(), v.data(), B, seq.n_past, H, Hkv, D, hp_.rope_dim, hp_.rope_base, hp_.rms_eps,
-                   hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D)), L.q_norm.data(), L.k_norm.data(),
-                   &seq.k_cache[ai], &seq.v_cache[ai], o.data()};
+    matmul(L.q, h, B, w.qg.ptr(), w);
+    matmul(L.k, h, B, w.k.ptr(), w);
+    matmul(L.v, h, B, w.v.ptr(), w);
+    AttentionOp op{w.qg.ptr(), w.k.ptr(), w.v.ptr(), B, seq.n_past, H, Hkv, D, hp_.rope_dim, hp_.rope_base, hp_.rms_eps,
+                   hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D)), L.q_norm.ptr(), L.k_norm.ptr(),
+                   seq.kv[ai].k.ptr(), seq.kv[ai].v.ptr(), w.o.ptr()};
     dev_->attention(op);
-    matmul(L.o, o.data(), B, out, !exact);
+    matmul(L.o, w.o.ptr(), B, out, w);
 }
 
-void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, const float* h, float* out, int64_t B) const {
-    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads, VD = hp_.value_dim();
-    std::vector<float> qkv(static_cast<size_t>(B * C)), z(static_cast<size_t>(B * VD)), beta(static_cast<size_t>(B * Hv)), alpha(beta.size()),
-        o(static_cast<size_t>(B * VD));
-    matmul(L.qkv, h, B, qkv.data(), !exact);
-    matmul(L.gate, h, B, z.data(), !exact);
-    matmul(L.beta, h, B, beta.data(), !exact);
-    matmul(L.alpha, h, B, alpha.data(), !exact);
-    DeltaNetOp op{qkv.data(), z.data(), beta.data(), alpha.data(), B, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps,
-                  L.conv.data(), L.dt_bias.data(), L.ssm_a.data(), L.ssm_norm.data(), seq.conv[gi].data(), seq.state[gi].data(), o.data()};
+void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, Work& w, DevPtr h, DevPtr out, int64_t B) const {
+    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads;
+    matmul(L.qkv, h, B, w.qkv.ptr(), w);
+    matmul(L.gate, h, B, w.z.ptr(), w);
+    matmul(L.beta, h, B, w.beta.ptr(), w);
+    matmul(L.alpha, h, B, w.alpha.ptr(), w);
+    DeltaNetOp op{w.qkv.ptr(), w.z.ptr(), w.beta.ptr(), w.alpha.ptr(), B, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps,
+                  L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(), seq.conv[gi].ptr(), seq.state[gi].ptr(), w.o.ptr()};
     dev_->deltanet(op);
-    matmul(L.out, o.data(), B, out, !exact);
+    matmul(L.out, w.o.ptr(), B, out, w);
 }
 
 }  // namespace pulse::decoder

@@ -1,6 +1,6 @@
 // The qwen35 hybrid model (docs/DECODER.md, "The model"): hyperparameters and tensors bound from a
 // GGUF file, per-sequence state (KV cache for attention layers, conv window and delta-rule
-// state for Gated DeltaNet layers), and the forward pass on the CPU with f32 activations.
+// state for Gated DeltaNet layers) in device memory, and the forward pass as device ops.
 #pragma once
 
 #include <cstdint>
@@ -28,24 +28,29 @@ struct HParams {
     int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
 
+// Per-layer parameters; the vectors live in device memory (uploaded at load).
 struct Layer {
     bool recurrent = false;
-    std::vector<float> attn_norm, post_norm;
+    Buffer attn_norm, post_norm;
     Matrix ffn_gate, ffn_up, ffn_down;
     // attention
     Matrix q, k, v, o;
-    std::vector<float> q_norm, k_norm;
+    Buffer q_norm, k_norm;
     // Gated DeltaNet
     Matrix qkv, gate, beta, alpha, out;
-    std::vector<float> conv, dt_bias, ssm_a, ssm_norm;  // conv: [conv_dim][K]
+    Buffer conv, dt_bias, ssm_a, ssm_norm;  // conv: [conv_dim][K]
 };
 
 class Sequence;
 
 class Model {
 public:
-    // Binds and checks every tensor (names, shapes, types); throws GgufError naming the tensor.
-    static std::shared_ptr<Model> load(std::shared_ptr<GgufFile> file, const std::string& device = "cpu");
+    // Binds and checks every tensor (names, shapes, types), then registers the weights and
+    // uploads the parameters to `device` (device.h: "" = the default); throws GgufError naming
+    // the tensor, std::invalid_argument for a device this build does not have.
+    static std::shared_ptr<Model> load(std::shared_ptr<GgufFile> file, const std::string& device = "");
+    // The same on a device the caller made (another implementation of device.h).
+    static std::shared_ptr<Model> load(std::shared_ptr<GgufFile> file, std::unique_ptr<Device> device);
     const Device& device() const { return *dev_; }
 
     const HParams& hparams() const { return hp_; }
@@ -65,31 +70,52 @@ public:
 private:
     // B tokens at positions seq.n_past...: every matmul runs once for the batch; attention and
     // the delta rule advance token by token. Logits of the last token, or of all when asked.
-    void batch_step(Sequence& seq, const int32_t* tokens, int64_t B, float* logits, bool all_logits) const;
-    void attention(const Layer& L, Sequence& seq, size_t attn_index, const float* h, float* out, int64_t B) const;
-    void deltanet(const Layer& L, Sequence& seq, size_t gdn_index, const float* h, float* out, int64_t B) const;
-    // y = W·x, rotating x first when W is Hadamard-folded
-    void matmul(const Matrix& w, const float* x, int64_t B, float* y, bool int8) const;
+    struct Work;  // the step's device buffers
+    void batch_step(Sequence& seq, const int32_t* tokens, int64_t B, Work& w, float* logits, bool all_logits) const;
+    void attention(const Layer& L, Sequence& seq, size_t attn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
+    void deltanet(const Layer& L, Sequence& seq, size_t gdn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
+    // y = W·x, rotating x first (into w.rot) when W is Hadamard-folded
+    void matmul(const Matrix& m, DevPtr x, int64_t B, DevPtr y, Work& w) const;
 
     std::shared_ptr<GgufFile> file_;
     std::unique_ptr<Device> dev_;
     HParams hp_;
     const TensorInfo* tok_embd_ = nullptr;
     Matrix output_;
-    std::vector<float> output_norm_;
+    Matrix embd_;  // token_embd as a table for Device::embed
+    Buffer output_norm_;
     std::vector<Layer> layers_;
     std::optional<HadamardFold> fold_;                // prism.hadamard.*, when the file is folded
     std::vector<std::unique_ptr<Rotation>> rotations_;  // what folded Matrix::rot point at
     const Rotation* embd_rot_ = nullptr;              // the stored embedding's inverse rotation
 };
 
-// Per-sequence state. Copyable: a copy is a checkpoint (prefix reuse).
+// Per-sequence state in device memory. Copyable: a copy is a checkpoint (prefix reuse), made
+// with device-to-device copies of what is in use.
 class Sequence {
 public:
+    Sequence() = default;
+    explicit Sequence(const Device* dev) : dev_(dev) {}
+    Sequence(const Sequence& o) { *this = o; }
+    Sequence& operator=(const Sequence& o);
+    Sequence(Sequence&&) noexcept = default;
+    Sequence& operator=(Sequence&&) noexcept = default;
+
     int64_t n_past = 0;
-    std::vector<std::vector<float>> k_cache, v_cache;  // per attention layer: [pos][Hkv*D]
-    std::vector<std::vector<float>> conv;              // per GDN layer: [(K-1)][conv_dim]
-    std::vector<std::vector<float>> state;             // per GDN layer: [Hv][S key][S value]
+    struct KvCache {
+        Buffer k, v;           // [capacity][row] each
+        int64_t capacity = 0;  // positions
+    };
+    int64_t kv_row = 0;              // floats per cached position (Hkv*D)
+    std::vector<KvCache> kv;         // per attention layer
+    std::vector<Buffer> conv, state;  // per GDN layer: [(K-1)][conv_dim], [Hv][S key][S value]
+    size_t bytes() const;            // device memory in use (the caches up to n_past)
+
+    // Room for `positions` in every KV cache (grows by doubling, keeping what is there).
+    void reserve(int64_t positions);
+
+private:
+    const Device* dev_ = nullptr;
 };
 
 }  // namespace pulse::decoder

@@ -1,10 +1,12 @@
 // Backend plugin "decoder": serves a GGUF qwen35 model in-process, speaking Chat Completions
 // chunks like an HTTP upstream, so the translation profiles work unchanged and it takes part in
-// failover like any endpoint. Endpoint options: model (path, required), threads, context.
+// failover like any endpoint. Endpoint options: model (path, required), threads, context,
+// make_demo, exact, device (docs/DECODER.md).
 // In the gateway config: url = "decoder:///path/model.gguf" (sugar for plugin://decoder with
 // options.model), or url = "plugin://decoder" with [..endpoints.options] model = "...".
 #include <pulse/plugin.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +15,7 @@
 
 #include <rapidjson/document.h>
 
+#include "device.h"
 #include "engine.h"
 #include "synthetic.h"
 
@@ -41,12 +44,21 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
             else if (key == "context" && value.i64() && *value.i64() > 0) o.context = *value.i64();
             else if (key == "make_demo" && value.boolean()) make_demo = *value.boolean();
             else if (key == "exact" && value.boolean()) o.exact = *value.boolean();
+            else if (key == "device" && value.string()) o.device = std::string(*value.string());
             else if (key == "int8_prefill")
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT,
                                    "decoder: option 'int8_prefill' is gone: int8 activations are the default now; 'exact = true' turns them off");
             else
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
-                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false)");
+                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\")");
+        }
+        {  // fail fast: before reading (or writing) a model file
+            auto names = pulse::decoder::device_names();
+            if (!o.device.empty() && std::find(names.begin(), names.end(), o.device) == names.end()) {
+                std::string have;
+                for (const auto& n : names) have += (have.empty() ? "" : ", ") + n;
+                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: device '" + o.device + "' is not in this build (it has: " + have + ")");
+            }
         }
         if (o.model.empty()) throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'model' (the GGUF file) is required");
         auto b = std::make_unique<Backend>();

@@ -34,6 +34,7 @@ const char* kDecodeHelp =
     "Runs the in-process decoder on a qwen35 GGUF file: prefill the prompt, generate N tokens.\n"
     "  -n N              tokens to generate (default 32)\n"
     "  --threads N       CPU threads (default: all)\n"
+    "  --device NAME     the compute device (default and only one in this build: cpu)\n"
     "  --logits K        print the top-K logits at each generated position\n"
     "  --temperature T --top-k K --top-p P --min-p P --seed S   sampling (default: greedy)\n"
     "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
@@ -56,6 +57,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     bool json = false, special = true, have_prompt = false, exact = false;
     int64_t n = 32, topk_print = 0;
     int threads = 0;
+    std::string device;
     decoder::SamplerParams sp;
     for (size_t i = 0; i < args.size(); ++i) {
         const std::string& a = args[i];
@@ -69,6 +71,7 @@ int cmd_decode(const std::vector<std::string>& args) {
             else if (a == "--tokens") tokens_csv = next();
             else if (a == "-n") n = std::stoll(next());
             else if (a == "--threads") threads = std::stoi(next());
+            else if (a == "--device") device = next();
             else if (a == "--logits") topk_print = std::stoll(next());
             else if (a == "--temperature") sp.temperature = std::stod(next());
             else if (a == "--top-k") sp.top_k = std::stoll(next());
@@ -102,8 +105,11 @@ int cmd_decode(const std::vector<std::string>& args) {
     decoder::Tokenizer tok;
     try {
         file = decoder::GgufFile::open(path);
-        model = decoder::Model::load(file);
+        model = decoder::Model::load(file, device);
         tok = decoder::Tokenizer::load(*file);
+    } catch (const std::invalid_argument& e) {  // a device this build does not have
+        std::fprintf(stderr, "pulse decode: %s\n", e.what());
+        return 2;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "pulse decode: %s\n", e.what());
         return 3;
@@ -225,13 +231,10 @@ int cmd_decode(const std::vector<std::string>& args) {
     w.Key("decode_tokens_per_s");
     w.Double(decode_tps);
     // KV cache + recurrent state of the sequence: what memory beyond the mapped weights holds.
-    size_t state = 0;
-    for (const auto& v : seq->k_cache) state += v.size() * sizeof(float);
-    for (const auto& v : seq->v_cache) state += v.size() * sizeof(float);
-    for (const auto& v : seq->conv) state += v.size() * sizeof(float);
-    for (const auto& v : seq->state) state += v.size() * sizeof(float);
     w.Key("state_bytes");
-    w.Uint64(state);
+    w.Uint64(seq->bytes());
+    w.Key("device");
+    w.String(model->device().name());
     w.Key("kernels");
     w.String(decoder::kernel_name());
     w.EndObject();

@@ -236,6 +236,20 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(has(dec.out, "\"decode_tokens_per_s\""));
     CHECK(run({exe(), "gguf", "info", (tmp / "missing.gguf").string()}).code == 3);
     CHECK(run({exe(), "decode"}).code == 2);
+    // The compute device: the build's own by name; another is refused naming what exists, on
+    // the command line and as an endpoint option (before any model file is read).
+    auto cpu = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "-n", "1", "--device", "cpu", "--json"});
+    CHECK(cpu.code == 0);
+    CHECK(has(cpu.out, "\"device\":\"cpu\""));
+    auto cuda = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--device", "cuda"});
+    CHECK(cuda.code == 2);
+    CHECK(has(cuda.err, "decoder device 'cuda' is not in this build (it has: cpu)"));
+    auto cfg = tmp.write("dev.toml", "[server]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndirs = [\"" + std::string(std::getenv("PULSE_PLUGIN_BUILD_DIR")) +
+                                         "\"]\ndropin_dirs = []\n[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"decoder://" +
+                                         (tmp / "absent.gguf").string() + "\"\n[models.m.endpoints.options]\ndevice = \"cuda\"\n");
+    auto serve = run({exe(), "serve", "--config", cfg.string()}, kNoEnvOverrides, 30);
+    CHECK(serve.code == 3);
+    CHECK(has(serve.err, "backend 'decoder': create failed: decoder: device 'cuda' is not in this build (it has: cpu)"));
 
     // A copy of pulse with no pulse-decoder beside it or on PATH says so.
     fs::copy_file(exe(), tmp / "pulse");

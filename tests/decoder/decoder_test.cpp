@@ -830,6 +830,98 @@ TEST_CASE("forward: a copied sequence is a checkpoint; continuing from it equals
     CHECK_THROWS_AS(m->forward(checkpoint, {100000}), std::out_of_range);
 }
 
+// ---- the device seam ---------------------------------------------------------------------------
+
+namespace {
+// A device that forwards to the CPU device and counts what the model asks of it.
+struct Counts {
+    int prepare = 0, upload = 0, download = 0, copy = 0, embed = 0;
+    long live = 0;  // buffers allocated and not yet released
+};
+class RecordingDevice : public Device {
+public:
+    explicit RecordingDevice(Counts& c) : c_(c), cpu_(make_device("cpu")) {}
+    const char* name() const override { return "recording"; }
+    Buffer alloc(size_t n) const override {
+        Buffer inner = cpu_->alloc(n);
+        DevPtr p = inner.ptr();
+        held_.push_back(std::move(inner));  // the CPU device's buffer, kept until release
+        ++c_.live;
+        return Buffer(this, p, n);
+    }
+    void release(DevPtr p) const override {
+        for (auto it = held_.begin(); it != held_.end(); ++it)
+            if (DeviceMemory::raw(it->ptr()) == DeviceMemory::raw(p)) {
+                held_.erase(it);
+                --c_.live;
+                return;
+            }
+        FAIL("release of memory this device did not allocate");
+    }
+    void upload(const float* h, DevPtr to, size_t n) const override { ++c_.upload, cpu_->upload(h, to, n); }
+    void download(DevPtr from, float* h, size_t n) const override { ++c_.download, cpu_->download(from, h, n); }
+    void copy(DevPtr from, DevPtr to, size_t n) const override { ++c_.copy, cpu_->copy(from, to, n); }
+    const void* prepare(const Matrix& w) override { return ++c_.prepare, cpu_->prepare(w); }
+    void embed(const Matrix& t, const int32_t* tok, int64_t B, DevPtr out) const override { ++c_.embed, cpu_->embed(t, tok, B, out); }
+    void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool i8) const override { cpu_->matmul(w, x, B, y, i8); }
+    void rmsnorm(DevPtr x, DevPtr w, DevPtr o, int64_t r, int64_t n, double e) const override { cpu_->rmsnorm(x, w, o, r, n, e); }
+    void swiglu(DevPtr g, DevPtr u, int64_t n) const override { cpu_->swiglu(g, u, n); }
+    void add(DevPtr x, DevPtr y, int64_t n) const override { cpu_->add(x, y, n); }
+    void rotate(const Rotation& r, DevPtr x, DevPtr o, int64_t B) const override { cpu_->rotate(r, x, o, B); }
+    void attention(const AttentionOp& op) const override { cpu_->attention(op); }
+    void deltanet(const DeltaNetOp& op) const override { cpu_->deltanet(op); }
+
+private:
+    Counts& c_;
+    std::unique_ptr<Device> cpu_;
+    mutable std::vector<Buffer> held_;
+};
+}  // namespace
+
+TEST_CASE("device: the model runs on any device.h implementation; it owns all state, weights are registered once, logits read back") {
+    TempDir d;
+    write_synthetic(d / "m.gguf", SynthShape{}, kQ8_0, 5);
+    Counts c;
+    std::vector<float> want;
+    {
+        auto ref = Model::load(GgufFile::open(d / "m.gguf"));
+        auto s = ref->new_sequence();
+        want = ref->forward(*s, {297, 72, 101, 108});
+    }
+    {
+        auto m = Model::load(GgufFile::open(d / "m.gguf"), std::make_unique<RecordingDevice>(c));
+        CHECK(std::string(m->device().name()) == "recording");
+        // 4 layers (3 GDN with 8 matrices each, 1 attention with 7) + the embedding table + output.
+        CHECK(c.prepare == 3 * 8 + 1 * 7 + 2);
+        CHECK(c.upload > 0);  // norms, conv and SSM parameters
+        const int uploads = c.upload;
+        auto s = m->new_sequence();
+        auto got = m->forward(*s, {297, 72, 101, 108});
+        CHECK(got == want);  // the same CPU arithmetic behind the seam
+        CHECK(c.upload == uploads);  // a step moves no host data to the device...
+        CHECK(c.download == 1);      // ...and reads back only the logits
+        CHECK(c.embed == 1);
+        Sequence checkpoint = *s;  // a prefix checkpoint: device copies
+        CHECK(c.copy > 0);
+        CHECK(m->forward(checkpoint, {108}) == m->forward(*s, {108}));
+        CHECK(s->bytes() == checkpoint.bytes());
+    }
+    CHECK(c.live == 0);  // every device buffer released with its model and sequences
+}
+
+TEST_CASE("device: an unknown device is refused naming what this build has; model.cpp never unwraps device memory") {
+    TempDir d;
+    write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+    CHECK(device_names() == std::vector<std::string>{"cpu"});
+    CHECK_THROWS_WITH_AS(Model::load(GgufFile::open(d / "t.gguf"), "cuda"), doctest::Contains("decoder device 'cuda' is not in this build (it has: cpu)"),
+                         std::invalid_argument);
+    // Only devices turn a DevPtr into an address; the model offsets it and hands it to ops.
+    std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "plugins/decoder/model.cpp");
+    std::string src((std::istreambuf_iterator<char>(in)), {});
+    REQUIRE(src.size() > 1000);
+    CHECK(src.find("DeviceMemory") == std::string::npos);
+}
+
 // ---- tokenizer against llama.cpp ------------------------------------------------------------------
 
 namespace {
