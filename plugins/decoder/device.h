@@ -116,9 +116,11 @@ public:
     virtual void copy(DevPtr from, DevPtr to, size_t n) const = 0;
     Buffer upload(const std::vector<float>& host) const;  // alloc + upload
 
-    // Registers a weight once (load time): returns what goes in Matrix::prepared. The device
-    // owns it (a repacked copy, an upload) until it is destroyed.
-    virtual const void* prepare(const Matrix& w) = 0;
+    // Registers a weight once (load time) for a use: returns what goes in Matrix::prepared. The
+    // device owns it (a repacked copy, an upload) until it is destroyed. A tensor may be
+    // registered for both uses (a tied output is the embedding table).
+    enum class Use { matmul, embedding };
+    virtual const void* prepare(const Matrix& w, Use use) = 0;
 
     // out[b] = row tokens[b] of `table` (an embedding: n_in values per row), for b < B
     virtual void embed(const Matrix& table, const int32_t* tokens, int64_t B, DevPtr out) const = 0;

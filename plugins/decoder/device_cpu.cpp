@@ -1,6 +1,10 @@
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <new>
 #include <stdexcept>
 
@@ -49,15 +53,25 @@ void matvec(const Matrix& w, const float* x, float* y) {
     }
 }
 
+// What CpuDevice::prepare makes of a Q8_0 matrix where the CPU has the kernel: its rows in
+// groups of eight, interleaved (kernels.h, repack_q8_0x8); rows past the last full group stay
+// where the file is mapped.
+struct PackedQ8 {
+    int64_t groups = 0;
+    uint64_t group_bytes = 0;
+    std::unique_ptr<uint8_t[]> data;
+};
+
 // Int8 activations: every row of X quantized once (kernels.h), then 8-bit dots, four tokens at
 // a time against each weight row (the row is read once per four tokens, from cache after the
-// first).
+// first) or each group of eight interleaved rows.
 constexpr int64_t ROWS = 2;  // weight rows per tile in batches (measured: 4 spills and is no faster)
 
 void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
     const TensorInfo& t = *w.t;
     const uint64_t rb = t.row_bytes();
     const int64_t n = w.n_in, nb = n / i8_block(t.type);
+    const auto* packed = has_q8_0x8() ? static_cast<const PackedQ8*>(w.prepared) : nullptr;
     // The calling thread's buffers (no allocation per token); OpenMP's workers see them through
     // these pointers, never through their own thread_local copies.
     thread_local std::vector<int8_t> q_buf;
@@ -75,12 +89,33 @@ void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
     for (int64_t b = 0; b < B; ++b) quantize_rows_i8(t.type, x + b * n, 1, n, q + b * n, d + b * nb, sums + b * nb);
     for (int64_t b = 0; b < B; ++b) row_buf[static_cast<size_t>(b)] = QuantRow{q + b * n, d + b * nb, sums + b * nb};
     const QuantRow* xr = row_buf.data();
+    int64_t first_row = 0;  // the rows the plain kernels do
+    if (packed) {
+#pragma omp parallel for schedule(static)
+        for (int64_t g = 0; g < packed->groups; ++g) {
+            const uint8_t* p = packed->data.get() + static_cast<uint64_t>(g) * packed->group_bytes;
+            float r[32];
+            int64_t b = 0;
+            for (; b + 4 <= B; b += 4) {
+                dot_q8_0x8(p, xr + b, 4, n, r);
+                for (int i = 0; i < 8; ++i)
+                    for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + 8 * g + i] = r[i * 4 + k] * w.scale;
+            }
+            for (; b < B; ++b) {
+                dot_q8_0x8(p, xr + b, 1, n, r);
+                for (int i = 0; i < 8; ++i) y[b * w.n_out + 8 * g + i] = r[i] * w.scale;
+            }
+        }
+        first_row = 8 * packed->groups;
+        if (first_row == w.n_out) return;
+    }
     // Batches: pairs of weight rows, so each activation load serves two rows. One token (decode,
     // bound by reading the weights): one row at a time, a single stream per thread.
-    const int64_t step = B >= 4 ? ROWS : 1, groups = (w.n_out + step - 1) / step;
+    const int64_t rows = w.n_out - first_row;
+    const int64_t step = B >= 4 ? ROWS : 1, groups = (rows + step - 1) / step;
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < groups; ++p) {
-        const int64_t o = step * p;
+        const int64_t o = first_row + step * p;
         const int R = o + step <= w.n_out ? static_cast<int>(step) : 1;
         const uint8_t* raw[4];
         for (int i = 0; i < 4; ++i) raw[i] = t.data + static_cast<uint64_t>(o + std::min<int64_t>(i, R - 1)) * rb;
@@ -144,6 +179,15 @@ void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
 
 float* raw(DevPtr p) { return DeviceMemory::raw(p); }
 
+// The whole pages inside [p, p + n) of a read-only file mapping: dropped from this process's
+// resident set (they come back from the file if read again). Memory that is not a file
+// mapping (a parsed buffer) is left alone.
+void release_file_pages(const uint8_t* p, uint64_t n) {
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page, hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 class CpuDevice : public Device {
 public:
     const char* name() const override { return "cpu"; }
@@ -157,8 +201,26 @@ public:
     void upload(const float* host, DevPtr to, size_t n) const override { std::memcpy(raw(to), host, n * sizeof(float)); }
     void download(DevPtr from, float* host, size_t n) const override { std::memcpy(host, raw(from), n * sizeof(float)); }
     void copy(DevPtr from, DevPtr to, size_t n) const override { std::memcpy(raw(to), raw(from), n * sizeof(float)); }
-    // The CPU reads weights where the file is mapped.
-    const void* prepare(const Matrix&) override { return nullptr; }
+    // The CPU reads weights where the file is mapped, except Q8_0 matrices where it has the
+    // interleaved kernel: those are repacked once, and the file's pages behind them let go (RSS
+    // stays one copy). A tensor prepared twice (a tied output) is packed once.
+    const void* prepare(const Matrix& w, Use use) override {
+        const TensorInfo& t = *w.t;
+        if (use != Use::matmul || t.type != kQ8_0 || !has_q8_0x8() || w.n_out < 8 || w.n_in % 32) return nullptr;
+        if (auto it = packed_by_tensor_.find(&t); it != packed_by_tensor_.end()) return it->second;
+        auto p = std::make_unique<PackedQ8>();
+        p->groups = w.n_out / 8;
+        p->group_bytes = static_cast<uint64_t>(w.n_in / 32) * kQ8x8Bytes;
+        p->data.reset(new uint8_t[static_cast<size_t>(p->groups) * p->group_bytes]);
+        const uint64_t rb = t.row_bytes();
+#pragma omp parallel for schedule(static)
+        for (int64_t g = 0; g < p->groups; ++g)
+            repack_q8_0x8(t.data + static_cast<uint64_t>(8 * g) * rb, rb, w.n_in, p->data.get() + static_cast<uint64_t>(g) * p->group_bytes);
+        release_file_pages(t.data, static_cast<uint64_t>(8 * p->groups) * rb);
+        packed_by_tensor_[&t] = p.get();
+        packed_.push_back(std::move(p));
+        return packed_.back().get();
+    }
     void embed(const Matrix& table, const int32_t* tokens, int64_t B, DevPtr out) const override {
         const TensorInfo& t = *table.t;
         for (int64_t b = 0; b < B; ++b)
@@ -184,6 +246,10 @@ public:
     }
     void attention(const AttentionOp& op) const override;
     void deltanet(const DeltaNetOp& op) const override;
+
+private:
+    std::vector<std::unique_ptr<PackedQ8>> packed_;
+    std::map<const TensorInfo*, const PackedQ8*> packed_by_tensor_;
 };
 
 void CpuDevice::attention(const AttentionOp& op) const {

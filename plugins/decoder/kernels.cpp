@@ -269,6 +269,34 @@ __attribute__((target("avx512vnni,avx512vl,avx2"))) inline __m256i dp_vnni(__m25
     return _mm256_dpbusd_epi32(acc, u, s);
 }
 PULSE_I8_KERNELS(avx2, "avx2,fma,f16c", dp_avx2)
+
+template <int T>
+__attribute__((target("avx512vnni,avx512vl,avx2,fma,f16c"))) void q8_0x8_vnni(const uint8_t* p, const QuantRow* x, int64_t n, float* out) {
+    __m256 acc[T];
+    PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; ++b, p += kQ8x8Bytes) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        __m256i w[8];
+        PULSE_UNROLL for (int k = 0; k < 8; ++k) w[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * k));
+        PULSE_UNROLL for (int t = 0; t < T; ++t) {
+            const int8_t* xq = x[t].q + 32 * b;
+            __m256i ip = _mm256_setzero_si256();
+            PULSE_UNROLL for (int k = 0; k < 8; ++k) {
+                int32_t four;
+                std::memcpy(&four, xq + 4 * k, 4);
+                ip = _mm256_dpbusd_epi32(ip, w[k], _mm256_set1_epi32(four));
+            }
+            // Σ (w + 128)·x = Σ w·x + 128·Σ x
+            ip = _mm256_sub_epi32(ip, _mm256_set1_epi32(128 * x[t].sum[b]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip), _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
+        }
+    }
+    PULSE_UNROLL for (int t = 0; t < T; ++t) {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[t]);
+        for (int r = 0; r < 8; ++r) out[r * T + t] = lanes[r];
+    }
+}
 PULSE_I8_KERNELS(vnni, "avx512vnni,avx512vl,avx2,fma,f16c", dp_vnni)
 #undef PULSE_I8_KERNELS
 #endif
@@ -393,6 +421,32 @@ void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, in
             sum[r * per_row + b] = s;
         }
     }
+}
+
+bool has_q8_0x8() {
+#ifdef PULSE_X86
+    return have_vnni();
+#else
+    return false;
+#endif
+}
+
+void repack_q8_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* out) {
+    for (int64_t b = 0; b < n / 32; ++b, out += kQ8x8Bytes) {
+        for (int r = 0; r < 8; ++r) {
+            const uint8_t* blk = rows + static_cast<uint64_t>(r) * row_bytes + 34 * b;
+            std::memcpy(out + 2 * r, blk, 2);  // the f16 scale
+            for (int k = 0; k < 8; ++k)
+                for (int j = 0; j < 4; ++j) out[16 + 32 * k + 4 * r + j] = static_cast<uint8_t>(blk[2 + 4 * k + j] ^ 0x80);  // + 128
+        }
+    }
+}
+
+void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out) {
+#ifdef PULSE_X86
+    if (have_vnni()) return T == 4 ? q8_0x8_vnni<4>(packed, x, n, out) : q8_0x8_vnni<1>(packed, x, n, out);
+#endif
+    (void)packed, (void)x, (void)T, (void)n, (void)out;
 }
 
 void dot_rows_i8(uint32_t type, const uint8_t* const* w, int R, const QuantRow* x, int T, int64_t n, float* out) {

@@ -36,6 +36,20 @@ void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, in
 // (i8_block(type) > 0).
 void dot_rows_i8(uint32_t type, const uint8_t* const* w, int R, const QuantRow* x, int T, int64_t n, float* out);
 
+// Q8_0 interleaved by eight rows (the VNNI path's own layout; CpuDevice::prepare makes it
+// once): per 32-weight block of eight rows, their eight f16 scales, then 256 bytes in eight
+// runs of 32 = four consecutive codes of each row in turn, stored + 128 (unsigned). One dpbusd
+// of four activation bytes (broadcast) against a run adds to each int32 lane one row's
+// products, so after the eight runs lane r holds row r's whole block dot (less 128·Σx, which
+// the quantized activation carries), and one conversion and one multiply-add apply all eight
+// rows' scales. 272 bytes per 8×32 weights: the file's size.
+constexpr int64_t kQ8x8Bytes = 16 + 256;
+bool has_q8_0x8();  // the CPU has the kernel (AVX512-VNNI)
+// Rows r0..r0+7 of a Q8_0 matrix (`row_bytes` apart, n values each) into out (n/32 blocks).
+void repack_q8_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* out);
+// out[r*T + t] = row r of the group · x_t, r < 8, for T = 1 or 4 quantized activation rows.
+void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out);
+
 // One Gated DeltaNet value head over T tokens, its S×S state (S[i][j]: key dim i, value dim j)
 // kept hot in cache: per token, with e the decay and β the write strength,
 //   δ = β·(v − e·Sᵀk),  o = (e·Sᵀq + δ·(k·q)) / √S,  S ← e·S + k·δᵀ

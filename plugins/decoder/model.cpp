@@ -191,10 +191,11 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
                     (f.tensor(name) ? "" : " (no such tensor)"));
     // Every weight registered with the device once.
     m->embd_ = Matrix{m->tok_embd_, E, hp.n_vocab, 1, nullptr, nullptr};
-    for (Matrix* w : {&m->embd_, &m->output_}) w->prepared = dev.prepare(*w);
+    m->embd_.prepared = dev.prepare(m->embd_, Device::Use::embedding);
+    m->output_.prepared = dev.prepare(m->output_, Device::Use::matmul);
     for (auto& L : m->layers_)
         for (Matrix* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.q, &L.k, &L.v, &L.o, &L.qkv, &L.gate, &L.beta, &L.alpha, &L.out})
-            if (w->t) w->prepared = dev.prepare(*w);
+            if (w->t) w->prepared = dev.prepare(*w, Device::Use::matmul);
     return m;
 }
 

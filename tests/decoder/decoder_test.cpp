@@ -450,6 +450,42 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
     limit_kernels("");
 }
 
+TEST_CASE("kernels: Q8_0 interleaved by eight rows gives each row's int8 dot (VNNI)") {
+    if (!has_q8_0x8()) {
+        MESSAGE("this CPU has no AVX512-VNNI: the interleaved Q8_0 kernel is not used here");
+        return;
+    }
+    std::mt19937 g(33);
+    const int64_t n = 512, nb = n / 32;
+    std::vector<float> wf(static_cast<size_t>(8 * n));
+    for (auto& v : wf) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 500.f;
+    auto rows = quantize(kQ8_0, wf.data(), 8 * n);  // eight rows of n/32 blocks, 34 bytes each
+    const uint64_t rb = static_cast<uint64_t>(nb) * 34;
+    std::vector<uint8_t> packed(static_cast<size_t>(nb * kQ8x8Bytes));
+    repack_q8_0x8(rows.data(), rb, n, packed.data());
+    std::vector<float> x(static_cast<size_t>(4 * n));
+    for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
+    std::vector<int8_t> q(x.size());
+    std::vector<float> d(static_cast<size_t>(4 * nb));
+    std::vector<int32_t> sum(d.size());
+    quantize_rows_i8(kQ8_0, x.data(), 4, n, q.data(), d.data(), sum.data());
+    QuantRow xr[4];
+    for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
+    float four[32], one[8];
+    dot_q8_0x8(packed.data(), xr, 4, n, four);
+    for (int t = 0; t < 4; ++t) {
+        dot_q8_0x8(packed.data(), xr + t, 1, n, one);
+        for (int r = 0; r < 8; ++r) {
+            const uint8_t* row = rows.data() + static_cast<uint64_t>(r) * rb;
+            float plain;
+            dot_rows_i8(kQ8_0, &row, 1, xr + t, 1, n, &plain);  // the row-at-a-time kernel
+            CAPTURE(r);
+            CHECK(four[r * 4 + t] == doctest::Approx(plain).epsilon(1e-5));
+            CHECK(one[r] == doctest::Approx(plain).epsilon(1e-5));
+        }
+    }
+}
+
 TEST_CASE("gguf: type 42 in a fork's 34-byte groups of 128 is recognised by its size, never misread as mainline Q2_0") {
     // Two [256 x 16] weights of type 42, laid out as the writer of each layout would. (The
     // layouts differ by 1/64 byte per weight: 64 bytes here, more than the alignment padding.)
@@ -861,7 +897,7 @@ public:
     void upload(const float* h, DevPtr to, size_t n) const override { ++c_.upload, cpu_->upload(h, to, n); }
     void download(DevPtr from, float* h, size_t n) const override { ++c_.download, cpu_->download(from, h, n); }
     void copy(DevPtr from, DevPtr to, size_t n) const override { ++c_.copy, cpu_->copy(from, to, n); }
-    const void* prepare(const Matrix& w) override { return ++c_.prepare, cpu_->prepare(w); }
+    const void* prepare(const Matrix& w, Use use) override { return ++c_.prepare, cpu_->prepare(w, use); }
     void embed(const Matrix& t, const int32_t* tok, int64_t B, DevPtr out) const override { ++c_.embed, cpu_->embed(t, tok, B, out); }
     void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool i8) const override { cpu_->matmul(w, x, B, y, i8); }
     void rmsnorm(DevPtr x, DevPtr w, DevPtr o, int64_t r, int64_t n, double e) const override { cpu_->rmsnorm(x, w, o, r, n, e); }
