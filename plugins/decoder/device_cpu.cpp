@@ -1,6 +1,3 @@
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -65,8 +62,6 @@ struct PackedQ8 {
 // Int8 activations: every row of X quantized once (kernels.h), then 8-bit dots, four tokens at
 // a time against each weight row (the row is read once per four tokens, from cache after the
 // first) or each group of eight interleaved rows.
-constexpr int64_t ROWS = 2;  // weight rows per tile in batches (measured: 4 spills and is no faster)
-
 void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
     const TensorInfo& t = *w.t;
     const uint64_t rb = t.row_bytes();
@@ -109,38 +104,16 @@ void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
         first_row = 8 * packed->groups;
         if (first_row == w.n_out) return;
     }
-    // Batches: pairs of weight rows, so each activation load serves two rows. One token (decode,
-    // bound by reading the weights): one row at a time, a single stream per thread.
-    const int64_t rows = w.n_out - first_row;
-    const int64_t step = B >= 4 ? ROWS : 1, groups = (rows + step - 1) / step;
+    // The remaining rows in chunks per thread, each chunk against all the tokens (four at a
+    // time): a chunk of weight rows stays in cache while the tokens pass over it.
+    constexpr int64_t kChunk = 64;
+    const int64_t chunks = (w.n_out - first_row + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < groups; ++p) {
-        const int64_t o = first_row + step * p;
-        const int R = o + step <= w.n_out ? static_cast<int>(step) : 1;
-        const uint8_t* raw[4];
-        for (int i = 0; i < 4; ++i) raw[i] = t.data + static_cast<uint64_t>(o + std::min<int64_t>(i, R - 1)) * rb;
-        if (R == 1 && step > 1) {  // the last rows, one at a time
-            for (int64_t oo = o; oo < w.n_out; ++oo) {
-                const uint8_t* one = t.data + static_cast<uint64_t>(oo) * rb;
-                for (int64_t b = 0; b < B; ++b) {
-                    float v;
-                    dot_rows_i8(t.type, &one, 1, xr + b, 1, n, &v);
-                    y[b * w.n_out + oo] = v * w.scale;
-                }
-            }
-            continue;
-        }
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t o0 = first_row + c * kChunk, o1 = std::min(w.n_out, o0 + kChunk);
         int64_t b = 0;
-        float r[16];
-        for (; b + 4 <= B; b += 4) {
-            dot_rows_i8(t.type, raw, R, xr + b, 4, n, r);
-            for (int i = 0; i < R; ++i)
-                for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + o + i] = r[i * 4 + k] * w.scale;
-        }
-        for (; b < B; ++b) {
-            dot_rows_i8(t.type, raw, R, xr + b, 1, n, r);
-            for (int i = 0; i < R; ++i) y[b * w.n_out + o + i] = r[i] * w.scale;
-        }
+        for (; b + 4 <= B; b += 4) matmul_rows_i8(t.type, RowRange{t.data, rb, o0, o1, y + b * w.n_out, w.n_out, w.scale}, xr + b, 4, n);
+        for (; b < B; ++b) matmul_rows_i8(t.type, RowRange{t.data, rb, o0, o1, y + b * w.n_out, w.n_out, w.scale}, xr + b, 1, n);
     }
 }
 
@@ -179,14 +152,6 @@ void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
 
 float* raw(DevPtr p) { return DeviceMemory::raw(p); }
 
-// The whole pages inside [p, p + n) of a read-only file mapping: dropped from this process's
-// resident set (they come back from the file if read again). Memory that is not a file
-// mapping (a parsed buffer) is left alone.
-void release_file_pages(const uint8_t* p, uint64_t n) {
-    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page, hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
-    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
-}
 
 class CpuDevice : public Device {
 public:
@@ -216,7 +181,7 @@ public:
 #pragma omp parallel for schedule(static)
         for (int64_t g = 0; g < p->groups; ++g)
             repack_q8_0x8(t.data + static_cast<uint64_t>(8 * g) * rb, rb, w.n_in, p->data.get() + static_cast<uint64_t>(g) * p->group_bytes);
-        release_file_pages(t.data, static_cast<uint64_t>(8 * p->groups) * rb);
+        if (t.file) t.file->release_pages(t.data, static_cast<uint64_t>(8 * p->groups) * rb);
         packed_by_tensor_[&t] = p.get();
         packed_.push_back(std::move(p));
         return packed_.back().get();

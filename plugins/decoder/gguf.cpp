@@ -259,6 +259,7 @@ void GgufFile::parse_all() {
             c.fail("truncated: tensor '" + t.name + "' needs bytes " + std::to_string(t.offset) + "-" + std::to_string(t.offset + t.nbytes) +
                    " of the data section, which has " + std::to_string(data_size));
         t.data = base_ + data_start + t.offset;
+        t.file = this;
         spans.emplace_back(t.offset, k);
     }
     std::sort(spans.begin(), spans.end());
@@ -305,6 +306,13 @@ void GgufFile::resolve_q2_0_layout(uint64_t data_size) {
             t.type = kQ2_0_G128;
             t.nbytes = t.elements() / 128 * 34;
         }
+}
+
+void GgufFile::release_pages(const uint8_t* p, uint64_t n) const {
+    if (!map_ || p < base_ || p + n > base_ + size_) return;
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page, hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 const Value* GgufFile::find(const std::string& key) const {

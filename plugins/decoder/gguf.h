@@ -76,6 +76,7 @@ struct TensorInfo {
     uint64_t elements() const;
     uint64_t rows() const { return elements() / ne[0]; }
     uint64_t row_bytes() const;
+    const class GgufFile* file = nullptr;  // the file it belongs to
 };
 
 class GgufFile {
@@ -104,6 +105,10 @@ public:
     std::optional<std::string> opt_string(const std::string& key) const;
     const Value& get_array(const std::string& key) const;
     const TensorInfo& get_tensor(const std::string& name) const;  // throws when absent
+    // A hint that [p, p + n) of a tensor's data will not be read soon (its weights were copied
+    // elsewhere): the whole pages in it leave this process's resident set and come back from
+    // the file if read again. Nothing happens for an in-memory image (parse).
+    void release_pages(const uint8_t* p, uint64_t n) const;
 
 private:
     GgufFile() = default;

@@ -260,6 +260,39 @@ __attribute__((target("avx2"))) inline int32_t hsum_i32(__m256i v) {
             case kQ2_0: return i8_q2_0_##SUFFIX<R, T, 64>(w, x, n, out);                                                 \
             default: return i8_q2_0_##SUFFIX<R, T, 128>(w, x, n, out); /* PQ2_0, Q2_0 group-128 */                      \
         }                                                                                                                \
+    }                                                                                                                    \
+    /* Rows [o0, o1) against T tokens in one call: the per-row work is the kernel's alone. */                            \
+    template <int K, int R, int T>                                                                                       \
+    __attribute__((target(TARGET))) inline void i8_kernel_##SUFFIX(const uint8_t* const* w, const QuantRow* x, int64_t n, float* o) { \
+        if constexpr (K == 0) i8_q8_0_##SUFFIX<R, T>(w, x, n, o);                                                        \
+        else if constexpr (K == 1) i8_tq2_0_##SUFFIX<R, T>(w, x, n, o);                                                  \
+        else if constexpr (K == 2) i8_q2_0_##SUFFIX<R, T, 64>(w, x, n, o);                                               \
+        else i8_q2_0_##SUFFIX<R, T, 128>(w, x, n, o);                                                                    \
+    }                                                                                                                    \
+    template <int K, int R, int T>                                                                                       \
+    __attribute__((target(TARGET))) void i8_range_##SUFFIX(const RowRange& rr, const QuantRow* x, int64_t n) {           \
+        float r[R * T];                                                                                                  \
+        int64_t o = rr.o0;                                                                                               \
+        for (; o + R <= rr.o1; o += R) {                                                                                 \
+            const uint8_t* w[R];                                                                                         \
+            PULSE_UNROLL for (int i = 0; i < R; ++i) w[i] = rr.base + static_cast<uint64_t>(o + i) * rr.row_bytes;      \
+            i8_kernel_##SUFFIX<K, R, T>(w, x, n, r);                                                                     \
+            PULSE_UNROLL for (int i = 0; i < R; ++i) PULSE_UNROLL for (int k = 0; k < T; ++k) rr.y[k * rr.y_stride + o + i] = r[i * T + k] * rr.scale; \
+        }                                                                                                                \
+        for (; o < rr.o1; ++o) {                                                                                         \
+            const uint8_t* w[1] = {rr.base + static_cast<uint64_t>(o) * rr.row_bytes};                                 \
+            i8_kernel_##SUFFIX<K, 1, T>(w, x, n, r);                                                                     \
+            PULSE_UNROLL for (int k = 0; k < T; ++k) rr.y[k * rr.y_stride + o] = r[k] * rr.scale;                        \
+        }                                                                                                                \
+    }                                                                                                                    \
+    template <int R, int T>                                                                                              \
+    __attribute__((target(TARGET))) void i8_rows_range_##SUFFIX(uint32_t type, const RowRange& rr, const QuantRow* x, int64_t n) { \
+        switch (type) {                                                                                                  \
+            case kQ8_0: return i8_range_##SUFFIX<0, R, T>(rr, x, n);                                                     \
+            case kTQ2_0: return i8_range_##SUFFIX<1, R, T>(rr, x, n);                                                    \
+            case kQ2_0: return i8_range_##SUFFIX<2, R, T>(rr, x, n);                                                     \
+            default: return i8_range_##SUFFIX<3, R, T>(rr, x, n);                                                        \
+        }                                                                                                                \
     }
 
 __attribute__((target("avx2"))) inline __m256i dp_avx2(__m256i acc, __m256i u, __m256i s) {
@@ -348,9 +381,17 @@ inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
             o[j] = (e * b[j] + delta[j] * kq) * inv_sqrt;
             a[j] = b[j] = 0;
         }
-        const bool next = t + 1 < g.T;
-        const float* kn = next ? k + g.qk_stride : k;
-        const float* qn = next ? q + g.qk_stride : q;
+        if (t + 1 == g.T) {  // the last token: the update alone
+            for (int64_t i = 0; i < S; ++i) {
+                float* row = st + i * S;
+                const float ki = k[i];
+#pragma omp simd
+                for (int64_t j = 0; j < S; ++j) row[j] = e * row[j] + ki * delta[j];
+            }
+            break;
+        }
+        const float* kn = k + g.qk_stride;
+        const float* qn = q + g.qk_stride;
         for (int64_t i = 0; i < S; ++i) {
             float* row = st + i * S;
             const float ki = k[i], kni = kn[i], qni = qn[i];
@@ -396,6 +437,51 @@ int64_t i8_block(uint32_t type) {
 #endif
 }
 
+namespace {
+
+// One block of `blk` floats (a multiple of 32) to int8: scale max|x|/127, codes rounded to
+// nearest even, their sum.
+void quantize_block_scalar(const float* src, int64_t blk, int8_t* q, float* d, int32_t* sum) {
+    float amax = 0;
+    for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(src[i]));
+    const float scale = amax / 127, inv = scale > 0 ? 1 / scale : 0;
+    int32_t s = 0;
+    for (int64_t i = 0; i < blk; ++i) s += (q[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv)));
+    *d = scale;
+    *sum = s;
+}
+
+#ifdef PULSE_X86
+__attribute__((target("avx2,fma"))) void quantize_block_avx2(const float* src, int64_t blk, int8_t* q, float* d, int32_t* sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int64_t i = 0; i < blk; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float amax = _mm_cvtss_f32(m4), scale = amax / 127, inv = scale > 0 ? 1 / scale : 0;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    __m256i total = _mm256_setzero_si256();
+    for (int64_t i = 0; i < blk; i += 32) {
+        // cvtps rounds to nearest even (the default MXCSR mode), like nearbyint above
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i), vinv));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), vinv));
+        __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 16), vinv));
+        __m256i e = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + i + 24), vinv));
+        total = _mm256_add_epi32(total, _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, e)));
+        // pack 32 int32 -> 32 int8 in order (packs work per 128-bit lane: fix the order after)
+        __m256i ab = _mm256_packs_epi32(a, b), ce = _mm256_packs_epi32(c, e);
+        __m256i all = _mm256_packs_epi16(ab, ce);
+        all = _mm256_permutevar8x32_epi32(all, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), all);
+    }
+    *d = scale;
+    *sum = hsum_i32(total);
+}
+#endif
+
+}  // namespace
+
 void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, int8_t* q, float* d, int32_t* sum) {
     const int64_t blk = i8_block(type), per_row = n / blk;
     // The Q2_0 layouts: element 4i+l of each weight group of G goes to l*(G/4)+i first.
@@ -410,15 +496,13 @@ void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, in
             row = perm.data();
         }
         for (int64_t b = 0; b < per_row; ++b) {
-            const float* src = row + b * blk;
-            float amax = 0;
-            for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(src[i]));
-            const float scale = amax / 127, inv = scale > 0 ? 1 / scale : 0;
-            int8_t* qo = q + r * n + b * blk;
-            int32_t s = 0;
-            for (int64_t i = 0; i < blk; ++i) s += (qo[i] = static_cast<int8_t>(std::lrint(src[i] * inv)));
-            d[r * per_row + b] = scale;
-            sum[r * per_row + b] = s;
+#ifdef PULSE_X86
+            if (have_avx2()) {
+                quantize_block_avx2(row + b * blk, blk, q + r * n + b * blk, d + r * per_row + b, sum + r * per_row + b);
+                continue;
+            }
+#endif
+            quantize_block_scalar(row + b * blk, blk, q + r * n + b * blk, d + r * per_row + b, sum + r * per_row + b);
         }
     }
 }
@@ -447,6 +531,17 @@ void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, floa
     if (have_vnni()) return T == 4 ? q8_0x8_vnni<4>(packed, x, n, out) : q8_0x8_vnni<1>(packed, x, n, out);
 #endif
     (void)packed, (void)x, (void)T, (void)n, (void)out;
+}
+
+void matmul_rows_i8(uint32_t type, const RowRange& rr, const QuantRow* x, int T, int64_t n) {
+#ifdef PULSE_X86
+    // Batches: two rows by four tokens with VNNI (AVX512VL's 32 registers hold them); one row
+    // per call otherwise and for single tokens (decode reads one weight stream per thread).
+    if (have_vnni()) return T == 4 ? i8_rows_range_vnni<2, 4>(type, rr, x, n) : i8_rows_range_vnni<1, 1>(type, rr, x, n);
+    return T == 4 ? i8_rows_range_avx2<1, 4>(type, rr, x, n) : i8_rows_range_avx2<1, 1>(type, rr, x, n);
+#else
+    (void)type, (void)rr, (void)x, (void)T, (void)n;
+#endif
 }
 
 void dot_rows_i8(uint32_t type, const uint8_t* const* w, int R, const QuantRow* x, int T, int64_t n, float* out) {

@@ -36,6 +36,18 @@ void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, in
 // (i8_block(type) > 0).
 void dot_rows_i8(uint32_t type, const uint8_t* const* w, int R, const QuantRow* x, int T, int64_t n, float* out);
 
+// y[t * y_stride + o] = scale · (row o · x_t) for o in [o0, o1) and T = 1 or 4 tokens: a run of
+// rows in one call, so nothing is dispatched per row.
+struct RowRange {
+    const uint8_t* base;  // row 0
+    uint64_t row_bytes;
+    int64_t o0, o1;
+    float* y;
+    int64_t y_stride;
+    float scale;
+};
+void matmul_rows_i8(uint32_t type, const RowRange& rows, const QuantRow* x, int T, int64_t n);
+
 // Q8_0 interleaved by eight rows (the VNNI path's own layout; CpuDevice::prepare makes it
 // once): per 32-weight block of eight rows, their eight f16 scales, then 256 bytes in eight
 // runs of 32 = four consecutive codes of each row in turn, stored + 128 (unsigned). One dpbusd

@@ -450,6 +450,39 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
     limit_kernels("");
 }
 
+TEST_CASE("kernels: activation rows quantize to max|x|/127 scales, codes rounded to nearest even, and their sums") {
+    std::mt19937 g(44);
+    for (uint32_t type : {kQ8_0, kTQ2_0}) {
+        const int64_t blk = i8_block(type);
+        if (!blk) continue;
+        const int64_t n = 512, nb = n / blk;
+        std::vector<float> x(static_cast<size_t>(n));
+        for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 100.f;
+        x[3] = 127.f;  // amax 127: the scale is 1, so these are exact ties
+        x[5] = 2.5f;
+        x[6] = -3.5f;
+        std::vector<int8_t> q(static_cast<size_t>(n));
+        std::vector<float> d(static_cast<size_t>(nb));
+        std::vector<int32_t> sum(d.size());
+        quantize_rows_i8(type, x.data(), 1, n, q.data(), d.data(), sum.data());
+        for (int64_t b = 0; b < nb; ++b) {
+            float amax = 0;
+            for (int64_t i = 0; i < blk; ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(b * blk + i)]));
+            CHECK(d[static_cast<size_t>(b)] == amax / 127);
+            int32_t s = 0;
+            for (int64_t i = 0; i < blk; ++i) {
+                const int want = static_cast<int>(std::nearbyint(x[static_cast<size_t>(b * blk + i)] * (1 / (amax / 127))));
+                CHECK(q[static_cast<size_t>(b * blk + i)] == want);
+                s += want;
+            }
+            CHECK(sum[static_cast<size_t>(b)] == s);
+        }
+        CHECK(q[3] == 127);
+        CHECK(q[5] == 2);   // 2.5 -> 2 (even)
+        CHECK(q[6] == -4);  // -3.5 -> -4 (even)
+    }
+}
+
 TEST_CASE("kernels: Q8_0 interleaved by eight rows gives each row's int8 dot (VNNI)") {
     if (!has_q8_0x8()) {
         MESSAGE("this CPU has no AVX512-VNNI: the interleaved Q8_0 kernel is not used here");
@@ -943,6 +976,24 @@ TEST_CASE("device: the model runs on any device.h implementation; it owns all st
         CHECK(s->bytes() == checkpoint.bytes());
     }
     CHECK(c.live == 0);  // every device buffer released with its model and sequences
+}
+
+TEST_CASE("device: weights the CPU repacks give the same logits from a mapped file and from an in-memory image") {
+    // The repacked Q8_0 rows' file pages are released after the copy: only for a file mapping.
+    // (madvise on an in-memory image's heap pages would zero them.)
+    TempDir d;
+    write_synthetic(d / "m.gguf", SynthShape{}, kQ8_0, 5);
+    std::ifstream in(d / "m.gguf", std::ios::binary);
+    std::vector<uint8_t> image((std::istreambuf_iterator<char>(in)), {});
+    auto mapped = Model::load(GgufFile::open(d / "m.gguf"));
+    auto parsed_file = GgufFile::parse(image.data(), image.size(), "m.gguf");
+    auto parsed = Model::load(parsed_file);
+    auto a = mapped->new_sequence(), b = parsed->new_sequence();
+    CHECK(mapped->forward(*a, {297, 72, 101}) == parsed->forward(*b, {297, 72, 101}));
+    // The exact path reads the released rows again from the file: still the same numbers.
+    mapped->exact = parsed->exact = true;
+    auto c = mapped->new_sequence(), e = parsed->new_sequence();
+    CHECK(mapped->forward(*c, {297, 72, 101}) == parsed->forward(*e, {297, 72, 101}));
 }
 
 TEST_CASE("device: an unknown device is refused naming what this build has; model.cpp never unwraps device memory") {
