@@ -544,22 +544,6 @@ void matmul_rows_i8(uint32_t type, const RowRange& rr, const QuantRow* x, int T,
 #endif
 }
 
-void dot_rows_i8(uint32_t type, const uint8_t* const* w, int R, const QuantRow* x, int T, int64_t n, float* out) {
-#ifdef PULSE_X86
-    // VNNI has AVX512VL's 32 vector registers: two weight rows by four tokens fit; AVX2's 16 fit one.
-    if (have_vnni()) {
-        if (R == 2) return T == 4 ? i8_rows_vnni<2, 4>(type, w, x, n, out) : i8_rows_vnni<2, 1>(type, w, x, n, out);
-        return T == 4 ? i8_rows_vnni<1, 4>(type, w, x, n, out) : i8_rows_vnni<1, 1>(type, w, x, n, out);
-    }
-    for (int r = 0; r < R; ++r) {
-        if (T == 4) i8_rows_avx2<1, 4>(type, w + r, x, n, out + r * T);
-        else i8_rows_avx2<1, 1>(type, w + r, x, n, out + r * T);
-    }
-#else
-    (void)type, (void)w, (void)R, (void)x, (void)T, (void)n, (void)out;
-#endif
-}
-
 float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch) {
 #ifdef PULSE_X86
     if (have_avx2()) {

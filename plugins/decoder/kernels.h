@@ -32,9 +32,6 @@ struct QuantRow {
 int64_t i8_block(uint32_t type);  // the activation block for `type`; 0: no int8 kernel here
 // Quantizes `rows` rows of n floats for `type` into q (rows*n), d and sum (rows*n/block each).
 void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, int8_t* q, float* d, int32_t* sum);
-// out[r*T + t] = w_r · x_t for R = 1 or 2 weight rows and T = 1 or 4 quantized activation rows
-// (i8_block(type) > 0).
-void dot_rows_i8(uint32_t type, const uint8_t* const* w, int R, const QuantRow* x, int T, int64_t n, float* out);
 
 // y[t * y_stride + o] = scale · (row o · x_t) for o in [o0, o1) and T = 1 or 4 tokens: a run of
 // rows in one call, so nothing is dispatched per row.

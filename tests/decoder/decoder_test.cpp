@@ -425,9 +425,12 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
             QuantRow rows[4];
             for (int t = 0; t < 4; ++t) rows[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
             const int64_t group = type == kQ2_0 ? 64 : (type == kPQ2_0 || type == kQ2_0_G128) ? 128 : 0;
-            float four[8];
-            const uint8_t* pair[2] = {row.data(), row.data()};  // two rows (the same bytes) by four tokens
-            dot_rows_i8(type, pair, 2, rows, 4, n, four);
+            // Three rows (the same bytes: a pair and a tail) against four tokens, and one token.
+            std::vector<uint8_t> matrix;
+            for (int r = 0; r < 3; ++r) matrix.insert(matrix.end(), row.begin(), row.end());
+            float four[4 * 3], ones[4 * 3];
+            matmul_rows_i8(type, RowRange{matrix.data(), row.size(), 0, 3, four, 3, 1.0f}, rows, 4, n);
+            for (int t = 0; t < 4; ++t) matmul_rows_i8(type, RowRange{matrix.data(), row.size(), 0, 3, ones + 3 * t, 3, 1.0f}, rows + t, 1, n);
             for (int t = 0; t < 4; ++t) {
                 double want = 0;
                 for (int64_t j = 0; j < n; ++j) {
@@ -435,12 +438,10 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
                     if (group) at = j / group * group + (j % 4) * (group / 4) + (j % group) / 4;
                     want += static_cast<double>(w[static_cast<size_t>(j)]) * q[static_cast<size_t>(t * n + at)] * d[static_cast<size_t>(t * nb + at / blk)];
                 }
-                float one;
-                const uint8_t* single = row.data();
-                dot_rows_i8(type, &single, 1, rows + t, 1, n, &one);
-                CHECK(one == doctest::Approx(want).epsilon(1e-4));
-                CHECK(four[t] == doctest::Approx(want).epsilon(1e-4));
-                CHECK(four[4 + t] == doctest::Approx(want).epsilon(1e-4));
+                for (int r = 0; r < 3; ++r) {
+                    CHECK(ones[3 * t + r] == doctest::Approx(want).epsilon(1e-4));
+                    CHECK(four[3 * t + r] == doctest::Approx(want).epsilon(1e-4));
+                }
                 int32_t s = 0;  // the block sums are the codes' sums
                 for (int64_t i = 0; i < blk; ++i) s += q[static_cast<size_t>(t * n + i)];
                 CHECK(sum[static_cast<size_t>(t * nb)] == s);
@@ -509,9 +510,8 @@ TEST_CASE("kernels: Q8_0 interleaved by eight rows gives each row's int8 dot (VN
     for (int t = 0; t < 4; ++t) {
         dot_q8_0x8(packed.data(), xr + t, 1, n, one);
         for (int r = 0; r < 8; ++r) {
-            const uint8_t* row = rows.data() + static_cast<uint64_t>(r) * rb;
-            float plain;
-            dot_rows_i8(kQ8_0, &row, 1, xr + t, 1, n, &plain);  // the row-at-a-time kernel
+            float plain;  // the row-at-a-time kernel
+            matmul_rows_i8(kQ8_0, RowRange{rows.data() + static_cast<uint64_t>(r) * rb, rb, 0, 1, &plain, 1, 1.0f}, xr + t, 1, n);
             CAPTURE(r);
             CHECK(four[r * 4 + t] == doctest::Approx(plain).epsilon(1e-5));
             CHECK(one[r] == doctest::Approx(plain).epsilon(1e-5));
