@@ -55,6 +55,8 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
     if (hp.rope_dim <= 0 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2) bad("rope.dimension_count must be even and at most key_length");
     if (hp.ssm_groups <= 0 || hp.ssm_heads <= 0 || hp.ssm_heads % hp.ssm_groups || hp.ssm_state <= 0 || hp.conv_kernel < 1)
         bad("ssm sizes: time_step_rank must be a positive multiple of group_count; state_size and conv_kernel positive");
+    if (hp.ssm_state > 512)
+        bad("ssm.state_size " + std::to_string(hp.ssm_state) + " is not supported (the Gated DeltaNet kernel takes up to 512; Qwen3.5 uses 128)");
     if (sections.items.size() != 4) bad("rope.dimension_sections must have 4 entries");
     if (interval <= 0) bad("full_attention_interval must be positive");
     // IMROPE with text positions (p, p, p, 0): a pair whose section is not t/h/w would use

@@ -250,6 +250,12 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto serve = run({exe(), "serve", "--config", cfg.string()}, kNoEnvOverrides, 30);
     CHECK(serve.code == 3);
     CHECK(has(serve.err, "backend 'decoder': create failed: decoder: device 'cuda' is not in this build (it has: cpu)"));
+    // The old opt-in for int8 activations (now the default) says what replaced it.
+    auto old = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1", "--int8-prefill"});
+    CHECK(old.code == 2);
+    CHECK(has(old.err, "--int8-prefill is gone: int8 activations are the default; --exact turns them off"));
+    auto exact = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "-n", "2", "--exact"});
+    CHECK(exact.code == 0);
 
     // A copy of pulse with no pulse-decoder beside it or on PATH says so.
     fs::copy_file(exe(), tmp / "pulse");
