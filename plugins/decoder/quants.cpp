@@ -94,6 +94,51 @@ int trit(uint8_t b, int n) {
 
 float round_half_away(float x) { return x < 0 ? -std::floor(-x + 0.5f) : std::floor(x + 0.5f); }
 
+// The base-3 ternary layouts (TQ1_0, PTQ1_0): a run of `a` bytes of five trits (element a·t + m
+// in trit t of byte m, the first the most significant), a run of `b` bytes of five trits
+// (elements 5a + b·t + m), `h` bytes of four trits (5a + 5b + h·t + j), then the f16 scale.
+struct Base3 {
+    int a, b, h;
+    int block() const { return 5 * a + 5 * b + 4 * h; }
+    int bytes() const { return a + b + h + 2; }
+};
+constexpr Base3 kTq1{32, 16, 4}, kPtq1{16, 8, 2};
+
+void dequantize_base3(const Base3& g, const uint8_t* s, float* y, int64_t n) {
+    for (int64_t blk = 0; blk < n / g.block(); ++blk, s += g.bytes(), y += g.block()) {
+        float d = fp16_to_f32(rd16(s + g.a + g.b + g.h));
+        for (int t = 0; t < 5; ++t)
+            for (int m = 0; m < g.a; ++m) y[g.a * t + m] = static_cast<float>(trit(s[m], t) - 1) * d;
+        for (int t = 0; t < 5; ++t)
+            for (int m = 0; m < g.b; ++m) y[5 * g.a + g.b * t + m] = static_cast<float>(trit(s[g.a + m], t) - 1) * d;
+        for (int t = 0; t < 4; ++t)
+            for (int j = 0; j < g.h; ++j) y[5 * g.a + 5 * g.b + g.h * t + j] = static_cast<float>(trit(s[g.a + g.b + j], t) - 1) * d;
+    }
+}
+
+// t·amax with t = round(x/amax) in {-1, 0, 1}; byte = ceil(v·256/243) of the trits' value v.
+void quantize_base3(const Base3& g, const float* x, uint8_t* o, int64_t n) {
+    for (int64_t blk = 0; blk < n / g.block(); ++blk, o += g.bytes(), x += g.block()) {
+        float amax = 0;
+        for (int j = 0; j < g.block(); ++j) amax = std::max(amax, std::fabs(x[j]));
+        float id = amax ? 1 / amax : 0;
+        auto t = [&](int e) { return static_cast<int>(round_half_away(x[e] * id)) + 1; };
+        auto pack = [](int v) { return static_cast<uint8_t>((v * 256 + 242) / 243); };
+        auto run = [&](int first_byte, int count, int first_elem, int trits) {
+            for (int m = 0; m < count; ++m) {
+                int v = 0;
+                for (int k = 0; k < trits; ++k) v = v * 3 + t(first_elem + count * k + m);
+                o[first_byte + m] = pack(trits == 5 ? v : v * 3);
+            }
+        };
+        run(0, g.a, 0, 5);
+        run(g.a, g.b, 5 * g.a, 5);
+        run(g.a + g.b, g.h, 5 * g.a + 5 * g.b, 4);
+        uint16_t d = f32_to_fp16(amax);
+        std::memcpy(o + g.a + g.b + g.h, &d, 2);
+    }
+}
+
 }  // namespace
 
 void dequantize_row(uint32_t type, const uint8_t* s, float* y, int64_t n) {
@@ -119,19 +164,7 @@ void dequantize_row(uint32_t type, const uint8_t* s, float* y, int64_t n) {
                         for (int m = 0; m < 32; ++m) y[128 * h + 32 * l + m] = static_cast<float>(((s[32 * h + m] >> (2 * l)) & 3) - 1) * d;
             }
             return;
-        case kTQ1_0:
-            for (int64_t b = 0; b < n / 256; ++b, s += 54, y += 256) {
-                const uint8_t* qs = s;
-                const uint8_t* qh = s + 48;
-                float d = fp16_to_f32(rd16(s + 52));
-                for (int t = 0; t < 5; ++t)
-                    for (int m = 0; m < 32; ++m) y[32 * t + m] = static_cast<float>(trit(qs[m], t) - 1) * d;
-                for (int t = 0; t < 5; ++t)
-                    for (int m = 0; m < 16; ++m) y[160 + 16 * t + m] = static_cast<float>(trit(qs[32 + m], t) - 1) * d;
-                for (int t = 0; t < 4; ++t)
-                    for (int j = 0; j < 4; ++j) y[240 + 4 * t + j] = static_cast<float>(trit(qh[j], t) - 1) * d;
-            }
-            return;
+        case kTQ1_0: return dequantize_base3(kTq1, s, y, n);
         case kQ2_0:
         case kPQ2_0:
         case kQ2_0_G128: {
@@ -150,19 +183,7 @@ void dequantize_row(uint32_t type, const uint8_t* s, float* y, int64_t n) {
                 for (int j = 0; j < 128; ++j) y[j] = (s[2 + j / 8] >> (j % 8)) & 1 ? d : -d;
             }
             return;
-        case kPTQ1_0:
-            // TQ1_0's base-3 packing in groups of 128: 16 bytes of 5 trits (elements 16t+m),
-            // 8 bytes of 5 trits (80+8t+m), 2 bytes of 4 trits (120+2t+j), then the f16 scale.
-            for (int64_t b = 0; b < n / 128; ++b, s += 28, y += 128) {
-                float d = fp16_to_f32(rd16(s + 26));
-                for (int t = 0; t < 5; ++t)
-                    for (int m = 0; m < 16; ++m) y[16 * t + m] = static_cast<float>(trit(s[m], t) - 1) * d;
-                for (int t = 0; t < 5; ++t)
-                    for (int m = 0; m < 8; ++m) y[80 + 8 * t + m] = static_cast<float>(trit(s[16 + m], t) - 1) * d;
-                for (int t = 0; t < 4; ++t)
-                    for (int j = 0; j < 2; ++j) y[120 + 2 * t + j] = static_cast<float>(trit(s[24 + j], t) - 1) * d;
-            }
-            return;
+        case kPTQ1_0: return dequantize_base3(kPtq1, s, y, n);  // TQ1_0's packing in groups of 128
         case kQ4_K:
             for (int64_t b = 0; b < n / 256; ++b, s += 144) {
                 float d = fp16_to_f32(rd16(s)), dmin = fp16_to_f32(rd16(s + 2));
@@ -240,31 +261,7 @@ std::vector<uint8_t> quantize(uint32_t type, const float* x, int64_t n) {
                 put16(o + 64, f32_to_fp16(amax));
             }
             break;
-        case kTQ1_0:
-            for (int64_t b = 0; b < n / 256; ++b, o += 54, x += 256) {
-                float amax = 0;
-                for (int j = 0; j < 256; ++j) amax = std::max(amax, std::fabs(x[j]));
-                float id = amax ? 1 / amax : 0;
-                auto t = [&](int e) { return static_cast<int>(round_half_away(x[e] * id)) + 1; };
-                auto pack = [](int v) { return static_cast<uint8_t>((v * 256 + 242) / 243); };
-                for (int m = 0; m < 32; ++m) {
-                    int v = 0;
-                    for (int k = 0; k < 5; ++k) v = v * 3 + t(32 * k + m);
-                    o[m] = pack(v);
-                }
-                for (int m = 0; m < 16; ++m) {
-                    int v = 0;
-                    for (int k = 0; k < 5; ++k) v = v * 3 + t(160 + 16 * k + m);
-                    o[32 + m] = pack(v);
-                }
-                for (int j = 0; j < 4; ++j) {
-                    int v = 0;
-                    for (int k = 0; k < 4; ++k) v = v * 3 + t(240 + 4 * k + j);
-                    o[48 + j] = pack(v * 3);
-                }
-                put16(o + 52, f32_to_fp16(amax));
-            }
-            break;
+        case kTQ1_0: quantize_base3(kTq1, x, o, n); break;
         case kQ2_0:
         case kPQ2_0:
         case kQ2_0_G128: {
@@ -295,31 +292,7 @@ std::vector<uint8_t> quantize(uint32_t type, const float* x, int64_t n) {
                     if (x[j] >= 0) o[2 + j / 8] |= static_cast<uint8_t>(1 << (j % 8));
             }
             break;
-        case kPTQ1_0:
-            for (int64_t b = 0; b < n / 128; ++b, o += 28, x += 128) {
-                float amax = 0;
-                for (int j = 0; j < 128; ++j) amax = std::max(amax, std::fabs(x[j]));
-                float id = amax ? 1 / amax : 0;
-                auto t = [&](int e) { return static_cast<int>(round_half_away(x[e] * id)) + 1; };
-                auto pack = [](int v) { return static_cast<uint8_t>((v * 256 + 242) / 243); };
-                for (int m = 0; m < 16; ++m) {
-                    int v = 0;
-                    for (int k = 0; k < 5; ++k) v = v * 3 + t(16 * k + m);
-                    o[m] = pack(v);
-                }
-                for (int m = 0; m < 8; ++m) {
-                    int v = 0;
-                    for (int k = 0; k < 5; ++k) v = v * 3 + t(80 + 8 * k + m);
-                    o[16 + m] = pack(v);
-                }
-                for (int j = 0; j < 2; ++j) {
-                    int v = 0;
-                    for (int k = 0; k < 4; ++k) v = v * 3 + t(120 + 2 * k + j);
-                    o[24 + j] = pack(v * 3);
-                }
-                put16(o + 26, f32_to_fp16(amax));
-            }
-            break;
+        case kPTQ1_0: quantize_base3(kPtq1, x, o, n); break;
         case kQ4_K:
             for (int64_t b = 0; b < n / 256; ++b, o += 144, x += 256) {
                 // Per 32-element sub-block: x ≈ s·q − m with q in 0..15, m >= 0.

@@ -772,6 +772,26 @@ double worst_logit_diff(const std::vector<float>& logits, int64_t V, const rapid
     return worst;
 }
 
+// A golden entry's fixture written into `dir`, loaded on the given path, and run over the
+// prompt: the logits at every position and their largest distance from llama.cpp's.
+struct GoldenRun {
+    std::string file;
+    std::shared_ptr<Model> model;
+    std::unique_ptr<Sequence> seq;  // after the model: destroyed first
+    std::vector<float> logits;
+    double worst = 0;
+};
+GoldenRun run_golden(const rapidjson::Value& r, const TempDir& dir, bool exact) {
+    GoldenRun g;
+    g.file = write_fixture_for(r["file"].GetString(), dir);
+    g.model = Model::load(GgufFile::open(dir / g.file));
+    g.model->exact = exact;
+    g.seq = g.model->new_sequence();
+    g.logits = g.model->forward(*g.seq, golden_prompt(r), true);
+    g.worst = worst_logit_diff(g.logits, g.model->hparams().n_vocab, r);
+    return g;
+}
+
 }  // namespace
 
 TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type and shape") {
@@ -780,18 +800,13 @@ TEST_CASE("forward: logits and 32 greedy tokens match llama.cpp for every type a
     int compared = 0;
     for (const auto& r : g["results"].GetArray()) {
         if (direct_quantized(r["file"].GetString())) continue;
-        std::string file = write_fixture_for(r["file"].GetString(), d);
-        auto model = Model::load(GgufFile::open(d / file));
-        model->exact = true;
-        auto seq = model->new_sequence();
-        auto logits = model->forward(*seq, golden_prompt(r), true);
-        const int64_t V = model->hparams().n_vocab;
-        CAPTURE(file);
-        double worst = worst_logit_diff(logits, V, r);
-        MESSAGE(file << ": max |logit - llama.cpp| " << worst);
-        CHECK(worst < 2e-3);
-        CHECK(greedy_run(*model, *seq, std::vector<float>(logits.end() - V, logits.end()), r["greedy"].Size()) == golden_greedy(r));
-        fs::remove(d / file);
+        auto run = run_golden(r, d, true);
+        const int64_t V = run.model->hparams().n_vocab;
+        CAPTURE(run.file);
+        MESSAGE(run.file << ": max |logit - llama.cpp| " << run.worst);
+        CHECK(run.worst < 2e-3);
+        CHECK(greedy_run(*run.model, *run.seq, std::vector<float>(run.logits.end() - V, run.logits.end()), r["greedy"].Size()) == golden_greedy(r));
+        fs::remove(d / run.file);
         ++compared;
     }
     // f32, tied f32, and the twins of f16 bf16 q8_0 tq1_0 tq2_0 q4_k q6_k q2_0 q1_0 pq2_0 ptq1_0
@@ -812,21 +827,16 @@ TEST_CASE("forward: mainline Q2_0 and Q1_0 files agree with llama.cpp's own run 
     for (const auto& r : g["results"].GetArray()) {
         std::string golden = r["file"].GetString();
         if (!direct_quantized(golden)) continue;
-        std::string file = write_fixture_for(golden, d);
-        auto model = Model::load(GgufFile::open(d / file));
-        model->exact = true;  // what is checked is the reading of the file, not the rounding
-        auto seq = model->new_sequence();
-        auto logits = model->forward(*seq, golden_prompt(r), true);
-        const int64_t V = model->hparams().n_vocab;
-        CAPTURE(file);
-        double worst = worst_logit_diff(logits, V, r);
-        MESSAGE(file << ": max |logit - llama.cpp| " << worst);
-        CHECK(worst < (golden == "synth-q1_0.gguf" ? 0.4 : 0.2));
-        auto greedy = greedy_run(*model, *seq, std::vector<float>(logits.end() - V, logits.end()), r["greedy"].Size());
+        auto run = run_golden(r, d, true);  // exact: what is checked is the reading of the file, not the rounding
+        const int64_t V = run.model->hparams().n_vocab;
+        CAPTURE(run.file);
+        MESSAGE(run.file << ": max |logit - llama.cpp| " << run.worst);
+        CHECK(run.worst < (golden == "synth-q1_0.gguf" ? 0.4 : 0.2));
+        auto greedy = greedy_run(*run.model, *run.seq, std::vector<float>(run.logits.end() - V, run.logits.end()), r["greedy"].Size());
         auto wanted = golden_greedy(r);
         size_t agree = 0;
         while (agree < greedy.size() && greedy[agree] == wanted[agree]) ++agree;
-        MESSAGE(file << ": greedy agrees for " << agree << " of " << greedy.size() << " tokens");
+        MESSAGE(run.file << ": greedy agrees for " << agree << " of " << greedy.size() << " tokens");
         CHECK(agree >= (golden == "synth-q1_0.gguf" ? 16u : 32u));
         ++compared;
     }
@@ -842,22 +852,19 @@ TEST_CASE("forward: the default int8 path stays within its measured tolerance of
     // where a kernel exists (the int8 path really ran).
     auto g = load_golden();
     TempDir d;
+    write_synthetic(d / "default.gguf", tiny_shape(), kF32, 7);
+    CHECK_FALSE(Model::load(GgufFile::open(d / "default.gguf"))->exact);  // the int8 path is the default
     int compared = 0;
     for (const auto& r : g["results"].GetArray()) {
         std::string golden = r["file"].GetString();
         if (golden != "synth-q8_0.f32twin.gguf" && golden != "synth-tq2_0.f32twin.gguf" && golden != "synth-q2_0.f32twin.gguf" &&
             golden != "synth-pq2_0.f32twin.gguf" && golden != "synth-pq2_0-folded.f32twin.gguf")
             continue;
-        std::string file = write_fixture_for(golden, d);
-        auto model = Model::load(GgufFile::open(d / file));
-        CHECK_FALSE(model->exact);  // the default
-        auto seq = model->new_sequence();
-        auto logits = model->forward(*seq, golden_prompt(r), true);
-        double worst = worst_logit_diff(logits, model->hparams().n_vocab, r);
-        CAPTURE(file);
-        MESSAGE(file << " (int8 activations): max |logit - llama.cpp F32 twin| " << worst);
-        CHECK(worst < 0.5);
-        if (std::string(kernel_name()) != "scalar") CHECK(worst > 1e-3);
+        auto run = run_golden(r, d, false);  // the default path
+        CAPTURE(run.file);
+        MESSAGE(run.file << " (int8 activations): max |logit - llama.cpp F32 twin| " << run.worst);
+        CHECK(run.worst < 0.5);
+        if (std::string(kernel_name()) != "scalar") CHECK(run.worst > 1e-3);
         ++compared;
     }
     CHECK(compared == 5);
