@@ -266,10 +266,13 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
     t.str("upstream_model", m.upstream_model);
     t.integer("context_window", m.context_window, 0, int64_t(1) << 32);
     t.str("reasoning_output", m.reasoning_output);
-    t.str("routing", m.routing);
+    std::string routing = "failover";
+    t.str("routing", routing);
     t.boolean("resume", m.resume);
-    if (m.routing != "failover" && m.routing != "round_robin" && m.routing != "sticky")
-        t.fail(*mt.get("routing"), "'" + t.qualified("routing") + "' must be \"failover\", \"round_robin\" or \"sticky\"");
+    if (routing == "failover") m.routing = Model::Routing::failover;
+    else if (routing == "round_robin") m.routing = Model::Routing::round_robin;
+    else if (routing == "sticky") m.routing = Model::Routing::sticky;
+    else t.fail(*mt.get("routing"), "'" + t.qualified("routing") + "' must be \"failover\", \"round_robin\" or \"sticky\"");
     if (m.reasoning_output != "summary" && m.reasoning_output != "raw" && m.reasoning_output != "both")
         t.fail(*mt.get("reasoning_output"), "'" + t.qualified("reasoning_output") + "' must be \"summary\", \"raw\" or \"both\"");
     if (const toml::array* eps = t.array("endpoints")) {

@@ -53,7 +53,8 @@ struct Model {
     // Which endpoint a request tries first (docs/OPERATIONS.md, "Routing"): "failover" (the
     // first healthy in config order), "round_robin" (rotating), "sticky" (each conversation
     // to one endpoint by weighted rendezvous hashing, so it lands where its prefix is cached).
-    std::string routing = "failover";
+    enum class Routing { failover, round_robin, sticky };
+    Routing routing = Routing::failover;
     // Mid-stream resume (docs/OPERATIONS.md, "Mid-stream resume"): a response whose backend
     // fails after output reached the client continues on another endpoint.
     bool resume = true;

@@ -44,11 +44,11 @@ std::vector<size_t> ModelRuntime::order(std::string_view key) const {
     std::vector<size_t> all;
     for (size_t i = 0; i < endpoints.size(); ++i)
         if (!endpoints[i].cfg->last_resort) all.push_back(i);
-    if (cfg->routing == "sticky") {
+    if (cfg->routing == config::Model::Routing::sticky) {
         std::vector<double> score(all.size());
         for (size_t i = 0; i < all.size(); ++i) score[i] = rendezvous_score(key, endpoints[i].cfg->name, endpoints[i].cfg->weight);
         std::stable_sort(all.begin(), all.end(), [&](size_t a, size_t b) { return score[a] > score[b]; });
-    } else if (cfg->routing == "round_robin" && !all.empty()) {
+    } else if (cfg->routing == config::Model::Routing::round_robin && !all.empty()) {
         std::rotate(all.begin(), all.begin() + static_cast<ptrdiff_t>(rotation.fetch_add(1) % all.size()), all.end());
     }
     std::stable_partition(all.begin(), all.end(), [&](size_t i) { return endpoints[i].health->healthy(); });
@@ -262,7 +262,7 @@ void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep, bool 
     // home, or their next choice while their home is down); the others are warm elsewhere.
     std::function<bool(const std::string&)> wanted;
     auto snap = snapshot();
-    if (const ModelRuntime* rt = snap ? snap->find(model) : nullptr; rt && rt->cfg->routing == "sticky")
+    if (const ModelRuntime* rt = snap ? snap->find(model) : nullptr; rt && rt->cfg->routing == config::Model::Routing::sticky)
         for (size_t i = 0; i < rt->endpoints.size(); ++i)
             if (rt->endpoints[i].health == ep.health)
                 wanted = [snap, rt, i](const std::string& key) { return rt->order(key).front() == i; };

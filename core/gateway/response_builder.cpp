@@ -372,15 +372,19 @@ pulse_status_t ResponseBuilder::usage(const pulse_usage_t& u) {
     return PULSE_OK;
 }
 
+bool ResponseBuilder::can_resume() const {
+    if (ended_) return false;
+    for (const auto& it : items_)
+        if (it.type != Item::message && it.type != Item::reasoning) return false;
+    return true;
+}
+
 std::optional<ResponseBuilder::Partial> ResponseBuilder::resume_point() const {
-    if (ended_) return std::nullopt;
+    if (!can_resume()) return std::nullopt;
     Partial p;
     for (const auto& it : items_) {
-        switch (it.type) {
-            case Item::message: p.text += it.text; break;
-            case Item::reasoning: p.reasoning += it.raw_started ? it.raw : it.summary; break;
-            default: return std::nullopt;
-        }
+        if (it.type == Item::message) p.text += it.text;
+        else p.reasoning += it.raw_started ? it.raw : it.summary;
     }
     return p;
 }

@@ -56,6 +56,7 @@ public:
         std::string text, reasoning;
     };
     std::optional<Partial> resume_point() const;
+    bool can_resume() const;  // resume_point() would have a value (no copy of the output)
     // The next deltas continue this response from another backend: the recorded failure is
     // dropped, the open item stays open (text continues it), and the failed attempt's usage is
     // carried into the totals: what its backend reported, else its output deltas as tokens.

@@ -412,6 +412,7 @@ private:
             call_.has_message = true;
             return PULSE_E_UNSUPPORTED;
         }
+        resumed_from_ = {point->text.size(), point->reasoning.size()};
         rapidjson::Document partial(rapidjson::kObjectType);
         auto& a = partial.GetAllocator();
         partial.AddMember("text", rapidjson::Value(point->text.c_str(), static_cast<rapidjson::SizeType>(point->text.size()), a), a);
@@ -445,9 +446,7 @@ private:
     // and the caller ends the response as failed, as it would have without resume.
     std::optional<Attempt> resume_elsewhere(const EndpointRef& ep, const std::string& why) {
         // Bounded like any failover: the loop in serve() ends its rounds with the retry window.
-        if (!rt_->cfg->resume || !vt_->resume || gw_.cutting() || lost_) return std::nullopt;
-        auto point = builder_->resume_point();
-        if (!point) return std::nullopt;
+        if (!rt_->cfg->resume || !vt_->resume || gw_.cutting() || lost_ || !builder_->can_resume()) return std::nullopt;
         const bool was_resuming = resuming_;
         resuming_ = true;
         if (pulse_status_t rc = open_profile_stream(); rc != PULSE_OK) {
@@ -464,7 +463,7 @@ private:
                      {{"model", model_id_}, {"endpoint", ep.cfg->name}})
             .add();
         log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + "); resuming the response after " +
-                                   std::to_string(point->text.size()) + " bytes of text and " + std::to_string(point->reasoning.size()) +
+                                   std::to_string(resumed_from_.first) + " bytes of text and " + std::to_string(resumed_from_.second) +
                                    " of reasoning on the next endpoint");
         return Attempt::retry;
     }
@@ -724,7 +723,7 @@ private:
                 if (a != Attempt::retry || lost_ || gw_.cutting()) break;
             }
             auto order = rt_->order(conversation_);
-            if (round == 0 && rt_->cfg->routing == "sticky" && !order.empty() && order.front() != rt_->home(conversation_))
+            if (round == 0 && rt_->cfg->routing == config::Model::Routing::sticky && !order.empty() && order.front() != rt_->home(conversation_))
                 metrics::global()
                     .counter("pulse_sticky_moved_total", "sticky requests that started away from their conversation's endpoint (it was down)",
                              {{"model", model_id_}})
@@ -876,6 +875,7 @@ private:
     std::unique_ptr<ResponseBuilder> builder_;
     bool resuming_ = false;                           // the response continues an earlier attempt
     std::unique_ptr<pulse_upstream_req> resume_req_;  // the request that continues it (resuming_)
+    std::pair<size_t, size_t> resumed_from_;  // the last resume request: bytes of text and of reasoning it continued
     int resumes_ = 0;
     std::optional<int64_t> budget_;  // the request's reasoning budget, if it has one
     bool budget_enforced_ = false;

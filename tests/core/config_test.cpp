@@ -320,12 +320,12 @@ TEST_CASE("models keep the order the file lists them in (the first is the defaul
 TEST_CASE("routing: failover by default, round_robin or sticky; endpoint weights in range") {
     Config c = load_string(kMinimalModel, "test.toml");
     REQUIRE(c.models.size() == 1);
-    CHECK(c.models[0].routing == "failover");
+    CHECK(c.models[0].routing == Model::Routing::failover);
     CHECK(c.models[0].endpoints[0].weight == 1);
     c = load_string("[models.m]\nprofile = \"qwen38\"\nrouting = \"sticky\"\n[[models.m.endpoints]]\nurl = \"http://127.0.0.1:1/v1\"\n"
                     "weight = 2.5\n",
                     "test.toml");
-    CHECK(c.models[0].routing == "sticky");
+    CHECK(c.models[0].routing == Model::Routing::sticky);
     CHECK(c.models[0].endpoints[0].weight == 2.5);
     CHECK(error_of("[models.m]\nprofile = \"qwen38\"\nrouting = \"random\"\n[[models.m.endpoints]]\nurl = \"http://x:1/v1\"\n")
               .find("test.toml:3:11: 'models.m.routing' must be \"failover\", \"round_robin\" or \"sticky\"") == 0);
