@@ -6,15 +6,10 @@
 #   codex_demo_e2e.sh PULSE_EXE PLUGIN_DIR
 set -euo pipefail
 pulse=$(realpath "$1") plugins=$(realpath "$2")
-codex=${PULSE_CODEX:-}
-if [ -z "$codex" ] || [ ! -x "$codex" ]; then
-  echo "codex CLI not found (PULSE_CODEX='$codex'); run the suite with tools/dev test, which installs it"
-  [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
-  exit 77
-fi
 fake=/dev/null
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+require_codex
 enter_netns "$@"
 
 pulse_config_head 0

@@ -21,16 +21,9 @@ set -euo pipefail
 pulse=$(realpath "$1") fake=$(realpath "$2") plugins=$(realpath "$3") src=$(realpath "$4")
 profile=${5:-qwen38} flavor=${6:-vllm} mode=${7:-normal}
 
-codex=${PULSE_CODEX:-}
-[ "${PULSE_CODEX_USE:-}" = newest ] && codex=${PULSE_CODEX_NEWEST:-}
-if [ -z "$codex" ] || [ ! -x "$codex" ]; then
-  echo "codex CLI not found (PULSE_CODEX='$codex'); run the suite with tools/dev test, which installs it"
-  [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
-  exit 77  # meson: skipped (reported as SKIP, never as a pass)
-fi
-
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+require_codex
 enter_netns "$@"
 
 first_delay=0

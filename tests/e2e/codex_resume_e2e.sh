@@ -9,15 +9,9 @@
 #   codex_resume_e2e.sh PULSE_EXE FAKE_VLLM PLUGIN_DIR SOURCE_ROOT
 set -euo pipefail
 pulse=$(realpath "$1") fake=$(realpath "$2") plugins=$(realpath "$3") src=$(realpath "$4")
-codex=${PULSE_CODEX:-}
-[ "${PULSE_CODEX_USE:-}" = newest ] && codex=${PULSE_CODEX_NEWEST:-}
-if [ -z "$codex" ] || [ ! -x "$codex" ]; then
-  echo "codex CLI not found (PULSE_CODEX='$codex'); run the suite with tools/dev test, which installs it"
-  [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
-  exit 77
-fi
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+require_codex
 enter_netns "$@"
 
 answer="Created hello.txt; it says: hello from pulse"

@@ -2,6 +2,19 @@
 # `pulse serve` on ephemeral loopback ports, cleanup on exit. Source it after setting
 # pulse, fake, plugins (paths) and optionally profile/flavor.
 
+# The Codex CLI under test, in $codex: $PULSE_CODEX (the pinned version tools/dev installs), or
+# $PULSE_CODEX_NEWEST (the newest release) when PULSE_CODEX_USE=newest. Missing: the test is
+# skipped (exit 77, reported as SKIP, never as a pass), or fails when PULSE_REQUIRE_E2E=1.
+require_codex() {
+  codex=${PULSE_CODEX:-}
+  [ "${PULSE_CODEX_USE:-}" = newest ] && codex=${PULSE_CODEX_NEWEST:-}
+  if [ -z "$codex" ] || [ ! -x "$codex" ]; then
+    echo "codex CLI not found (PULSE_CODEX='$codex'); run the suite with tools/dev test, which installs it"
+    [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
+    exit 77
+  fi
+}
+
 # Re-executes the calling script inside a private network namespace with only lo up.
 enter_netns() {
   if [ -z "${PULSE_IN_NETNS:-}" ]; then
