@@ -59,6 +59,14 @@ struct PackedQ8 {
     std::unique_ptr<uint8_t[]> data;
 };
 
+// f(b, T) over tokens 0..B-1: four at a time (T = 4), the rest one at a time (T = 1).
+template <class F>
+void by_fours(int64_t B, F f) {
+    int64_t b = 0;
+    for (; b + 4 <= B; b += 4) f(b, 4);
+    for (; b < B; ++b) f(b, 1);
+}
+
 // Int8 activations: every row of X quantized once (kernels.h), then 8-bit dots, four tokens at
 // a time against each weight row (the row is read once per four tokens, from cache after the
 // first) or each group of eight interleaved rows.
@@ -89,17 +97,12 @@ void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
 #pragma omp parallel for schedule(static)
         for (int64_t g = 0; g < packed->groups; ++g) {
             const uint8_t* p = packed->data.get() + static_cast<uint64_t>(g) * packed->group_bytes;
-            float r[32];
-            int64_t b = 0;
-            for (; b + 4 <= B; b += 4) {
-                dot_q8_0x8(p, xr + b, 4, n, r);
+            by_fours(B, [&](int64_t b, int T) {
+                float r[32];
+                dot_q8_0x8(p, xr + b, T, n, r);
                 for (int i = 0; i < 8; ++i)
-                    for (int k = 0; k < 4; ++k) y[(b + k) * w.n_out + 8 * g + i] = r[i * 4 + k] * w.scale;
-            }
-            for (; b < B; ++b) {
-                dot_q8_0x8(p, xr + b, 1, n, r);
-                for (int i = 0; i < 8; ++i) y[b * w.n_out + 8 * g + i] = r[i] * w.scale;
-            }
+                    for (int k = 0; k < T; ++k) y[(b + k) * w.n_out + 8 * g + i] = r[i * T + k] * w.scale;
+            });
         }
         first_row = 8 * packed->groups;
         if (first_row == w.n_out) return;
@@ -111,9 +114,7 @@ void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; ++c) {
         const int64_t o0 = first_row + c * kChunk, o1 = std::min(w.n_out, o0 + kChunk);
-        int64_t b = 0;
-        for (; b + 4 <= B; b += 4) matmul_rows_i8(t.type, RowRange{t.data, rb, o0, o1, y + b * w.n_out, w.n_out, w.scale}, xr + b, 4, n);
-        for (; b < B; ++b) matmul_rows_i8(t.type, RowRange{t.data, rb, o0, o1, y + b * w.n_out, w.n_out, w.scale}, xr + b, 1, n);
+        by_fours(B, [&](int64_t b, int T) { matmul_rows_i8(t.type, RowRange{t.data, rb, o0, o1, y + b * w.n_out, w.n_out, w.scale}, xr + b, T, n); });
     }
 }
 

@@ -252,15 +252,6 @@ __attribute__((target("avx2"))) inline int32_t hsum_i32(__m256i v) {
         }                                                                                                                \
         PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) out[r * T + t] = hsum(acc[r][t]) - corr[r][t]; \
     }                                                                                                                    \
-    template <int R, int T>                                                                                              \
-    __attribute__((target(TARGET))) void i8_rows_##SUFFIX(uint32_t type, const uint8_t* const* w, const QuantRow* x, int64_t n, float* out) { \
-        switch (type) {                                                                                                  \
-            case kQ8_0: return i8_q8_0_##SUFFIX<R, T>(w, x, n, out);                                                     \
-            case kTQ2_0: return i8_tq2_0_##SUFFIX<R, T>(w, x, n, out);                                                   \
-            case kQ2_0: return i8_q2_0_##SUFFIX<R, T, 64>(w, x, n, out);                                                 \
-            default: return i8_q2_0_##SUFFIX<R, T, 128>(w, x, n, out); /* PQ2_0, Q2_0 group-128 */                      \
-        }                                                                                                                \
-    }                                                                                                                    \
     /* Rows [o0, o1) against T tokens in one call: the per-row work is the kernel's alone. */                            \
     template <int K, int R, int T>                                                                                       \
     __attribute__((target(TARGET))) inline void i8_kernel_##SUFFIX(const uint8_t* const* w, const QuantRow* x, int64_t n, float* o) { \

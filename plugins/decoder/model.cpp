@@ -121,7 +121,8 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
         m->rotations_.push_back(std::move(r));
         return m->rotations_.back().get();
     };
-    auto mat = [&](const std::string& name, int64_t n_in, int64_t n_out) {
+    // grouped_heads: the input is the Gated DeltaNet output (ssm_out), computed in tiled head order.
+    auto mat = [&](const std::string& name, int64_t n_in, int64_t n_out, bool grouped_heads = false) {
         const TensorInfo& t = f.get_tensor(name + ".weight");
         shape(t, {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)});
         Matrix mx{&t, n_in, n_out, 1, nullptr, nullptr};
@@ -131,24 +132,23 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
             mx.scale = sc;
         }
         if (m->fold_ && m->fold_->folded.count(t.name)) {
-            // ssm_out multiplies the Gated DeltaNet output, computed here in tiled head order.
-            bool grouped = m->fold_->gdn_v_grouped && name.size() > 7 && name.compare(name.size() - 7, 7, "ssm_out") == 0;
-            mx.rot = rotation(t.name, n_in, false, grouped);
+            mx.rot = rotation(t.name, n_in, false, grouped_heads && m->fold_->gdn_v_grouped);
             folded_bound.insert(t.name);
         }
         return mx;
     };
     const int64_t E = hp.n_embd;
-    m->tok_embd_ = &f.get_tensor("token_embd.weight");
-    if (m->tok_embd_->ne.size() < 2 || static_cast<int64_t>(m->tok_embd_->ne[0]) != E)
+    const TensorInfo* tok_embd = &f.get_tensor("token_embd.weight");
+    if (tok_embd->ne.size() < 2 || static_cast<int64_t>(tok_embd->ne[0]) != E)
         bad("tensor 'token_embd.weight' must be [" + std::to_string(E) + ", n_vocab]");
-    hp.n_vocab = static_cast<int64_t>(m->tok_embd_->ne[1]);
+    hp.n_vocab = static_cast<int64_t>(tok_embd->ne[1]);
+    m->embd_ = Matrix{tok_embd, E, hp.n_vocab, 1, nullptr, nullptr};
     m->output_norm_ = vec("output_norm.weight", E);
     if (m->fold_ && m->fold_->inverse.count("token_embd.weight")) m->embd_rot_ = rotation("token_embd.weight", E, true, false);
     if (f.tensor("output.weight")) {
         m->output_ = mat("output", E, hp.n_vocab);
     } else {
-        m->output_ = Matrix{m->tok_embd_, E, hp.n_vocab, 1, nullptr, nullptr};  // tied
+        m->output_ = m->embd_;  // tied
         // Rows stored as e' with e = s ⊙ (H·e'): e·x = e'·(H·(s ⊙ x)), the forward rotation.
         if (m->embd_rot_) m->output_.rot = rotation("token_embd.weight", E, false, false);
     }
@@ -167,7 +167,7 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
             L.gate = mat(p + "attn_gate", E, hp.value_dim());
             L.beta = mat(p + "ssm_beta", E, hp.ssm_heads);
             L.alpha = mat(p + "ssm_alpha", E, hp.ssm_heads);
-            L.out = mat(p + "ssm_out", hp.value_dim(), E);
+            L.out = mat(p + "ssm_out", hp.value_dim(), E, true);
             const TensorInfo& conv = f.get_tensor(p + "ssm_conv1d.weight");
             shape(conv, {static_cast<uint64_t>(K), static_cast<uint64_t>(hp.conv_dim())});
             std::vector<float> cv(static_cast<size_t>(K * hp.conv_dim()));
@@ -192,7 +192,6 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
                 bad("metadata prism.hadamard.weight_names lists '" + name + "', which is not a weight this model multiplies" +
                     (f.tensor(name) ? "" : " (no such tensor)"));
     // Every weight registered with the device once.
-    m->embd_ = Matrix{m->tok_embd_, E, hp.n_vocab, 1, nullptr, nullptr};
     m->embd_.prepared = dev.prepare(m->embd_, Device::Use::embedding);
     m->output_.prepared = dev.prepare(m->output_, Device::Use::matmul);
     for (auto& L : m->layers_)

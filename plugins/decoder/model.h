@@ -80,7 +80,6 @@ private:
     std::shared_ptr<GgufFile> file_;
     std::unique_ptr<Device> dev_;
     HParams hp_;
-    const TensorInfo* tok_embd_ = nullptr;
     Matrix output_;
     Matrix embd_;  // token_embd as a table for Device::embed
     Buffer output_norm_;
