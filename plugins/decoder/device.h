@@ -134,8 +134,10 @@ public:
     // out[b] = the rotation of x[b] for b < B (rows of r.width values; r.signs is host memory
     // the model keeps alive: a device may cache its own copy by that address)
     virtual void rotate(const Rotation& r, DevPtr x, DevPtr out, int64_t B) const = 0;
-    virtual void attention(const AttentionOp& op) const = 0;
-    virtual void deltanet(const DeltaNetOp& op) const = 0;
+    // One layer's token mixer for `n` sequences of a step (one op each, all with the layer's
+    // sizes and parameters, each against its own cache or state): a device runs them together.
+    virtual void attention(const AttentionOp* ops, size_t n) const = 0;
+    virtual void deltanet(const DeltaNetOp* ops, size_t n) const = 0;
 };
 
 // The devices this build has, by name ("cpu" first: the default).

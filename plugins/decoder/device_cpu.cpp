@@ -13,6 +13,8 @@ namespace pulse::decoder {
 
 namespace {
 
+constexpr int64_t kSplitElements = 8192;  // element-wise ops this long are worth a fork-join
+
 float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 float silu(float x) { return x * sigmoid(x); }
 float softplus(float x) { return x > 20 ? x : std::log1p(std::exp(x)); }
@@ -59,12 +61,12 @@ struct PackedQ8 {
     std::unique_ptr<uint8_t[]> data;
 };
 
-// f(b, T) over tokens 0..B-1: four at a time (T = 4), the rest one at a time (T = 1).
+// f(b, T) over tokens 0..B-1: four at a time (T = 4), then the rest (T = 1 to 3) in one call.
 template <class F>
 void by_fours(int64_t B, F f) {
     int64_t b = 0;
     for (; b + 4 <= B; b += 4) f(b, 4);
-    for (; b < B; ++b) f(b, 1);
+    if (b < B) f(b, static_cast<int>(B - b));
 }
 
 // Int8 activations: every row of X quantized once (kernels.h), then 8-bit dots, four tokens at
@@ -88,7 +90,7 @@ void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
     int8_t* q = q_buf.data();
     float* d = d_buf.data();
     int32_t* sums = sum_buf.data();
-#pragma omp parallel for schedule(static) if (B >= 8)
+#pragma omp parallel for schedule(static) if (B > 1)
     for (int64_t b = 0; b < B; ++b) quantize_rows_i8(t.type, x + b * n, 1, n, q + b * n, d + b * nb, sums + b * nb);
     for (int64_t b = 0; b < B; ++b) row_buf[static_cast<size_t>(b)] = QuantRow{q + b * n, d + b * nb, sums + b * nb};
     const QuantRow* xr = row_buf.data();
@@ -193,15 +195,22 @@ public:
             dequantize_row(t.type, t.data + static_cast<uint64_t>(tokens[b]) * t.row_bytes(), raw(out) + b * table.n_in, table.n_in);
     }
     void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool int8) const override { matmat(w, raw(x), B, raw(y), int8); }
+    // The element-wise ops split across the threads once there are several rows: run on the
+    // calling thread alone, the others would spin at the next region's start meanwhile.
     void rmsnorm(DevPtr x, DevPtr w, DevPtr out, int64_t rows, int64_t n, double eps) const override {
-        for (int64_t r = 0; r < rows; ++r) rmsnorm_row(raw(x) + r * n, raw(w), raw(out) + r * n, n, eps);
+        const float *xp = raw(x), *wp = raw(w);
+        float* op = raw(out);
+#pragma omp parallel for schedule(static) if (rows > 1)
+        for (int64_t r = 0; r < rows; ++r) rmsnorm_row(xp + r * n, wp, op + r * n, n, eps);
     }
     void swiglu(DevPtr g, DevPtr u, int64_t n) const override {
         float *gp = raw(g), *up = raw(u);
+#pragma omp parallel for schedule(static) if (n >= kSplitElements)
         for (int64_t i = 0; i < n; ++i) gp[i] = silu(gp[i]) * up[i];
     }
     void add(DevPtr x, DevPtr y, int64_t n) const override {
         float *xp = raw(x), *yp = raw(y);
+#pragma omp parallel for schedule(static) if (n >= kSplitElements)
         for (int64_t i = 0; i < n; ++i) xp[i] += yp[i];
     }
     void rotate(const Rotation& r, DevPtr x, DevPtr out, int64_t B) const override {
@@ -210,19 +219,23 @@ public:
 #pragma omp parallel for schedule(static) if (B > 1)
         for (int64_t b = 0; b < B; ++b) rotate_row(r, xp + b * r.width, op + b * r.width);
     }
-    void attention(const AttentionOp& op) const override;
-    void deltanet(const DeltaNetOp& op) const override;
+    void attention(const AttentionOp* ops, size_t n) const override;
+    void deltanet(const DeltaNetOp* ops, size_t n) const override;
 
 private:
     std::vector<std::unique_ptr<PackedQ8>> packed_;
     std::map<const TensorInfo*, const PackedQ8*> packed_by_tensor_;
 };
 
-void CpuDevice::attention(const AttentionOp& op) const {
-    const int64_t B = op.B, H = op.H, Hkv = op.Hkv, D = op.D, R = op.R;
+// Every op of the call in one parallel region per phase: items are (op, token) pairs, then
+// (op, token, head) triples, so several decoding sequences share one fork-join.
+void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
+    if (n_ops == 0) return;
+    const AttentionOp& op0 = ops[0];
+    const int64_t H = op0.H, Hkv = op0.Hkv, D = op0.D, R = op0.R;
     // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
     std::vector<double> inv_freq(static_cast<size_t>(R / 2));
-    for (int64_t i = 0; i < R / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(op.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+    for (int64_t i = 0; i < R / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(op0.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
     auto rope = [&](float* v, int64_t p) {
         for (int64_t i = 0; i < R / 2; ++i) {
             double theta = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
@@ -232,48 +245,59 @@ void CpuDevice::attention(const AttentionOp& op) const {
             v[i + R / 2] = a * sn + bb * c;
         }
     };
-    // The batch's queries (normed, rotated), gates, and keys/values appended to the cache.
-    std::vector<float> q(static_cast<size_t>(B * H * D)), gate(q.size());
-    float* kc = raw(op.k_cache);
-    float* vc = raw(op.v_cache);
-    const float *qgp = raw(op.qg), *kp = raw(op.k), *vp = raw(op.v), *q_norm = raw(op.q_norm), *k_norm = raw(op.k_norm);
-    float* outp = raw(op.out);
-    const size_t before = static_cast<size_t>(op.pos0 * Hkv * D);
-#pragma omp parallel for schedule(static) if (B > 1)
-    for (int64_t b = 0; b < B; ++b) {
-        const int64_t p = op.pos0 + b;
-        const float* qg = qgp + b * 2 * H * D;
+    struct Item {
+        const AttentionOp* op;
+        int64_t b;    // token within the op
+        int64_t row;  // token within the call (q and gate rows)
+    };
+    std::vector<Item> items;
+    int64_t longest = 0;
+    for (size_t i = 0; i < n_ops; ++i) {
+        for (int64_t b = 0; b < ops[i].B; ++b) items.push_back(Item{&ops[i], b, static_cast<int64_t>(items.size())});
+        longest = std::max(longest, ops[i].pos0 + ops[i].B);
+    }
+    const int64_t N = static_cast<int64_t>(items.size());
+    // The queries (normed, rotated), gates, and keys/values appended to each cache.
+    std::vector<float> q(static_cast<size_t>(N * H * D)), gate(q.size());
+#pragma omp parallel for schedule(static) if (N > 1)
+    for (int64_t it = 0; it < N; ++it) {
+        const AttentionOp& op = *items[static_cast<size_t>(it)].op;
+        const int64_t b = items[static_cast<size_t>(it)].b, p = op.pos0 + b;
+        const float* qg = raw(op.qg) + b * 2 * H * D;
         for (int64_t j = 0; j < H; ++j) {
-            float* qj = q.data() + (b * H + j) * D;
-            rmsnorm_row(qg + 2 * D * j, q_norm, qj, D, op.eps);
-            std::memcpy(gate.data() + (b * H + j) * D, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
+            float* qj = q.data() + (it * H + j) * D;
+            rmsnorm_row(qg + 2 * D * j, raw(op.q_norm), qj, D, op.eps);
+            std::memcpy(gate.data() + (it * H + j) * D, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
             rope(qj, p);
         }
         // The cache holds K and V at f16 precision, as llama.cpp's default F16 cache does.
-        float* kn = kc + before + static_cast<size_t>(b * Hkv * D);
-        float* vn = vc + before + static_cast<size_t>(b * Hkv * D);
+        float* kn = raw(op.k_cache) + p * Hkv * D;
+        float* vn = raw(op.v_cache) + p * Hkv * D;
+        const float *kp = raw(op.k) + b * Hkv * D, *vp = raw(op.v) + b * Hkv * D;
         for (int64_t j = 0; j < Hkv; ++j) {
-            rmsnorm_row(kp + b * Hkv * D + j * D, k_norm, kn + j * D, D, op.eps);
+            rmsnorm_row(kp + j * D, raw(op.k_norm), kn + j * D, D, op.eps);
             rope(kn + j * D, p);
         }
         for (int64_t i = 0; i < Hkv * D; ++i) {
             kn[i] = fp16_to_f32(f32_to_fp16(kn[i]));
-            vn[i] = fp16_to_f32(f32_to_fp16(vp[b * Hkv * D + i]));
+            vn[i] = fp16_to_f32(f32_to_fp16(vp[i]));
         }
     }
-    const int64_t n0 = static_cast<int64_t>(before) / (Hkv * D);  // cached positions before the batch
-    const float scale = static_cast<float>(op.scale);
     const int64_t group = H / Hkv;
-    // One parallel region for the batch: each (token, head) pair attends causally to the cache.
+    // Each (token, head) pair attends causally to its own sequence's cache.
 #pragma omp parallel
     {
-        std::vector<float> w(static_cast<size_t>(n0 + B));
+        std::vector<float> w(static_cast<size_t>(longest));
 #pragma omp for schedule(static) collapse(2)
-        for (int64_t b = 0; b < B; ++b)
+        for (int64_t it = 0; it < N; ++it)
             for (int64_t j = 0; j < H; ++j) {
-                const int64_t n = n0 + b + 1;
+                const AttentionOp& op = *items[static_cast<size_t>(it)].op;
+                const float* kc = raw(op.k_cache);
+                const float* vc = raw(op.v_cache);
+                const float scale = static_cast<float>(op.scale);
+                const int64_t b = items[static_cast<size_t>(it)].b, n = op.pos0 + b + 1;
                 const int64_t kvh = j / group;  // GQA: blocks of consecutive query heads share a KV head
-                const float* qj = q.data() + (b * H + j) * D;
+                const float* qj = q.data() + (it * H + j) * D;
                 float mx = -INFINITY;
                 for (int64_t t = 0; t < n; ++t) {
                     w[static_cast<size_t>(t)] = dot_f32(qj, kc + (t * Hkv + kvh) * D, D) * scale;
@@ -281,67 +305,92 @@ void CpuDevice::attention(const AttentionOp& op) const {
                 }
                 double sum = 0;
                 for (int64_t t = 0; t < n; ++t) sum += (w[static_cast<size_t>(t)] = std::exp(w[static_cast<size_t>(t)] - mx));
-                float* oj = outp + (b * H + j) * D;
+                float* oj = raw(op.out) + (b * H + j) * D;
                 std::fill(oj, oj + D, 0.f);
                 for (int64_t t = 0; t < n; ++t) {
                     const float* vt = vc + (t * Hkv + kvh) * D;
                     float a = static_cast<float>(w[static_cast<size_t>(t)] / sum);
                     for (int64_t d = 0; d < D; ++d) oj[d] += a * vt[d];
                 }
-                for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>((b * H + j) * D + d)]);
+                for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>((it * H + j) * D + d)]);
             }
     }
 }
 
-void CpuDevice::deltanet(const DeltaNetOp& op) const {
-    const int64_t B = op.B, K = op.K, C = op.C, S = op.S, Hk = op.Hk, Hv = op.Hv;
+void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
+    if (n_ops == 0) return;
+    const DeltaNetOp& op0 = ops[0];
+    const int64_t K = op0.K, C = op0.C, S = op0.S, Hk = op0.Hk, Hv = op0.Hv;
     const int64_t kd = Hk * S, VD = Hv * S;
     if (S > 512) throw std::invalid_argument("Gated DeltaNet state size " + std::to_string(S) + " is above 512 (not supported)");
-    // Causal depthwise conv + SiLU for the whole batch: input rows are the K-1 kept in the window,
-    // then the B new ones.
-    float *conv_state = raw(op.conv_state), *state = raw(op.state), *outp = raw(op.out);
-    const float *conv = raw(op.conv), *zp = raw(op.z), *betap = raw(op.beta), *alphap = raw(op.alpha), *dt_bias = raw(op.dt_bias),
-                *ssm_a = raw(op.ssm_a), *ssm_norm = raw(op.ssm_norm);
-    std::vector<float> ext(static_cast<size_t>((K - 1 + B) * C)), y(static_cast<size_t>(B * C));
-    std::memcpy(ext.data(), conv_state, static_cast<size_t>((K - 1) * C) * 4);
-    std::memcpy(ext.data() + (K - 1) * C, raw(op.qkv), static_cast<size_t>(B * C) * 4);
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < C; ++c)
-        for (int64_t b = 0; b < B; ++b) {
-            float acc = 0;
-            for (int64_t t = 0; t < K; ++t) acc += conv[c * K + t] * ext[static_cast<size_t>((b + t) * C + c)];
-            y[static_cast<size_t>(b * C + c)] = silu(acc);
+    const int64_t n = static_cast<int64_t>(n_ops);
+    // Per op: its conv input (the K-1 rows kept in its window, then its B new ones) and output.
+    std::vector<std::vector<float>> ext(n_ops), y(n_ops);
+    for (size_t i = 0; i < n_ops; ++i) {
+        const int64_t B = ops[i].B;
+        ext[i].resize(static_cast<size_t>((K - 1 + B) * C));
+        y[i].resize(static_cast<size_t>(B * C));
+        std::memcpy(ext[i].data(), raw(ops[i].conv_state), static_cast<size_t>((K - 1) * C) * 4);
+        std::memcpy(ext[i].data() + (K - 1) * C, raw(ops[i].qkv), static_cast<size_t>(B * C) * 4);
+    }
+    // Causal depthwise conv + SiLU.
+    const float* conv = raw(op0.conv);
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < C; ++c) {
+            const float* e = ext[static_cast<size_t>(i)].data();
+            float* yo = y[static_cast<size_t>(i)].data();
+            for (int64_t b = 0; b < ops[i].B; ++b) {
+                float acc = 0;
+                for (int64_t t = 0; t < K; ++t) acc += conv[c * K + t] * e[(b + t) * C + c];
+                yo[b * C + c] = silu(acc);
+            }
         }
-    std::memcpy(conv_state, ext.data() + B * C, static_cast<size_t>((K - 1) * C) * 4);
     // Per token: q and k L2-normalised per key head; the gates per value head.
-    std::vector<float> beta(static_cast<size_t>(B * Hv)), decay(beta.size());
-    for (int64_t b = 0; b < B; ++b) {
-        float* yb = y.data() + b * C;
-        for (int64_t m = 0; m < Hk; ++m) {
-            l2norm(yb + m * S, S, op.eps);
-            l2norm(yb + kd + m * S, S, op.eps);
-        }
-        for (int64_t hh = 0; hh < Hv; ++hh) {
-            beta[static_cast<size_t>(b * Hv + hh)] = sigmoid(betap[b * Hv + hh]);
-            decay[static_cast<size_t>(b * Hv + hh)] = std::exp(softplus(alphap[b * Hv + hh] + dt_bias[hh]) * ssm_a[hh]);
+    std::vector<std::vector<float>> beta(n_ops), decay(n_ops);
+    const float *dt_bias = raw(op0.dt_bias), *ssm_a = raw(op0.ssm_a), *ssm_norm = raw(op0.ssm_norm);
+    for (size_t i = 0; i < n_ops; ++i) {
+        const DeltaNetOp& op = ops[i];
+        std::memcpy(raw(op.conv_state), ext[i].data() + op.B * C, static_cast<size_t>((K - 1) * C) * 4);
+        beta[i].resize(static_cast<size_t>(op.B * Hv));
+        decay[i].resize(beta[i].size());
+        const float *betap = raw(op.beta), *alphap = raw(op.alpha);
+        for (int64_t b = 0; b < op.B; ++b) {
+            float* yb = y[i].data() + b * C;
+            for (int64_t m = 0; m < Hk; ++m) {
+                l2norm(yb + m * S, S, op.eps);
+                l2norm(yb + kd + m * S, S, op.eps);
+            }
+            for (int64_t hh = 0; hh < Hv; ++hh) {
+                beta[i][static_cast<size_t>(b * Hv + hh)] = sigmoid(betap[b * Hv + hh]);
+                decay[i][static_cast<size_t>(b * Hv + hh)] = std::exp(softplus(alphap[b * Hv + hh] + dt_bias[hh]) * ssm_a[hh]);
+            }
         }
     }
-    // Each value head runs its B tokens in order with its state hot in cache (heads are
-    // independent: one parallel region per batch, not per token).
-#pragma omp parallel for schedule(static)
-    for (int64_t hh = 0; hh < Hv; ++hh) {
-        const int64_t m = hh % Hk;  // tiled key head for this value head
-        GdnHeadArgs g{state + hh * S * S, S, B, y.data() + m * S, y.data() + kd + m * S, y.data() + 2 * kd + hh * S,
-                      beta.data() + hh, decay.data() + hh, C, C, Hv, outp + hh * S, VD};
-        gdn_head(g);
-        // Gated RMSNorm of each token's head output, in place.
+    // Each value head of each op runs its tokens in order with its state hot in cache (heads
+    // and sequences are independent: one parallel region for all of them, not per token).
+#pragma omp parallel
+    {
         std::vector<float> normed(static_cast<size_t>(S));
-        for (int64_t b = 0; b < B; ++b) {
-            float* oh = outp + b * VD + hh * S;
-            rmsnorm_row(oh, ssm_norm, normed.data(), S, op.eps);
-            const float* z = zp + b * VD + hh * S;
-            for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[j]);
-        }
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t hh = 0; hh < Hv; ++hh) {
+                const DeltaNetOp& op = ops[i];
+                const float* yi = y[static_cast<size_t>(i)].data();
+                float* outp = raw(op.out);
+                const int64_t m = hh % Hk;  // tiled key head for this value head
+                GdnHeadArgs g{raw(op.state) + hh * S * S, S, op.B, yi + m * S, yi + kd + m * S, yi + 2 * kd + hh * S,
+                              beta[static_cast<size_t>(i)].data() + hh, decay[static_cast<size_t>(i)].data() + hh, C, C, Hv, outp + hh * S, VD};
+                gdn_head(g);
+                // Gated RMSNorm of each token's head output, in place.
+                const float* zp = raw(op.z);
+                for (int64_t b = 0; b < op.B; ++b) {
+                    float* oh = outp + b * VD + hh * S;
+                    rmsnorm_row(oh, ssm_norm, normed.data(), S, op.eps);
+                    const float* z = zp + b * VD + hh * S;
+                    for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[j]);
+                }
+            }
     }
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -66,151 +67,45 @@ double num(const rapidjson::Value& req, const char* k, double d) {
 
 }  // namespace
 
-Engine::Engine(EngineOptions o) : opts_(std::move(o)) {
-    auto file = GgufFile::open(opts_.model);
-    model_ = Model::load(file, opts_.device);
-    model_->threads = opts_.threads;
-    model_->exact = opts_.exact;
-    tok_ = Tokenizer::load(*file);
-    if (static_cast<int64_t>(tok_.size()) != model_->hparams().n_vocab)
-        throw GgufError(file->name() + ": the vocabulary has " + std::to_string(tok_.size()) + " tokens but token_embd has " +
-                        std::to_string(model_->hparams().n_vocab) + " rows");
-    name_ = file->opt_string("general.name").value_or(opts_.model.stem().string());
-    context_ = opts_.context > 0 ? std::min(opts_.context, model_->hparams().context_length) : model_->hparams().context_length;
-    thread_ = std::thread([this] { worker(); });
-}
-
-Engine::~Engine() {
-    {
-        std::lock_guard lock(mu_);
-        stop_ = true;
-        for (auto& j : queue_) j->cancelled = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-}
-
-size_t Engine::queued() const {
-    std::lock_guard lock(mu_);
-    return queue_.size();
-}
-
-std::shared_ptr<Job> Engine::submit(rapidjson::Document request) {
-    auto job = std::make_shared<Job>();
-    job->prompt = render_chat(request, &job->thinking);
-    job->tokens = tok_.encode(job->prompt, true);
-    if (static_cast<int64_t>(job->tokens.size()) >= context_)
-        throw std::length_error("This model's maximum context length is " + std::to_string(context_) + " tokens. However, your prompt has " +
-                                std::to_string(job->tokens.size()) + " tokens.");
-    job->request = std::move(request);
-    {
-        std::lock_guard lock(mu_);
-        queue_.push_back(job);
-    }
-    cv_.notify_one();
-    return job;
-}
-
-void Engine::worker() {
-#ifdef _OPENMP
-    if (opts_.threads > 0) omp_set_num_threads(opts_.threads);
-#endif
-    for (;;) {
-        std::shared_ptr<Job> job;
-        {
-            std::unique_lock lock(mu_);
-            cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-            if (stop_) {
-                for (auto& j : queue_) {
-                    std::lock_guard jl(j->mu);
-                    j->done = true;
-                    j->error = "the decoder is shutting down";
-                    j->error_status = -1;
-                    j->cv.notify_all();
-                }
-                return;
-            }
-            job = queue_.front();
-            queue_.pop_front();
-        }
-        try {
-            run(*job);
-        } catch (const std::exception& e) {
-            std::lock_guard jl(job->mu);
-            job->error = std::string("decoder: ") + e.what();
-            job->error_status = -1;
-        }
-        std::lock_guard jl(job->mu);
-        job->done = true;
-        job->cv.notify_all();
-    }
-}
-
-void Engine::run(Job& job) {
-    const auto& req = job.request;
-    auto emit = [&](std::string chunk) {
-        std::lock_guard lock(job.mu);
-        job.chunks.push_back(std::move(chunk));
-        job.cv.notify_all();
-    };
-    const std::string model_name = req.HasMember("model") && req["model"].IsString() ? req["model"].GetString() : name_;
-    static std::atomic<uint64_t> counter{0};
-    const std::string id = "chatcmpl-decoder-" + std::to_string(++counter);
-    const std::string head = "{\"id\":\"" + id + "\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":" + quote(model_name) + ",\"choices\":";
-    auto delta = [&](const std::string& d, const char* finish = nullptr) {
-        emit(head + "[{\"index\":0,\"delta\":" + d + ",\"finish_reason\":" + (finish ? quote(finish) : std::string("null")) + "}]}");
-    };
-    delta(R"({"role":"assistant","content":""})");
-
-    // Prefix reuse: the longest checkpoint whose tokens start the prompt (and leave one to run).
-    const auto& tokens = job.tokens;
-    auto best = checkpoints_.end();
-    for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it)
-        if (it->tokens.size() < tokens.size() && std::equal(it->tokens.begin(), it->tokens.end(), tokens.begin()) &&
-            (best == checkpoints_.end() || it->tokens.size() > best->tokens.size()))
-            best = it;
-    Sequence seq = best != checkpoints_.end() ? best->seq : *model_->new_sequence();
-    const size_t cached = best != checkpoints_.end() ? best->tokens.size() : 0;
-    if (best != checkpoints_.end()) {  // most recently used goes last: evicted last
-        Checkpoint used = std::move(*best);
-        checkpoints_.erase(best);
-        checkpoints_.push_back(std::move(used));
-    }
-    auto remember = [&](std::vector<int32_t> toks, const Sequence& s) {
-        checkpoints_.push_back({std::move(toks), s});
-        while (static_cast<int64_t>(checkpoints_.size()) > std::max<int64_t>(opts_.max_checkpoints, 1)) checkpoints_.pop_front();
-    };
-    // Prefill all but the last prompt token, checkpoint there, then the last token for logits.
-    if (tokens.size() - 1 > cached) {
-        model_->forward(seq, std::vector<int32_t>(tokens.begin() + static_cast<long>(cached), tokens.end() - 1));
-        remember(std::vector<int32_t>(tokens.begin(), tokens.end() - 1), seq);
-    }
-    if (job.cancelled) return;
-    std::vector<float> logits = model_->forward(seq, {tokens.back()});
-
-    SamplerParams sp;
-    sp.temperature = num(req, "temperature", 0);
-    sp.top_p = num(req, "top_p", 1);
-    sp.min_p = num(req, "min_p", 0);
-    sp.top_k = static_cast<int64_t>(num(req, "top_k", 0));
-    sp.seed = static_cast<uint64_t>(num(req, "seed", static_cast<double>(std::random_device{}())));
-    Sampler sampler(sp);
-    int64_t max_new = static_cast<int64_t>(num(req, "max_completion_tokens", num(req, "max_tokens", 0)));
-    int64_t room = context_ - static_cast<int64_t>(tokens.size());
-    if (max_new <= 0 || max_new > room) max_new = room;
-    std::vector<std::string> stops;
-    if (req.HasMember("stop")) {
-        if (req["stop"].IsString()) stops.push_back(req["stop"].GetString());
-        else if (req["stop"].IsArray())
-            for (const auto& s : req["stop"].GetArray())
-                if (s.IsString() && s.GetStringLength()) stops.push_back(s.GetString());
-    }
-    OutputParser parser(req.HasMember("tools") ? &req["tools"] : nullptr, job.thinking);
+// A request being served. Its prompt runs in chunks (phase prefill) until one token is left;
+// from then on each step feeds it one token (`next`: the last prompt token, then each sampled
+// one) and returns its logits.
+struct Engine::Active {
+    std::shared_ptr<Job> job;
+    Sequence seq;
+    size_t cached = 0;  // prompt tokens a checkpoint covered
+    size_t fed = 0;     // prompt tokens run so far
+    int64_t chunk = 0;  // prompt tokens in the current step
+    int32_t next = -1;  // the token the next step feeds (decoding)
+    std::vector<float> logits;
+    std::string id, head;
+    Sampler sampler;
+    OutputParser parser;
     Utf8Stream utf8;
-    int calls = 0;
+    std::vector<std::string> stops;
     std::string content_so_far;
     bool stopped_by_string = false;
-    auto send = [&](const std::vector<OutputParser::Event>& events) {
+    int calls = 0;
+    int64_t max_new = 0, budget = -1, reasoning_tokens = 0;
+    std::vector<int32_t> generated;
+    std::vector<int32_t> forced;  // tokens to emit instead of sampling (reversed)
+    std::string finish = "length";
+    bool eog = false;
+    bool ignore_eos = false;  // the request's ignore_eos (vLLM's and llama-server's): generate to max_tokens
+
+    Active(std::shared_ptr<Job> j, SamplerParams sp)
+        : job(std::move(j)), sampler(sp), parser(job->request.HasMember("tools") ? &job->request["tools"] : nullptr, job->thinking) {}
+    bool decoding() const { return next >= 0; }
+
+    void emit(std::string chunk) {
+        std::lock_guard lock(job->mu);
+        job->chunks.push_back(std::move(chunk));
+        job->cv.notify_all();
+    }
+    void delta(const std::string& d, const char* finish_reason = nullptr) {
+        emit(head + "[{\"index\":0,\"delta\":" + d + ",\"finish_reason\":" + (finish_reason ? quote(finish_reason) : std::string("null")) + "}]}");
+    }
+    void send(const std::vector<OutputParser::Event>& events) {
         for (const auto& e : events) {
             if (e.kind == OutputParser::Event::reasoning) delta("{\"reasoning_content\":" + quote(e.text) + "}");
             else if (e.kind == OutputParser::Event::content) {
@@ -232,59 +127,288 @@ void Engine::run(Job& job) {
                 ++calls;
             }
         }
-    };
-    std::vector<int32_t> generated;
-    std::string finish = "length";
-    bool eog = false;
-    const int64_t V = model_->hparams().n_vocab;
+    }
+};
+
+Engine::Engine(EngineOptions o) : opts_(std::move(o)) {
+    if (opts_.max_sequences < 1 || opts_.max_sequences > EngineOptions::kMaxSequences)
+        throw std::invalid_argument("max_sequences must be 1 to " + std::to_string(EngineOptions::kMaxSequences) + ", not " +
+                                    std::to_string(opts_.max_sequences));
+    if (opts_.max_checkpoints < 0) throw std::invalid_argument("max_checkpoints must be 0 (automatic) or more");
+    if (opts_.max_checkpoints == 0) opts_.max_checkpoints = std::max<int64_t>(3, 2 * opts_.max_sequences);
+    auto file = GgufFile::open(opts_.model);
+    model_ = Model::load(file, opts_.device);
+    model_->threads = opts_.threads;
+    model_->exact = opts_.exact;
+    tok_ = Tokenizer::load(*file);
+    if (static_cast<int64_t>(tok_.size()) != model_->hparams().n_vocab)
+        throw GgufError(file->name() + ": the vocabulary has " + std::to_string(tok_.size()) + " tokens but token_embd has " +
+                        std::to_string(model_->hparams().n_vocab) + " rows");
+    name_ = file->opt_string("general.name").value_or(opts_.model.stem().string());
+    for (int32_t t = 0; t < static_cast<int32_t>(tok_.size()); ++t)
+        if (tok_.is_eog(t)) eog_.push_back(t);
+    context_ = opts_.context > 0 ? std::min(opts_.context, model_->hparams().context_length) : model_->hparams().context_length;
+    thread_ = std::thread([this] { worker(); });
+}
+
+Engine::~Engine() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+        for (auto& j : queue_) j->cancelled = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+size_t Engine::queued() const {
+    std::lock_guard lock(mu_);
+    return queue_.size();
+}
+
+Engine::Stats Engine::stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+}
+
+std::shared_ptr<Job> Engine::submit(rapidjson::Document request) {
+    auto job = std::make_shared<Job>();
+    job->prompt = render_chat(request, &job->thinking);
+    job->tokens = tok_.encode(job->prompt, true);
+    if (static_cast<int64_t>(job->tokens.size()) >= context_)
+        throw std::length_error("This model's maximum context length is " + std::to_string(context_) + " tokens. However, your prompt has " +
+                                std::to_string(job->tokens.size()) + " tokens.");
+    job->request = std::move(request);
+    {
+        std::lock_guard lock(mu_);
+        queue_.push_back(job);
+    }
+    cv_.notify_one();
+    return job;
+}
+
+namespace {
+
+void end_job(Job& job, const std::string& error = "") {
+    std::lock_guard lock(job.mu);
+    if (!error.empty()) {
+        job.error = error;
+        job.error_status = -1;
+    }
+    job.done = true;
+    job.cv.notify_all();
+}
+
+}  // namespace
+
+void Engine::worker() {
+#ifdef _OPENMP
+    if (opts_.threads > 0) omp_set_num_threads(opts_.threads);
+#endif
+    std::vector<std::unique_ptr<Active>> active;  // in arrival order: prefill goes first come, first served
+    for (;;) {
+        std::vector<std::shared_ptr<Job>> arrived;
+        {
+            std::unique_lock lock(mu_);
+            if (active.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+            if (stop_) {
+                for (auto& j : queue_) end_job(*j, "the decoder is shutting down");
+                for (auto& a : active) end_job(*a->job, "the decoder is shutting down");
+                active_count_ = 0;
+                return;
+            }
+            while (static_cast<int64_t>(active.size() + arrived.size()) < opts_.max_sequences && !queue_.empty()) {
+                arrived.push_back(std::move(queue_.front()));
+                queue_.pop_front();
+            }
+        }
+        for (auto& job : arrived) {
+            if (job->cancelled) {
+                end_job(*job);
+                continue;
+            }
+            try {
+                active.push_back(admit(job));
+            } catch (const std::exception& e) {
+                end_job(*job, std::string("decoder: ") + e.what());
+            }
+        }
+        // A cancelled request leaves at once; its sequence is dropped with it.
+        std::erase_if(active, [](const std::unique_ptr<Active>& a) {
+            if (!a->job->cancelled) return false;
+            end_job(*a->job);
+            return true;
+        });
+        active_count_ = active.size();
+        if (active.empty()) continue;
+
+        // The step: every decoding request's next token, then prompt chunks in arrival order
+        // with the rows left (max_sequences <= kMaxSequences keeps at least half for them).
+        std::vector<Segment> segs;
+        int64_t rows = 0;
+        for (auto& a : active)
+            if (a->decoding()) {
+                segs.push_back(Segment{&a->seq, &a->next, 1, a->logits.data(), false});
+                ++rows;
+            }
+        for (auto& a : active) {
+            a->chunk = 0;
+            if (a->decoding() || rows >= Model::kMaxStepRows) continue;
+            const int64_t left = static_cast<int64_t>(a->job->tokens.size() - 1 - a->fed);
+            a->chunk = std::min(left, Model::kMaxStepRows - rows);
+            segs.push_back(Segment{&a->seq, a->job->tokens.data() + a->fed, a->chunk, nullptr, false});
+            rows += a->chunk;
+        }
+        {
+            std::lock_guard lock(mu_);
+            ++stats_.steps;
+            for (const auto& sg : segs) (sg.logits ? stats_.decode_rows : stats_.prompt_rows) += static_cast<uint64_t>(sg.n);
+            stats_.peak_batch = std::max(stats_.peak_batch, static_cast<int64_t>(segs.size()));
+        }
+        try {
+            model_->step(segs);
+        } catch (const std::exception& e) {
+            // A step failed (device memory, a bad token): every request in it fails, none is left
+            // half-run; the others wait in the queue.
+            for (auto& a : active) end_job(*a->job, std::string("decoder: ") + e.what());
+            active.clear();
+            active_count_ = 0;
+            continue;
+        }
+        std::erase_if(active, [&](const std::unique_ptr<Active>& ap) {
+            Active& a = *ap;
+            try {
+                if (a.decoding()) {
+                    if (advance(a)) return false;
+                    finish(a);
+                    end_job(*a.job);
+                    return true;
+                }
+                if (a.chunk > 0) {
+                    a.fed += static_cast<size_t>(a.chunk);
+                    if (a.fed + 1 == a.job->tokens.size()) {  // the prompt but its last token: a checkpoint
+                        remember(std::vector<int32_t>(a.job->tokens.begin(), a.job->tokens.end() - 1), a.seq);
+                        a.next = a.job->tokens.back();
+                    }
+                }
+                return false;
+            } catch (const std::exception& e) {
+                end_job(*a.job, std::string("decoder: ") + e.what());
+                return true;
+            }
+        });
+        active_count_ = active.size();
+    }
+}
+
+void Engine::remember(std::vector<int32_t> tokens, const Sequence& seq) {
+    checkpoints_.push_back({std::move(tokens), seq});
+    while (static_cast<int64_t>(checkpoints_.size()) > opts_.max_checkpoints) checkpoints_.pop_front();
+}
+
+std::unique_ptr<Engine::Active> Engine::admit(std::shared_ptr<Job> job) {
+    const auto& req = job->request;
+    SamplerParams sp;
+    sp.temperature = num(req, "temperature", 0);
+    sp.top_p = num(req, "top_p", 1);
+    sp.min_p = num(req, "min_p", 0);
+    sp.top_k = static_cast<int64_t>(num(req, "top_k", 0));
+    sp.seed = static_cast<uint64_t>(num(req, "seed", static_cast<double>(std::random_device{}())));
+    auto a = std::make_unique<Active>(std::move(job), sp);
+    const std::string model_name = req.HasMember("model") && req["model"].IsString() ? req["model"].GetString() : name_;
+    static std::atomic<uint64_t> counter{0};
+    a->id = "chatcmpl-decoder-" + std::to_string(++counter);
+    a->head = "{\"id\":\"" + a->id + "\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":" + quote(model_name) + ",\"choices\":";
+    a->delta(R"({"role":"assistant","content":""})");
+
+    // Prefix reuse: the longest checkpoint whose tokens start the prompt (and leave one to run).
+    const auto& tokens = a->job->tokens;
+    auto best = checkpoints_.end();
+    for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it)
+        if (it->tokens.size() < tokens.size() && std::equal(it->tokens.begin(), it->tokens.end(), tokens.begin()) &&
+            (best == checkpoints_.end() || it->tokens.size() > best->tokens.size()))
+            best = it;
+    if (best != checkpoints_.end()) {
+        a->seq = best->seq;
+        a->cached = best->tokens.size();
+        Checkpoint used = std::move(*best);  // most recently used goes last: evicted last
+        checkpoints_.erase(best);
+        checkpoints_.push_back(std::move(used));
+    } else {
+        a->seq = std::move(*model_->new_sequence());
+    }
+    a->fed = a->cached;
+    if (a->fed + 1 == tokens.size()) a->next = tokens.back();
+    a->logits.resize(static_cast<size_t>(model_->hparams().n_vocab));
+
+    a->max_new = static_cast<int64_t>(num(req, "max_completion_tokens", num(req, "max_tokens", 0)));
+    const int64_t room = context_ - static_cast<int64_t>(tokens.size());
+    if (a->max_new <= 0 || a->max_new > room) a->max_new = room;
+    if (req.HasMember("stop")) {
+        if (req["stop"].IsString()) a->stops.push_back(req["stop"].GetString());
+        else if (req["stop"].IsArray())
+            for (const auto& s : req["stop"].GetArray())
+                if (s.IsString() && s.GetStringLength()) a->stops.push_back(s.GetString());
+    }
     // A reasoning budget (vLLM's field name, or llama-server's): after that many tokens inside
     // the think block, the block is closed by force and the answer follows.
-    const int64_t budget = static_cast<int64_t>(num(req, "thinking_token_budget", num(req, "reasoning_budget_tokens", -1)));
-    int64_t reasoning_tokens = 0;
-    std::vector<int32_t> forced;  // tokens to emit instead of sampling
-    while (static_cast<int64_t>(generated.size()) < max_new) {
-        if (job.cancelled) return;
-        if (forced.empty() && budget >= 0 && parser.thinking() && reasoning_tokens >= budget) {
-            forced = tok_.encode("\n</think>\n\n");
-            std::reverse(forced.begin(), forced.end());
-        }
-        int32_t t;
-        if (!forced.empty()) {
-            t = forced.back();
-            forced.pop_back();
-        } else {
-            t = sampler.sample(logits.data(), V);
-        }
-        if (parser.thinking()) ++reasoning_tokens;
-        if (tok_.is_eog(t)) {
-            finish = "stop";
-            eog = true;
-            break;
-        }
-        generated.push_back(t);
-        send(parser.feed(utf8.push(tok_.piece(t))));
-        if (stopped_by_string) {
-            finish = "stop";
-            break;
-        }
-        if (static_cast<int64_t>(generated.size()) >= max_new) break;
-        logits = model_->forward(seq, {t});
+    a->budget = static_cast<int64_t>(num(req, "thinking_token_budget", num(req, "reasoning_budget_tokens", -1)));
+    if (auto it = req.FindMember("ignore_eos"); it != req.MemberEnd() && it->value.IsBool()) a->ignore_eos = it->value.GetBool();
+    return a;
+}
+
+bool Engine::advance(Active& a) {
+    if (a.forced.empty() && a.budget >= 0 && a.parser.thinking() && a.reasoning_tokens >= a.budget) {
+        a.forced = tok_.encode("\n</think>\n\n");
+        std::reverse(a.forced.begin(), a.forced.end());
     }
-    send(parser.feed(utf8.flush()));
-    send(parser.finish());
+    int32_t t;
+    if (!a.forced.empty()) {
+        t = a.forced.back();
+        a.forced.pop_back();
+    } else {
+        if (a.ignore_eos)
+            for (int32_t e : eog_) a.logits[static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();
+        t = a.sampler.sample(a.logits.data(), static_cast<int64_t>(a.logits.size()));
+    }
+    if (a.generated.empty() && !a.eog) {
+        std::lock_guard lock(a.job->mu);
+        if (a.job->first_token == std::chrono::steady_clock::time_point{}) a.job->first_token = std::chrono::steady_clock::now();
+    }
+    if (a.parser.thinking()) ++a.reasoning_tokens;
+    if (tok_.is_eog(t)) {
+        a.finish = "stop";
+        a.eog = true;
+        return false;
+    }
+    a.generated.push_back(t);
+    a.send(a.parser.feed(a.utf8.push(tok_.piece(t))));
+    if (a.stopped_by_string) {
+        a.finish = "stop";
+        return false;
+    }
+    if (static_cast<int64_t>(a.generated.size()) >= a.max_new) return false;
+    a.next = t;
+    return true;
+}
+
+void Engine::finish(Active& a) {
+    a.send(a.parser.feed(a.utf8.flush()));
+    a.send(a.parser.finish());
+    const auto& tokens = a.job->tokens;
     // The state now covers the prompt and every generated token but the last: the next turn of
     // the conversation usually starts with exactly these.
     {
-        const size_t covered = static_cast<size_t>(seq.n_past) - tokens.size();  // generated tokens already run
+        const size_t covered = static_cast<size_t>(a.seq.n_past) - tokens.size();  // generated tokens already run
         std::vector<int32_t> all(tokens);
-        all.insert(all.end(), generated.begin(), generated.begin() + static_cast<long>(std::min(covered, generated.size())));
-        if (static_cast<int64_t>(all.size()) == seq.n_past && covered > 0) remember(std::move(all), seq);
+        all.insert(all.end(), a.generated.begin(), a.generated.begin() + static_cast<long>(std::min(covered, a.generated.size())));
+        if (static_cast<int64_t>(all.size()) == a.seq.n_past && covered > 0) remember(std::move(all), a.seq);
     }
-    if (calls > 0 && finish == "stop") finish = "tool_calls";
-    delta("{}", finish.c_str());
-    emit(head + "[],\"usage\":{\"prompt_tokens\":" + std::to_string(tokens.size()) + ",\"completion_tokens\":" +
-         std::to_string(generated.size() + eog) + ",\"total_tokens\":" + std::to_string(tokens.size() + generated.size() + eog) +
-         ",\"prompt_tokens_details\":{\"cached_tokens\":" + std::to_string(cached) + "}}}");
+    if (a.calls > 0 && a.finish == "stop") a.finish = "tool_calls";
+    a.delta("{}", a.finish.c_str());
+    a.emit(a.head + "[],\"usage\":{\"prompt_tokens\":" + std::to_string(tokens.size()) + ",\"completion_tokens\":" +
+           std::to_string(a.generated.size() + a.eog) + ",\"total_tokens\":" + std::to_string(tokens.size() + a.generated.size() + a.eog) +
+           ",\"prompt_tokens_details\":{\"cached_tokens\":" + std::to_string(a.cached) + "}}}");
 }
 
 }  // namespace pulse::decoder

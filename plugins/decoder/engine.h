@@ -1,9 +1,12 @@
-// Serving: one model, a request queue worked by one thread (one sequence at a time), prefix
-// reuse through checkpoints of the whole sequence state, sampling, and Chat Completions chunks
-// (text, reasoning_content from <think>, tool_calls from Qwen XML, usage) streamed to the caller.
+// Serving: one model, a request queue worked by one thread with continuous batching (up to
+// max_sequences requests in flight, each step one batched pass over all of them: their next
+// tokens and a prefill chunk together), prefix reuse through checkpoints of the whole sequence
+// state, sampling, and Chat Completions chunks (text, reasoning_content from <think>, tool_calls
+// from Qwen XML, usage) streamed to the caller.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,15 +56,23 @@ struct Job {
     int error_status = 0;  // a pulse_status_t when the job failed
     std::string error;
     std::atomic<bool> cancelled{false};
+    // When the first token was sampled (under mu; unset until then): time to first token for
+    // whoever measures it.
+    std::chrono::steady_clock::time_point first_token{};
 };
 
 struct EngineOptions {
     std::filesystem::path model;
     int threads = 0;          // 0 = all cores
     int64_t context = 0;      // 0 = the model's context_length
-    int64_t max_checkpoints = 3;  // whole-sequence states kept for prefix reuse (LRU)
+    // Whole-sequence states kept for prefix reuse (LRU); 0 = two per sequence slot (a request
+    // leaves one at its prompt and one at its end), at least 3.
+    int64_t max_checkpoints = 0;
     bool exact = false;           // f32 activations everywhere (Model::exact)
     std::string device;           // the compute device (device.h; "" = the default, cpu)
+    // Requests served at once (continuous batching); more wait in the queue. 1 = one at a time.
+    int64_t max_sequences = 4;
+    static constexpr int64_t kMaxSequences = 32;  // leaves half of a step's rows to prefill
 };
 
 class Engine {
@@ -77,22 +88,39 @@ public:
     const Model& model() const { return *model_; }
     const Tokenizer& tokenizer() const { return tok_; }
     size_t queued() const;
+    size_t active() const { return active_count_; }  // requests being served now
+    // What the batching did since start: steps run, rows in them (decode tokens and prompt
+    // tokens), and the most requests one step served.
+    struct Stats {
+        uint64_t steps = 0, decode_rows = 0, prompt_rows = 0;
+        int64_t peak_batch = 0;
+    };
+    Stats stats() const;
+    int64_t max_sequences() const { return opts_.max_sequences; }
+    int64_t max_checkpoints() const { return opts_.max_checkpoints; }
     std::string name() const { return name_; }
     int64_t context() const { return context_; }
 
 private:
+    struct Active;  // a request being served: its sequence, sampler, parser and progress
     void worker();
-    void run(Job& job);
+    std::unique_ptr<Active> admit(std::shared_ptr<Job> job);
+    bool advance(Active& a);  // after a's logits came: sample and emit; false when it ended
+    void finish(Active& a);
+    void remember(std::vector<int32_t> tokens, const Sequence& seq);
 
     EngineOptions opts_;
     std::shared_ptr<Model> model_;
     Tokenizer tok_;
     std::string name_;
     int64_t context_ = 0;
+    std::vector<int32_t> eog_;  // end-of-generation tokens (masked for ignore_eos)
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::shared_ptr<Job>> queue_;
     bool stop_ = false;
+    std::atomic<size_t> active_count_{0};
+    Stats stats_;  // under mu_
     // Prefix reuse: states after known token sequences (the worker thread only).
     struct Checkpoint {
         std::vector<int32_t> tokens;

@@ -33,7 +33,7 @@ int64_t i8_block(uint32_t type);  // the activation block for `type`; 0: no int8
 // Quantizes `rows` rows of n floats for `type` into q (rows*n), d and sum (rows*n/block each).
 void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, int8_t* q, float* d, int32_t* sum);
 
-// y[t * y_stride + o] = scale · (row o · x_t) for o in [o0, o1) and T = 1 or 4 tokens: a run of
+// y[t * y_stride + o] = scale · (row o · x_t) for o in [o0, o1) and T = 1 to 4 tokens: a run of
 // rows in one call, so nothing is dispatched per row.
 struct RowRange {
     const uint8_t* base;  // row 0
@@ -56,7 +56,7 @@ constexpr int64_t kQ8x8Bytes = 16 + 256;
 bool has_q8_0x8();  // the CPU has the kernel (AVX512-VNNI)
 // Rows r0..r0+7 of a Q8_0 matrix (`row_bytes` apart, n values each) into out (n/32 blocks).
 void repack_q8_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* out);
-// out[r*T + t] = row r of the group · x_t, r < 8, for T = 1 or 4 quantized activation rows.
+// out[r*T + t] = row r of the group · x_t, r < 8, for T = 1 to 4 quantized activation rows.
 void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out);
 
 // One Gated DeltaNet value head over T tokens, its S×S state (S[i][j]: key dim i, value dim j)

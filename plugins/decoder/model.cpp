@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <stdexcept>
 
 #include "quants.h"
 
@@ -264,56 +265,80 @@ size_t Sequence::bytes() const {
     return n * sizeof(float);
 }
 
-// One step's device buffers, sized for B tokens.
+// One step's device buffers, for up to `rows` rows and `out_rows` rows of logits.
 struct Model::Work {
     Buffer x, h, tmp, g, u, qg, k, v, o, qkv, z, beta, alpha, rot, logits;
-    int64_t B = 0;
+    int64_t rows = 0, out_rows = 0;
 };
 
 std::vector<float> Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits) const {
     const size_t V = static_cast<size_t>(hp_.n_vocab);
     std::vector<float> logits(V * (all_logits ? tokens.size() : 1));
-    for (int32_t token : tokens)
-        if (token < 0 || token >= hp_.n_vocab)
-            throw std::out_of_range("token id " + std::to_string(token) + " is outside the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
-    // Batches of up to 64 tokens: every weight row is read once per batch (prefill), and the
-    // recurrent and attention state still advance token by token inside the batch.
-    constexpr size_t kBatch = 64;
-    const int64_t Bmax = static_cast<int64_t>(std::min(kBatch, tokens.size()));
-    Work w;
-    w.B = Bmax;
-    const int64_t E = hp_.n_embd, F = hp_.n_ff, H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
-    const int64_t C = hp_.conv_dim(), VD = hp_.value_dim(), Hv = hp_.ssm_heads;
-    auto buf = [&](int64_t per_token) { return dev_->alloc(static_cast<size_t>(Bmax * per_token)); };
-    w.x = buf(E), w.h = buf(E), w.tmp = buf(E), w.g = buf(F), w.u = buf(F);
-    w.qg = buf(2 * H * D), w.k = buf(Hkv * D), w.v = buf(Hkv * D), w.o = buf(std::max(H * D, VD));
-    w.qkv = buf(C), w.z = buf(VD), w.beta = buf(Hv), w.alpha = buf(Hv);
-    if (!rotations_.empty()) w.rot = buf(std::max({E, F, VD, H * D}));
-    w.logits = buf(hp_.n_vocab);
-    seq.reserve(seq.n_past + static_cast<int64_t>(tokens.size()));
-    for (size_t i = 0; i < tokens.size(); i += kBatch) {
-        size_t n = std::min(kBatch, tokens.size() - i);
-        bool last = i + n == tokens.size();
+    // Steps of up to kMaxStepRows tokens: every weight row is read once per step (prefill), and
+    // the recurrent and attention state still advance token by token inside it.
+    const size_t chunk = static_cast<size_t>(kMaxStepRows);
+    for (size_t i = 0; i < tokens.size(); i += chunk) {
+        const size_t n = std::min(chunk, tokens.size() - i);
+        const bool last = i + n == tokens.size();
         float* out = all_logits ? logits.data() + i * V : (last ? logits.data() : nullptr);
-        batch_step(seq, tokens.data() + i, static_cast<int64_t>(n), w, out, all_logits);
+        step({Segment{&seq, tokens.data() + i, static_cast<int64_t>(n), out, all_logits}});
     }
     return logits;
 }
 
-void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, Work& w, float* logits, bool all_logits) const {
-    const int64_t E = hp_.n_embd, F = hp_.n_ff;
+void Model::step(const std::vector<Segment>& segs) const {
+    int64_t B = 0, out_rows = 0;
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const Segment& s = segs[i];
+        if (!s.seq || s.n <= 0 || !s.tokens) throw std::invalid_argument("a step segment needs a sequence and at least one token");
+        for (size_t j = 0; j < i; ++j)
+            if (segs[j].seq == s.seq) throw std::invalid_argument("a sequence may take part in a step once");
+        for (int64_t t = 0; t < s.n; ++t)
+            if (s.tokens[t] < 0 || s.tokens[t] >= hp_.n_vocab)
+                throw std::out_of_range("token id " + std::to_string(s.tokens[t]) + " is outside the vocabulary (" + std::to_string(hp_.n_vocab) + ")");
+        B += s.n;
+        if (s.logits) out_rows += s.all_logits ? s.n : 1;
+    }
+    if (B == 0) return;
+    if (B > kMaxStepRows) throw std::invalid_argument("a step takes at most " + std::to_string(kMaxStepRows) + " rows, not " + std::to_string(B));
+    const int64_t E = hp_.n_embd, F = hp_.n_ff, H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
+    const int64_t C = hp_.conv_dim(), VD = hp_.value_dim(), Hv = hp_.ssm_heads, V = hp_.n_vocab;
+    std::unique_lock reuse(work_mu_, std::try_to_lock);
+    std::unique_ptr<Work> own;
+    if (!reuse.owns_lock() || !work_) (reuse.owns_lock() ? work_ : own) = std::make_unique<Work>();
+    Work& w = reuse.owns_lock() ? *work_ : *own;
+    if (w.rows < B) {  // grown by doubling up to a full step; a step writes every row it reads
+        const int64_t R = std::max(B, std::min<int64_t>(2 * w.rows, kMaxStepRows));
+        auto buf = [&](int64_t per_token) { return dev_->alloc(static_cast<size_t>(R * per_token)); };
+        w.x = buf(E), w.h = buf(E), w.tmp = buf(E), w.g = buf(F), w.u = buf(F);
+        w.qg = buf(2 * H * D), w.k = buf(Hkv * D), w.v = buf(Hkv * D), w.o = buf(std::max(H * D, VD));
+        w.qkv = buf(C), w.z = buf(VD), w.beta = buf(Hv), w.alpha = buf(Hv);
+        if (!rotations_.empty()) w.rot = buf(std::max({E, F, VD, H * D}));
+        w.rows = R;
+    }
+    if (w.out_rows < out_rows) {
+        w.logits = dev_->alloc(static_cast<size_t>(out_rows * V));
+        w.out_rows = out_rows;
+    }
+    std::vector<int32_t> tokens;
+    tokens.reserve(static_cast<size_t>(B));
+    for (const auto& s : segs) {
+        s.seq->reserve(s.seq->n_past + s.n);
+        tokens.insert(tokens.end(), s.tokens, s.tokens + s.n);
+    }
+
     const DevPtr x = w.x.ptr(), h = w.h.ptr(), tmp = w.tmp.ptr();
     if (embd_rot_) {
-        dev_->embed(embd_, tokens, B, tmp);
+        dev_->embed(embd_, tokens.data(), B, tmp);
         dev_->rotate(*embd_rot_, tmp, x, B);
     } else {
-        dev_->embed(embd_, tokens, B, x);
+        dev_->embed(embd_, tokens.data(), B, x);
     }
     size_t ai = 0, gi = 0;
     for (const auto& L : layers_) {
         dev_->rmsnorm(x, L.attn_norm.ptr(), h, B, E, hp_.rms_eps);
-        if (L.recurrent) deltanet(L, seq, gi++, w, h, tmp, B);
-        else attention(L, seq, ai++, w, h, tmp, B);
+        if (L.recurrent) deltanet(L, segs, gi++, w, h, tmp, B);
+        else attention(L, segs, ai++, w, h, tmp, B);
         dev_->add(x, tmp, B * E);
         dev_->rmsnorm(x, L.post_norm.ptr(), h, B, E, hp_.rms_eps);
         matmul(L.ffn_gate, h, B, w.g.ptr(), w);
@@ -322,17 +347,25 @@ void Model::batch_step(Sequence& seq, const int32_t* tokens, int64_t B, Work& w,
         matmul(L.ffn_down, w.g.ptr(), B, tmp, w);
         dev_->add(x, tmp, B * E);
     }
-    seq.n_past += B;
-    if (!logits) return;
-    const int64_t V = hp_.n_vocab;
-    if (all_logits) {
-        dev_->rmsnorm(x, output_norm_.ptr(), h, B, E, hp_.rms_eps);
-        matmul(output_, h, B, w.logits.ptr(), w);
-        dev_->download(w.logits.ptr(), logits, static_cast<size_t>(B * V));
-    } else {
-        dev_->rmsnorm(x + (B - 1) * E, output_norm_.ptr(), h, 1, E, hp_.rms_eps);
-        matmul(output_, h, 1, w.logits.ptr(), w);
-        dev_->download(w.logits.ptr(), logits, static_cast<size_t>(V));
+    for (const auto& s : segs) s.seq->n_past += s.n;
+    if (!out_rows) return;
+    // The rows that give logits, gathered into h: one output matmul for all of them.
+    int64_t r0 = 0, j = 0;
+    for (const auto& s : segs) {
+        if (s.logits) {
+            const int64_t first = s.all_logits ? r0 : r0 + s.n - 1, rows = s.all_logits ? s.n : 1;
+            dev_->rmsnorm(x + first * E, output_norm_.ptr(), h + j * E, rows, E, hp_.rms_eps);
+            j += rows;
+        }
+        r0 += s.n;
+    }
+    matmul(output_, h, out_rows, w.logits.ptr(), w);
+    j = 0;
+    for (const auto& s : segs) {
+        if (!s.logits) continue;
+        const int64_t rows = s.all_logits ? s.n : 1;
+        dev_->download(w.logits.ptr() + j * V, s.logits, static_cast<size_t>(rows * V));
+        j += rows;
     }
 }
 
@@ -342,27 +375,41 @@ void Model::matmul(const Matrix& m, DevPtr x, int64_t B, DevPtr y, Work& w) cons
     dev_->matmul(m, w.rot.ptr(), B, y, !exact);
 }
 
-void Model::attention(const Layer& L, Sequence& seq, size_t ai, Work& w, DevPtr h, DevPtr out, int64_t B) const {
+void Model::attention(const Layer& L, const std::vector<Segment>& segs, size_t ai, Work& w, DevPtr h, DevPtr out, int64_t B) const {
     const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
     matmul(L.q, h, B, w.qg.ptr(), w);
     matmul(L.k, h, B, w.k.ptr(), w);
     matmul(L.v, h, B, w.v.ptr(), w);
-    AttentionOp op{w.qg.ptr(), w.k.ptr(), w.v.ptr(), B, seq.n_past, H, Hkv, D, hp_.rope_dim, hp_.rope_base, hp_.rms_eps,
-                   hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D)), L.q_norm.ptr(), L.k_norm.ptr(),
-                   seq.kv[ai].k.ptr(), seq.kv[ai].v.ptr(), w.o.ptr()};
-    dev_->attention(op);
+    const double scale = hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
+    std::vector<AttentionOp> ops;
+    int64_t r0 = 0;
+    for (const auto& s : segs) {
+        Sequence& seq = *s.seq;
+        ops.push_back(AttentionOp{w.qg.ptr() + r0 * 2 * H * D, w.k.ptr() + r0 * Hkv * D, w.v.ptr() + r0 * Hkv * D, s.n, seq.n_past, H, Hkv, D,
+                                  hp_.rope_dim, hp_.rope_base, hp_.rms_eps, scale, L.q_norm.ptr(), L.k_norm.ptr(), seq.kv[ai].k.ptr(),
+                                  seq.kv[ai].v.ptr(), w.o.ptr() + r0 * H * D});
+        r0 += s.n;
+    }
+    dev_->attention(ops.data(), ops.size());
     matmul(L.o, w.o.ptr(), B, out, w);
 }
 
-void Model::deltanet(const Layer& L, Sequence& seq, size_t gi, Work& w, DevPtr h, DevPtr out, int64_t B) const {
-    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads;
+void Model::deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gi, Work& w, DevPtr h, DevPtr out, int64_t B) const {
+    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads, VD = hp_.value_dim();
     matmul(L.qkv, h, B, w.qkv.ptr(), w);
     matmul(L.gate, h, B, w.z.ptr(), w);
     matmul(L.beta, h, B, w.beta.ptr(), w);
     matmul(L.alpha, h, B, w.alpha.ptr(), w);
-    DeltaNetOp op{w.qkv.ptr(), w.z.ptr(), w.beta.ptr(), w.alpha.ptr(), B, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps,
-                  L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(), seq.conv[gi].ptr(), seq.state[gi].ptr(), w.o.ptr()};
-    dev_->deltanet(op);
+    std::vector<DeltaNetOp> ops;
+    int64_t r0 = 0;
+    for (const auto& s : segs) {
+        Sequence& seq = *s.seq;
+        ops.push_back(DeltaNetOp{w.qkv.ptr() + r0 * C, w.z.ptr() + r0 * VD, w.beta.ptr() + r0 * Hv, w.alpha.ptr() + r0 * Hv, s.n, hp_.conv_kernel, C,
+                                 hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps, L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(),
+                                 seq.conv[gi].ptr(), seq.state[gi].ptr(), w.o.ptr() + r0 * VD});
+        r0 += s.n;
+    }
+    dev_->deltanet(ops.data(), ops.size());
     matmul(L.out, w.o.ptr(), B, out, w);
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,17 @@ struct Layer {
 
 class Sequence;
 
+// One sequence's part of a batched step (Model::step): `n` tokens run at positions
+// seq->n_past..., and, where `logits` is set, the logits of its last token (n_vocab floats) or,
+// with all_logits, of each of its tokens (n × n_vocab).
+struct Segment {
+    Sequence* seq = nullptr;
+    const int32_t* tokens = nullptr;
+    int64_t n = 0;
+    float* logits = nullptr;
+    bool all_logits = false;
+};
+
 class Model {
 public:
     // Binds and checks every tensor (names, shapes, types), then registers the weights and
@@ -61,6 +73,14 @@ public:
     // values), or of every token when `all_logits` (n_tokens x n_vocab).
     std::vector<float> forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits = false) const;
 
+    // Runs several sequences' tokens as one batch (continuous batching): every matmul once over
+    // all their rows, so a weight is read once per step however many sequences take part;
+    // attention and the delta rule per segment against its own sequence's state. Each sequence
+    // at most once; at most kMaxStepRows rows in all. A segment's logits equal what forward()
+    // gives for the same tokens (the same kernels per row).
+    static constexpr int64_t kMaxStepRows = 64;
+    void step(const std::vector<Segment>& segments) const;
+
     int threads = 0;  // 0 = OpenMP's default
     // f32 activations in every matmul (the reference path the golden tests hold to llama.cpp's
     // F32 runs). Off by default: matmuls on Q8_0, TQ2_0 and the Q2_0 layouts take int8
@@ -68,12 +88,11 @@ public:
     bool exact = false;
 
 private:
-    // B tokens at positions seq.n_past...: every matmul runs once for the batch; attention and
-    // the delta rule advance token by token. Logits of the last token, or of all when asked.
     struct Work;  // the step's device buffers
-    void batch_step(Sequence& seq, const int32_t* tokens, int64_t B, Work& w, float* logits, bool all_logits) const;
-    void attention(const Layer& L, Sequence& seq, size_t attn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
-    void deltanet(const Layer& L, Sequence& seq, size_t gdn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
+    // The token mixers over the step's rows: the projections once for all rows, then the
+    // attention or delta rule per segment (rows r0..r0+n of the step are segment s's tokens).
+    void attention(const Layer& L, const std::vector<Segment>& segs, size_t attn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
+    void deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gdn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
     // y = W·x, rotating x first (into w.rot) when W is Hadamard-folded
     void matmul(const Matrix& m, DevPtr x, int64_t B, DevPtr y, Work& w) const;
 
@@ -87,6 +106,10 @@ private:
     std::optional<HadamardFold> fold_;                // prism.hadamard.*, when the file is folded
     std::vector<std::unique_ptr<Rotation>> rotations_;  // what folded Matrix::rot point at
     const Rotation* embd_rot_ = nullptr;              // the stored embedding's inverse rotation
+    // The last step's buffers, kept for the next (a step allocating its own would map, zero and
+    // unmap megabytes per decoded token); a step that finds them in use makes its own.
+    mutable std::mutex work_mu_;
+    mutable std::unique_ptr<Work> work_;
 };
 
 // Per-sequence state in device memory. Copyable: a copy is a checkpoint (prefix reuse), made

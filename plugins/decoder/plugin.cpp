@@ -1,7 +1,7 @@
 // Backend plugin "decoder": serves a GGUF qwen35 model in-process, speaking Chat Completions
 // chunks like an HTTP upstream, so the translation profiles work unchanged and it takes part in
 // failover like any endpoint. Endpoint options: model (path, required), threads, context,
-// make_demo, exact, device (docs/DECODER.md).
+// make_demo, exact, device, max_sequences, checkpoints (docs/DECODER.md).
 // In the gateway config: url = "decoder:///path/model.gguf" (sugar for plugin://decoder with
 // options.model), or url = "plugin://decoder" with [..endpoints.options] model = "...".
 #include <pulse/plugin.hpp>
@@ -45,12 +45,22 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
             else if (key == "make_demo" && value.boolean()) make_demo = *value.boolean();
             else if (key == "exact" && value.boolean()) o.exact = *value.boolean();
             else if (key == "device" && value.string()) o.device = std::string(*value.string());
+            else if (key == "max_sequences" && value.i64()) {
+                if (*value.i64() < 1 || *value.i64() > pulse::decoder::EngineOptions::kMaxSequences)
+                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'max_sequences' must be 1 to " +
+                                                                     std::to_string(pulse::decoder::EngineOptions::kMaxSequences) + ", not " +
+                                                                     std::to_string(*value.i64()));
+                o.max_sequences = *value.i64();
+            } else if (key == "checkpoints" && value.i64()) {
+                if (*value.i64() < 1) throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'checkpoints' must be at least 1");
+                o.max_checkpoints = *value.i64();
+            }
             else if (key == "int8_prefill")
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT,
                                    "decoder: option 'int8_prefill' is gone: int8 activations are the default now; 'exact = true' turns them off");
             else
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
-                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\")");
+                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N)");
         }
         {  // fail fast: before reading (or writing) a model file
             auto names = pulse::decoder::device_names();
@@ -159,8 +169,11 @@ pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
         .kv("model", e.name())
         .kv("context", e.context())
         .kv("queued", static_cast<int64_t>(e.queued()))
-        .kv("concurrency", int64_t{1})
-        .kv("note", "one sequence at a time: requests queue")
+        .kv("active", static_cast<int64_t>(e.active()))
+        .kv("concurrency", e.max_sequences())
+        .kv("checkpoints", e.max_checkpoints())
+        .kv("steps", static_cast<int64_t>(e.stats().steps))
+        .kv("peak_batch", e.stats().peak_batch)
         .end_object();
     return w.ok() ? PULSE_OK : PULSE_E_INTERNAL;
 }

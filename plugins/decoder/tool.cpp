@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -40,6 +41,10 @@ const char* kDecodeHelp =
     "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
     "  --no-special      read <|...|> in --prompt as plain text\n"
     "  --exact           f32 activations in every matmul (default: int8 for Q8_0, TQ2_0, Q2_0 layouts)\n"
+    "  --streams N       serve N requests at once through the serving engine (continuous batching):\n"
+    "                    each a chat turn of --prompt TEXT (+ its number), N tokens each; reports\n"
+    "                    aggregate tok/s and per-stream time to first token\n"
+    "  --max-sequences M with --streams: the engine's batch limit (default N)\n"
     "exit codes: 0 ok, 2 usage, 3 the file cannot be used\n";
 
 const char* kGgufHelp =
@@ -50,12 +55,132 @@ const char* kGgufHelp =
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// `pulse decode --streams N`: N chat requests submitted together to one Engine, each waited on
+// by its own thread; what the batching gives in aggregate and what each stream waits first.
+int decode_streams(const std::string& path, const std::string& prompt, int64_t streams, int64_t max_sequences, int64_t n, int threads,
+                   const std::string& device, bool exact, const decoder::SamplerParams& sp) {
+    decoder::EngineOptions o;
+    o.model = path;
+    o.threads = threads;
+    o.device = device;
+    o.exact = exact;
+    o.max_sequences = max_sequences > 0 ? max_sequences : std::min<int64_t>(streams, decoder::EngineOptions::kMaxSequences);
+    std::unique_ptr<decoder::Engine> engine;
+    try {
+        engine = std::make_unique<decoder::Engine>(o);
+    } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "pulse decode: %s\n", e.what());
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse decode: %s\n", e.what());
+        return 3;
+    }
+    struct Stream {
+        std::shared_ptr<decoder::Job> job;
+        double ttft = 0, done = 0;
+        int64_t prompt_tokens = 0, completion_tokens = 0;
+    };
+    std::vector<Stream> ss(static_cast<size_t>(streams));
+    std::vector<rapidjson::Document> reqs(ss.size());
+    for (size_t k = 0; k < ss.size(); ++k) {
+        auto& d = reqs[k];
+        d.SetObject();
+        auto& al = d.GetAllocator();
+        rapidjson::Value msgs(rapidjson::kArrayType), m(rapidjson::kObjectType), kwargs(rapidjson::kObjectType);
+        std::string content = prompt + " #" + std::to_string(k + 1);
+        m.AddMember("role", "user", al);
+        m.AddMember("content", rapidjson::Value(content.c_str(), al), al);
+        msgs.PushBack(m, al);
+        d.AddMember("messages", msgs, al);
+        d.AddMember("max_tokens", n, al);
+        d.AddMember("ignore_eos", true, al);
+        d.AddMember("temperature", sp.temperature, al);
+        d.AddMember("seed", static_cast<uint64_t>(sp.seed + k), al);
+        kwargs.AddMember("enable_thinking", false, al);
+        d.AddMember("chat_template_kwargs", kwargs, al);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto since = [&](std::chrono::steady_clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
+    try {
+        for (size_t k = 0; k < ss.size(); ++k) ss[k].job = engine->submit(std::move(reqs[k]));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse decode: %s\n", e.what());
+        return 2;
+    }
+    std::vector<std::thread> waiters;
+    for (auto& s : ss)
+        waiters.emplace_back([&s, &since] {
+            auto& j = *s.job;
+            std::unique_lock lock(j.mu);
+            for (;;) {
+                j.cv.wait(lock, [&] { return j.done || !j.chunks.empty(); });
+                while (!j.chunks.empty()) {
+                    rapidjson::Document c;
+                    c.Parse(j.chunks.front().c_str());
+                    j.chunks.pop_front();
+                    if (c.IsObject() && c.HasMember("usage")) {
+                        s.prompt_tokens = c["usage"]["prompt_tokens"].GetInt64();
+                        s.completion_tokens = c["usage"]["completion_tokens"].GetInt64();
+                    }
+                }
+                if (j.done) break;
+            }
+            s.done = since(std::chrono::steady_clock::now());
+            s.ttft = since(j.first_token);
+        });
+    for (auto& w : waiters) w.join();
+    for (const auto& s : ss)
+        if (!s.job->error.empty()) {
+            std::fprintf(stderr, "pulse decode: %s\n", s.job->error.c_str());
+            return 1;
+        }
+    double wall = 0, last_ttft = 0;
+    int64_t total = 0;
+    for (const auto& s : ss) wall = std::max(wall, s.done), last_ttft = std::max(last_ttft, s.ttft), total += s.completion_tokens;
+    const auto st = engine->stats();
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.StartObject();
+    w.Key("model");
+    w.String(path.c_str());
+    w.Key("streams");
+    w.Int64(streams);
+    w.Key("max_sequences");
+    w.Int64(engine->max_sequences());
+    auto list = [&](const char* key, auto get) {
+        w.Key(key);
+        w.StartArray();
+        for (const auto& s : ss) get(s);
+        w.EndArray();
+    };
+    list("prompt_tokens", [&](const Stream& s) { w.Int64(s.prompt_tokens); });
+    list("completion_tokens", [&](const Stream& s) { w.Int64(s.completion_tokens); });
+    list("ttft_s", [&](const Stream& s) { w.Double(s.ttft); });
+    list("done_s", [&](const Stream& s) { w.Double(s.done); });
+    w.Key("wall_s");
+    w.Double(wall);
+    // Every stream's tokens over the whole run, prefills included.
+    w.Key("aggregate_tokens_per_s");
+    w.Double(static_cast<double>(total) / std::max(wall, 1e-9));
+    w.Key("steps");
+    w.Uint64(st.steps);
+    w.Key("peak_batch");
+    w.Int64(st.peak_batch);
+    w.Key("device");
+    w.String(engine->model().device().name());
+    w.Key("kernels");
+    w.String(decoder::kernel_name());
+    w.EndObject();
+    std::printf("%s\n", b.GetString());
+    return 0;
+}
+
 }  // namespace
 
 int cmd_decode(const std::vector<std::string>& args) {
     std::string path, prompt, tokens_csv;
     bool json = false, special = true, have_prompt = false, exact = false;
-    int64_t n = 32, topk_print = 0;
+    int64_t n = 32, topk_print = 0, streams = 0, max_sequences = 0;
     int threads = 0;
     std::string device;
     decoder::SamplerParams sp;
@@ -81,6 +206,8 @@ int cmd_decode(const std::vector<std::string>& args) {
             else if (a == "--json") json = true;
             else if (a == "--no-special") special = false;
             else if (a == "--exact") exact = true;
+            else if (a == "--streams") streams = std::stoll(next());
+            else if (a == "--max-sequences") max_sequences = std::stoll(next());
             else if (a == "--int8-prefill") throw std::invalid_argument("--int8-prefill is gone: int8 activations are the default; --exact turns them off");
             else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unknown option " + a);
             else if (path.empty()) path = a;
@@ -96,6 +223,13 @@ int cmd_decode(const std::vector<std::string>& args) {
     if (path.empty() || (have_prompt == !tokens_csv.empty()) || n < 0 || topk_print < 0) {
         std::fprintf(stderr, "pulse decode: give MODEL.gguf and exactly one of --prompt or --tokens\n%s", kDecodeHelp);
         return 2;
+    }
+    if (streams != 0 || max_sequences != 0) {
+        if (streams < 1 || !have_prompt || topk_print || n < 1 || max_sequences < 0) {
+            std::fprintf(stderr, "pulse decode: --streams N (N >= 1) takes --prompt, -n >= 1 and no --logits\n%s", kDecodeHelp);
+            return 2;
+        }
+        return decode_streams(path, prompt, streams, max_sequences, n, threads, device, exact, sp);
     }
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);

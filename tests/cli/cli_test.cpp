@@ -250,12 +250,29 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto serve = run({exe(), "serve", "--config", cfg.string()}, kNoEnvOverrides, 30);
     CHECK(serve.code == 3);
     CHECK(has(serve.err, "backend 'decoder': create failed: decoder: device 'cuda' is not in this build (it has: cpu)"));
+    auto batch_cfg = tmp.write("batch.toml", "[server]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndirs = [\"" + std::string(std::getenv("PULSE_PLUGIN_BUILD_DIR")) +
+                                                 "\"]\ndropin_dirs = []\n[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"decoder://" +
+                                                 (tmp / "demo.gguf").string() + "\"\n[models.m.endpoints.options]\nmax_sequences = 0\n");
+    auto batch = run({exe(), "serve", "--config", batch_cfg.string()}, kNoEnvOverrides, 30);
+    CHECK(batch.code == 3);
+    CHECK(has(batch.err, "decoder: option 'max_sequences' must be 1 to 32, not 0"));
     // The old opt-in for int8 activations (now the default) says what replaced it.
     auto old = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1", "--int8-prefill"});
     CHECK(old.code == 2);
     CHECK(has(old.err, "--int8-prefill is gone: int8 activations are the default; --exact turns them off"));
     auto exact = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "-n", "2", "--exact"});
     CHECK(exact.code == 0);
+    // Several requests at once through the serving engine: one batch, every stream its tokens.
+    auto streams = run({exe(), "decode", (tmp / "demo.gguf").string(), "--prompt", "hi", "--streams", "3", "-n", "5"});
+    CHECK(streams.code == 0);
+    CHECK(has(streams.out, "\"streams\":3,\"max_sequences\":3,"));
+    CHECK(has(streams.out, "\"completion_tokens\":[5,5,5]"));
+    CHECK(has(streams.out, "\"peak_batch\":3"));
+    auto queued = run({exe(), "decode", (tmp / "demo.gguf").string(), "--prompt", "hi", "--streams", "3", "--max-sequences", "1", "-n", "5"});
+    CHECK(queued.code == 0);
+    CHECK(has(queued.out, "\"peak_batch\":1"));
+    CHECK(run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--streams", "2"}).code == 2);
+    CHECK(run({exe(), "decode", (tmp / "demo.gguf").string(), "--prompt", "hi", "--streams", "2", "--max-sequences", "33"}).code == 2);
 
     // A copy of pulse with no pulse-decoder beside it or on PATH says so.
     fs::copy_file(exe(), tmp / "pulse");

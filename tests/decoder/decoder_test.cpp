@@ -425,11 +425,13 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
             QuantRow rows[4];
             for (int t = 0; t < 4; ++t) rows[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
             const int64_t group = type == kQ2_0 ? 64 : (type == kPQ2_0 || type == kQ2_0_G128) ? 128 : 0;
-            // Three rows (the same bytes: a pair and a tail) against four tokens, and one token.
             std::vector<uint8_t> matrix;
             for (int r = 0; r < 3; ++r) matrix.insert(matrix.end(), row.begin(), row.end());
-            float four[4 * 3], ones[4 * 3];
+            // Three rows (the same bytes: a pair and a tail) against 4, 3 and 2 tokens, and one.
+            float four[4 * 3], three[3 * 3], two[2 * 3], ones[4 * 3];
             matmul_rows_i8(type, RowRange{matrix.data(), row.size(), 0, 3, four, 3, 1.0f}, rows, 4, n);
+            matmul_rows_i8(type, RowRange{matrix.data(), row.size(), 0, 3, three, 3, 1.0f}, rows + 1, 3, n);
+            matmul_rows_i8(type, RowRange{matrix.data(), row.size(), 0, 3, two, 3, 1.0f}, rows + 2, 2, n);
             for (int t = 0; t < 4; ++t) matmul_rows_i8(type, RowRange{matrix.data(), row.size(), 0, 3, ones + 3 * t, 3, 1.0f}, rows + t, 1, n);
             for (int t = 0; t < 4; ++t) {
                 double want = 0;
@@ -441,6 +443,8 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
                 for (int r = 0; r < 3; ++r) {
                     CHECK(ones[3 * t + r] == doctest::Approx(want).epsilon(1e-4));
                     CHECK(four[3 * t + r] == doctest::Approx(want).epsilon(1e-4));
+                    if (t >= 1) CHECK(three[3 * (t - 1) + r] == doctest::Approx(want).epsilon(1e-4));
+                    if (t >= 2) CHECK(two[3 * (t - 2) + r] == doctest::Approx(want).epsilon(1e-4));
                 }
                 int32_t s = 0;  // the block sums are the codes' sums
                 for (int64_t i = 0; i < blk; ++i) s += q[static_cast<size_t>(t * n + i)];
@@ -505,8 +509,10 @@ TEST_CASE("kernels: Q8_0 interleaved by eight rows gives each row's int8 dot (VN
     quantize_rows_i8(kQ8_0, x.data(), 4, n, q.data(), d.data(), sum.data());
     QuantRow xr[4];
     for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
-    float four[32], one[8];
+    float four[32], three[24], two[16], one[8];
     dot_q8_0x8(packed.data(), xr, 4, n, four);
+    dot_q8_0x8(packed.data(), xr + 1, 3, n, three);
+    dot_q8_0x8(packed.data(), xr + 2, 2, n, two);
     for (int t = 0; t < 4; ++t) {
         dot_q8_0x8(packed.data(), xr + t, 1, n, one);
         for (int r = 0; r < 8; ++r) {
@@ -515,6 +521,8 @@ TEST_CASE("kernels: Q8_0 interleaved by eight rows gives each row's int8 dot (VN
             CAPTURE(r);
             CHECK(four[r * 4 + t] == doctest::Approx(plain).epsilon(1e-5));
             CHECK(one[r] == doctest::Approx(plain).epsilon(1e-5));
+            if (t >= 1) CHECK(three[r * 3 + t - 1] == doctest::Approx(plain).epsilon(1e-5));
+            if (t >= 2) CHECK(two[r * 2 + t - 2] == doctest::Approx(plain).epsilon(1e-5));
         }
     }
 }
@@ -892,6 +900,81 @@ TEST_CASE("forward: a batched prefill gives the logits of token-by-token steps")
     }
 }
 
+TEST_CASE("step: sequences batched in one step give the logits each gives alone, prompt chunks and decode tokens mixed") {
+    TempDir d;
+    for (uint32_t type : {kF32, kQ8_0, kTQ2_0})
+        for (bool exact : {false, true}) {
+            write_synthetic(d / "m.gguf", SynthShape{}, type, 5);
+            auto m = Model::load(GgufFile::open(d / "m.gguf"));
+            m->exact = exact;
+            CAPTURE(type_name(type));
+            CAPTURE(exact);
+            const int64_t V = m->hparams().n_vocab;
+            std::vector<std::vector<int32_t>> prompts;
+            for (int p = 0; p < 4; ++p) {
+                std::vector<int32_t> t;
+                for (int i = 0; i < 5 + 4 * p; ++i) t.push_back((i * 31 + p * 97 + 3) % 300);
+                prompts.push_back(t);
+            }
+            const std::vector<int32_t> follow = {17, 250, 3};  // decode tokens fed after each prompt
+            // Alone: the prompt's last logits, then one set per follow token.
+            std::vector<std::vector<std::vector<float>>> alone(4);
+            for (int p = 0; p < 4; ++p) {
+                auto s = m->new_sequence();
+                alone[p].push_back(m->forward(*s, prompts[p]));
+                for (int32_t t : follow) alone[p].push_back(m->forward(*s, {t}));
+            }
+            // Batched: A, B, C prefill together (no logits but their last token's), then decode in
+            // lockstep while D's whole prompt arrives as a chunk in the middle of their steps.
+            std::vector<std::unique_ptr<Sequence>> seqs;
+            for (int p = 0; p < 4; ++p) seqs.push_back(m->new_sequence());
+            std::vector<std::vector<std::vector<float>>> got(4);
+            auto out = [&](int p) {
+                got[p].emplace_back(static_cast<size_t>(V));
+                return got[p].back().data();
+            };
+            std::vector<Segment> prefill;
+            for (int p = 0; p < 3; ++p) prefill.push_back(Segment{seqs[p].get(), prompts[p].data(), static_cast<int64_t>(prompts[p].size()) - 1});
+            m->step(prefill);
+            std::vector<Segment> last;
+            for (int p = 0; p < 3; ++p) last.push_back(Segment{seqs[p].get(), &prompts[p].back(), 1, out(p)});
+            m->step(last);
+            for (size_t f = 0; f < follow.size(); ++f) {
+                std::vector<Segment> segs;
+                for (int p = 0; p < 3; ++p) segs.push_back(Segment{seqs[p].get(), &follow[f], 1, out(p)});
+                if (f == 1) segs.insert(segs.begin() + 1, Segment{seqs[3].get(), prompts[3].data(), static_cast<int64_t>(prompts[3].size()), out(3)});
+                if (f == 2) segs.push_back(Segment{seqs[3].get(), &follow[0], 1, out(3)});
+                m->step(segs);
+            }
+            double worst = 0;
+            size_t compared = 0;
+            for (int p = 0; p < 4; ++p)
+                for (size_t i = 0; i < got[p].size(); ++i, ++compared)
+                    for (int64_t v = 0; v < V; ++v) worst = std::max(worst, std::fabs(static_cast<double>(got[p][i][static_cast<size_t>(v)]) - alone[p][i][static_cast<size_t>(v)]));
+            CHECK(compared == 14);
+            CHECK(worst < 1e-4);
+            for (int p = 0; p < 3; ++p) CHECK(seqs[p]->n_past == static_cast<int64_t>(prompts[p].size() + follow.size()));
+            CHECK(seqs[3]->n_past == static_cast<int64_t>(prompts[3].size() + 1));
+        }
+}
+
+TEST_CASE("step: a sequence twice, too many rows or a bad token is refused before anything runs") {
+    TempDir d;
+    write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+    auto m = Model::load(GgufFile::open(d / "t.gguf"));
+    auto a = m->new_sequence(), b = m->new_sequence();
+    std::vector<int32_t> toks(Model::kMaxStepRows, 65);
+    int32_t bad = 100000;
+    CHECK_THROWS_WITH_AS(m->step({Segment{a.get(), toks.data(), 2}, Segment{a.get(), toks.data(), 1}}), "a sequence may take part in a step once",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(m->step({Segment{a.get(), toks.data(), Model::kMaxStepRows}, Segment{b.get(), toks.data(), 1}}),
+                         "a step takes at most 64 rows, not 65", std::invalid_argument);
+    CHECK_THROWS_AS(m->step({Segment{a.get(), toks.data(), 3}, Segment{b.get(), &bad, 1}}), std::out_of_range);
+    CHECK_THROWS_AS(m->step({Segment{a.get(), toks.data(), 0}}), std::invalid_argument);
+    CHECK(a->n_past == 0);
+    CHECK(b->n_past == 0);
+}
+
 TEST_CASE("forward: a copied sequence is a checkpoint; continuing from it equals continuing the original") {
     TempDir d;
     write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
@@ -944,8 +1027,8 @@ public:
     void swiglu(DevPtr g, DevPtr u, int64_t n) const override { cpu_->swiglu(g, u, n); }
     void add(DevPtr x, DevPtr y, int64_t n) const override { cpu_->add(x, y, n); }
     void rotate(const Rotation& r, DevPtr x, DevPtr o, int64_t B) const override { cpu_->rotate(r, x, o, B); }
-    void attention(const AttentionOp& op) const override { cpu_->attention(op); }
-    void deltanet(const DeltaNetOp& op) const override { cpu_->deltanet(op); }
+    void attention(const AttentionOp* ops, size_t n) const override { cpu_->attention(ops, n); }
+    void deltanet(const DeltaNetOp* ops, size_t n) const override { cpu_->deltanet(ops, n); }
 
 private:
     Counts& c_;

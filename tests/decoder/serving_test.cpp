@@ -51,14 +51,37 @@ std::vector<rapidjson::Document> drain(Job& job) {
 struct TinyEngine {
     TempDir d;
     std::unique_ptr<Engine> engine;
-    TinyEngine() {
-        write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+    explicit TinyEngine(int64_t max_sequences = 4, uint32_t type = kF32) {
+        write_synthetic(d / "t.gguf", tiny_shape(), type, 7);
         EngineOptions o;
         o.model = d / "t.gguf";
         o.threads = 1;
+        o.max_sequences = max_sequences;
         engine = std::make_unique<Engine>(o);
     }
 };
+
+// What a request streamed: its reasoning and content text, finish reason and usage.
+struct Answer {
+    std::string reasoning, content, finish;
+    int completion = -1, prompt = -1;
+    bool operator==(const Answer&) const = default;
+};
+Answer answer(const std::vector<rapidjson::Document>& chunks) {
+    Answer a;
+    for (const auto& c : chunks) {
+        if (c.HasMember("usage")) {
+            a.completion = c["usage"]["completion_tokens"].GetInt();
+            a.prompt = c["usage"]["prompt_tokens"].GetInt();
+        }
+        if (!c["choices"].Size()) continue;
+        const auto& ch = c["choices"][0];
+        if (ch["delta"].HasMember("reasoning_content")) a.reasoning += ch["delta"]["reasoning_content"].GetString();
+        if (ch["delta"].HasMember("content")) a.content += ch["delta"]["content"].GetString();
+        if (ch["finish_reason"].IsString()) a.finish = ch["finish_reason"].GetString();
+    }
+    return a;
+}
 
 }  // namespace
 
@@ -245,17 +268,120 @@ TEST_CASE("engine: max tokens ends with length; an over-long prompt is refused b
     CHECK(long_job->done);
 }
 
-TEST_CASE("backend plugin through the gateway: a decoder:// endpoint answers, /health reports the queue") {
+TEST_CASE("engine: up to max_sequences requests run at once, each answered as if alone; more wait; a cancel leaves the rest") {
+    for (uint32_t type : {kF32, kQ8_0}) {
+        CAPTURE(type_name(type));
+        std::vector<std::string> reqs;
+        for (int i = 0; i < 5; ++i)
+            reqs.push_back(R"({"max_tokens":)" + std::to_string(20 + 3 * i) + R"(,"temperature":0,"messages":[{"role":"user","content":"request )" +
+                           std::string(static_cast<size_t>(1 + 7 * i), static_cast<char>('a' + i)) + R"("}]})");
+        // One at a time: the reference answers.
+        std::vector<Answer> alone;
+        Engine::Stats one_stats;
+        {
+            TinyEngine one(1, type);
+            for (const auto& r : reqs) alone.push_back(answer(drain(*one.engine->submit(json(r)))));
+            one_stats = one.engine->stats();
+        }
+        CHECK(one_stats.peak_batch == 1);
+        TinyEngine t(3, type);
+        CHECK(t.engine->max_sequences() == 3);
+        std::vector<std::shared_ptr<Job>> jobs;
+        for (const auto& r : reqs) jobs.push_back(t.engine->submit(json(r)));
+        for (size_t i = 0; i < jobs.size(); ++i) {
+            CAPTURE(i);
+            CHECK(answer(drain(*jobs[i])) == alone[i]);
+        }
+        for (int i = 0; i < 200 && t.engine->active() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        CHECK(t.engine->active() == 0);
+        // Three were served per step (never more), the same tokens in far fewer steps.
+        auto st = t.engine->stats();
+        CHECK(st.peak_batch == 3);
+        CHECK(st.decode_rows == one_stats.decode_rows);
+        CHECK(st.prompt_rows == one_stats.prompt_rows);
+        CHECK(st.steps * 3 < one_stats.steps * 2);
+        MESSAGE("steps one at a time " << one_stats.steps << ", three at a time " << st.steps);
+
+        // A request cancelled while others run beside it: it stops, they are unchanged.
+        const uint64_t rows_before = t.engine->stats().decode_rows;
+        auto endless = t.engine->submit(json(R"({"max_tokens":3000,"temperature":0,"messages":[{"role":"user","content":"go on"}]})"));
+        std::vector<std::shared_ptr<Job>> beside;
+        for (int i = 3; i < 5; ++i) beside.push_back(t.engine->submit(json(reqs[static_cast<size_t>(i)])));
+        // Cancelled a few steps in, while the other two still run (they need 30 and 33 tokens).
+        for (int i = 0; i < 2000 && t.engine->stats().decode_rows < rows_before + 9; ++i) std::this_thread::sleep_for(std::chrono::microseconds(500));
+        endless->cancelled = true;
+        auto cut = answer(drain(*endless));
+        CHECK(cut.finish.empty());  // no finish reason, no usage: it ended where it was cut
+        CHECK(cut.completion == -1);
+        CHECK(endless->error.empty());
+        CHECK(answer(drain(*beside[0])) == alone[3]);
+        CHECK(answer(drain(*beside[1])) == alone[4]);
+    }
+}
+
+TEST_CASE("engine: ignore_eos generates to max_tokens past the point the model would have stopped") {
+    TinyEngine t;
+    const std::string req = R"({"max_tokens":80,"temperature":1,"seed":3,"messages":[{"role":"user","content":"go on"}])";
+    auto stops = answer(drain(*t.engine->submit(json(req + "}"))));
+    REQUIRE(stops.finish == "stop");  // this seed samples an end-of-generation token early
+    REQUIRE(stops.completion < 80);
+    auto runs = answer(drain(*t.engine->submit(json(req + R"(,"ignore_eos":true})"))));
+    CHECK(runs.finish == "length");
+    CHECK(runs.completion == 80);
+}
+
+TEST_CASE("engine: conversations served side by side each keep their prefix checkpoint (two per sequence slot)") {
+    TinyEngine t(4);
+    CHECK(t.engine->max_checkpoints() == 8);
+    std::vector<std::string> reqs;
+    for (int i = 0; i < 4; ++i)
+        reqs.push_back(R"({"max_tokens":6,"temperature":0,"messages":[{"role":"user","content":"conversation )" + std::to_string(i) + R"("}]})");
+    for (int turn = 0; turn < 2; ++turn) {
+        std::vector<std::shared_ptr<Job>> jobs;
+        for (const auto& r : reqs) jobs.push_back(t.engine->submit(json(r)));
+        for (auto& j : jobs) {
+            auto chunks = drain(*j);
+            const int cached = chunks.back()["usage"]["prompt_tokens_details"]["cached_tokens"].GetInt();
+            // The repeat finds everything but its last prompt token (with the old three
+            // checkpoints, the fourth conversation's were gone).
+            CHECK(cached == (turn == 0 ? 0 : static_cast<int>(j->tokens.size()) - 1));
+        }
+    }
+}
+
+TEST_CASE("engine: max_sequences outside 1..32 is refused at start") {
+    TempDir d;
+    write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+    for (int64_t n : {0, 33}) {
+        EngineOptions o;
+        o.model = d / "t.gguf";
+        o.max_sequences = n;
+        CHECK_THROWS_WITH_AS(Engine{o}, ("max_sequences must be 1 to 32, not " + std::to_string(n)).c_str(), std::invalid_argument);
+    }
+}
+
+TEST_CASE("backend plugin through the gateway: a decoder:// endpoint answers, /health reports the queue and concurrency") {
     TempDir d;
     write_synthetic(d / "tiny.gguf", tiny_shape(), kF32, 7);
     Gateway gw("[models.tiny]\nprofile = \"qwen38\"\n[[models.tiny.endpoints]]\nname = \"local\"\nurl = \"decoder://" + (d / "tiny.gguf").string() +
-               "\"\n[models.tiny.sampling]\nmax_output_tokens = 8\n[models.tiny.profile_options]\nthinking = \"off\"\n");
+               "\"\n[models.tiny.endpoints.options]\nmax_sequences = 2\n[models.tiny.sampling]\nmax_output_tokens = 8\n[models.tiny.profile_options]\nthinking = \"off\"\n");
     auto r = post(gw.port, "/v1/responses", R"({"model":"tiny","input":"hi","stream":false,"store":false})");
     REQUIRE_MESSAGE(r.status == 200, r.body << gw.log());
     auto resp = json(r.body);
     std::string status = resp["status"].GetString();
     CHECK((status == "completed" || status == "incomplete"));
     CHECK(resp["usage"]["input_tokens"].GetInt() > 5);
+    // Two streams at once through the plugin (that one step serves both is the engine tests' part).
+    std::vector<std::thread> clients;
+    std::vector<int> codes(2);
+    for (int i = 0; i < 2; ++i)
+        clients.emplace_back([&, i] {
+            codes[static_cast<size_t>(i)] =
+                post(gw.port, "/v1/responses", R"({"model":"tiny","input":"stream )" + std::to_string(i) + R"(","stream":true,"store":false,"max_output_tokens":64})")
+                    .status;
+        });
+    for (auto& c : clients) c.join();
+    CHECK(codes == std::vector<int>{200, 200});
     // The backend's own report is in /health (probes run every 0.2 s in the harness).
     std::string health;
     for (int i = 0; i < 50; ++i) {
@@ -264,11 +390,14 @@ TEST_CASE("backend plugin through the gateway: a decoder:// endpoint answers, /h
         s.sendRequest(req);
         Poco::Net::HTTPResponse resp2;
         health.assign(std::istreambuf_iterator<char>(s.receiveResponse(resp2)), {});
-        if (health.find("one sequence at a time") != std::string::npos) break;
+        // a probe after the requests
+        if (health.find(R"("queued":0,"active":0,"concurrency":2)") != std::string::npos && health.find(R"("steps":0,)") == std::string::npos) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     CHECK(health.find(R"("backend":{"status":"ok","model":"pulse-synthetic")") != std::string::npos);
-    CHECK(health.find("one sequence at a time") != std::string::npos);
+    CAPTURE(health);
+    CHECK(health.find(R"("queued":0,"active":0,"concurrency":2,"checkpoints":4,"steps":)") != std::string::npos);
+    CHECK(health.find(R"("steps":0,)") == std::string::npos);
 }
 
 TEST_CASE("backend plugin: make_demo writes the demo model, or into ~/.cache when the path is not writable") {
