@@ -171,7 +171,7 @@ Engine::Stats Engine::stats() const {
     return stats_;
 }
 
-std::shared_ptr<Job> Engine::submit(rapidjson::Document request) {
+std::shared_ptr<Job> Engine::prepare(rapidjson::Document request) const {
     auto job = std::make_shared<Job>();
     job->prompt = render_chat(request, &job->thinking);
     job->tokens = tok_.encode(job->prompt, true);
@@ -179,12 +179,24 @@ std::shared_ptr<Job> Engine::submit(rapidjson::Document request) {
         throw std::length_error("This model's maximum context length is " + std::to_string(context_) + " tokens. However, your prompt has " +
                                 std::to_string(job->tokens.size()) + " tokens.");
     job->request = std::move(request);
+    return job;
+}
+
+std::shared_ptr<Job> Engine::submit(rapidjson::Document request) {
+    std::vector<rapidjson::Document> one;
+    one.push_back(std::move(request));
+    return submit_all(std::move(one)).front();
+}
+
+std::vector<std::shared_ptr<Job>> Engine::submit_all(std::vector<rapidjson::Document> requests) {
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (auto& r : requests) jobs.push_back(prepare(std::move(r)));
     {
         std::lock_guard lock(mu_);
-        queue_.push_back(job);
+        queue_.insert(queue_.end(), jobs.begin(), jobs.end());
     }
     cv_.notify_one();
-    return job;
+    return jobs;
 }
 
 namespace {

@@ -84,6 +84,9 @@ public:
     // generation runs on the engine's thread. Throws std::invalid_argument (bad request) or
     // std::length_error (prompt over the context).
     std::shared_ptr<Job> submit(rapidjson::Document request);
+    // Several at once: all are checked first (one bad request submits none), then queued
+    // together, so the engine admits them in one go (what a benchmark of N streams needs).
+    std::vector<std::shared_ptr<Job>> submit_all(std::vector<rapidjson::Document> requests);
 
     const Model& model() const { return *model_; }
     const Tokenizer& tokenizer() const { return tok_; }
@@ -108,6 +111,7 @@ private:
     bool advance(Active& a);  // after a's logits came: sample and emit; false when it ended
     void finish(Active& a);
     void remember(std::vector<int32_t> tokens, const Sequence& seq);
+    std::shared_ptr<Job> prepare(rapidjson::Document request) const;  // render, tokenize, check
 
     EngineOptions opts_;
     std::shared_ptr<Model> model_;

@@ -102,7 +102,8 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
     const auto t0 = std::chrono::steady_clock::now();
     auto since = [&](std::chrono::steady_clock::time_point t) { return std::chrono::duration<double>(t - t0).count(); };
     try {
-        for (size_t k = 0; k < ss.size(); ++k) ss[k].job = engine->submit(std::move(reqs[k]));
+        auto jobs = engine->submit_all(std::move(reqs));
+        for (size_t k = 0; k < ss.size(); ++k) ss[k].job = jobs[k];
     } catch (const std::exception& e) {
         std::fprintf(stderr, "pulse decode: %s\n", e.what());
         return 2;

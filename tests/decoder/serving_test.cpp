@@ -286,8 +286,9 @@ TEST_CASE("engine: up to max_sequences requests run at once, each answered as if
         CHECK(one_stats.peak_batch == 1);
         TinyEngine t(3, type);
         CHECK(t.engine->max_sequences() == 3);
-        std::vector<std::shared_ptr<Job>> jobs;
-        for (const auto& r : reqs) jobs.push_back(t.engine->submit(json(r)));
+        std::vector<rapidjson::Document> docs;
+        for (const auto& r : reqs) docs.push_back(json(r));
+        auto jobs = t.engine->submit_all(std::move(docs));  // queued together: no race with the engine
         for (size_t i = 0; i < jobs.size(); ++i) {
             CAPTURE(i);
             CHECK(answer(drain(*jobs[i])) == alone[i]);
@@ -347,6 +348,16 @@ TEST_CASE("engine: conversations served side by side each keep their prefix chec
             CHECK(cached == (turn == 0 ? 0 : static_cast<int>(j->tokens.size()) - 1));
         }
     }
+}
+
+TEST_CASE("engine: submit_all queues all or none") {
+    TinyEngine t;
+    std::vector<rapidjson::Document> docs;
+    docs.push_back(json(R"({"max_tokens":2,"messages":[{"role":"user","content":"fine"}]})"));
+    docs.push_back(json(R"({"messages":[{"role":"nobody","content":"x"}]})"));
+    CHECK_THROWS_AS(t.engine->submit_all(std::move(docs)), std::invalid_argument);
+    CHECK(t.engine->queued() == 0);
+    CHECK(t.engine->stats().steps == 0);  // the good one was not run either
 }
 
 TEST_CASE("engine: max_sequences outside 1..32 is refused at start") {
