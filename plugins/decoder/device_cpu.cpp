@@ -13,7 +13,7 @@ namespace pulse::decoder {
 
 namespace {
 
-constexpr int64_t kSplitElements = 8192;  // element-wise ops this long are worth a fork-join
+constexpr int64_t kSplitElements = 65536;  // element-wise ops this long are worth a fork-join
 
 float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
 float silu(float x) { return x * sigmoid(x); }
@@ -90,7 +90,7 @@ void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
     int8_t* q = q_buf.data();
     float* d = d_buf.data();
     int32_t* sums = sum_buf.data();
-#pragma omp parallel for schedule(static) if (B > 1)
+#pragma omp parallel for schedule(static) if (B * n >= kSplitElements)
     for (int64_t b = 0; b < B; ++b) quantize_rows_i8(t.type, x + b * n, 1, n, q + b * n, d + b * nb, sums + b * nb);
     for (int64_t b = 0; b < B; ++b) row_buf[static_cast<size_t>(b)] = QuantRow{q + b * n, d + b * nb, sums + b * nb};
     const QuantRow* xr = row_buf.data();
@@ -195,12 +195,14 @@ public:
             dequantize_row(t.type, t.data + static_cast<uint64_t>(tokens[b]) * t.row_bytes(), raw(out) + b * table.n_in, table.n_in);
     }
     void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool int8) const override { matmat(w, raw(x), B, raw(y), int8); }
-    // The element-wise ops split across the threads once there are several rows: run on the
-    // calling thread alone, the others would spin at the next region's start meanwhile.
+    // The element-wise ops split across the threads only when they are long: a fork-join costs
+    // tens of microseconds where waking a sleeping thread is a VM exit, more than a few rows of
+    // work (on this project's 2-vCPU VM, splitting from two rows on took the two-stream decode
+    // aggregate from 40-46 down to 35-38 tok/s, Q8_0 bench model, alternating runs).
     void rmsnorm(DevPtr x, DevPtr w, DevPtr out, int64_t rows, int64_t n, double eps) const override {
         const float *xp = raw(x), *wp = raw(w);
         float* op = raw(out);
-#pragma omp parallel for schedule(static) if (rows > 1)
+#pragma omp parallel for schedule(static) if (rows * n >= kSplitElements)
         for (int64_t r = 0; r < rows; ++r) rmsnorm_row(xp + r * n, wp, op + r * n, n, eps);
     }
     void swiglu(DevPtr g, DevPtr u, int64_t n) const override {
