@@ -353,6 +353,138 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
     w.write(path);
 }
 
+void write_scripted_model(const std::filesystem::path& path, const ScriptedAnswers& a) {
+    SynthVocab vocab = trained_vocab(640);
+    auto find = [&](const std::string& text) -> int64_t {
+        for (size_t t = 0; t < vocab.tokens.size(); ++t)
+            if (vocab.tokens[t] == text) return static_cast<int64_t>(t);
+        throw std::invalid_argument("scripted model: the marker '" + text + "' is not a token of the vocabulary");
+    };
+    const int64_t marker = find(a.marker);
+    auto add = [&](const std::string& text) {  // a normal token: the text in byte-level form
+        std::string t;
+        for (unsigned char c : text) t += byte_token(c);
+        vocab.tokens.push_back(t);
+        vocab.types.push_back(1);
+        return static_cast<int64_t>(vocab.tokens.size() - 1);
+    };
+    const int64_t first = add(a.first), then = add(a.then), end = vocab.im_end;
+    const int64_t V = static_cast<int64_t>(vocab.tokens.size());
+    SynthShape s;
+    s.name = "pulse-scripted";
+    s.n_layer = 4;  // three Gated DeltaNet layers (silent) and the attention layer that finds the marker
+    s.n_embd = 16;
+    s.n_ff = 16;
+    s.n_head = 1;
+    s.n_head_kv = 1;
+    s.head_dim = 16;
+    s.rope_dim = 8;
+    s.sections = {2, 1, 1, 0};
+    s.ssm_groups = 1;
+    s.ssm_heads = 1;
+    s.ssm_state = 16;
+    s.context = a.context;
+    const int64_t E = s.n_embd, D = s.head_dim;
+    // Residual features: a constant, "this token is the marker", the flag the attention layer
+    // writes, and "this token is answer 1 / 2". Query and key meet in a dimension RoPE leaves alone.
+    enum : int64_t { kConst = 0, kMarker = 1, kFlag = 2, kFirst = 3, kThen = 4 };
+    const int64_t kMeet = s.rope_dim;
+    GgufWriter w;
+    const std::string arch = "qwen35";
+    w.set_string("general.architecture", arch);
+    w.set_string("general.name", s.name);
+    w.set_u32(arch + ".context_length", static_cast<uint32_t>(s.context));
+    w.set_u32(arch + ".embedding_length", static_cast<uint32_t>(E));
+    w.set_u32(arch + ".block_count", static_cast<uint32_t>(s.n_layer));
+    w.set_u32(arch + ".feed_forward_length", static_cast<uint32_t>(s.n_ff));
+    w.set_u32(arch + ".attention.head_count", 1);
+    w.set_u32(arch + ".attention.head_count_kv", 1);
+    w.set_u32(arch + ".attention.key_length", static_cast<uint32_t>(D));
+    w.set_u32(arch + ".attention.value_length", static_cast<uint32_t>(D));
+    w.set_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
+    w.set_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(s.rope_dim));
+    w.set_i32s(arch + ".rope.dimension_sections", s.sections);
+    w.set_f32(arch + ".rope.freq_base", 10000000.f);
+    w.set_u32(arch + ".ssm.conv_kernel", static_cast<uint32_t>(s.conv_kernel));
+    w.set_u32(arch + ".ssm.state_size", static_cast<uint32_t>(s.ssm_state));
+    w.set_u32(arch + ".ssm.group_count", 1);
+    w.set_u32(arch + ".ssm.time_step_rank", 1);
+    w.set_u32(arch + ".ssm.inner_size", static_cast<uint32_t>(s.ssm_state));
+    w.set_u32(arch + ".full_attention_interval", 4);
+    w.set_string("tokenizer.ggml.model", "gpt2");
+    w.set_string("tokenizer.ggml.pre", "qwen35");
+    w.set_strings("tokenizer.ggml.tokens", vocab.tokens);
+    w.set_i32s("tokenizer.ggml.token_type", vocab.types);
+    w.set_strings("tokenizer.ggml.merges", vocab.merges);
+    w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.endoftext));
+    w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.im_end));
+    w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(vocab.endoftext));
+    w.set_bool("tokenizer.ggml.add_bos_token", false);
+    auto put = [&](const std::string& name, int64_t n_in, int64_t n_out, const std::vector<float>& v) {  // rows of n_in
+        w.add_tensor(name, {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)}, kF32, quantize(kF32, v.data(), n_in * n_out));
+    };
+    auto vec = [&](const std::string& name, int64_t n, float value) {
+        std::vector<float> v(static_cast<size_t>(n), value);
+        w.add_tensor(name, {static_cast<uint64_t>(n)}, kF32, quantize(kF32, v.data(), n));
+    };
+    auto zeros = [&](const std::string& name, int64_t n_in, int64_t n_out) { put(name, n_in, n_out, std::vector<float>(static_cast<size_t>(n_in * n_out))); };
+    std::vector<float> emb(static_cast<size_t>(E * V)), out(static_cast<size_t>(E * V));
+    for (int64_t t = 0; t < V; ++t) emb[static_cast<size_t>(t * E + kConst)] = 1;
+    emb[static_cast<size_t>(marker * E + kMarker)] = 1;
+    emb[static_cast<size_t>(first * E + kFirst)] = 1;
+    emb[static_cast<size_t>(then * E + kThen)] = 1;
+    // The head (after the final RMSNorm, which keeps these ratios): any other token is followed by
+    // an answer, `first` without the flag and `then` with it; an answer is followed by the end.
+    auto o = [&](int64_t token, int64_t feature) -> float& { return out[static_cast<size_t>(token * E + feature)]; };
+    o(first, kConst) = 5, o(first, kFlag) = -10, o(first, kFirst) = -20, o(first, kThen) = -20;
+    o(then, kFlag) = 10, o(then, kFirst) = -20, o(then, kThen) = -20;
+    o(end, kFirst) = 30, o(end, kThen) = 30;
+    put("token_embd.weight", E, V, emb);
+    vec("output_norm.weight", E, 1);
+    put("output.weight", E, V, out);
+    const int64_t conv_dim = 3 * s.ssm_state;
+    for (int64_t il = 0; il < s.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        vec(p + "attn_norm.weight", E, 1);
+        vec(p + "post_attention_norm.weight", E, 1);
+        if ((il + 1) % 4 != 0) {  // Gated DeltaNet, its output projection zero
+            zeros(p + "attn_qkv.weight", E, conv_dim);
+            zeros(p + "attn_gate.weight", E, s.ssm_state);
+            zeros(p + "ssm_beta.weight", E, 1);
+            zeros(p + "ssm_alpha.weight", E, 1);
+            zeros(p + "ssm_out.weight", s.ssm_state, E);
+            zeros(p + "ssm_conv1d.weight", s.conv_kernel, conv_dim);
+            vec(p + "ssm_dt.bias", 1, 0);
+            vec(p + "ssm_a", 1, -1);
+            vec(p + "ssm_norm.weight", s.ssm_state, 1);
+        } else {
+            // q (the constant) meets k (the marker) in dimension kMeet: both RMS-normed per head to
+            // 4 = √D there, times 3 each, the score is 36·D/√D/4 = 36 for the marker and 0 for
+            // any other token, so the softmax puts ~all weight on the marker when there is one.
+            // v carries the marker feature (≈ 1 after the input RMSNorm's ×√(E/2)); the gate is
+            // held open by the constant; the output writes it to the flag.
+            std::vector<float> q(static_cast<size_t>(E * 2 * D)), k(static_cast<size_t>(E * D)), v(k.size()), ow(static_cast<size_t>(D * E));
+            q[static_cast<size_t>(kMeet * E + kConst)] = 1;
+            for (int64_t d = 0; d < D; ++d) q[static_cast<size_t>((D + d) * E + kConst)] = 8;
+            k[static_cast<size_t>(kMeet * E + kMarker)] = 1;
+            v[static_cast<size_t>(0 * E + kMarker)] = 1 / std::sqrt(static_cast<float>(E) / 2);
+            ow[static_cast<size_t>(kFlag * D + 0)] = 1;
+            put(p + "attn_q.weight", E, 2 * D, q);
+            put(p + "attn_k.weight", E, D, k);
+            put(p + "attn_v.weight", E, D, v);
+            put(p + "attn_output.weight", D, E, ow);
+            std::vector<float> qn(static_cast<size_t>(D), 1), kn(static_cast<size_t>(D), 1);
+            qn[static_cast<size_t>(kMeet)] = 3, kn[static_cast<size_t>(kMeet)] = 3;
+            w.add_tensor(p + "attn_q_norm.weight", {static_cast<uint64_t>(D)}, kF32, quantize(kF32, qn.data(), D));
+            w.add_tensor(p + "attn_k_norm.weight", {static_cast<uint64_t>(D)}, kF32, quantize(kF32, kn.data(), D));
+        }
+        zeros(p + "ffn_gate.weight", E, s.n_ff);
+        zeros(p + "ffn_up.weight", E, s.n_ff);
+        zeros(p + "ffn_down.weight", s.n_ff, E);
+    }
+    w.write(path);
+}
+
 std::vector<FixtureFile> fixture_set(uint64_t seed) {
     std::vector<FixtureFile> out;
     SynthShape shape;

@@ -48,6 +48,23 @@ SynthVocab trained_vocab(int merges);
 // Q8_0 — small enough to prefill a whole Codex prompt in seconds on a laptop CPU.
 void write_demo_model(const std::filesystem::path& path);
 
+// A model whose answers are fixed — weights set by hand, not trained and not random — so that a
+// real server (llama-server) produces exactly the text a test needs: greedy decoding writes
+// `first` while the prompt holds no `marker` token, and `then` once it holds one, each followed
+// by <|im_end|>. A coding agent's turn, for instance: a tool call first; after the tool's result
+// comes back (a <tool_response> in the prompt), the answer. Each answer is one vocabulary token
+// of its own; the vocab is trained_vocab(640) plus those two. How it works: every layer's output
+// projections are zero except one attention layer whose key and value read only the marker's
+// embedding, so its output is a flag ≈ 1 when the marker is anywhere in the context and 0 when it
+// is not; the output head reads that flag and the current token (docs/DECODER.md, "The scripted
+// model").
+struct ScriptedAnswers {
+    std::string first, then;
+    std::string marker = "<tool_response>";
+    int64_t context = 131072;
+};
+void write_scripted_model(const std::filesystem::path& path, const ScriptedAnswers& answers);
+
 // Writes `path` with every 2-D weight in `type` (1-D tensors, conv and SSM parameters in F32).
 // Weight codes: ternary; {-1, 0, 1, 2} for the Q2_0 layouts (all four codes); ±1 for Q1_0.
 // When `dequantized_twin` is set, writes instead the F32 file holding exactly the values the

@@ -360,6 +360,50 @@ TEST_CASE("engine: submit_all queues all or none") {
     CHECK(t.engine->stats().steps == 0);  // the good one was not run either
 }
 
+TEST_CASE("scripted model: a tool call first, the answer once a tool result is in the prompt") {
+    TempDir d;
+    const std::string call = "<tool_call>\n<function=shell>\n<parameter=cmd>\necho hi > f.txt\n</parameter>\n</function>\n</tool_call>";
+    write_scripted_model(d / "s.gguf", ScriptedAnswers{call, "Done: f.txt holds hi."});
+    EngineOptions o;
+    o.model = d / "s.gguf";
+    o.threads = 1;
+    Engine e(o);
+    auto tools = std::string(R"(,"tools":)") + kTools;
+    auto call_of = [](const std::vector<rapidjson::Document>& chunks) {
+        std::string name, args, finish;
+        for (const auto& c : chunks) {
+            if (!c["choices"].Size()) continue;
+            const auto& ch = c["choices"][0];
+            if (ch["delta"].HasMember("tool_calls")) {
+                name = ch["delta"]["tool_calls"][0]["function"]["name"].GetString();
+                args = ch["delta"]["tool_calls"][0]["function"]["arguments"].GetString();
+            }
+            if (ch["finish_reason"].IsString()) finish = ch["finish_reason"].GetString();
+        }
+        return std::make_tuple(name, args, finish);
+    };
+    auto first = drain(*e.submit(json(std::string(R"({"temperature":0,"chat_template_kwargs":{"enable_thinking":false},
+        "messages":[{"role":"user","content":"make f.txt"}])") + tools + "}")));
+    auto [name, args, finish] = call_of(first);
+    CHECK(name == "shell");
+    CHECK(args == R"({"cmd":"echo hi > f.txt"})");
+    CHECK(finish == "tool_calls");
+    CHECK(first.back()["usage"]["completion_tokens"].GetInt() == 2);  // the answer's token and the end
+    auto second = answer(drain(*e.submit(json(std::string(R"({"temperature":0,"chat_template_kwargs":{"enable_thinking":false},
+        "messages":[{"role":"user","content":"make f.txt"},
+          {"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"shell","arguments":"{\"cmd\":\"echo hi > f.txt\"}"}}]},
+          {"role":"tool","tool_call_id":"c1","content":"no output"}])") + tools + "}"))));
+    CHECK(second.content == "Done: f.txt holds hi.");
+    CHECK(second.finish == "stop");
+    // A long conversation before the result does not dilute the flag.
+    std::string filler;
+    for (int i = 0; i < 300; ++i) filler += "lorem ipsum dolor sit amet ";
+    auto long_first = drain(*e.submit(json(R"({"temperature":0,"chat_template_kwargs":{"enable_thinking":false},"messages":[{"role":"user","content":")" +
+                                                filler + R"("}])" + tools + "}")));
+    CHECK(std::get<0>(call_of(long_first)) == "shell");
+    CHECK(long_first.back()["usage"]["prompt_tokens"].GetInt() > 2000);
+}
+
 TEST_CASE("engine: max_sequences outside 1..32 is refused at start") {
     TempDir d;
     write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);

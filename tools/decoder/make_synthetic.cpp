@@ -2,6 +2,8 @@
 //   make_synthetic OUT_DIR [SEED]   the fixture set (synthetic.h: every type, F32 twins, an odd shape)
 //   make_synthetic --tiny FILE      one small F32 model (the GGUF fuzzer's seed)
 //   make_synthetic --bench TYPE FILE  332.7M parameters (16 layers, E 1024) for tools/bench/decoder
+//   make_synthetic --scripted FILE FIRST THEN  a model that answers FIRST, then THEN once the prompt
+//                                    holds a <tool_response> (synthetic.h: write_scripted_model)
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +22,11 @@ int main(int argc, char** argv) {
     if (std::string(argv[1]) == "--tiny") {
         if (argc < 3) return 2;
         write_synthetic(argv[2], tiny_shape(), kF32, 7);
+        return 0;
+    }
+    if (std::string(argv[1]) == "--scripted") {
+        if (argc < 5) return 2;
+        write_scripted_model(argv[2], ScriptedAnswers{argv[3], argv[4]});
         return 0;
     }
     if (std::string(argv[1]) == "--bench") {

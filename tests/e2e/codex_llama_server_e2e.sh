@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The real Codex CLI completes a tool-calling turn through Pulse (llamacpp profile) against a real
+# llama-server built from source: `codex exec` -> `pulse serve` -> llama-server serving the
+# scripted model (synthetic.h: write_scripted_model), whose weights are set so that greedy
+# decoding calls exec_command to write hello.txt first and, once the tool's result is in the
+# prompt, answers. Everything the turn needs is real: Codex's own request (its tools, its
+# prompt), llama-server's chat template, tool-call parser and grammar, Codex running the
+# command. Asserts Codex exits 0, the file holds what the command wrote, the answer is printed,
+# and the two model requests (call, answer) completed upstream.
+#
+# Runs inside a private network namespace (unshare -n, lo up).
+# usage: codex_llama_server_e2e.sh PULSE_EXE PLUGIN_DIR MAKE_SYNTHETIC SOURCE_ROOT
+# Needs PULSE_LLAMA_SERVER and PULSE_LLAMA_TEMPLATE (tools/dev sets both) and the Codex CLI
+# (PULSE_CODEX, or PULSE_CODEX_NEWEST with PULSE_CODEX_USE=newest); else SKIP.
+set -euo pipefail
+pulse=$(realpath "$1") plugins=$(realpath "$2") make_synthetic=$(realpath "$3") src=$(realpath "$4")
+server=${PULSE_LLAMA_SERVER:-} template=${PULSE_LLAMA_TEMPLATE:-}
+if [ -z "$server" ] || [ ! -x "$server" ] || [ ! -f "$template" ]; then
+  echo "llama-server not found (PULSE_LLAMA_SERVER='$server'); run the suite with tools/dev test, which builds it"
+  [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
+  exit 77
+fi
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+require_codex
+enter_netns "$@"
+
+# The call in the Qwen3.5 template's XML tool-call format, which llama-server parses.
+call=$'<tool_call>\n<function=exec_command>\n<parameter=cmd>\necho hello from pulse > hello.txt\n</parameter>\n</function>\n</tool_call>'
+answer="Created hello.txt with the command; it says: hello from pulse"
+"$make_synthetic" --scripted "$work/model.gguf" "$call" "$answer"
+lport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$lport" --jinja --chat-template-file "$template" \
+  -c 65536 -np 1 -t 2 --seed 1 > "$work/llama.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$lport/health" >/dev/null 2>&1 && break; sleep 0.02; done
+curl -sf "http://127.0.0.1:$lport/health" >/dev/null || fail "llama-server did not start"
+
+fport=$lport
+profile=llamacpp
+start_pulse_config 0
+cat >> "$work/pulse.toml" <<TOML
+[models."qwen3.8-flash-next".profile_options]
+thinking = "off"
+TOML
+env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
+  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
+pids+=($!)
+gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+
+mkdir -p "$work/home" "$work/codex-home" "$work/project"
+cd "$work/project"
+codex_exec 1 "Create hello.txt saying hello from pulse."
+[ "$rc" -eq 0 ] || fail "codex exited $rc"
+[ -f hello.txt ] || fail "hello.txt was not created (the tool call did not run)"
+[ "$(cat hello.txt)" = "hello from pulse" ] || fail "hello.txt holds '$(cat hello.txt)'"
+grep -qF "$answer" "$work/codex.out" || fail "the answer was not printed"
+completed=$(grep -c 'outcome=completed' "$work/pulse.log" || true)
+[ "$completed" -ge 2 ] || fail "expected at least 2 completed responses (the call, the answer), saw $completed"
+echo "codex through llama-server ($("$codex" --version 2>/dev/null | head -n1)): ok — codex exit 0, exec_command ran, hello.txt written, answer printed ($completed responses)"
