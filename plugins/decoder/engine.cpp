@@ -271,12 +271,17 @@ void Engine::worker() {
             segs.push_back(Segment{&a->seq, a->job->tokens.data() + a->fed, a->chunk, nullptr, false});
             rows += a->chunk;
         }
+        bool decode_only = true;
         {
             std::lock_guard lock(mu_);
             ++stats_.steps;
-            for (const auto& sg : segs) (sg.logits ? stats_.decode_rows : stats_.prompt_rows) += static_cast<uint64_t>(sg.n);
+            for (const auto& sg : segs) {
+                (sg.logits ? stats_.decode_rows : stats_.prompt_rows) += static_cast<uint64_t>(sg.n);
+                decode_only = decode_only && sg.logits;
+            }
             stats_.peak_batch = std::max(stats_.peak_batch, static_cast<int64_t>(segs.size()));
         }
+        const auto started = std::chrono::steady_clock::now();
         try {
             model_->step(segs);
         } catch (const std::exception& e) {
@@ -310,6 +315,11 @@ void Engine::worker() {
             }
         });
         active_count_ = active.size();
+        if (decode_only) {
+            std::lock_guard lock(mu_);
+            stats_.decode_only_rows += static_cast<uint64_t>(rows);
+            stats_.decode_only_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        }
     }
 }
 

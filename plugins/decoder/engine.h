@@ -93,10 +93,14 @@ public:
     size_t queued() const;
     size_t active() const { return active_count_; }  // requests being served now
     // What the batching did since start: steps run, rows in them (decode tokens and prompt
-    // tokens), and the most requests one step served.
+    // tokens), and the most requests one step served; and the steps that only decoded (no
+    // prompt chunk): their rows and wall time, sampling and streaming included — the steady
+    // decode throughput.
     struct Stats {
         uint64_t steps = 0, decode_rows = 0, prompt_rows = 0;
         int64_t peak_batch = 0;
+        uint64_t decode_only_rows = 0;
+        double decode_only_s = 0;
     };
     Stats stats() const;
     int64_t max_sequences() const { return opts_.max_sequences; }

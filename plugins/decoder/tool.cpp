@@ -160,9 +160,12 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
     list("done_s", [&](const Stream& s) { w.Double(s.done); });
     w.Key("wall_s");
     w.Double(wall);
-    // Every stream's tokens over the whole run, prefills included.
+    // Every stream's tokens over the whole run, prefills included; and the steady decode: rows
+    // per second over the steps that only decoded (every stream past its prompt).
     w.Key("aggregate_tokens_per_s");
     w.Double(static_cast<double>(total) / std::max(wall, 1e-9));
+    w.Key("decode_tokens_per_s");
+    w.Double(st.decode_only_s > 0 ? static_cast<double>(st.decode_only_rows) / st.decode_only_s : 0);
     w.Key("steps");
     w.Uint64(st.steps);
     w.Key("peak_batch");

@@ -301,6 +301,9 @@ TEST_CASE("engine: up to max_sequences requests run at once, each answered as if
         CHECK(st.decode_rows == one_stats.decode_rows);
         CHECK(st.prompt_rows == one_stats.prompt_rows);
         CHECK(st.steps * 3 < one_stats.steps * 2);
+        CHECK(st.decode_only_rows > 0);
+        CHECK(st.decode_only_rows <= st.decode_rows);
+        CHECK(st.decode_only_s > 0);
         MESSAGE("steps one at a time " << one_stats.steps << ", three at a time " << st.steps);
 
         // A request cancelled while others run beside it: it stops, they are unchanged.
