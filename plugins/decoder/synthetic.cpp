@@ -180,11 +180,10 @@ SynthVocab synthetic_vocab() {
     return v;
 }
 
-void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uint32_t type, uint64_t seed, bool twin) {
-    SynthVocab vocab = s.vocab ? *s.vocab : synthetic_vocab();
-    const int64_t V = static_cast<int64_t>(vocab.tokens.size());
-    Rng rng(seed);
-    GgufWriter w;
+namespace {
+
+// The qwen35 and tokenizer metadata of a synthetic file.
+void write_metadata(GgufWriter& w, const SynthShape& s, const SynthVocab& vocab) {
     const std::string a = "qwen35";
     w.set_string("general.architecture", a);
     w.set_string("general.name", s.name);
@@ -217,6 +216,16 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
     w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.im_end));
     w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(vocab.endoftext));
     w.set_bool("tokenizer.ggml.add_bos_token", false);
+}
+
+}  // namespace
+
+void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uint32_t type, uint64_t seed, bool twin) {
+    SynthVocab vocab = s.vocab ? *s.vocab : synthetic_vocab();
+    const int64_t V = static_cast<int64_t>(vocab.tokens.size());
+    Rng rng(seed);
+    GgufWriter w;
+    write_metadata(w, s, vocab);
 
     const int64_t kd = s.ssm_groups * s.ssm_state, vd = s.ssm_heads * s.ssm_state, conv_dim = 2 * kd + vd;
     // The fold: the weights Bonsai folds (every projection but ssm_beta/ssm_alpha, and the
@@ -390,36 +399,7 @@ void write_scripted_model(const std::filesystem::path& path, const ScriptedAnswe
     enum : int64_t { kConst = 0, kMarker = 1, kFlag = 2, kFirst = 3, kThen = 4 };
     const int64_t kMeet = s.rope_dim;
     GgufWriter w;
-    const std::string arch = "qwen35";
-    w.set_string("general.architecture", arch);
-    w.set_string("general.name", s.name);
-    w.set_u32(arch + ".context_length", static_cast<uint32_t>(s.context));
-    w.set_u32(arch + ".embedding_length", static_cast<uint32_t>(E));
-    w.set_u32(arch + ".block_count", static_cast<uint32_t>(s.n_layer));
-    w.set_u32(arch + ".feed_forward_length", static_cast<uint32_t>(s.n_ff));
-    w.set_u32(arch + ".attention.head_count", 1);
-    w.set_u32(arch + ".attention.head_count_kv", 1);
-    w.set_u32(arch + ".attention.key_length", static_cast<uint32_t>(D));
-    w.set_u32(arch + ".attention.value_length", static_cast<uint32_t>(D));
-    w.set_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
-    w.set_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(s.rope_dim));
-    w.set_i32s(arch + ".rope.dimension_sections", s.sections);
-    w.set_f32(arch + ".rope.freq_base", 10000000.f);
-    w.set_u32(arch + ".ssm.conv_kernel", static_cast<uint32_t>(s.conv_kernel));
-    w.set_u32(arch + ".ssm.state_size", static_cast<uint32_t>(s.ssm_state));
-    w.set_u32(arch + ".ssm.group_count", 1);
-    w.set_u32(arch + ".ssm.time_step_rank", 1);
-    w.set_u32(arch + ".ssm.inner_size", static_cast<uint32_t>(s.ssm_state));
-    w.set_u32(arch + ".full_attention_interval", 4);
-    w.set_string("tokenizer.ggml.model", "gpt2");
-    w.set_string("tokenizer.ggml.pre", "qwen35");
-    w.set_strings("tokenizer.ggml.tokens", vocab.tokens);
-    w.set_i32s("tokenizer.ggml.token_type", vocab.types);
-    w.set_strings("tokenizer.ggml.merges", vocab.merges);
-    w.set_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(vocab.endoftext));
-    w.set_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(vocab.im_end));
-    w.set_u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(vocab.endoftext));
-    w.set_bool("tokenizer.ggml.add_bos_token", false);
+    write_metadata(w, s, vocab);
     auto put = [&](const std::string& name, int64_t n_in, int64_t n_out, const std::vector<float>& v) {  // rows of n_in
         w.add_tensor(name, {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)}, kF32, quantize(kF32, v.data(), n_in * n_out));
     };

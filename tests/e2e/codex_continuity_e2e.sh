@@ -39,10 +39,7 @@ context_window = 5556
 [[models."qwen3.8-flash-next".endpoints]]
 url = "http://127.0.0.1:$fport/v1"
 TOML
-env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
-  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
-pids+=($!)
-gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+launch_pulse
 
 mkdir -p "$work/home" "$work/codex-home" "$work/project"
 cd "$work/project"

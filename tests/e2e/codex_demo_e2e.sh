@@ -31,10 +31,7 @@ max_output_tokens = 2048
 [models."pulse-demo".profile_options]
 thinking = "off"
 TOML
-env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
-  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
-pids+=($!)
-gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+launch_pulse
 grep -q 'RANDOM weights' "$work/pulse.log" || fail "the demo model was not announced as random"
 
 mkdir -p "$work/home" "$work/codex-home" "$work/project"

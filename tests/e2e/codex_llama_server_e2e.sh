@@ -14,14 +14,9 @@
 # (PULSE_CODEX, or PULSE_CODEX_NEWEST with PULSE_CODEX_USE=newest); else SKIP.
 set -euo pipefail
 pulse=$(realpath "$1") plugins=$(realpath "$2") make_synthetic=$(realpath "$3") src=$(realpath "$4")
-server=${PULSE_LLAMA_SERVER:-} template=${PULSE_LLAMA_TEMPLATE:-}
-if [ -z "$server" ] || [ ! -x "$server" ] || [ ! -f "$template" ]; then
-  echo "llama-server not found (PULSE_LLAMA_SERVER='$server'); run the suite with tools/dev test, which builds it"
-  [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
-  exit 77
-fi
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+require_llama_server
 require_codex
 enter_netns "$@"
 
@@ -43,10 +38,7 @@ cat >> "$work/pulse.toml" <<TOML
 [models."qwen3.8-flash-next".profile_options]
 thinking = "off"
 TOML
-env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
-  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
-pids+=($!)
-gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+launch_pulse
 
 mkdir -p "$work/home" "$work/codex-home" "$work/project"
 cd "$work/project"

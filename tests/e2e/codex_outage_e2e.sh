@@ -43,10 +43,7 @@ max_output_tokens = 2048
 [models."qwen3.8-flash-next".profile_options]
 thinking = "off"
 TOML
-env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
-  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
-pids+=($!)
-gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+launch_pulse
 
 # The outage: the server goes away as soon as it has answered the first turn.
 fake_pid=${pids[0]}

@@ -58,10 +58,7 @@ url = "http://127.0.0.1:$aport/v1"
 name = "b"
 url = "http://127.0.0.1:$bport/v1"
 TOML
-env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
-  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
-pids+=($!)
-gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+launch_pulse
 
 mkdir -p "$work/home" "$work/codex-home" "$work/project"
 cd "$work/project"

@@ -15,9 +15,22 @@ require_codex() {
   fi
 }
 
+# The llama-server under test, in $server and $template: $PULSE_LLAMA_SERVER and
+# $PULSE_LLAMA_TEMPLATE (tools/dev builds the server from source and sets both). Missing: SKIP
+# (exit 77), or a failure when PULSE_REQUIRE_E2E=1.
+require_llama_server() {
+  server=${PULSE_LLAMA_SERVER:-} template=${PULSE_LLAMA_TEMPLATE:-}
+  if [ -z "$server" ] || [ ! -x "$server" ] || [ ! -f "$template" ]; then
+    echo "llama-server not found (PULSE_LLAMA_SERVER='$server'); run the suite with tools/dev test, which builds it"
+    [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
+    exit 77
+  fi
+}
+
 # Re-executes the calling script inside a private network namespace with only lo up.
 enter_netns() {
   if [ -z "${PULSE_IN_NETNS:-}" ]; then
+    rm -rf "$work"  # exec skips the exit trap; the re-executed script makes its own
     exec unshare -n env PULSE_IN_NETNS=1 "$0" "$@"
   fi
   ip link set lo up
@@ -86,13 +99,19 @@ url = "http://127.0.0.1:$fport/v1"
 TOML
 }
 
-# start_pulse: config on an ephemeral port, then the gateway; sets gport.
-start_pulse() {
-  start_pulse_config 0
+# launch_pulse: the gateway on $work/pulse.toml (none of the caller's Pulse environment), log
+# in $work/pulse.log; sets gport.
+launch_pulse() {
   env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
     "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
   pids+=($!)
   gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+}
+
+# start_pulse: config on an ephemeral port, then the gateway; sets gport.
+start_pulse() {
+  start_pulse_config 0
+  launch_pulse
 }
 
 # codex_exec RETRIES PROMPT: `codex exec` in the current directory against the gateway on

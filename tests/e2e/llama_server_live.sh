@@ -11,14 +11,9 @@
 # Needs PULSE_LLAMA_SERVER and PULSE_LLAMA_TEMPLATE (tools/dev sets both); else SKIP.
 set -euo pipefail
 pulse=$(realpath "$1") plugins=$(realpath "$2") make_synthetic=$(realpath "$3") fake=$(realpath "$4")
-server=${PULSE_LLAMA_SERVER:-} template=${PULSE_LLAMA_TEMPLATE:-}
-if [ -z "$server" ] || [ ! -x "$server" ] || [ ! -f "$template" ]; then
-  echo "llama-server not found (PULSE_LLAMA_SERVER='$server'); run the suite with tools/dev test, which builds it"
-  [ "${PULSE_REQUIRE_E2E:-0}" = 1 ] && exit 1
-  exit 77
-fi
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
+require_llama_server
 enter_netns "$@"
 
 "$make_synthetic" --tiny "$work/model.gguf"
@@ -78,10 +73,7 @@ enabled = true
 state_file = "$work/warmup.json"
 slot_save_interval_s = 0.2
 TOML
-env -u PULSE_PLUGIN_DIRS -u PULSE_QWEN_BACKENDS -u PULSE_GATEWAY_API_KEY PULSE_LOG_TIMESTAMPS=0 \
-  "$pulse" serve --config "$work/pulse.toml" > "$work/pulse.log" 2>&1 &
-pids+=($!)
-gport=$(wait_port "$work/pulse.log" 'listening on http://127\.0\.0\.1:[0-9]+') || fail "pulse did not start"
+launch_pulse
 base="http://127.0.0.1:$gport/v1"
 
 python3 - "$base" "http://127.0.0.1:$lport/v1" <<'PY' || fail "live llama-server checks failed"
