@@ -52,7 +52,8 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
                                                                      std::to_string(*value.i64()));
                 o.max_sequences = *value.i64();
             } else if (key == "checkpoints" && value.i64()) {
-                if (*value.i64() < 1) throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'checkpoints' must be at least 1");
+                if (*value.i64() < 0)
+                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'checkpoints' must be 0 (two per max_sequences) or more");
                 o.max_checkpoints = *value.i64();
             }
             else if (key == "int8_prefill")

@@ -250,12 +250,18 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto serve = run({exe(), "serve", "--config", cfg.string()}, kNoEnvOverrides, 30);
     CHECK(serve.code == 3);
     CHECK(has(serve.err, "backend 'decoder': create failed: decoder: device 'cuda' is not in this build (it has: cpu)"));
-    auto batch_cfg = tmp.write("batch.toml", "[server]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndirs = [\"" + std::string(std::getenv("PULSE_PLUGIN_BUILD_DIR")) +
-                                                 "\"]\ndropin_dirs = []\n[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"decoder://" +
-                                                 (tmp / "demo.gguf").string() + "\"\n[models.m.endpoints.options]\nmax_sequences = 0\n");
-    auto batch = run({exe(), "serve", "--config", batch_cfg.string()}, kNoEnvOverrides, 30);
-    CHECK(batch.code == 3);
-    CHECK(has(batch.err, "decoder: option 'max_sequences' must be 1 to 32, not 0"));
+    // Batching options out of range stop `pulse serve` naming the option.
+    auto decoder_cfg = [&](const std::string& name, const std::string& option) {
+        return tmp.write(name, "[server]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndirs = [\"" + std::string(std::getenv("PULSE_PLUGIN_BUILD_DIR")) +
+                                   "\"]\ndropin_dirs = []\n[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"decoder://" +
+                                   (tmp / "demo.gguf").string() + "\"\n[models.m.endpoints.options]\n" + option + "\n");
+    };
+    for (const auto& [option, message] : {std::pair{"max_sequences = 0", "decoder: option 'max_sequences' must be 1 to 32, not 0"},
+                                          std::pair{"checkpoints = -1", "decoder: option 'checkpoints' must be 0 (two per max_sequences) or more"}}) {
+        auto bad = run({exe(), "serve", "--config", decoder_cfg("bad.toml", option).string()}, kNoEnvOverrides, 30);
+        CHECK(bad.code == 3);
+        CHECK(has(bad.err, message));
+    }
     // The old opt-in for int8 activations (now the default) says what replaced it.
     auto old = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1", "--int8-prefill"});
     CHECK(old.code == 2);
