@@ -130,14 +130,16 @@ struct Engine::Active {
     }
 };
 
-Engine::Engine(EngineOptions o) : opts_(std::move(o)) {
+Engine::Engine(EngineOptions o) : Engine(std::move(o), nullptr) {}
+
+Engine::Engine(EngineOptions o, std::unique_ptr<Device> device) : opts_(std::move(o)) {
     if (opts_.max_sequences < 1 || opts_.max_sequences > EngineOptions::kMaxSequences)
         throw std::invalid_argument("max_sequences must be 1 to " + std::to_string(EngineOptions::kMaxSequences) + ", not " +
                                     std::to_string(opts_.max_sequences));
     if (opts_.max_checkpoints < 0) throw std::invalid_argument("max_checkpoints must be 0 (automatic) or more");
     if (opts_.max_checkpoints == 0) opts_.max_checkpoints = std::max<int64_t>(3, 2 * opts_.max_sequences);
     auto file = GgufFile::open(opts_.model);
-    model_ = Model::load(file, opts_.device);
+    model_ = device ? Model::load(file, std::move(device)) : Model::load(file, opts_.device);
     model_->threads = opts_.threads;
     model_->exact = opts_.exact;
     tok_ = Tokenizer::load(*file);

@@ -78,6 +78,8 @@ struct EngineOptions {
 class Engine {
 public:
     explicit Engine(EngineOptions o);  // loads the model; throws GgufError
+    // The same on a device the caller made (options.device is then not read), as Model::load.
+    Engine(EngineOptions o, std::unique_ptr<Device> device);
     ~Engine();
 
     // Renders and tokenizes the request now (bad input fails here, before any output); the

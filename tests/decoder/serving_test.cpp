@@ -4,6 +4,7 @@
 // gateway (decoder:// endpoint, /health report).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -405,6 +406,75 @@ TEST_CASE("scripted model: a tool call first, the answer once a tool result is i
                                                 filler + R"("}])" + tools + "}")));
     CHECK(std::get<0>(call_of(long_first)) == "shell");
     CHECK(long_first.back()["usage"]["prompt_tokens"].GetInt() > 2000);
+}
+
+namespace {
+// The CPU device, except that a matmul throws once when asked to (a device out of memory, say).
+class FailOnceDevice : public Device {
+public:
+    explicit FailOnceDevice(std::atomic<bool>& fail) : fail_(fail), cpu_(make_device("cpu")) {}
+    const char* name() const override { return "fail-once"; }
+    Buffer alloc(size_t n) const override {
+        Buffer b = cpu_->alloc(n);
+        DevPtr p = b.ptr();
+        held_.push_back(std::move(b));
+        return Buffer(this, p, n);
+    }
+    void release(DevPtr p) const override {
+        std::erase_if(held_, [&](const Buffer& b) { return DeviceMemory::raw(b.ptr()) == DeviceMemory::raw(p); });
+    }
+    void upload(const float* h, DevPtr to, size_t n) const override { cpu_->upload(h, to, n); }
+    void download(DevPtr from, float* h, size_t n) const override { cpu_->download(from, h, n); }
+    void copy(DevPtr from, DevPtr to, size_t n) const override { cpu_->copy(from, to, n); }
+    const void* prepare(const Matrix& w, Use use) override { return cpu_->prepare(w, use); }
+    void embed(const Matrix& t, const int32_t* tok, int64_t B, DevPtr out) const override { cpu_->embed(t, tok, B, out); }
+    void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool i8) const override {
+        if (fail_.exchange(false)) throw std::runtime_error("device out of memory");
+        cpu_->matmul(w, x, B, y, i8);
+    }
+    void rmsnorm(DevPtr x, DevPtr w, DevPtr o, int64_t r, int64_t n, double e) const override { cpu_->rmsnorm(x, w, o, r, n, e); }
+    void swiglu(DevPtr g, DevPtr u, int64_t n) const override { cpu_->swiglu(g, u, n); }
+    void add(DevPtr x, DevPtr y, int64_t n) const override { cpu_->add(x, y, n); }
+    void rotate(const Rotation& r, DevPtr x, DevPtr o, int64_t B) const override { cpu_->rotate(r, x, o, B); }
+    void attention(const AttentionOp* ops, size_t n) const override { cpu_->attention(ops, n); }
+    void deltanet(const DeltaNetOp* ops, size_t n) const override { cpu_->deltanet(ops, n); }
+
+private:
+    std::atomic<bool>& fail_;
+    std::unique_ptr<Device> cpu_;
+    mutable std::vector<Buffer> held_;  // the CPU device's buffers behind ours (the engine thread only)
+};
+}  // namespace
+
+TEST_CASE("engine: a step that fails on the device fails the requests in flight; the queued one is served after") {
+    TempDir d;
+    write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+    const std::string later = R"({"max_tokens":12,"temperature":0,"messages":[{"role":"user","content":"after the failure"}]})";
+    Answer want;
+    {
+        TinyEngine one(1);
+        want = answer(drain(*one.engine->submit(json(later))));
+    }
+    std::atomic<bool> fail{false};
+    EngineOptions o;
+    o.model = d / "t.gguf";
+    o.threads = 1;
+    o.max_sequences = 2;
+    Engine e(o, std::make_unique<FailOnceDevice>(fail));
+    std::vector<rapidjson::Document> docs;
+    for (int i = 0; i < 2; ++i) docs.push_back(json(R"({"max_tokens":3000,"ignore_eos":true,"temperature":0,"messages":[{"role":"user","content":"long )" + std::to_string(i) + R"("}]})"));
+    docs.push_back(json(later));
+    auto jobs = e.submit_all(std::move(docs));
+    for (int i = 0; i < 2000 && e.stats().decode_rows < 10; ++i) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    REQUIRE(e.queued() == 1);  // the third waits for a slot
+    fail = true;
+    for (int i = 0; i < 2; ++i) {
+        drain(*jobs[static_cast<size_t>(i)]);
+        CHECK(jobs[static_cast<size_t>(i)]->error_status != 0);
+        CHECK(jobs[static_cast<size_t>(i)]->error == "decoder: device out of memory");
+    }
+    CHECK(answer(drain(*jobs[2])) == want);
+    CHECK(jobs[2]->error.empty());
 }
 
 TEST_CASE("engine: max_sequences outside 1..32 is refused at start") {
