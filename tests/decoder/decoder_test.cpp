@@ -17,6 +17,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "quants.h"
+#include "support/forwarding_device.h"
 #include "support/temp_dir.h"
 #include "synthetic.h"
 #include "tokenizer.h"
@@ -997,43 +998,24 @@ struct Counts {
     int prepare = 0, upload = 0, download = 0, copy = 0, embed = 0;
     long live = 0;  // buffers allocated and not yet released
 };
-class RecordingDevice : public Device {
+class RecordingDevice : public pulse::test::ForwardingDevice {
 public:
-    explicit RecordingDevice(Counts& c) : c_(c), cpu_(make_device("cpu")) {}
+    explicit RecordingDevice(Counts& c) : c_(c) {}
     const char* name() const override { return "recording"; }
-    Buffer alloc(size_t n) const override {
-        Buffer inner = cpu_->alloc(n);
-        DevPtr p = inner.ptr();
-        held_.push_back(std::move(inner));  // the CPU device's buffer, kept until release
-        ++c_.live;
-        return Buffer(this, p, n);
-    }
+    Buffer alloc(size_t n) const override { return ++c_.live, ForwardingDevice::alloc(n); }
     void release(DevPtr p) const override {
-        for (auto it = held_.begin(); it != held_.end(); ++it)
-            if (DeviceMemory::raw(it->ptr()) == DeviceMemory::raw(p)) {
-                held_.erase(it);
-                --c_.live;
-                return;
-            }
-        FAIL("release of memory this device did not allocate");
+        if (!holds(p)) FAIL("release of memory this device did not allocate");
+        --c_.live;
+        ForwardingDevice::release(p);
     }
-    void upload(const float* h, DevPtr to, size_t n) const override { ++c_.upload, cpu_->upload(h, to, n); }
-    void download(DevPtr from, float* h, size_t n) const override { ++c_.download, cpu_->download(from, h, n); }
-    void copy(DevPtr from, DevPtr to, size_t n) const override { ++c_.copy, cpu_->copy(from, to, n); }
-    const void* prepare(const Matrix& w, Use use) override { return ++c_.prepare, cpu_->prepare(w, use); }
-    void embed(const Matrix& t, const int32_t* tok, int64_t B, DevPtr out) const override { ++c_.embed, cpu_->embed(t, tok, B, out); }
-    void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool i8) const override { cpu_->matmul(w, x, B, y, i8); }
-    void rmsnorm(DevPtr x, DevPtr w, DevPtr o, int64_t r, int64_t n, double e) const override { cpu_->rmsnorm(x, w, o, r, n, e); }
-    void swiglu(DevPtr g, DevPtr u, int64_t n) const override { cpu_->swiglu(g, u, n); }
-    void add(DevPtr x, DevPtr y, int64_t n) const override { cpu_->add(x, y, n); }
-    void rotate(const Rotation& r, DevPtr x, DevPtr o, int64_t B) const override { cpu_->rotate(r, x, o, B); }
-    void attention(const AttentionOp* ops, size_t n) const override { cpu_->attention(ops, n); }
-    void deltanet(const DeltaNetOp* ops, size_t n) const override { cpu_->deltanet(ops, n); }
+    void upload(const float* h, DevPtr to, size_t n) const override { ++c_.upload, ForwardingDevice::upload(h, to, n); }
+    void download(DevPtr from, float* h, size_t n) const override { ++c_.download, ForwardingDevice::download(from, h, n); }
+    void copy(DevPtr from, DevPtr to, size_t n) const override { ++c_.copy, ForwardingDevice::copy(from, to, n); }
+    const void* prepare(const Matrix& w, Use use) override { return ++c_.prepare, ForwardingDevice::prepare(w, use); }
+    void embed(const Matrix& t, const int32_t* tok, int64_t B, DevPtr out) const override { ++c_.embed, ForwardingDevice::embed(t, tok, B, out); }
 
 private:
     Counts& c_;
-    std::unique_ptr<Device> cpu_;
-    mutable std::vector<Buffer> held_;
 };
 }  // namespace
 

@@ -13,6 +13,7 @@
 
 #include "chat_format.h"
 #include "engine.h"
+#include "support/forwarding_device.h"
 #include "support/gateway_harness.h"
 #include "synthetic.h"
 
@@ -410,39 +411,17 @@ TEST_CASE("scripted model: a tool call first, the answer once a tool result is i
 
 namespace {
 // The CPU device, except that a matmul throws once when asked to (a device out of memory, say).
-class FailOnceDevice : public Device {
+class FailOnceDevice : public ForwardingDevice {
 public:
-    explicit FailOnceDevice(std::atomic<bool>& fail) : fail_(fail), cpu_(make_device("cpu")) {}
+    explicit FailOnceDevice(std::atomic<bool>& fail) : fail_(fail) {}
     const char* name() const override { return "fail-once"; }
-    Buffer alloc(size_t n) const override {
-        Buffer b = cpu_->alloc(n);
-        DevPtr p = b.ptr();
-        held_.push_back(std::move(b));
-        return Buffer(this, p, n);
-    }
-    void release(DevPtr p) const override {
-        std::erase_if(held_, [&](const Buffer& b) { return DeviceMemory::raw(b.ptr()) == DeviceMemory::raw(p); });
-    }
-    void upload(const float* h, DevPtr to, size_t n) const override { cpu_->upload(h, to, n); }
-    void download(DevPtr from, float* h, size_t n) const override { cpu_->download(from, h, n); }
-    void copy(DevPtr from, DevPtr to, size_t n) const override { cpu_->copy(from, to, n); }
-    const void* prepare(const Matrix& w, Use use) override { return cpu_->prepare(w, use); }
-    void embed(const Matrix& t, const int32_t* tok, int64_t B, DevPtr out) const override { cpu_->embed(t, tok, B, out); }
     void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool i8) const override {
         if (fail_.exchange(false)) throw std::runtime_error("device out of memory");
-        cpu_->matmul(w, x, B, y, i8);
+        ForwardingDevice::matmul(w, x, B, y, i8);
     }
-    void rmsnorm(DevPtr x, DevPtr w, DevPtr o, int64_t r, int64_t n, double e) const override { cpu_->rmsnorm(x, w, o, r, n, e); }
-    void swiglu(DevPtr g, DevPtr u, int64_t n) const override { cpu_->swiglu(g, u, n); }
-    void add(DevPtr x, DevPtr y, int64_t n) const override { cpu_->add(x, y, n); }
-    void rotate(const Rotation& r, DevPtr x, DevPtr o, int64_t B) const override { cpu_->rotate(r, x, o, B); }
-    void attention(const AttentionOp* ops, size_t n) const override { cpu_->attention(ops, n); }
-    void deltanet(const DeltaNetOp* ops, size_t n) const override { cpu_->deltanet(ops, n); }
 
 private:
     std::atomic<bool>& fail_;
-    std::unique_ptr<Device> cpu_;
-    mutable std::vector<Buffer> held_;  // the CPU device's buffers behind ours (the engine thread only)
 };
 }  // namespace
 
