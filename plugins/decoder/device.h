@@ -2,8 +2,9 @@
 // (model.cpp) is written once as a sequence of these ops over memory the device owns: weights
 // registered once (`prepare`), norms and other parameters uploaded at load, per-sequence state
 // and KV caches, the work buffers of a step, and an explicit read-back of the logits. `cpu`
-// (device_cpu.cpp: OpenMP threads, the kernels of kernels.h) is the one this build has; a CUDA
-// device implements the same interface without model.cpp changing.
+// (device_cpu.cpp: OpenMP threads, the kernels of kernels.h) is always there; `cuda`
+// (cuda/device_cuda.cu) is a shared object of its own, built where nvcc is and loaded only when
+// a probe finds a GPU (device.cpp). Both run the per-element math of blocks.h.
 //
 // Device memory is reached only through DevPtr, an address in the device's own space that the
 // model offsets and hands to ops but cannot dereference (the type has no way to), so nothing
@@ -13,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,10 +49,10 @@ public:
     Buffer() = default;
     Buffer(const Device* dev, DevPtr p, size_t n) : dev_(dev), p_(p), n_(n) {}
     Buffer(Buffer&& o) noexcept { *this = std::move(o); }
-    Buffer& operator=(Buffer&& o) noexcept;
+    inline Buffer& operator=(Buffer&& o) noexcept;
     Buffer(const Buffer&) = delete;
     Buffer& operator=(const Buffer&) = delete;
-    ~Buffer();
+    inline ~Buffer();
     DevPtr ptr() const { return p_; }
     size_t size() const { return n_; }
 
@@ -103,6 +105,10 @@ struct DeltaNetOp {
     DevPtr out;         // [B][Hv*S]
 };
 
+// Bumped whenever this header changes: a device library built from another revision is
+// refused by its number, not run against a different layout.
+constexpr int kDeviceInterfaceVersion = 1;
+
 class Device {
 public:
     virtual ~Device() = default;
@@ -121,6 +127,9 @@ public:
     // registered for both uses (a tied output is the embedding table).
     enum class Use { matmul, embedding };
     virtual const void* prepare(const Matrix& w, Use use) = 0;
+    // The device keeps its own copy of every prepared weight, so the file's pages behind them
+    // can leave the process's resident set after load (Model::load does that).
+    virtual bool copies_weights() const { return false; }
 
     // out[b] = row tokens[b] of `table` (an embedding: n_in values per row), for b < B
     virtual void embed(const Matrix& table, const int32_t* tokens, int64_t B, DevPtr out) const = 0;
@@ -140,9 +149,31 @@ public:
     virtual void deltanet(const DeltaNetOp* ops, size_t n) const = 0;
 };
 
-// The devices this build has, by name ("cpu" first: the default).
+inline Buffer& Buffer::operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+        if (dev_ && p_) dev_->release(p_);
+        dev_ = o.dev_, p_ = o.p_, n_ = o.n_;
+        o.dev_ = nullptr, o.p_ = DevPtr(), o.n_ = 0;
+    }
+    return *this;
+}
+
+inline Buffer::~Buffer() {
+    if (dev_ && p_) dev_->release(p_);
+}
+
+// The devices this build has, by name ("cpu" first).
 std::vector<std::string> device_names();
-// `name` ("" = the default); anything else is std::invalid_argument naming what this build has.
-std::unique_ptr<Device> make_device(const std::string& name);
+// A device this build has but this machine cannot run ("cuda" without a GPU): a bad choice of
+// device like a name the build lacks, so the same exception type.
+class DeviceUnavailable : public std::invalid_argument {
+public:
+    using std::invalid_argument::invalid_argument;
+};
+// `name`: "cpu", "cuda", or "" = the best one this machine can run (cuda where the build has it
+// and a GPU answers the probe, else cpu). A name the build lacks is std::invalid_argument naming
+// what it has; "cuda" on a machine without a usable GPU is DeviceUnavailable saying why.
+// `note` (optional) gets one line on the choice: the GPU chosen, or why the CPU was.
+std::unique_ptr<Device> make_device(const std::string& name, std::string* note = nullptr);
 
 }  // namespace pulse::decoder

@@ -5,6 +5,7 @@
 #include <new>
 #include <stdexcept>
 
+#include "blocks.h"
 #include "device.h"
 #include "kernels.h"
 #include "quants.h"
@@ -15,9 +16,8 @@ namespace {
 
 constexpr int64_t kSplitElements = 65536;  // element-wise ops this long are worth a fork-join
 
-float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
-float silu(float x) { return x * sigmoid(x); }
-float softplus(float x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+using blocks::sigmoid;
+using blocks::silu;
 
 void rmsnorm_row(const float* x, const float* w, float* out, int64_t n, double eps) {
     double ss = 0;
@@ -237,15 +237,9 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
     const int64_t H = op0.H, Hkv = op0.Hkv, D = op0.D, R = op0.R;
     // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
     std::vector<double> inv_freq(static_cast<size_t>(R / 2));
-    for (int64_t i = 0; i < R / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(op0.rope_base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+    for (int64_t i = 0; i < R / 2; ++i) inv_freq[static_cast<size_t>(i)] = blocks::rope_inv_freq(op0.rope_base, i, R);
     auto rope = [&](float* v, int64_t p) {
-        for (int64_t i = 0; i < R / 2; ++i) {
-            double theta = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
-            float c = static_cast<float>(std::cos(theta)), sn = static_cast<float>(std::sin(theta));
-            float a = v[i], bb = v[i + R / 2];
-            v[i] = a * c - bb * sn;
-            v[i + R / 2] = a * sn + bb * c;
-        }
+        for (int64_t i = 0; i < R / 2; ++i) blocks::rope_pair(v[i], v[i + R / 2], static_cast<double>(p) * inv_freq[static_cast<size_t>(i)]);
     };
     struct Item {
         const AttentionOp* op;
@@ -364,8 +358,8 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
                 l2norm(yb + kd + m * S, S, op.eps);
             }
             for (int64_t hh = 0; hh < Hv; ++hh) {
-                beta[i][static_cast<size_t>(b * Hv + hh)] = sigmoid(betap[b * Hv + hh]);
-                decay[i][static_cast<size_t>(b * Hv + hh)] = std::exp(softplus(alphap[b * Hv + hh] + dt_bias[hh]) * ssm_a[hh]);
+                beta[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_beta(betap[b * Hv + hh]);
+                decay[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_decay(alphap[b * Hv + hh], dt_bias[hh], ssm_a[hh]);
             }
         }
     }

@@ -3,17 +3,15 @@
 #include <cmath>
 #include <cstring>
 
+#include "blocks.h"
+
 namespace pulse::decoder {
 
 namespace {
 
 const char* kPrefix = "prism.hadamard.";
 
-// Tiled head order (element d + S·m + S·Hk·r) to grouped (d + S·r + S·rep·m).
-int64_t grouped_index(const Rotation& r, int64_t tiled) {
-    const int64_t S = r.state, Hk = r.key_heads, d = tiled % S, m = (tiled / S) % Hk, rr = tiled / (S * Hk);
-    return d + S * rr + S * r.rep * m;
-}
+int64_t grouped_index(const Rotation& r, int64_t tiled) { return blocks::grouped_index(tiled, r.state, r.key_heads, r.rep); }
 
 }  // namespace
 

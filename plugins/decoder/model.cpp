@@ -17,7 +17,11 @@ std::string k(const std::string& arch, const char* key) { return arch + "." + ke
 }  // namespace
 
 std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, const std::string& device) {
-    return load(std::move(file), make_device(device));
+    std::string note;
+    auto dev = make_device(device, &note);
+    auto m = load(std::move(file), std::move(dev));
+    m->device_note_ = note;
+    return m;
 }
 
 std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_ptr<Device> device) {
@@ -193,11 +197,13 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
                 bad("metadata prism.hadamard.weight_names lists '" + name + "', which is not a weight this model multiplies" +
                     (f.tensor(name) ? "" : " (no such tensor)"));
     // Every weight registered with the device once.
-    m->embd_.prepared = dev.prepare(m->embd_, Device::Use::embedding);
-    m->output_.prepared = dev.prepare(m->output_, Device::Use::matmul);
+    std::vector<Matrix*> weights{&m->embd_, &m->output_};
     for (auto& L : m->layers_)
         for (Matrix* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.q, &L.k, &L.v, &L.o, &L.qkv, &L.gate, &L.beta, &L.alpha, &L.out})
-            if (w->t) w->prepared = dev.prepare(*w, Device::Use::matmul);
+            if (w->t) weights.push_back(w);
+    for (Matrix* w : weights) w->prepared = dev.prepare(*w, w == &m->embd_ ? Device::Use::embedding : Device::Use::matmul);
+    if (dev.copies_weights())  // the device holds them now: the mapped pages may go
+        for (Matrix* w : weights) f.release_pages(w->t->data, w->t->nbytes);
     return m;
 }
 

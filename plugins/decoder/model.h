@@ -64,6 +64,9 @@ public:
     // The same on a device the caller made (another implementation of device.h).
     static std::shared_ptr<Model> load(std::shared_ptr<GgufFile> file, std::unique_ptr<Device> device);
     const Device& device() const { return *dev_; }
+    // How the device was chosen ("device cpu (no NVIDIA driver ...)"); empty for a device the
+    // caller made. The decoder plugin logs it at INFO; `pulse decode` reports it.
+    const std::string& device_note() const { return device_note_; }
 
     const HParams& hparams() const { return hp_; }
     const GgufFile& file() const { return *file_; }
@@ -98,6 +101,7 @@ private:
 
     std::shared_ptr<GgufFile> file_;
     std::unique_ptr<Device> dev_;
+    std::string device_note_;
     HParams hp_;
     Matrix output_;
     Matrix embd_;  // token_embd as a table for Device::embed

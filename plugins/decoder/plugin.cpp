@@ -106,6 +106,7 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         } catch (const std::exception& e) {
             throw pulse::Error(PULSE_E_INVALID_ARGUMENT, std::string("decoder: ") + e.what());
         }
+        pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: " + b->engine->model().device_note());
         *out = b.release();
         return PULSE_OK;
     });

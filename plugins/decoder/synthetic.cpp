@@ -1,6 +1,7 @@
 #include "synthetic.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "gguf.h"
@@ -42,6 +43,32 @@ struct Rng {
     int ternary() { return static_cast<int>(g() % 3) - 1; }
     double unit() { return static_cast<double>(g() >> 11) / 9007199254740992.0; }  // [0, 1)
 };
+
+// n ternary codes times `scale` in `type`, from an independent generator per chunk of 2^20,
+// all chunks in parallel (SynthShape::fast_fill).
+std::vector<uint8_t> fast_codes(uint32_t type, int64_t n, float scale, uint64_t seed) {
+    constexpr int64_t kChunk = int64_t{1} << 20;
+    const TypeTraits& tt = *type_traits(type);
+    const int64_t chunks = (n + kChunk - 1) / kChunk, chunk_bytes = kChunk / tt.block * tt.bytes;
+    std::vector<uint8_t> out(static_cast<size_t>(n / tt.block * tt.bytes));
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t len = std::min(kChunk, n - c * kChunk);
+        uint64_t z = seed ^ (static_cast<uint64_t>(c) * 0x9e3779b97f4a7c15ull);
+        std::vector<float> x(static_cast<size_t>(len));
+        for (auto& e : x) {  // splitmix64
+            z += 0x9e3779b97f4a7c15ull;
+            uint64_t r = z;
+            r = (r ^ (r >> 30)) * 0xbf58476d1ce4e5b9ull;
+            r = (r ^ (r >> 27)) * 0x94d049bb133111ebull;
+            r ^= r >> 31;
+            e = static_cast<float>(static_cast<int>(r % 3) - 1) * scale;
+        }
+        std::vector<uint8_t> q = quantize(type, x.data(), len);
+        std::memcpy(out.data() + c * chunk_bytes, q.data(), q.size());
+    }
+    return out;
+}
 
 }  // namespace
 
@@ -272,7 +299,14 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
         return static_cast<float>(rng.ternary());
     };
     // A matrix [n_in, n_out] of codes times `scale` (a power of two: exact in fp16).
+    uint64_t tensor_index = 0;
     auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out, float scale) {
+        ++tensor_index;
+        if (s.fast_fill && !twin && type != kQ4_K && type != kQ6_K) {
+            w.add_tensor(name, {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)}, type,
+                         fast_codes(type, n_in * n_out, scale, seed * 0x100000001b3ull + tensor_index));
+            return;
+        }
         std::vector<float> x(static_cast<size_t>(n_in * n_out));
         for (auto& e : x) e = code() * scale;
         uint32_t t = type;
@@ -499,6 +533,26 @@ std::vector<FixtureFile> fixture_set(uint64_t seed) {
     odd.tied_output = true;
     out.push_back({"synth-tied-f32.gguf", odd, kF32, seed + 1, false});
     return out;
+}
+
+SynthShape gpu_shape(int64_t layers) {
+    // Qwen3.5-27B's layer shapes (E 5120, FFN 17408, 24 query / 4 KV heads of 256, GDN 16 key /
+    // 48 value heads of 128), `layers` of them (every 4th full attention): 6.1B parameters at 16.
+    SynthShape g;
+    g.name = "pulse-gpu-bench";
+    g.n_layer = layers;
+    g.n_embd = 5120;
+    g.n_ff = 17408;
+    g.n_head = 24;
+    g.n_head_kv = 4;
+    g.head_dim = 256;
+    g.rope_dim = 64;
+    g.sections = {11, 11, 10, 0};
+    g.ssm_groups = 16;
+    g.ssm_heads = 48;
+    g.ssm_state = 128;
+    g.fast_fill = true;
+    return g;
 }
 
 SynthShape bench_shape() {

@@ -28,6 +28,10 @@ struct SynthShape {
     // the file stores the weights' codes as drawn and prism.hadamard.* metadata; its F32 twin
     // holds the unfolded equivalent (hadamard.h), a plain qwen35 file llama.cpp can run.
     int64_t hadamard_block = 0;
+    // Weight codes from an independent generator per chunk, filled and quantized in parallel
+    // (GPU-sized files in seconds); the codes differ from the sequential ones, so never for the
+    // golden fixtures. Not for Q4_K/Q6_K or twins.
+    bool fast_fill = false;
     std::string name = "pulse-synthetic";
     const struct SynthVocab* vocab = nullptr;  // default: synthetic_vocab()
 };
@@ -85,5 +89,8 @@ struct FixtureFile {
 std::vector<FixtureFile> fixture_set(uint64_t seed = 1);
 SynthShape tiny_shape();   // a few hundred KB: fuzz seed and quick tests
 SynthShape bench_shape();  // 332.7M parameters (16 layers, E 1024): tools/bench/decoder
+// Qwen3.5-27B's layer shapes with `layers` layers (6.1B parameters at 16: 6.5 GB in Q8_0, 1.6 GB
+// in TQ2_0), so that decode on a GPU is bound by memory bandwidth: tools/gpu-check.
+SynthShape gpu_shape(int64_t layers = 16);
 
 }  // namespace pulse::decoder

@@ -35,7 +35,8 @@ const char* kDecodeHelp =
     "Runs the in-process decoder on a qwen35 GGUF file: prefill the prompt, generate N tokens.\n"
     "  -n N              tokens to generate (default 32)\n"
     "  --threads N       CPU threads (default: all)\n"
-    "  --device NAME     the compute device (default and only one in this build: cpu)\n"
+    "  --device NAME     the compute device: cpu, or cuda where the build has it (default: cuda when\n"
+    "                    a GPU answers the probe, else cpu; the JSON's device_note says which and why)\n"
     "  --logits K        print the top-K logits at each generated position\n"
     "  --temperature T --top-k K --top-p P --min-p P --seed S   sampling (default: greedy)\n"
     "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
@@ -172,6 +173,8 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
     w.Int64(st.peak_batch);
     w.Key("device");
     w.String(engine->model().device().name());
+    w.Key("device_note");
+    w.String(engine->model().device_note().c_str());
     w.Key("kernels");
     w.String(decoder::kernel_name());
     w.EndObject();
@@ -316,7 +319,8 @@ int cmd_decode(const std::vector<std::string>& args) {
     if (!json) {
         std::string rest = utf8.flush();
         std::fwrite(rest.data(), 1, rest.size(), stdout);
-        std::fprintf(stderr, "\n[prompt %zu tokens, %.1f tok/s prefill; %zu generated, %.1f tok/s decode]\n", ids.size(), prefill_tps, steps.size(), decode_tps);
+        std::fprintf(stderr, "\n[%s; prompt %zu tokens, %.1f tok/s prefill; %zu generated, %.1f tok/s decode]\n", model->device_note().c_str(), ids.size(),
+                     prefill_tps, steps.size(), decode_tps);
         return 0;
     }
     rapidjson::StringBuffer b;
@@ -373,6 +377,8 @@ int cmd_decode(const std::vector<std::string>& args) {
     w.Uint64(seq->bytes());
     w.Key("device");
     w.String(model->device().name());
+    w.Key("device_note");
+    w.String(model->device_note().c_str());
     w.Key("kernels");
     w.String(decoder::kernel_name());
     w.EndObject();

@@ -241,15 +241,23 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto cpu = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "-n", "1", "--device", "cpu", "--json"});
     CHECK(cpu.code == 0);
     CHECK(has(cpu.out, "\"device\":\"cpu\""));
-    auto cuda = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--device", "cuda"});
-    CHECK(cuda.code == 2);
-    CHECK(has(cuda.err, "decoder device 'cuda' is not in this build (it has: cpu)"));
+    auto tpu = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--device", "tpu"});
+    CHECK(tpu.code == 2);
+    CHECK(has(tpu.err, "decoder device 'tpu' is not in this build (it has: cpu"));
+    // The default says which device it took and why, in the JSON (and at INFO when serving).
+    auto dflt = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "-n", "1", "--json"});
+    CHECK(dflt.code == 0);
+    CHECK((has(dflt.out, "\"device_note\":\"device cpu (") || has(dflt.out, "\"device_note\":\"device cuda (")));
+    // "cuda" where the build or the machine lacks it: exit 2 with the reason, never a crash.
+    auto cuda = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "-n", "1", "--device", "cuda", "--json"});
+    if (cuda.code == 2) CHECK((has(cuda.err, "decoder device 'cuda' is not in this build") || has(cuda.err, "decoder device 'cuda' is unavailable here: ")));
+    else CHECK(has(cuda.out, "\"device\":\"cuda\""));
     auto cfg = tmp.write("dev.toml", "[server]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndirs = [\"" + std::string(std::getenv("PULSE_PLUGIN_BUILD_DIR")) +
                                          "\"]\ndropin_dirs = []\n[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"decoder://" +
-                                         (tmp / "absent.gguf").string() + "\"\n[models.m.endpoints.options]\ndevice = \"cuda\"\n");
+                                         (tmp / "absent.gguf").string() + "\"\n[models.m.endpoints.options]\ndevice = \"tpu\"\n");
     auto serve = run({exe(), "serve", "--config", cfg.string()}, kNoEnvOverrides, 30);
     CHECK(serve.code == 3);
-    CHECK(has(serve.err, "backend 'decoder': create failed: decoder: device 'cuda' is not in this build (it has: cpu)"));
+    CHECK(has(serve.err, "backend 'decoder': create failed: decoder: device 'tpu' is not in this build (it has: cpu"));
     // Batching options out of range stop `pulse serve` naming the option.
     auto decoder_cfg = [&](const std::string& name, const std::string& option) {
         return tmp.write(name, "[server]\nlisten = \"127.0.0.1:0\"\n[plugins]\ndirs = [\"" + std::string(std::getenv("PULSE_PLUGIN_BUILD_DIR")) +

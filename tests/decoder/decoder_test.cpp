@@ -3,6 +3,8 @@
 // recorded by tools/decoder/golden.mjs from the synthetic fixture set).
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +14,7 @@
 
 #include <rapidjson/document.h>
 
+#include "blocks.h"
 #include "gguf.h"
 #include "hadamard.h"
 #include "kernels.h"
@@ -262,6 +265,22 @@ std::vector<int> golden_greedy(const rapidjson::Value& r) {
     return want;
 }
 }  // namespace
+
+TEST_CASE("formats: the shared element decoders (blocks.h) cover every supported type with the reader's block sizes") {
+    int covered = 0;
+    for (uint32_t type = 0; type < 2048; ++type) {
+        const TypeTraits* t = type_traits(type);
+        bool known = blocks::with_type(type, [&](auto tag) {
+            constexpr uint32_t T = decltype(tag)::type;
+            REQUIRE(t != nullptr);
+            CHECK(t->block == static_cast<uint32_t>(blocks::Format<T>::elems));
+            CHECK(t->bytes == static_cast<uint32_t>(blocks::Format<T>::bytes));
+            ++covered;
+        });
+        if (t && t->supported) CHECK_MESSAGE(known, type_name(type));
+    }
+    CHECK(covered == 13);
+}
 
 TEST_CASE("formats: fp16 and bf16 conversions") {
     CHECK(fp16_to_f32(0x3c00) == 1.0f);
@@ -1071,15 +1090,76 @@ TEST_CASE("device: weights the CPU repacks give the same logits from a mapped fi
 TEST_CASE("device: an unknown device is refused naming what this build has; model.cpp never unwraps device memory") {
     TempDir d;
     write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+#ifdef PULSE_TEST_CUDA_DEVICE
+    CHECK(device_names() == std::vector<std::string>{"cpu", "cuda"});
+    CHECK_THROWS_WITH_AS(Model::load(GgufFile::open(d / "t.gguf"), "tpu"), doctest::Contains("decoder device 'tpu' is not in this build (it has: cpu, cuda)"),
+                         std::invalid_argument);
+#else
     CHECK(device_names() == std::vector<std::string>{"cpu"});
     CHECK_THROWS_WITH_AS(Model::load(GgufFile::open(d / "t.gguf"), "cuda"), doctest::Contains("decoder device 'cuda' is not in this build (it has: cpu)"),
                          std::invalid_argument);
+#endif
     // Only devices turn a DevPtr into an address; the model offsets it and hands it to ops.
     std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "plugins/decoder/model.cpp");
     std::string src((std::istreambuf_iterator<char>(in)), {});
     REQUIRE(src.size() > 1000);
     CHECK(src.find("DeviceMemory") == std::string::npos);
 }
+
+namespace {
+bool machine_has_nvidia_driver() {
+    void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    return h != nullptr;  // left loaded, as device.cpp leaves it
+}
+}  // namespace
+
+TEST_CASE("device: the default is chosen by probing, and says which device and why in one line") {
+    TempDir d;
+    write_synthetic(d / "t.gguf", tiny_shape(), kF32, 7);
+    auto m = Model::load(GgufFile::open(d / "t.gguf"));
+    auto cpu = Model::load(GgufFile::open(d / "t.gguf"), "cpu");
+    CHECK(cpu->device_note() == "device cpu (as configured)");
+#ifdef PULSE_TEST_CUDA_DEVICE
+    if (!machine_has_nvidia_driver()) {
+        // No driver: the CPU device, never a crash or a missing-library error, and "cuda" asked
+        // for by name is refused with the reason.
+        CHECK(std::string(m->device().name()) == "cpu");
+        CHECK(m->device_note() == "device cpu (no NVIDIA driver: libcuda.so.1 is not installed)");
+        CHECK_THROWS_WITH_AS(Model::load(GgufFile::open(d / "t.gguf"), "cuda"),
+                             "decoder device 'cuda' is unavailable here: no NVIDIA driver: libcuda.so.1 is not installed", DeviceUnavailable);
+    } else {
+        // A driver: cuda when it reports a GPU, else the CPU with the driver's answer.
+        const bool gpu = std::string(m->device().name()) == "cuda";
+        CHECK(m->device_note().rfind(gpu ? "device cuda (" : "device cpu (", 0) == 0);
+    }
+#else
+    CHECK(std::string(m->device().name()) == "cpu");
+    CHECK(m->device_note() == "device cpu (this build has no CUDA device)");
+#endif
+}
+
+#ifdef PULSE_TEST_CUDA_DEVICE
+TEST_CASE("device: pulse-device-cuda.so loads with every symbol resolved, checks the interface version, and says why it has no GPU") {
+    // dlopen with RTLD_NOW: an unresolved symbol (a host function the library must not need) fails here.
+    void* h = dlopen(PULSE_TEST_CUDA_DEVICE, RTLD_NOW | RTLD_LOCAL);
+    const char* err = h ? nullptr : dlerror();
+    INFO("dlopen: " << (err ? err : "ok"));
+    REQUIRE(h != nullptr);
+    using Create = Device* (*)(int, char*, size_t);
+    auto create = reinterpret_cast<Create>(dlsym(h, "pulse_cuda_device_create"));
+    REQUIRE(bool(create));
+    char note[512] = {};
+    CHECK(create(kDeviceInterfaceVersion + 1, note, sizeof note) == nullptr);
+    CHECK(std::string(note).find("built for device interface " + std::to_string(kDeviceInterfaceVersion)) != std::string::npos);
+    std::unique_ptr<Device> dev(create(kDeviceInterfaceVersion, note, sizeof note));
+    if (!machine_has_nvidia_driver()) {
+        CHECK(dev == nullptr);
+        CHECK(std::string(note).rfind("no usable CUDA GPU: ", 0) == 0);
+    } else if (dev) {
+        CHECK(std::string(dev->name()) == "cuda");
+    }
+}
+#endif
 
 // ---- tokenizer against llama.cpp ------------------------------------------------------------------
 

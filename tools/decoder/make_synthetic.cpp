@@ -2,6 +2,8 @@
 //   make_synthetic OUT_DIR [SEED]   the fixture set (synthetic.h: every type, F32 twins, an odd shape)
 //   make_synthetic --tiny FILE      one small F32 model (the GGUF fuzzer's seed)
 //   make_synthetic --bench TYPE FILE  332.7M parameters (16 layers, E 1024) for tools/bench/decoder
+//   make_synthetic --gpu TYPE FILE [LAYERS]  Qwen3.5-27B's layer shapes, 16 layers by default
+//                                    (6.1B parameters) for tools/gpu-check
 //   make_synthetic --scripted FILE FIRST THEN  a model that answers FIRST, then THEN once the prompt
 //                                    holds a <tool_response> (synthetic.h: write_scripted_model)
 #include <cstdio>
@@ -29,12 +31,21 @@ int main(int argc, char** argv) {
         write_scripted_model(argv[2], ScriptedAnswers{argv[3], argv[4]});
         return 0;
     }
-    if (std::string(argv[1]) == "--bench") {
+    if (std::string(argv[1]) == "--bench" || std::string(argv[1]) == "--gpu") {
         if (argc < 4) return 2;
         std::string t = argv[2];
         uint32_t type = t == "q8_0" ? kQ8_0 : t == "tq2_0" ? kTQ2_0 : t == "tq1_0" ? kTQ1_0 : t == "q4_k" ? kQ4_K : t == "f16" ? kF16 :
                         t == "q2_0" ? kQ2_0 : t == "pq2_0" ? kPQ2_0 : kF32;
-        write_synthetic(argv[3], bench_shape(), type, 42);
+        if (std::string(argv[1]) == "--bench") {
+            write_synthetic(argv[3], bench_shape(), type, 42);
+            return 0;
+        }
+        const long layers = argc > 4 ? std::strtol(argv[4], nullptr, 10) : 16;
+        if (layers < 1 || layers > 64) {
+            std::fprintf(stderr, "make_synthetic --gpu: LAYERS must be 1 to 64\n");
+            return 2;
+        }
+        write_synthetic(argv[3], gpu_shape(layers), type, 42);
         return 0;
     }
     std::filesystem::path out(argv[1]);
