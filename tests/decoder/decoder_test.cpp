@@ -30,6 +30,15 @@ using pulse::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
+// The source tree: where the build saw it, or PULSE_SOURCE_ROOT when the binary runs elsewhere
+// (tools/gpu-check carries it to a GPU machine).
+fs::path source_root() {
+    const char* env = std::getenv("PULSE_SOURCE_ROOT");
+    return env && *env ? fs::path(env) : fs::path(PULSE_SOURCE_ROOT);
+}
+}  // namespace
+
+namespace {
 
 std::vector<uint8_t> tiny_bytes() {
     static std::vector<uint8_t> bytes = [] {
@@ -762,7 +771,7 @@ namespace {
 
 // tests/fixtures/decoder/golden.json: llama.cpp's logits and greedy continuations.
 rapidjson::Document load_golden() {
-    std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "tests/fixtures/decoder/golden.json");
+    std::ifstream in(source_root() / "tests/fixtures/decoder/golden.json");
     std::string text((std::istreambuf_iterator<char>(in)), {});
     rapidjson::Document g;
     g.Parse(text.c_str());
@@ -892,7 +901,7 @@ TEST_CASE("forward: the default int8 path stays within its measured tolerance of
         CAPTURE(run.file);
         MESSAGE(run.file << " (int8 activations): max |logit - llama.cpp F32 twin| " << run.worst);
         CHECK(run.worst < 0.5);
-        if (std::string(kernel_name()) != "scalar") CHECK(run.worst > 1e-3);
+        if (std::string(run.model->device().name()) == "cpu" && std::string(kernel_name()) != "scalar") CHECK(run.worst > 1e-3);
         ++compared;
     }
     CHECK(compared == 5);
@@ -1100,7 +1109,7 @@ TEST_CASE("device: an unknown device is refused naming what this build has; mode
                          std::invalid_argument);
 #endif
     // Only devices turn a DevPtr into an address; the model offsets it and hands it to ops.
-    std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "plugins/decoder/model.cpp");
+    std::ifstream in(source_root() / "plugins/decoder/model.cpp");
     std::string src((std::istreambuf_iterator<char>(in)), {});
     REQUIRE(src.size() > 1000);
     CHECK(src.find("DeviceMemory") == std::string::npos);
@@ -1161,6 +1170,60 @@ TEST_CASE("device: pulse-device-cuda.so loads with every symbol resolved, checks
 }
 #endif
 
+#ifdef PULSE_TEST_CUDA_DEVICE
+// On a machine with a GPU (tools/gpu-check sets PULSE_REQUIRE_GPU=1, so that a missing GPU fails
+// instead of passing unseen): every fixture on the CUDA device against the CPU device. A
+// 40-token prompt (past the 8-token matvec bound: the dequantize + GEMM path), then 24 greedy
+// tokens one at a time (the matvec path), exact on both. Both sum in f32 in different orders,
+// so logits differ by rounding only (1e-5 to 1e-4 where measured on the CPU's own kernel
+// variants); 2e-3 is the bound every device already meets against llama.cpp, and a layout or
+// indexing bug moves logits by O(1). The default (f16 GEMM) path: within the int8 path's 0.5.
+TEST_CASE("device: the CUDA device gives the CPU device's logits and greedy tokens on every fixture") {
+    std::unique_ptr<Device> probe;
+    try {
+        probe = make_device("cuda");
+    } catch (const DeviceUnavailable& e) {
+        if (const char* r = std::getenv("PULSE_REQUIRE_GPU"); r && *r) FAIL("PULSE_REQUIRE_GPU is set but: " << std::string(e.what()));
+        MESSAGE("not run (no GPU here): " << std::string(e.what()));
+        return;
+    }
+    probe.reset();
+    TempDir d;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 40; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 11) % 250));
+    int compared = 0;
+    for (const auto& f : fixture_set()) {
+        CAPTURE(f.name);
+        write_synthetic(d / f.name, f.shape, f.type, f.seed, f.twin);
+        auto cpu = Model::load(GgufFile::open(d / f.name), "cpu");
+        auto gpu = Model::load(GgufFile::open(d / f.name), "cuda");
+        REQUIRE(std::string(gpu->device().name()) == "cuda");
+        cpu->exact = gpu->exact = true;
+        const int64_t V = cpu->hparams().n_vocab;
+        auto sc = cpu->new_sequence();
+        auto sg = gpu->new_sequence();
+        auto lc = cpu->forward(*sc, prompt, true), lg = gpu->forward(*sg, prompt, true);
+        REQUIRE(lc.size() == lg.size());
+        double worst = 0;
+        for (size_t i = 0; i < lc.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(lc[i] - lg[i])));
+        MESSAGE(f.name << ": max |logit cuda - cpu| " << worst);
+        CHECK(worst < 2e-3);
+        CHECK(greedy_run(*gpu, *sg, std::vector<float>(lg.end() - V, lg.end()), 24) ==
+              greedy_run(*cpu, *sc, std::vector<float>(lc.end() - V, lc.end()), 24));
+        gpu->exact = false;
+        auto sf = gpu->new_sequence();
+        auto lf = gpu->forward(*sf, prompt, true);
+        double fast = 0;
+        for (size_t i = 0; i < lc.size(); ++i) fast = std::max(fast, static_cast<double>(std::fabs(lc[i] - lf[i])));
+        MESSAGE(f.name << " (f16 GEMM): max |logit cuda - cpu exact| " << fast);
+        CHECK(fast < 0.5);
+        fs::remove(d / f.name);
+        ++compared;
+    }
+    CHECK(compared == static_cast<int>(fixture_set().size()));
+}
+#endif
+
 // ---- tokenizer against llama.cpp ------------------------------------------------------------------
 
 namespace {
@@ -1182,7 +1245,7 @@ TEST_CASE("tokenizer: encodes like llama.cpp on code, unicode, whitespace runs a
     auto f = GgufFile::parse(b.data(), b.size(), "tiny.gguf");
     Tokenizer tok = Tokenizer::load(*f);
     CHECK(tok.size() == 305);
-    std::ifstream in(fs::path(PULSE_SOURCE_ROOT) / "tests/fixtures/decoder/tokens.json");
+    std::ifstream in(source_root() / "tests/fixtures/decoder/tokens.json");
     std::string text((std::istreambuf_iterator<char>(in)), {});
     rapidjson::Document g;
     g.Parse(text.c_str());

@@ -92,11 +92,27 @@ __global__ void matvec_kernel(const uint8_t* w, uint64_t row_bytes, int64_t n_in
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0;
-    for (int64_t e = lane; e < n_in; e += 32) {
-        const float wv = bk::element<T>(r + (e / E) * bytes, static_cast<int>(e % E));
+    if (n_in % 128 == 0 && (E == 1 || E % 4 == 0)) {
+        // Four consecutive elements per lane (one block's, so its scale is read once).
+        for (int64_t e = 4 * lane; e < n_in; e += 128) {
+            const uint8_t* blk = r + (e / E) * bytes;
+            float wv[4];
 #pragma unroll
-        for (int t = 0; t < NT; ++t)
-            if (t < B) acc[t] += wv * x[t * n_in + e];
+            for (int u = 0; u < 4; ++u)
+                wv[u] = E == 1 ? bk::element<T>(r + (e + u) * bytes, 0) : bk::element<T>(blk, static_cast<int>(e % E) + u);
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                if (t < B)
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) acc[t] += wv[u] * x[t * n_in + e + u];
+        }
+    } else {
+        for (int64_t e = lane; e < n_in; e += 32) {
+            const float wv = bk::element<T>(r + (e / E) * bytes, static_cast<int>(e % E));
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                if (t < B) acc[t] += wv * x[t * n_in + e];
+        }
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -653,9 +669,9 @@ extern "C" __attribute__((visibility("default"))) pulse::decoder::Device* pulse_
             return nullptr;
         }
         auto* dev = new pulse::decoder::CudaDevice(0);
-        char buf[256];
-        std::snprintf(buf, sizeof buf, "%s, %.1f GiB, sm_%d%d", prop.name, static_cast<double>(prop.totalGlobalMem) / (1 << 30), prop.major, prop.minor);
-        say(buf);
+        char gib[32];
+        std::snprintf(gib, sizeof gib, "%.1f", static_cast<double>(prop.totalGlobalMem) / (1 << 30));
+        say(std::string(prop.name) + ", " + gib + " GiB, sm_" + std::to_string(prop.major) + std::to_string(prop.minor));
         return dev;
     } catch (const std::exception& e) {
         say(e.what());
