@@ -169,6 +169,7 @@ pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
     w.begin_object()
         .kv("status", "ok")
         .kv("model", e.name())
+        .kv("device", e.model().device().name())
         .kv("context", e.context())
         .kv("queued", static_cast<int64_t>(e.queued()))
         .kv("active", static_cast<int64_t>(e.active()))

@@ -504,6 +504,8 @@ TEST_CASE("backend plugin through the gateway: a decoder:// endpoint answers, /h
     CHECK(health.find(R"("backend":{"status":"ok","model":"pulse-synthetic")") != std::string::npos);
     CAPTURE(health);
     CHECK(health.find(R"("queued":0,"active":0,"concurrency":2,"checkpoints":4,"steps":)") != std::string::npos);
+    // Which device serves it (cuda where a GPU answered the probe).
+    CHECK((health.find(R"("device":"cpu")") != std::string::npos || health.find(R"("device":"cuda")") != std::string::npos));
     CHECK(health.find(R"("steps":0,)") == std::string::npos);
 }
 
