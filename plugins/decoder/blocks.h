@@ -1,8 +1,9 @@
 // Per-element math shared by every device: the weight formats' element decoders, the
-// activation functions, the RoPE frequencies and the Gated DeltaNet gates. The functions are
-// `__host__ __device__` under nvcc and plain inline functions in C++, so the CPU device (and
-// every host test through it) runs exactly the code the CUDA kernels run: a layout mistake here
-// fails the golden tests on a machine without a GPU.
+// activation functions, the RoPE frequencies and the Gated DeltaNet gates, `__host__ __device__`
+// under nvcc and plain inline functions in C++. The CPU device calls the activations, gates,
+// RoPE and half conversion directly; for weights it decodes whole rows (quants.cpp, a block's
+// scales once), and a test checks these element decoders give that row decoder's bits on random
+// blocks of every type. So what the CUDA kernels run is checked on a machine without a GPU.
 //
 // Element j of a block: `element<TYPE>(block, j)`, for j below `Format<TYPE>::elems`, reading
 // only that block's bytes. Layouts: docs/DECODER.md, "The model" (Weights).

@@ -47,15 +47,33 @@ uint16_t f32_to_bf16(float f) {
 
 namespace {
 
+using blocks::rd16;
+using blocks::scale_min_k4;
+using blocks::trit;
+
 float round_half_away(float x) { return x < 0 ? -std::floor(-x + 0.5f) : std::floor(x + 0.5f); }
 
-// The base-3 ternary layouts (TQ1_0, PTQ1_0), as blocks.h decodes them (base3_element).
+// The base-3 ternary layouts (TQ1_0, PTQ1_0): a run of `a` bytes of five trits (element a·t + m
+// in trit t of byte m, the first the most significant), a run of `b` bytes of five trits
+// (elements 5a + b·t + m), `h` bytes of four trits (5a + 5b + h·t + j), then the f16 scale.
 struct Base3 {
     int a, b, h;
     int block() const { return 5 * a + 5 * b + 4 * h; }
     int bytes() const { return a + b + h + 2; }
 };
 constexpr Base3 kTq1{32, 16, 4}, kPtq1{16, 8, 2};
+
+void dequantize_base3(const Base3& g, const uint8_t* s, float* y, int64_t n) {
+    for (int64_t blk = 0; blk < n / g.block(); ++blk, s += g.bytes(), y += g.block()) {
+        float d = fp16_to_f32(rd16(s + g.a + g.b + g.h));
+        for (int t = 0; t < 5; ++t)
+            for (int m = 0; m < g.a; ++m) y[g.a * t + m] = static_cast<float>(trit(s[m], t) - 1) * d;
+        for (int t = 0; t < 5; ++t)
+            for (int m = 0; m < g.b; ++m) y[5 * g.a + g.b * t + m] = static_cast<float>(trit(s[g.a + m], t) - 1) * d;
+        for (int t = 0; t < 4; ++t)
+            for (int j = 0; j < g.h; ++j) y[5 * g.a + 5 * g.b + g.h * t + j] = static_cast<float>(trit(s[g.a + g.b + j], t) - 1) * d;
+    }
+}
 
 // t·amax with t = round(x/amax) in {-1, 0, 1}; byte = ceil(v·256/243) of the trits' value v.
 void quantize_base3(const Base3& g, const float* x, uint8_t* o, int64_t n) {
@@ -82,19 +100,89 @@ void quantize_base3(const Base3& g, const float* x, uint8_t* o, int64_t n) {
 
 }  // namespace
 
+// Whole rows, block by block, for the CPU: a block's scales decoded once. blocks.h's element
+// decoders (what the CUDA kernels run) are checked bit for bit against this on every type.
 void dequantize_row(uint32_t type, const uint8_t* s, float* y, int64_t n) {
-    if (type == kF32) {
-        std::memcpy(y, s, static_cast<size_t>(n) * 4);
-        return;
+    switch (type) {
+        case kF32: std::memcpy(y, s, static_cast<size_t>(n) * 4); return;
+        case kF16:
+            for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_f32(rd16(s + 2 * i));
+            return;
+        case kBF16:
+            for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(rd16(s + 2 * i));
+            return;
+        case kQ8_0:
+            for (int64_t b = 0; b < n / 32; ++b, s += 34) {
+                float d = fp16_to_f32(rd16(s));
+                for (int j = 0; j < 32; ++j) *y++ = d * static_cast<float>(static_cast<int8_t>(s[2 + j]));
+            }
+            return;
+        case kTQ2_0:
+            for (int64_t b = 0; b < n / 256; ++b, s += 66, y += 256) {
+                float d = fp16_to_f32(rd16(s + 64));
+                for (int h = 0; h < 2; ++h)
+                    for (int l = 0; l < 4; ++l)
+                        for (int m = 0; m < 32; ++m) y[128 * h + 32 * l + m] = static_cast<float>(((s[32 * h + m] >> (2 * l)) & 3) - 1) * d;
+            }
+            return;
+        case kTQ1_0: return dequantize_base3(kTq1, s, y, n);
+        case kQ2_0:
+        case kPQ2_0:
+        case kQ2_0_G128: {
+            // Scale first, then four 2-bit codes per byte (element j in bits 2(j%4) of byte j/4);
+            // value (code - 1)·d, so code 3 is +2d.
+            const int64_t g = type == kQ2_0 ? 64 : 128;
+            for (int64_t b = 0; b < n / g; ++b, s += 2 + g / 4, y += g) {
+                float d = fp16_to_f32(rd16(s));
+                for (int64_t j = 0; j < g; ++j) y[j] = static_cast<float>(((s[2 + j / 4] >> (2 * (j % 4))) & 3) - 1) * d;
+            }
+            return;
+        }
+        case kQ1_0:
+            for (int64_t b = 0; b < n / 128; ++b, s += 18, y += 128) {
+                float d = fp16_to_f32(rd16(s));
+                for (int j = 0; j < 128; ++j) y[j] = (s[2 + j / 8] >> (j % 8)) & 1 ? d : -d;
+            }
+            return;
+        case kPTQ1_0: return dequantize_base3(kPtq1, s, y, n);  // TQ1_0's packing in groups of 128
+        case kQ4_K:
+            for (int64_t b = 0; b < n / 256; ++b, s += 144) {
+                float d = fp16_to_f32(rd16(s)), dmin = fp16_to_f32(rd16(s + 2));
+                const uint8_t* sc = s + 4;
+                const uint8_t* q = s + 16;
+                for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+                    uint8_t a, m;
+                    scale_min_k4(is, sc, a, m);
+                    float d1 = d * a, m1 = dmin * m;
+                    scale_min_k4(is + 1, sc, a, m);
+                    float d2 = d * a, m2 = dmin * m;
+                    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
+                    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+                }
+            }
+            return;
+        case kQ6_K:
+            for (int64_t b = 0; b < n / 256; ++b, s += 210) {
+                const uint8_t* ql = s;
+                const uint8_t* qh = s + 128;
+                const int8_t* sc = reinterpret_cast<const int8_t*>(s + 192);
+                float d = fp16_to_f32(rd16(s + 208));
+                for (int k = 0; k < 256; k += 128, y += 128, ql += 64, qh += 32, sc += 8)
+                    for (int l = 0; l < 32; ++l) {
+                        int is = l / 16;
+                        int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                        int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                        int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                        int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                        y[l] = d * sc[is] * static_cast<float>(q1);
+                        y[l + 32] = d * sc[is + 2] * static_cast<float>(q2);
+                        y[l + 64] = d * sc[is + 4] * static_cast<float>(q3);
+                        y[l + 96] = d * sc[is + 6] * static_cast<float>(q4);
+                    }
+            }
+            return;
+        default: throw std::invalid_argument("dequantize_row: unsupported type " + type_name(type));
     }
-    // Block by block through the element decoders every device shares (blocks.h).
-    bool known = blocks::with_type(type, [&](auto tag) {
-        constexpr uint32_t T = decltype(tag)::type;
-        constexpr int E = blocks::Format<T>::elems, bytes = blocks::Format<T>::bytes;
-        for (int64_t b = 0; b < n / E; ++b, s += bytes, y += E)
-            for (int j = 0; j < E; ++j) y[j] = blocks::element<T>(s, j);
-    });
-    if (!known) throw std::invalid_argument("dequantize_row: unsupported type " + type_name(type));
 }
 
 std::vector<uint8_t> quantize(uint32_t type, const float* x, int64_t n) {

@@ -291,6 +291,31 @@ TEST_CASE("formats: the shared element decoders (blocks.h) cover every supported
     CHECK(covered == 13);
 }
 
+TEST_CASE("formats: the shared element decoders (what the CUDA kernels run) give the CPU row decoder's bits on random blocks of every type") {
+    std::mt19937_64 rng(11);
+    int types = 0;
+    for (uint32_t type = 0; type < 2048; ++type)
+        blocks::with_type(type, [&](auto tag) {
+            constexpr uint32_t T = decltype(tag)::type;
+            constexpr int E = blocks::Format<T>::elems, bytes = blocks::Format<T>::bytes;
+            constexpr int nb = E == 1 ? 1024 : 64;
+            std::vector<uint8_t> raw(static_cast<size_t>(nb * bytes));
+            for (auto& b : raw) b = static_cast<uint8_t>(rng());
+            std::vector<float> row(static_cast<size_t>(nb * E));
+            dequantize_row(T, raw.data(), row.data(), nb * E);
+            int mismatches = 0;
+            for (int b = 0; b < nb; ++b)
+                for (int j = 0; j < E; ++j) {
+                    const float want = row[static_cast<size_t>(b * E + j)], got = blocks::element<T>(raw.data() + b * bytes, j);
+                    if (!(std::memcmp(&want, &got, 4) == 0 || (std::isnan(want) && std::isnan(got)))) ++mismatches;
+                }
+            CAPTURE(type_name(T));
+            CHECK(mismatches == 0);
+            ++types;
+        });
+    CHECK(types == 13);
+}
+
 TEST_CASE("formats: fp16 and bf16 conversions") {
     CHECK(fp16_to_f32(0x3c00) == 1.0f);
     CHECK(fp16_to_f32(0xc000) == -2.0f);
