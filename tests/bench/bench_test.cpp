@@ -446,7 +446,8 @@ TEST_CASE("bench ttft: cold vs warm prefix cache, and the first turn after a bac
     BenchRun r({"ttft", "--endpoint", url, "--cases", "cold,warm,restart", "--restart-cmd", restart.string(), "--reps", "2",
                 "--prompt-words", "400", "--no-plot"});
     run({"bash", "-c", "kill $(cat '" + (d / "fake.pid").string() + "')"});
-    REQUIRE_MESSAGE(r.r.code == 0, r.r.err);
+    // Exit 1 with nothing on stderr is a failed request: its error is in the JSON runs.
+    REQUIRE_MESSAGE(r.r.code == 0, r.r.err << r.r.out.substr(0, 4000) << "\nfake.log: " << run({"cat", (d / "fake.log").string()}).out);
     std::map<std::string, double> cached;
     for (const auto& s : r.doc["summary"].GetArray()) cached[s["case"].GetString()] = s["cached_tokens"]["median"].GetDouble();
     CHECK(cached["warm"] > 400);            // the whole shared context came from the cache
