@@ -400,7 +400,7 @@ void dispatch(uint32_t type, F&& f) {
 
 class CudaDevice : public Device {
 public:
-    explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    explicit CudaDevice(int ordinal) {
         check(cudaSetDevice(ordinal), "cudaSetDevice");
         check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
         check(cublasCreate(&blas_), "cublasCreate");
@@ -465,7 +465,7 @@ public:
 
     void embed(const Matrix& table, const int32_t* tokens, int64_t B, DevPtr out) const override {
         const auto& w = weight(table);
-        int32_t* tok = static_cast<int32_t*>(scratch(0, static_cast<size_t>(B) * sizeof(int32_t)));
+        int32_t* tok = static_cast<int32_t*>(scratch(kTokens, static_cast<size_t>(B) * sizeof(int32_t)));
         check(cudaMemcpyAsync(tok, tokens, static_cast<size_t>(B) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "embed tokens");  // staged, as upload()
         dispatch(w.type, [&](auto tag) {
             embed_kernel<decltype(tag)::type><<<blocks_for(B * table.n_in, 256), 256, 0, stream_>>>(w.data, w.row_bytes, table.n_in, tok, B, raw(out));
@@ -496,11 +496,11 @@ public:
         const float alpha = m.scale, beta = 0;
         void* xh = nullptr;
         if (int8) {  // f16 activations for the tensor cores (the fast path; exact = f32)
-            xh = scratch(1, static_cast<size_t>(B * m.n_in) * sizeof(__half));
+            xh = scratch(kHalfActivations, static_cast<size_t>(B * m.n_in) * sizeof(__half));
             to_half_kernel<<<blocks_for(B * m.n_in, 256), 256, 0, stream_>>>(raw(x), B * m.n_in, static_cast<__half*>(xh));
             check_launch("to_half");
         }
-        void* wd = scratch(2, static_cast<size_t>(rows_per_chunk * m.n_in) * (int8 ? sizeof(__half) : sizeof(float)));
+        void* wd = scratch(kDecodedWeights, static_cast<size_t>(rows_per_chunk * m.n_in) * (int8 ? sizeof(__half) : sizeof(float)));
         for (int64_t r0 = 0; r0 < m.n_out; r0 += rows_per_chunk) {
             const int64_t rows = std::min(rows_per_chunk, m.n_out - r0);
             const unsigned grid = std::min<unsigned>(blocks_for(rows * m.n_in, 256), 65535u);
@@ -567,11 +567,13 @@ private:
         return *static_cast<const Weight*>(m.prepared);
     }
 
-    // Scratch slot `slot`, at least `bytes` long (grown, never shrunk; the stream is drained
-    // before a buffer in use is replaced).
-    void* scratch(size_t slot, size_t bytes) const {
+    // The scratch buffers, one per use.
+    enum Slot : size_t { kTokens, kHalfActivations, kDecodedWeights, kQueries, kPartMax, kPartSum, kPartValues, kConvOut, kSlots };
+
+    // Scratch `slot`, at least `bytes` long (grown, never shrunk; the stream is drained before a
+    // buffer in use is replaced).
+    void* scratch(Slot slot, size_t bytes) const {
         std::lock_guard<std::mutex> lock(scratch_mu_);
-        if (scratch_.size() <= slot) scratch_.resize(slot + 1, nullptr), scratch_bytes_.resize(slot + 1, 0);
         if (scratch_bytes_[slot] < bytes) {
             check(cudaStreamSynchronize(stream_), "scratch");
             cudaFree(scratch_[slot]);
@@ -598,16 +600,16 @@ private:
         if (op.D > kMaxHeadDim) throw std::invalid_argument("cuda device: head size " + std::to_string(op.D) + " is above " + std::to_string(kMaxHeadDim));
         AttnArgs a{raw(op.qg), raw(op.k), raw(op.v), raw(op.q_norm), raw(op.k_norm), raw(op.k_cache), raw(op.v_cache), nullptr, raw(op.out),
                    op.B, op.pos0, op.H, op.Hkv, op.D, op.R, static_cast<float>(op.eps), static_cast<float>(op.scale), op.rope_base};
-        a.q = static_cast<float*>(scratch(3, static_cast<size_t>(op.B * op.H * op.D) * sizeof(float)));
+        a.q = static_cast<float*>(scratch(kQueries, static_cast<size_t>(op.B * op.H * op.D) * sizeof(float)));
         attn_prepare_kernel<<<dim3(static_cast<unsigned>(op.B), static_cast<unsigned>(op.H + op.Hkv)), round_threads(op.D), 0, stream_>>>(a);
         check_launch("attention (prepare)");
         // Splits of at least 256 positions, at most 32 per (token, head).
         const int64_t longest = op.pos0 + op.B;
         const int64_t splits = std::clamp<int64_t>((longest + 255) / 256, 1, 32), per_split = (longest + splits - 1) / splits;
         const size_t slots = static_cast<size_t>(op.B * op.H * splits);
-        float* pm = static_cast<float*>(scratch(4, slots * sizeof(float)));
-        float* pl = static_cast<float*>(scratch(5, slots * sizeof(float)));
-        float* pacc = static_cast<float*>(scratch(6, slots * static_cast<size_t>(op.D) * sizeof(float)));
+        float* pm = static_cast<float*>(scratch(kPartMax, slots * sizeof(float)));
+        float* pl = static_cast<float*>(scratch(kPartSum, slots * sizeof(float)));
+        float* pacc = static_cast<float*>(scratch(kPartValues, slots * static_cast<size_t>(op.D) * sizeof(float)));
         attn_partial_kernel<<<dim3(static_cast<unsigned>(op.B), static_cast<unsigned>(op.H), static_cast<unsigned>(splits)), 32 * kAttnWarps, 0,
                               stream_>>>(a, per_split, pm, pl, pacc);
         check_launch("attention");
@@ -621,7 +623,7 @@ private:
         if (op.S > 1024) throw std::invalid_argument("cuda device: Gated DeltaNet state size " + std::to_string(op.S) + " is above 1024");
         GdnArgs a{raw(op.qkv), raw(op.z), raw(op.beta), raw(op.alpha), raw(op.conv), raw(op.dt_bias), raw(op.ssm_a), raw(op.ssm_norm),
                   raw(op.conv_state), raw(op.state), nullptr, raw(op.out), op.B, op.K, op.C, op.S, op.Hk, op.Hv, static_cast<float>(op.eps)};
-        a.y = static_cast<float*>(scratch(7, static_cast<size_t>(op.B * op.C) * sizeof(float)));
+        a.y = static_cast<float*>(scratch(kConvOut, static_cast<size_t>(op.B * op.C) * sizeof(float)));
         gdn_conv_kernel<<<blocks_for(op.C, 256), 256, 0, stream_>>>(a);
         check_launch("deltanet (conv)");
         gdn_l2norm_kernel<<<dim3(static_cast<unsigned>(op.B), static_cast<unsigned>(2 * op.Hk)), round_threads(op.S), 0, stream_>>>(a);
@@ -630,14 +632,13 @@ private:
         check_launch("deltanet");
     }
 
-    int ordinal_ = 0;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
     int64_t max_shared_ = 48 << 10;
     std::map<const TensorInfo*, std::unique_ptr<Weight>> weights_;
     mutable std::mutex scratch_mu_;
-    mutable std::vector<void*> scratch_;
-    mutable std::vector<size_t> scratch_bytes_;
+    mutable void* scratch_[kSlots] = {};
+    mutable size_t scratch_bytes_[kSlots] = {};
     mutable std::map<const float*, float*> signs_;
 };
 
