@@ -199,7 +199,8 @@ PULSE_HD float softplus(float x) { return x > 20 ? x : log1pf(expf(x)); }
 // Gated DeltaNet: the write strength β = σ(b) and the decay e = exp(softplus(a + dt_bias)·A),
 // A = -exp(A_log) as stored at load.
 PULSE_HD float gdn_beta(float b) { return sigmoid(b); }
-PULSE_HD float gdn_decay(float alpha, float dt_bias, float a) { return expf(softplus(alpha + dt_bias) * a); }
+PULSE_HD float gdn_log_decay(float alpha, float dt_bias, float a) { return softplus(alpha + dt_bias) * a; }
+PULSE_HD float gdn_decay(float alpha, float dt_bias, float a) { return expf(gdn_log_decay(alpha, dt_bias, a)); }
 
 // NeoX partial RoPE over the first R dims: pair (i, i + R/2) turns by pos · base^(-2i/R).
 PULSE_HD double rope_inv_freq(double base, int64_t i, int64_t R) {

@@ -5,6 +5,10 @@
 #include <new>
 #include <stdexcept>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "blocks.h"
 #include "device.h"
 #include "kernels.h"
@@ -229,8 +233,19 @@ private:
     std::map<const TensorInfo*, const PackedQ8*> packed_by_tensor_;
 };
 
-// Every op of the call in one parallel region per phase: items are (op, token) pairs, then
-// (op, token, head) triples, so several decoding sequences share one fork-join.
+// Attention tiles: a tile's query rows are up to kAttnRows (tokens × the query heads that share
+// one KV head, so each key and value is read once for all of them), its keys kAttnKeys at a
+// time, with an online softmax (a running max and sum per row; the output rescaled when the
+// max grows). The K tile is transposed into thread-local memory so both products are
+// gemm_f32 (kernels.h) with no horizontal sums.
+constexpr int64_t kAttnRows = 32;
+constexpr int64_t kAttnKeys = 64;
+// A (sequence, KV head, query tile) with fewer keys than this is not split across threads.
+constexpr int64_t kAttnMinSplitKeys = 512;
+
+// Each phase runs every op of the call in one parallel region: first (op, token) pairs (q/k
+// norms, RoPE, the cache store), then (op, KV head, query tile, key range) units, so several
+// decoding sequences share one fork-join.
 void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
     if (n_ops == 0) return;
     const AttentionOp& op0 = ops[0];
@@ -243,28 +258,29 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
     };
     struct Item {
         const AttentionOp* op;
-        int64_t b;    // token within the op
-        int64_t row;  // token within the call (q and gate rows)
+        int64_t b;  // token within the op
     };
     std::vector<Item> items;
-    int64_t longest = 0;
+    std::vector<int64_t> first(n_ops);  // op i's token 0 as an item (its q and gate rows)
     for (size_t i = 0; i < n_ops; ++i) {
-        for (int64_t b = 0; b < ops[i].B; ++b) items.push_back(Item{&ops[i], b, static_cast<int64_t>(items.size())});
-        longest = std::max(longest, ops[i].pos0 + ops[i].B);
+        first[i] = static_cast<int64_t>(items.size());
+        for (int64_t b = 0; b < ops[i].B; ++b) items.push_back(Item{&ops[i], b});
     }
     const int64_t N = static_cast<int64_t>(items.size());
-    // The queries (normed, rotated), gates, and keys/values appended to each cache.
+    // The queries (normed, rotated, scaled), gates, and keys/values appended to each cache.
     std::vector<float> q(static_cast<size_t>(N * H * D)), gate(q.size());
 #pragma omp parallel for schedule(static) if (N > 1)
     for (int64_t it = 0; it < N; ++it) {
         const AttentionOp& op = *items[static_cast<size_t>(it)].op;
         const int64_t b = items[static_cast<size_t>(it)].b, p = op.pos0 + b;
         const float* qg = raw(op.qg) + b * 2 * H * D;
+        const float scale = static_cast<float>(op.scale);
         for (int64_t j = 0; j < H; ++j) {
             float* qj = q.data() + (it * H + j) * D;
             rmsnorm_row(qg + 2 * D * j, raw(op.q_norm), qj, D, op.eps);
             std::memcpy(gate.data() + (it * H + j) * D, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
             rope(qj, p);
+            for (int64_t d = 0; d < D; ++d) qj[d] *= scale;
         }
         // The cache holds K and V at f16 precision, as llama.cpp's default F16 cache does.
         float* kn = raw(op.k_cache) + p * Hkv * D;
@@ -279,37 +295,138 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
             vn[i] = fp16_to_f32(f32_to_fp16(vp[i]));
         }
     }
-    const int64_t group = H / Hkv;
-    // Each (token, head) pair attends causally to its own sequence's cache.
+
+    // The tiles. Query row r of a tile is token b0 + r / G, head kvh·G + r % G (GQA: blocks of
+    // consecutive query heads share a KV head).
+    const int64_t G = H / Hkv;
+    const int64_t tile_tokens = std::max<int64_t>(1, kAttnRows / G);
+    struct Tile {
+        size_t op;
+        int64_t kvh, b0, b1;
+    };
+    std::vector<Tile> tiles;
+    int64_t most_keys = 0;
+    for (size_t i = 0; i < n_ops; ++i) {
+        for (int64_t kvh = 0; kvh < Hkv; ++kvh)
+            for (int64_t b0 = 0; b0 < ops[i].B; b0 += tile_tokens) tiles.push_back(Tile{i, kvh, b0, std::min(ops[i].B, b0 + tile_tokens)});
+        most_keys = std::max(most_keys, ops[i].pos0 + ops[i].B);
+    }
+    const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+    // Decoding one or two sequences makes fewer tiles than threads: then each tile's keys are
+    // split into ranges (whole key tiles) run apart, and their partial softmaxes merged.
+#ifdef _OPENMP
+    const int64_t threads = omp_get_max_threads();
+#else
+    const int64_t threads = 1;
+#endif
+    int64_t splits = 1;
+    if (n_tiles < threads && most_keys >= 2 * kAttnMinSplitKeys)
+        splits = std::min((threads + n_tiles - 1) / n_tiles, most_keys / kAttnMinSplitKeys);
+    const int64_t rows_max = tile_tokens * G;
+    // Per (tile, split): each row's running max and sum, then its D outputs (unnormalized).
+    const int64_t part_floats = rows_max * (D + 2);
+    std::vector<float> parts(splits > 1 ? static_cast<size_t>(n_tiles * splits * part_floats) : 0);
+
+    auto finish_row = [&](const Tile& tl, int64_t r, const float* o, float inv_sum) {
+        const int64_t b = tl.b0 + r / G, h = tl.kvh * G + r % G;
+        const int64_t it = first[tl.op] + b;
+        const float* g = gate.data() + (it * H + h) * D;
+        float* out = raw(ops[tl.op].out) + (b * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) out[d] = o[d] * inv_sum * sigmoid(g[d]);
+    };
+
 #pragma omp parallel
     {
-        std::vector<float> w(static_cast<size_t>(longest));
-#pragma omp for schedule(static) collapse(2)
-        for (int64_t it = 0; it < N; ++it)
-            for (int64_t j = 0; j < H; ++j) {
-                const AttentionOp& op = *items[static_cast<size_t>(it)].op;
-                const float* kc = raw(op.k_cache);
-                const float* vc = raw(op.v_cache);
-                const float scale = static_cast<float>(op.scale);
-                const int64_t b = items[static_cast<size_t>(it)].b, n = op.pos0 + b + 1;
-                const int64_t kvh = j / group;  // GQA: blocks of consecutive query heads share a KV head
-                const float* qj = q.data() + (it * H + j) * D;
-                float mx = -INFINITY;
-                for (int64_t t = 0; t < n; ++t) {
-                    w[static_cast<size_t>(t)] = dot_f32(qj, kc + (t * Hkv + kvh) * D, D) * scale;
-                    mx = std::max(mx, w[static_cast<size_t>(t)]);
-                }
-                double sum = 0;
-                for (int64_t t = 0; t < n; ++t) sum += (w[static_cast<size_t>(t)] = std::exp(w[static_cast<size_t>(t)] - mx));
-                float* oj = raw(op.out) + (b * H + j) * D;
-                std::fill(oj, oj + D, 0.f);
-                for (int64_t t = 0; t < n; ++t) {
-                    const float* vt = vc + (t * Hkv + kvh) * D;
-                    float a = static_cast<float>(w[static_cast<size_t>(t)] / sum);
-                    for (int64_t d = 0; d < D; ++d) oj[d] += a * vt[d];
-                }
-                for (int64_t d = 0; d < D; ++d) oj[d] *= sigmoid(gate[static_cast<size_t>((it * H + j) * D + d)]);
+        thread_local std::vector<float> qt, kt, sc, acc, mx, sum;
+        mx.resize(static_cast<size_t>(rows_max));
+        sum.resize(static_cast<size_t>(rows_max));
+        qt.resize(static_cast<size_t>(rows_max * D));
+        acc.resize(static_cast<size_t>(rows_max * D));
+        kt.resize(static_cast<size_t>(D * kAttnKeys));
+        sc.resize(static_cast<size_t>(rows_max * kAttnKeys));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < n_tiles * splits; ++u) {
+            const Tile& tl = tiles[static_cast<size_t>(u / splits)];
+            const int64_t split = u % splits;
+            const AttentionOp& op = ops[tl.op];
+            const int64_t rows = (tl.b1 - tl.b0) * G;
+            // Keys [k_begin, k_end): the split's whole key tiles of the tile's causal range.
+            const int64_t n_keys = op.pos0 + tl.b1;
+            const int64_t per_split = (n_keys + splits * kAttnKeys - 1) / (splits * kAttnKeys) * kAttnKeys;
+            const int64_t k_begin = std::min(n_keys, split * per_split), k_end = std::min(n_keys, k_begin + per_split);
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t it = first[tl.op] + tl.b0 + r / G, h = tl.kvh * G + r % G;
+                std::memcpy(qt.data() + r * D, q.data() + (it * H + h) * D, static_cast<size_t>(D) * 4);
+                mx[r] = -INFINITY;
+                sum[r] = 0;
             }
+            std::fill(acc.begin(), acc.begin() + rows * D, 0.f);
+            const float* kc = raw(op.k_cache) + tl.kvh * D;
+            const float* vc = raw(op.v_cache) + tl.kvh * D;
+            const int64_t kv_stride = Hkv * D;
+            for (int64_t k0 = k_begin; k0 < k_end; k0 += kAttnKeys) {
+                const int64_t tk = std::min(kAttnKeys, k_end - k0);
+                for (int64_t t = 0; t < tk; ++t) {
+                    const float* kr = kc + (k0 + t) * kv_stride;
+                    for (int64_t d = 0; d < D; ++d) kt[static_cast<size_t>(d * kAttnKeys + t)] = kr[d];
+                }
+                gemm_f32(rows, tk, D, qt.data(), D, kt.data(), kAttnKeys, sc.data(), kAttnKeys, false);  // the scores
+                for (int64_t r = 0; r < rows; ++r) {
+                    float* s = sc.data() + r * kAttnKeys;
+                    // Row r sees keys up to its own position: the first `valid` of this tile.
+                    const int64_t valid = std::clamp<int64_t>(op.pos0 + tl.b0 + r / G + 1 - k0, 0, tk);
+                    float m = mx[r];
+                    for (int64_t t = 0; t < valid; ++t) m = std::max(m, s[t]);
+                    if (valid == 0) {
+                        std::fill(s, s + tk, 0.f);
+                        continue;
+                    }
+                    if (m > mx[r]) {
+                        const float c = std::exp(mx[r] - m);  // 0 on the first keys (max was -inf)
+                        sum[r] *= c;
+                        float* o = acc.data() + r * D;
+                        for (int64_t d = 0; d < D; ++d) o[d] *= c;
+                        mx[r] = m;
+                    }
+                    float add = 0;
+                    for (int64_t t = 0; t < valid; ++t) add += (s[t] = std::exp(s[t] - m));
+                    std::fill(s + valid, s + tk, 0.f);
+                    sum[r] += add;
+                }
+                gemm_f32(rows, D, tk, sc.data(), kAttnKeys, vc + k0 * kv_stride, kv_stride, acc.data(), D, true);  // += weights · values
+            }
+            if (splits == 1) {
+                for (int64_t r = 0; r < rows; ++r) finish_row(tl, r, acc.data() + r * D, 1.f / sum[r]);
+            } else {
+                float* part = parts.data() + u * part_floats;
+                for (int64_t r = 0; r < rows; ++r) {
+                    part[r * (D + 2)] = mx[r];
+                    part[r * (D + 2) + 1] = sum[r];
+                    std::memcpy(part + r * (D + 2) + 2, acc.data() + r * D, static_cast<size_t>(D) * 4);
+                }
+            }
+        }
+    }
+    if (splits == 1) return;
+    // The splits' partial softmaxes of each row, merged: each rescaled to the common max.
+#pragma omp parallel for schedule(static)
+    for (int64_t ti = 0; ti < n_tiles; ++ti) {
+        const Tile& tl = tiles[static_cast<size_t>(ti)];
+        std::vector<float> o(static_cast<size_t>(D));
+        for (int64_t r = 0; r < (tl.b1 - tl.b0) * G; ++r) {
+            float m = -INFINITY;
+            for (int64_t sp = 0; sp < splits; ++sp) m = std::max(m, parts[static_cast<size_t>((ti * splits + sp) * part_floats + r * (D + 2))]);
+            std::fill(o.begin(), o.end(), 0.f);
+            float total = 0;
+            for (int64_t sp = 0; sp < splits; ++sp) {
+                const float* part = parts.data() + (ti * splits + sp) * part_floats + r * (D + 2);
+                if (part[1] == 0) continue;  // a range with no key this row may see
+                const float c = std::exp(part[0] - m);
+                total += c * part[1];
+                for (int64_t d = 0; d < D; ++d) o[static_cast<size_t>(d)] += c * part[2 + d];
+            }
+            finish_row(tl, r, o.data(), 1.f / total);
+        }
     }
 }
 
@@ -343,13 +460,13 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
             }
         }
     // Per token: q and k L2-normalised per key head; the gates per value head.
-    std::vector<std::vector<float>> beta(n_ops), decay(n_ops);
+    std::vector<std::vector<float>> beta(n_ops), log_decay(n_ops);
     const float *dt_bias = raw(op0.dt_bias), *ssm_a = raw(op0.ssm_a), *ssm_norm = raw(op0.ssm_norm);
     for (size_t i = 0; i < n_ops; ++i) {
         const DeltaNetOp& op = ops[i];
         std::memcpy(raw(op.conv_state), ext[i].data() + op.B * C, static_cast<size_t>((K - 1) * C) * 4);
         beta[i].resize(static_cast<size_t>(op.B * Hv));
-        decay[i].resize(beta[i].size());
+        log_decay[i].resize(beta[i].size());
         const float *betap = raw(op.beta), *alphap = raw(op.alpha);
         for (int64_t b = 0; b < op.B; ++b) {
             float* yb = y[i].data() + b * C;
@@ -359,7 +476,7 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
             }
             for (int64_t hh = 0; hh < Hv; ++hh) {
                 beta[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_beta(betap[b * Hv + hh]);
-                decay[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_decay(alphap[b * Hv + hh], dt_bias[hh], ssm_a[hh]);
+                log_decay[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_log_decay(alphap[b * Hv + hh], dt_bias[hh], ssm_a[hh]);
             }
         }
     }
@@ -376,7 +493,7 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
                 float* outp = raw(op.out);
                 const int64_t m = hh % Hk;  // tiled key head for this value head
                 GdnHeadArgs g{raw(op.state) + hh * S * S, S, op.B, yi + m * S, yi + kd + m * S, yi + 2 * kd + hh * S,
-                              beta[static_cast<size_t>(i)].data() + hh, decay[static_cast<size_t>(i)].data() + hh, C, C, Hv, outp + hh * S, VD};
+                              beta[static_cast<size_t>(i)].data() + hh, log_decay[static_cast<size_t>(i)].data() + hh, C, C, Hv, outp + hh * S, VD};
                 gdn_head(g);
                 // Gated RMSNorm of each token's head output, in place.
                 const float* zp = raw(op.z);

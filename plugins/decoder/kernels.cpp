@@ -352,6 +352,90 @@ void dot4_f32(const float* w, const float* x, int64_t n, float out[4]) {
 
 namespace {
 
+void gemm_f32_scalar(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+    for (int64_t i = 0; i < M; ++i) {
+        float* c = C + i * ldc;
+        if (!accumulate) std::fill(c, c + N, 0.f);
+        for (int64_t k = 0; k < K; ++k) {
+            const float a = A[i * lda + k];
+            const float* b = B + k * ldb;
+            for (int64_t j = 0; j < N; ++j) c[j] += a * b[j];
+        }
+    }
+}
+
+#ifdef PULSE_X86
+// RR rows of C (1-4) × 16 columns per block: 2·RR accumulators stay in registers over all of
+// K, each pair of B vectors loaded once for the RR rows.
+template <int RR>
+__attribute__((target("avx2,fma"))) void gemm_rows_avx2(int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+    int64_t j0 = 0;
+    for (; j0 + 16 <= N; j0 += 16) {
+        __m256 acc[RR][2];
+#pragma GCC unroll 4
+        for (int i = 0; i < RR; ++i) {
+            acc[i][0] = accumulate ? _mm256_loadu_ps(C + i * ldc + j0) : _mm256_setzero_ps();
+            acc[i][1] = accumulate ? _mm256_loadu_ps(C + i * ldc + j0 + 8) : _mm256_setzero_ps();
+        }
+        for (int64_t k = 0; k < K; ++k) {
+            const __m256 b0 = _mm256_loadu_ps(B + k * ldb + j0), b1 = _mm256_loadu_ps(B + k * ldb + j0 + 8);
+    #pragma GCC unroll 4
+        for (int i = 0; i < RR; ++i) {
+                const __m256 a = _mm256_broadcast_ss(A + i * lda + k);
+                acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < RR; ++i) {
+            _mm256_storeu_ps(C + i * ldc + j0, acc[i][0]);
+            _mm256_storeu_ps(C + i * ldc + j0 + 8, acc[i][1]);
+        }
+    }
+    for (; j0 + 8 <= N; j0 += 8) {
+        __m256 acc[RR];
+#pragma GCC unroll 4
+        for (int i = 0; i < RR; ++i) acc[i] = accumulate ? _mm256_loadu_ps(C + i * ldc + j0) : _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; ++k) {
+            const __m256 b0 = _mm256_loadu_ps(B + k * ldb + j0);
+    #pragma GCC unroll 4
+        for (int i = 0; i < RR; ++i) acc[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(A + i * lda + k), b0, acc[i]);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < RR; ++i) _mm256_storeu_ps(C + i * ldc + j0, acc[i]);
+    }
+    for (; j0 < N; ++j0)
+#pragma GCC unroll 4
+        for (int i = 0; i < RR; ++i) {
+            float acc = accumulate ? C[i * ldc + j0] : 0.f;
+            for (int64_t k = 0; k < K; ++k) acc += A[i * lda + k] * B[k * ldb + j0];
+            C[i * ldc + j0] = acc;
+        }
+}
+
+__attribute__((target("avx2,fma"))) void gemm_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+    int64_t i = 0;
+    for (; i + 4 <= M; i += 4) gemm_rows_avx2<4>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate);
+    switch (M - i) {
+        case 3: gemm_rows_avx2<3>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate); break;
+        case 2: gemm_rows_avx2<2>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate); break;
+        case 1: gemm_rows_avx2<1>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate); break;
+        default: break;
+    }
+}
+#endif
+
+}  // namespace
+
+void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+#ifdef PULSE_X86
+    if (have_avx2()) return gemm_f32_avx2(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+#endif
+    gemm_f32_scalar(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+namespace {
+
 inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
     const int64_t S = g.S;
     float* st = g.state;
@@ -371,7 +455,7 @@ inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
         const float* k = g.k + t * g.qk_stride;
         const float* q = g.q + t * g.qk_stride;
         const float* v = g.v + t * g.v_stride;
-        const float e = g.decay[t * g.gate_stride], bt = g.beta[t * g.gate_stride];
+        const float e = std::exp(g.log_decay[t * g.gate_stride]), bt = g.beta[t * g.gate_stride];
         float kq = 0;
         for (int64_t i = 0; i < S; ++i) kq += k[i] * q[i];
         float* o = g.out + t * g.out_stride;
@@ -406,18 +490,111 @@ inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
     }
 }
 
+
+
+// The chunked form (kernels.h): per chunk of up to kGdnChunk tokens, every product through
+// gemm_f32, the triangular solve as one row of it per token.
+inline __attribute__((always_inline)) void gdn_chunked_body(const GdnHeadArgs& g) {
+    const int64_t S = g.S, L = kGdnChunk;
+    float* st = g.state;
+    const float inv_sqrt = 1.f / std::sqrt(static_cast<float>(S));
+    // Kᵀ [S][L]; k·k and q·k [L][L]; S₀ᵀk, S₀ᵀq, Δ [L][S]; the solve's row [L].
+    thread_local std::vector<float> buf;
+    buf.resize(static_cast<size_t>(S * L + 2 * L * L + 3 * L * S + L));
+    float* kt = buf.data();
+    float* kk = kt + S * L;
+    float* qk = kk + L * L;
+    float* ks = qk + L * L;
+    float* qs = ks + L * S;
+    float* dl = qs + L * S;
+    float* arow = dl + L * S;
+    float gam[kGdnChunk], bet[kGdnChunk];
+    for (int64_t c0 = 0; c0 < g.T; c0 += L) {
+        const int64_t n = std::min(L, g.T - c0);
+        const float* K = g.k + c0 * g.qk_stride;
+        const float* Q = g.q + c0 * g.qk_stride;
+        const float* V = g.v + c0 * g.v_stride;
+        float* O = g.out + c0 * g.out_stride;
+        float acc = 0;
+        for (int64_t t = 0; t < n; ++t) {
+            gam[t] = (acc += g.log_decay[(c0 + t) * g.gate_stride]);
+            bet[t] = g.beta[(c0 + t) * g.gate_stride];
+        }
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t i = 0; i < S; ++i) kt[i * L + t] = K[t * g.qk_stride + i];
+        gemm_f32(n, n, S, K, g.qk_stride, kt, L, kk, L, false);
+        gemm_f32(n, n, S, Q, g.qk_stride, kt, L, qk, L, false);
+        gemm_f32(n, S, S, K, g.qk_stride, st, S, ks, S, false);
+        gemm_f32(n, S, S, Q, g.qk_stride, st, S, qs, S, false);
+        // Δ row by row: δ_t = β_t(v_t − e^Γt·S₀ᵀk_t) − Σ_{s<t} A[t][s]·δ_s.
+        for (int64_t t = 0; t < n; ++t) {
+            const float eg = std::exp(gam[t]), bt = bet[t];
+            float* d = dl + t * S;
+            const float* v = V + t * g.v_stride;
+            const float* kst = ks + t * S;
+#pragma omp simd
+            for (int64_t j = 0; j < S; ++j) d[j] = bt * (v[j] - eg * kst[j]);
+            if (t == 0) continue;
+            for (int64_t s = 0; s < t; ++s) arow[s] = -bt * std::exp(gam[t] - gam[s]) * kk[t * L + s];
+            gemm_f32(1, S, t, arow, L, dl, S, d, S, true);
+        }
+        // Outputs: (e^Γ·S₀ᵀq + M·Δ)/√S, M the decayed causal q·k (written over qk).
+        for (int64_t t = 0; t < n; ++t) {
+            float* m = qk + t * L;
+            for (int64_t s = 0; s <= t; ++s) m[s] *= std::exp(gam[t] - gam[s]);
+            for (int64_t s = t + 1; s < n; ++s) m[s] = 0;
+            const float eg = std::exp(gam[t]);
+            float* o = O + t * g.out_stride;
+            const float* qst = qs + t * S;
+#pragma omp simd
+            for (int64_t j = 0; j < S; ++j) o[j] = eg * qst[j];
+        }
+        gemm_f32(n, S, n, qk, L, dl, S, O, g.out_stride, true);
+        for (int64_t t = 0; t < n; ++t) {
+            float* o = O + t * g.out_stride;
+#pragma omp simd
+            for (int64_t j = 0; j < S; ++j) o[j] *= inv_sqrt;
+        }
+        // The state: e^Γlast·S₀ + Kᵀ·(e^(Γlast−Γ_s)·δ_s).
+        const float glast = gam[n - 1], elast = std::exp(glast);
+        for (int64_t t = 0; t < n; ++t) {
+            const float w = std::exp(glast - gam[t]);
+            float* d = dl + t * S;
+#pragma omp simd
+            for (int64_t j = 0; j < S; ++j) d[j] *= w;
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < S * S; ++i) st[i] *= elast;
+        gemm_f32(S, S, n, kt, L, dl, S, st, S, true);
+    }
+}
+
 #ifdef PULSE_X86
 __attribute__((target("avx2,fma"))) void gdn_head_avx2(const GdnHeadArgs& g) { gdn_head_body(g); }
+__attribute__((target("avx2,fma"))) void gdn_chunked_avx2(const GdnHeadArgs& g) { gdn_chunked_body(g); }
 #endif
 void gdn_head_generic(const GdnHeadArgs& g) { gdn_head_body(g); }
+void gdn_chunked_generic(const GdnHeadArgs& g) { gdn_chunked_body(g); }
 
 }  // namespace
 
-void gdn_head(const GdnHeadArgs& g) {
+void gdn_head_recurrent(const GdnHeadArgs& g) {
 #ifdef PULSE_X86
     if (have_avx2()) return gdn_head_avx2(g);
 #endif
     gdn_head_generic(g);
+}
+
+void gdn_head_chunked(const GdnHeadArgs& g) {
+#ifdef PULSE_X86
+    if (have_avx2()) return gdn_chunked_avx2(g);
+#endif
+    gdn_chunked_generic(g);
+}
+
+void gdn_head(const GdnHeadArgs& g) {
+    if (g.T >= kGdnChunkedFrom) return gdn_head_chunked(g);
+    gdn_head_recurrent(g);
 }
 
 int64_t i8_block(uint32_t type) {
