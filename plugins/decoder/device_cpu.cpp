@@ -56,10 +56,11 @@ void matvec(const Matrix& w, const float* x, float* y) {
     }
 }
 
-// What CpuDevice::prepare makes of a Q8_0 matrix where the CPU has the kernel: its rows in
-// groups of eight, interleaved (kernels.h, repack_q8_0x8); rows past the last full group stay
-// where the file is mapped.
-struct PackedQ8 {
+// What CpuDevice::prepare makes of a Q8_0 or TQ2_0 matrix where the CPU has the interleaved
+// kernels: its rows in groups of eight (kernels.h, repack_q8_0x8 / repack_tq2_0x8); rows past
+// the last full group stay where the file is mapped.
+struct Packed {
+    uint32_t type = 0;
     int64_t groups = 0;
     uint64_t group_bytes = 0;
     std::unique_ptr<uint8_t[]> data;
@@ -80,7 +81,7 @@ void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
     const TensorInfo& t = *w.t;
     const uint64_t rb = t.row_bytes();
     const int64_t n = w.n_in, nb = n / i8_block(t.type);
-    const auto* packed = has_q8_0x8() ? static_cast<const PackedQ8*>(w.prepared) : nullptr;
+    const auto* packed = has_x8() ? static_cast<const Packed*>(w.prepared) : nullptr;
     // The calling thread's buffers (no allocation per token); OpenMP's workers see them through
     // these pointers, never through their own thread_local copies.
     thread_local std::vector<int8_t> q_buf;
@@ -105,7 +106,8 @@ void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
             const uint8_t* p = packed->data.get() + static_cast<uint64_t>(g) * packed->group_bytes;
             by_fours(B, [&](int64_t b, int T) {
                 float r[32];
-                dot_q8_0x8(p, xr + b, T, n, r);
+                if (packed->type == kQ8_0) dot_q8_0x8(p, xr + b, T, n, r);
+                else dot_tq2_0x8(p, xr + b, T, n, r);
                 for (int i = 0; i < 8; ++i)
                     for (int k = 0; k < T; ++k) y[(b + k) * w.n_out + 8 * g + i] = r[i * T + k] * w.scale;
             });
@@ -173,21 +175,27 @@ public:
     void upload(const float* host, DevPtr to, size_t n) const override { std::memcpy(raw(to), host, n * sizeof(float)); }
     void download(DevPtr from, float* host, size_t n) const override { std::memcpy(host, raw(from), n * sizeof(float)); }
     void copy(DevPtr from, DevPtr to, size_t n) const override { std::memcpy(raw(to), raw(from), n * sizeof(float)); }
-    // The CPU reads weights where the file is mapped, except Q8_0 matrices where it has the
-    // interleaved kernel: those are repacked once, and the file's pages behind them let go (RSS
-    // stays one copy). A tensor prepared twice (a tied output) is packed once.
+    // The CPU reads weights where the file is mapped, except Q8_0 and TQ2_0 matrices where it
+    // has the interleaved kernels: those are repacked once, and the file's pages behind them let
+    // go (RSS stays one copy). A tensor prepared twice (a tied output) is packed once.
     const void* prepare(const Matrix& w, Use use) override {
         const TensorInfo& t = *w.t;
-        if (use != Use::matmul || t.type != kQ8_0 || !has_q8_0x8() || w.n_out < 8 || w.n_in % 32) return nullptr;
+        const bool q8 = t.type == kQ8_0 && w.n_in % 32 == 0, tq2 = t.type == kTQ2_0 && w.n_in % 256 == 0;
+        if (use != Use::matmul || !(q8 || tq2) || !has_x8() || w.n_out < 8) return nullptr;
         if (auto it = packed_by_tensor_.find(&t); it != packed_by_tensor_.end()) return it->second;
-        auto p = std::make_unique<PackedQ8>();
+        auto p = std::make_unique<Packed>();
+        p->type = t.type;
         p->groups = w.n_out / 8;
-        p->group_bytes = static_cast<uint64_t>(w.n_in / 32) * kQ8x8Bytes;
+        p->group_bytes = q8 ? static_cast<uint64_t>(w.n_in / 32) * kQ8x8Bytes : static_cast<uint64_t>(w.n_in / 256) * kTQ2x8Bytes;
         p->data.reset(new uint8_t[static_cast<size_t>(p->groups) * p->group_bytes]);
         const uint64_t rb = t.row_bytes();
 #pragma omp parallel for schedule(static)
-        for (int64_t g = 0; g < p->groups; ++g)
-            repack_q8_0x8(t.data + static_cast<uint64_t>(8 * g) * rb, rb, w.n_in, p->data.get() + static_cast<uint64_t>(g) * p->group_bytes);
+        for (int64_t g = 0; g < p->groups; ++g) {
+            const uint8_t* rows = t.data + static_cast<uint64_t>(8 * g) * rb;
+            uint8_t* out = p->data.get() + static_cast<uint64_t>(g) * p->group_bytes;
+            if (q8) repack_q8_0x8(rows, rb, w.n_in, out);
+            else repack_tq2_0x8(rows, rb, w.n_in, out);
+        }
         if (t.file) t.file->release_pages(t.data, static_cast<uint64_t>(8 * p->groups) * rb);
         packed_by_tensor_[&t] = p.get();
         packed_.push_back(std::move(p));
@@ -229,8 +237,8 @@ public:
     void deltanet(const DeltaNetOp* ops, size_t n) const override;
 
 private:
-    std::vector<std::unique_ptr<PackedQ8>> packed_;
-    std::map<const TensorInfo*, const PackedQ8*> packed_by_tensor_;
+    std::vector<std::unique_ptr<Packed>> packed_;
+    std::map<const TensorInfo*, const Packed*> packed_by_tensor_;
 };
 
 // Attention tiles: a tile's query rows are up to kAttnRows (tokens × the query heads that share

@@ -150,6 +150,7 @@ __attribute__((target("avx2"))) inline int32_t hsum_i32(__m256i v) {
 #define PULSE_UNROLL _Pragma("GCC unroll 8")
 #endif
 
+constexpr int kI8Prefetch = 2048;
 // The kernels, once per instruction set: DP(acc, u, s) adds to each int32 lane the four
 // products of unsigned bytes u and signed bytes s (maddubs + madd on AVX2, dpbusd with VNNI).
 // Ternary and 2-bit codes are unsigned (code = value + 1): Σ value·x = Σ code·x − Σ x, and Σ x
@@ -189,6 +190,7 @@ __attribute__((target("avx2"))) inline int32_t hsum_i32(__m256i v) {
         for (int64_t b = 0; b < n / 256; ++b) {                                                                          \
             __m256i ip[R][T];                                                                                            \
             PULSE_UNROLL for (int r = 0; r < R; ++r) PULSE_UNROLL for (int t = 0; t < T; ++t) ip[r][t] = _mm256_setzero_si256(); \
+            if constexpr (T > 1) PULSE_UNROLL for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + 66 * b) + kI8Prefetch, _MM_HINT_T0); \
             PULSE_UNROLL for (int h = 0; h < 2; ++h) {                                                                   \
                 __m256i q[R];                                                                                            \
                 PULSE_UNROLL for (int r = 0; r < R; ++r) q[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + 66 * b + 32 * h)); \
@@ -322,6 +324,49 @@ __attribute__((target("avx512vnni,avx512vl,avx2,fma,f16c"))) void q8_0x8_vnni(co
             // Σ (w + 128)·x = Σ w·x + 128·Σ x
             const __m256i ip = _mm256_sub_epi32(_mm256_add_epi32(ip0, ip1), _mm256_set1_epi32(128 * x[t].sum[b]));
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip), _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
+        }
+    }
+    PULSE_UNROLL for (int t = 0; t < T; ++t) {
+        float lanes[8];
+        _mm256_storeu_ps(lanes, acc[t]);
+        for (int r = 0; r < 8; ++r) out[r * T + t] = lanes[r];
+    }
+}
+template <int T>
+__attribute__((target("avx512vnni,avx512vl,avx2,fma,f16c"))) void tq2_0x8_vnni(const uint8_t* p, const QuantRow* x, int64_t n, float* out) {
+    // One token: two chains per plane, so no sum waits on a long run of dependent dpbusd.
+    constexpr int C = T == 1 ? 2 : 1;
+    const __m256i mask[4] = {_mm256_set1_epi8(0x03), _mm256_set1_epi8(0x0c), _mm256_set1_epi8(0x30), _mm256_set1_epi8(static_cast<char>(0xc0))};
+    __m256 acc[T];
+    PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 256; ++b, p += kTQ2x8Bytes) {
+        PULSE_UNROLL for (int l = 0; l < 9; ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+        __m256i ip[T][4][C];
+        PULSE_UNROLL for (int t = 0; t < T; ++t) PULSE_UNROLL for (int l = 0; l < 4; ++l) PULSE_UNROLL for (int c = 0; c < C; ++c) ip[t][l][c] = _mm256_setzero_si256();
+        // (Every index into ip a constant once the inner loops unroll: else GCC keeps ip in memory.)
+        for (int j0 = 0; j0 < 16; j0 += C) PULSE_UNROLL for (int c = 0; c < C; ++c) {
+            const int j = j0 + c;
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * j));
+            PULSE_UNROLL for (int l = 0; l < 4; ++l) {
+                const __m256i u = _mm256_and_si256(w, mask[l]);
+                PULSE_UNROLL for (int t = 0; t < T; ++t) {
+                    int32_t f;
+                    std::memcpy(&f, x[t].q + 256 * b + 16 * j + 4 * l, 4);
+                    ip[t][l][c] = _mm256_dpbusd_epi32(ip[t][l][c], u, _mm256_set1_epi32(f));
+                }
+            }
+        }
+        PULSE_UNROLL for (int t = 0; t < T; ++t) {
+            __m256i pl[4];
+            PULSE_UNROLL for (int l = 0; l < 4; ++l) {
+                pl[l] = ip[t][l][0];
+                PULSE_UNROLL for (int c = 1; c < C; ++c) pl[l] = _mm256_add_epi32(pl[l], ip[t][l][c]);
+            }
+            // Σ code·x over the block, less Σ x: Σ value·x (value = code - 1).
+            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(pl[0], _mm256_srai_epi32(pl[1], 2)), _mm256_add_epi32(_mm256_srai_epi32(pl[2], 4), _mm256_srai_epi32(pl[3], 6)));
+            sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(x[t].sum[b]));
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
         }
     }
     PULSE_UNROLL for (int t = 0; t < T; ++t) {
@@ -684,7 +729,7 @@ void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, in
     }
 }
 
-bool has_q8_0x8() {
+bool has_x8() {
 #ifdef PULSE_X86
     return have_vnni();
 #else
@@ -701,6 +746,35 @@ void repack_q8_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* 
                 for (int j = 0; j < 4; ++j) out[16 + 32 * k + 4 * r + j] = static_cast<uint8_t>(blk[2 + 4 * k + j] ^ 0x80);  // + 128
         }
     }
+}
+
+void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* out) {
+    for (int64_t b = 0; b < n / 256; ++b, out += kTQ2x8Bytes) {
+        for (int r = 0; r < 8; ++r) {
+            const uint8_t* blk = rows + static_cast<uint64_t>(r) * row_bytes + 66 * b;
+            std::memcpy(out + 2 * r, blk + 64, 2);  // the f16 scale
+            // The file's byte 32h+m holds elements 128h+32l+m in bits 2l..2l+1.
+            auto code = [&](int e) { return (blk[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3; };
+            for (int j = 0; j < 16; ++j)
+                for (int k = 0; k < 4; ++k) {
+                    int byte = 0;
+                    for (int l = 0; l < 4; ++l) byte |= code(16 * j + 4 * l + k) << (2 * l);
+                    out[16 + 32 * j + 4 * r + k] = static_cast<uint8_t>(byte);
+                }
+        }
+    }
+}
+
+void dot_tq2_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out) {
+#ifdef PULSE_X86
+    if (have_vnni()) switch (T) {
+            case 4: return tq2_0x8_vnni<4>(packed, x, n, out);
+            case 3: return tq2_0x8_vnni<3>(packed, x, n, out);
+            case 2: return tq2_0x8_vnni<2>(packed, x, n, out);
+            default: return tq2_0x8_vnni<1>(packed, x, n, out);
+        }
+#endif
+    (void)packed, (void)x, (void)T, (void)n, (void)out;
 }
 
 void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out) {

@@ -53,11 +53,23 @@ void matmul_rows_i8(uint32_t type, const RowRange& rows, const QuantRow* x, int 
 // the quantized activation carries), and one conversion and one multiply-add apply all eight
 // rows' scales. 272 bytes per 8×32 weights: the file's size.
 constexpr int64_t kQ8x8Bytes = 16 + 256;
-bool has_q8_0x8();  // the CPU has the kernel (AVX512-VNNI)
+bool has_x8();  // the CPU has the interleaved kernels (AVX512-VNNI): Q8_0 and TQ2_0
 // Rows r0..r0+7 of a Q8_0 matrix (`row_bytes` apart, n values each) into out (n/32 blocks).
 void repack_q8_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* out);
 // out[r*T + t] = row r of the group · x_t, r < 8, for T = 1 to 4 quantized activation rows.
 void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out);
+
+// TQ2_0 interleaved by eight rows, the same way: per 256-weight block of eight rows, their eight
+// f16 scales, then 16 runs of 32 bytes; in run j, row r's 32-bit word has in byte k, bits
+// 2l..2l+1, the code (value + 1) of element 16j + 4l + k. Masking a run with 3 << 2l (no shift)
+// leaves 4^l·code in each byte, facing four consecutive activation bytes (one broadcast), so
+// each plane l sums into an accumulator of its own, divided by 4^l (an exact shift) at the
+// block's end. 528 bytes per 8×256 weights: the file's size.
+constexpr int64_t kTQ2x8Bytes = 16 + 512;
+// Rows r0..r0+7 of a TQ2_0 matrix (`row_bytes` apart, n values each) into out (n/256 blocks).
+void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* out);
+// out[r*T + t] = row r of the group · x_t, r < 8, for T = 1 to 4 quantized activation rows.
+void dot_tq2_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out);
 
 // One Gated DeltaNet value head over T tokens and its S×S state (S[i][j]: key dim i, value dim
 // j): per token, with e = exp(g) the decay and β the write strength,

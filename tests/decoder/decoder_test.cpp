@@ -546,41 +546,53 @@ TEST_CASE("kernels: activation rows quantize to max|x|/127 scales, codes rounded
     }
 }
 
-TEST_CASE("kernels: Q8_0 interleaved by eight rows gives each row's int8 dot (VNNI)") {
-    if (!has_q8_0x8()) {
-        MESSAGE("this CPU has no AVX512-VNNI: the interleaved Q8_0 kernel is not used here");
+TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int8 dot (VNNI)") {
+    if (!has_x8()) {
+        MESSAGE("this CPU has no AVX512-VNNI: the interleaved kernels are not used here");
         return;
     }
-    std::mt19937 g(33);
-    const int64_t n = 512, nb = n / 32;
-    std::vector<float> wf(static_cast<size_t>(8 * n));
-    for (auto& v : wf) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 500.f;
-    auto rows = quantize(kQ8_0, wf.data(), 8 * n);  // eight rows of n/32 blocks, 34 bytes each
-    const uint64_t rb = static_cast<uint64_t>(nb) * 34;
-    std::vector<uint8_t> packed(static_cast<size_t>(nb * kQ8x8Bytes));
-    repack_q8_0x8(rows.data(), rb, n, packed.data());
-    std::vector<float> x(static_cast<size_t>(4 * n));
-    for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
-    std::vector<int8_t> q(x.size());
-    std::vector<float> d(static_cast<size_t>(4 * nb));
-    std::vector<int32_t> sum(d.size());
-    quantize_rows_i8(kQ8_0, x.data(), 4, n, q.data(), d.data(), sum.data());
-    QuantRow xr[4];
-    for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
-    float four[32], three[24], two[16], one[8];
-    dot_q8_0x8(packed.data(), xr, 4, n, four);
-    dot_q8_0x8(packed.data(), xr + 1, 3, n, three);
-    dot_q8_0x8(packed.data(), xr + 2, 2, n, two);
-    for (int t = 0; t < 4; ++t) {
-        dot_q8_0x8(packed.data(), xr + t, 1, n, one);
-        for (int r = 0; r < 8; ++r) {
-            float plain;  // the row-at-a-time kernel
-            matmul_rows_i8(kQ8_0, RowRange{rows.data() + static_cast<uint64_t>(r) * rb, rb, 0, 1, &plain, 1, 1.0f}, xr + t, 1, n);
-            CAPTURE(r);
-            CHECK(four[r * 4 + t] == doctest::Approx(plain).epsilon(1e-5));
-            CHECK(one[r] == doctest::Approx(plain).epsilon(1e-5));
-            if (t >= 1) CHECK(three[r * 3 + t - 1] == doctest::Approx(plain).epsilon(1e-5));
-            if (t >= 2) CHECK(two[r * 2 + t - 2] == doctest::Approx(plain).epsilon(1e-5));
+    for (uint32_t type : {kQ8_0, kTQ2_0}) {
+        CAPTURE(std::string(type_name(type)));
+        std::mt19937 g(33);
+        const bool q8 = type == kQ8_0;
+        const int64_t n = 1024, group = q8 ? 32 : 256, nb = n / group;
+        std::vector<float> wf(static_cast<size_t>(8 * n));
+        // Q8_0: any values; TQ2_0: ternary, with a scale per row.
+        for (size_t i = 0; i < wf.size(); ++i)
+            wf[i] = q8 ? static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 500.f : static_cast<float>(static_cast<int>(g() % 3) - 1) * (0.5f + static_cast<float>(i / static_cast<size_t>(n)));
+        auto rows = quantize(type, wf.data(), 8 * n);  // eight rows of nb blocks
+        const uint64_t rb = rows.size() / 8;
+        std::vector<uint8_t> packed(static_cast<size_t>(nb * (q8 ? kQ8x8Bytes : kTQ2x8Bytes)));
+        if (q8) repack_q8_0x8(rows.data(), rb, n, packed.data());
+        else repack_tq2_0x8(rows.data(), rb, n, packed.data());
+        auto dot = [&](const QuantRow* x, int T, float* out) {
+            if (q8) dot_q8_0x8(packed.data(), x, T, n, out);
+            else dot_tq2_0x8(packed.data(), x, T, n, out);
+        };
+        std::vector<float> x(static_cast<size_t>(4 * n));
+        for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
+        std::vector<int8_t> q(x.size());
+        std::vector<float> d(static_cast<size_t>(4 * nb));
+        std::vector<int32_t> sum(d.size());
+        quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
+        QuantRow xr[4];
+        for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
+        float four[32], three[24], two[16], one[8];
+        dot(xr, 4, four);
+        dot(xr + 1, 3, three);
+        dot(xr + 2, 2, two);
+        for (int t = 0; t < 4; ++t) {
+            dot(xr + t, 1, one);
+            for (int r = 0; r < 8; ++r) {
+                float plain;  // the row-at-a-time kernel
+                matmul_rows_i8(type, RowRange{rows.data() + static_cast<uint64_t>(r) * rb, rb, 0, 1, &plain, 1, 1.0f}, xr + t, 1, n);
+                CAPTURE(r);
+                CHECK(std::fabs(plain) > 1.0f);  // a real dot, not an empty one
+                CHECK(four[r * 4 + t] == doctest::Approx(plain).epsilon(1e-5));
+                CHECK(one[r] == doctest::Approx(plain).epsilon(1e-5));
+                if (t >= 1) CHECK(three[r * 3 + t - 1] == doctest::Approx(plain).epsilon(1e-5));
+                if (t >= 2) CHECK(two[r * 2 + t - 2] == doctest::Approx(plain).epsilon(1e-5));
+            }
         }
     }
 }
