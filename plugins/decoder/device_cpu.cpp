@@ -244,8 +244,8 @@ private:
 // Attention tiles: a tile's query rows are up to kAttnRows (tokens × the query heads that share
 // one KV head, so each key and value is read once for all of them), its keys kAttnKeys at a
 // time, with an online softmax (a running max and sum per row; the output rescaled when the
-// max grows). The K tile is transposed into thread-local memory so both products are
-// gemm_f32 (kernels.h) with no horizontal sums.
+// max grows). Scores are gemm_f32_nt against the cached keys in place, the weighted values
+// gemm_f32 (kernels.h).
 constexpr int64_t kAttnRows = 32;
 constexpr int64_t kAttnKeys = 64;
 // A (sequence, KV head, query tile) with fewer keys than this is not split across threads.
@@ -345,12 +345,11 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
 
 #pragma omp parallel
     {
-        thread_local std::vector<float> qt, kt, sc, acc, mx, sum;
+        thread_local std::vector<float> qt, sc, acc, mx, sum;
         mx.resize(static_cast<size_t>(rows_max));
         sum.resize(static_cast<size_t>(rows_max));
         qt.resize(static_cast<size_t>(rows_max * D));
         acc.resize(static_cast<size_t>(rows_max * D));
-        kt.resize(static_cast<size_t>(D * kAttnKeys));
         sc.resize(static_cast<size_t>(rows_max * kAttnKeys));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < n_tiles * splits; ++u) {
@@ -374,11 +373,7 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
             const int64_t kv_stride = Hkv * D;
             for (int64_t k0 = k_begin; k0 < k_end; k0 += kAttnKeys) {
                 const int64_t tk = std::min(kAttnKeys, k_end - k0);
-                for (int64_t t = 0; t < tk; ++t) {
-                    const float* kr = kc + (k0 + t) * kv_stride;
-                    for (int64_t d = 0; d < D; ++d) kt[static_cast<size_t>(d * kAttnKeys + t)] = kr[d];
-                }
-                gemm_f32(rows, tk, D, qt.data(), D, kt.data(), kAttnKeys, sc.data(), kAttnKeys, false);  // the scores
+                gemm_f32_nt(rows, tk, D, qt.data(), D, kc + k0 * kv_stride, kv_stride, sc.data(), kAttnKeys);  // the scores
                 for (int64_t r = 0; r < rows; ++r) {
                     float* s = sc.data() + r * kAttnKeys;
                     // Row r sees keys up to its own position: the first `valid` of this tile.

@@ -458,6 +458,53 @@ __attribute__((target("avx2,fma"))) void gemm_rows_avx2(int64_t N, int64_t K, co
         }
 }
 
+template <int RR, int CC>
+__attribute__((target("avx2,fma"))) void gemm_nt_block_avx2(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+    __m256 acc[RR][CC];
+#pragma GCC unroll 4
+    for (int i = 0; i < RR; ++i)
+#pragma GCC unroll 2
+        for (int j = 0; j < CC; ++j) acc[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 b[CC];
+#pragma GCC unroll 2
+        for (int j = 0; j < CC; ++j) b[j] = _mm256_loadu_ps(B + j * ldb + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < RR; ++i) {
+            const __m256 a = _mm256_loadu_ps(A + i * lda + k);
+#pragma GCC unroll 2
+            for (int j = 0; j < CC; ++j) acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < RR; ++i)
+#pragma GCC unroll 2
+        for (int j = 0; j < CC; ++j) {
+            float s = hsum(acc[i][j]);
+            for (int64_t kk = k; kk < K; ++kk) s += A[i * lda + kk] * B[j * ldb + kk];
+            C[i * ldc + j] = s;
+        }
+}
+
+template <int RR>
+__attribute__((target("avx2,fma"))) void gemm_nt_rows_avx2(int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+    int64_t j = 0;
+    for (; j + 2 <= N; j += 2) gemm_nt_block_avx2<RR, 2>(K, A, lda, B + j * ldb, ldb, C + j, ldc);
+    if (j < N) gemm_nt_block_avx2<RR, 1>(K, A, lda, B + j * ldb, ldb, C + j, ldc);
+}
+
+__attribute__((target("avx2,fma"))) void gemm_f32_nt_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+    int64_t i = 0;
+    for (; i + 4 <= M; i += 4) gemm_nt_rows_avx2<4>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc);
+    switch (M - i) {
+        case 3: gemm_nt_rows_avx2<3>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
+        case 2: gemm_nt_rows_avx2<2>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
+        case 1: gemm_nt_rows_avx2<1>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc); break;
+        default: break;
+    }
+}
+
 __attribute__((target("avx2,fma"))) void gemm_f32_avx2(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
     int64_t i = 0;
     for (; i + 4 <= M; i += 4) gemm_rows_avx2<4>(N, K, A + i * lda, lda, B, ldb, C + i * ldc, ldc, accumulate);
@@ -471,6 +518,14 @@ __attribute__((target("avx2,fma"))) void gemm_f32_avx2(int64_t M, int64_t N, int
 #endif
 
 }  // namespace
+
+void gemm_f32_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+#ifdef PULSE_X86
+    if (have_avx2()) return gemm_f32_nt_avx2(M, N, K, A, lda, B, ldb, C, ldc);
+#endif
+    for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = dot_f32_scalar(A + i * lda, B + j * ldb, K);
+}
 
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
 #ifdef PULSE_X86

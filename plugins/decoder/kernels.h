@@ -106,6 +106,9 @@ void gdn_head_chunked(const GdnHeadArgs& a);
 // Four rows of A by sixteen columns at a time, B's rows loaded once per four rows of C: the
 // operands are laid out by the caller so no product needs a horizontal sum.
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate);
+// C[i][j] = Σ_k A[i][k]·B[j][k]: against B's rows as they are (attention scores against cached
+// keys, no transposed copy): four rows of A by two of B at a time, one horizontal sum per pair.
+void gemm_f32_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc);
 
 // "avx512vnni", "avx2" or "scalar": the kernels this CPU runs (logs, benchmarks).
 const char* kernel_name();
