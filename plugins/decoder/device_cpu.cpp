@@ -2,8 +2,12 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <new>
 #include <stdexcept>
+#include <unordered_map>
+
+#include <sys/mman.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -166,12 +170,32 @@ class CpuDevice : public Device {
 public:
     const char* name() const override { return "cpu"; }
     Buffer alloc(size_t n) const override {
-        // 64-byte aligned (a cache line, an AVX-512 vector), zeroed.
-        float* p = static_cast<float*>(::operator new[](std::max<size_t>(n, 1) * sizeof(float), std::align_val_t{64}));
-        std::memset(p, 0, std::max<size_t>(n, 1) * sizeof(float));
+        // 64-byte aligned (a cache line, an AVX-512 vector), zeroed. Large buffers (KV caches,
+        // which grow by doubling) are fresh anonymous pages: zero without being touched, so
+        // capacity not yet written costs no resident memory.
+        const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
+        if (bytes >= kMappedBytes) {
+            void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED) throw std::bad_alloc();
+            std::lock_guard<std::mutex> lock(mapped_mutex_);
+            mapped_[m] = bytes;
+            return Buffer(this, DeviceMemory::wrap(static_cast<float*>(m)), n);
+        }
+        float* p = static_cast<float*>(::operator new[](bytes, std::align_val_t{64}));
+        std::memset(p, 0, bytes);
         return Buffer(this, DeviceMemory::wrap(p), n);
     }
-    void release(DevPtr p) const override { ::operator delete[](raw(p), std::align_val_t{64}); }
+    void release(DevPtr p) const override {
+        {
+            std::lock_guard<std::mutex> lock(mapped_mutex_);
+            if (auto it = mapped_.find(raw(p)); it != mapped_.end()) {
+                ::munmap(it->first, it->second);
+                mapped_.erase(it);
+                return;
+            }
+        }
+        ::operator delete[](raw(p), std::align_val_t{64});
+    }
     void upload(const float* host, DevPtr to, size_t n) const override { std::memcpy(raw(to), host, n * sizeof(float)); }
     void download(DevPtr from, float* host, size_t n) const override { std::memcpy(host, raw(from), n * sizeof(float)); }
     void copy(DevPtr from, DevPtr to, size_t n) const override { std::memcpy(raw(to), raw(from), n * sizeof(float)); }
@@ -237,6 +261,9 @@ public:
     void deltanet(const DeltaNetOp* ops, size_t n) const override;
 
 private:
+    static constexpr size_t kMappedBytes = size_t{1} << 20;
+    mutable std::mutex mapped_mutex_;
+    mutable std::unordered_map<void*, size_t> mapped_;  // mmap'd buffers and their sizes
     std::vector<std::unique_ptr<Packed>> packed_;
     std::map<const TensorInfo*, const Packed*> packed_by_tensor_;
 };
