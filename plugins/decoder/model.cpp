@@ -277,6 +277,16 @@ struct Model::Work {
     int64_t rows = 0, out_rows = 0;
 };
 
+size_t Model::work_bytes() const {
+    std::lock_guard lock(work_mu_);
+    if (!work_) return 0;
+    size_t n = 0;
+    for (const Buffer* b : {&work_->x, &work_->h, &work_->tmp, &work_->g, &work_->u, &work_->qg, &work_->k, &work_->v, &work_->o, &work_->qkv,
+                            &work_->z, &work_->beta, &work_->alpha, &work_->rot, &work_->logits})
+        n += b->size();
+    return n * sizeof(float);
+}
+
 std::vector<float> Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits) const {
     const size_t V = static_cast<size_t>(hp_.n_vocab);
     std::vector<float> logits(V * (all_logits ? tokens.size() : 1));

@@ -83,6 +83,10 @@ public:
     // gives for the same tokens (the same kernels per row).
     static constexpr int64_t kMaxStepRows = 64;
     void step(const std::vector<Segment>& segments) const;
+    // Device memory of the step buffers kept for the next step (sized to the largest step so
+    // far, up to kMaxStepRows rows): with each sequence's bytes(), what memory beyond the
+    // weights holds.
+    size_t work_bytes() const;
 
     int threads = 0;  // 0 = OpenMP's default
     // f32 activations in every matmul (the reference path the golden tests hold to llama.cpp's

@@ -372,9 +372,12 @@ int cmd_decode(const std::vector<std::string>& args) {
     w.Double(prefill_tps);
     w.Key("decode_tokens_per_s");
     w.Double(decode_tps);
-    // KV cache + recurrent state of the sequence: what memory beyond the mapped weights holds.
+    // What memory beyond the weights holds: the sequence's KV cache and recurrent state, and
+    // the step buffers (sized to the largest step: 64 rows in a long prefill).
     w.Key("state_bytes");
     w.Uint64(seq->bytes());
+    w.Key("work_bytes");
+    w.Uint64(model->work_bytes());
     w.Key("device");
     w.String(model->device().name());
     w.Key("device_note");

@@ -234,6 +234,7 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto dec = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2,3", "-n", "2", "--json"});
     CHECK(dec.code == 0);
     CHECK(has(dec.out, "\"decode_tokens_per_s\""));
+    CHECK(has(dec.out, "\"work_bytes\""));
     CHECK(run({exe(), "gguf", "info", (tmp / "missing.gguf").string()}).code == 3);
     CHECK(run({exe(), "decode"}).code == 2);
     // The compute device: the build's own by name; another is refused naming what exists, on

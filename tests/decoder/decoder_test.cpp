@@ -981,6 +981,24 @@ TEST_CASE("forward: a batched prefill gives the logits of token-by-token steps")
         }
 }
 
+TEST_CASE("step: the step buffers are kept across steps, sized to the largest step so far, and reported") {
+    TempDir d;
+    write_synthetic(d / "m.gguf", SynthShape{}, kQ8_0, 5);
+    auto m = Model::load(GgufFile::open(d / "m.gguf"));
+    CHECK(m->work_bytes() == 0);
+    auto s = m->new_sequence();
+    m->forward(*s, {1, 2, 3});
+    const size_t three = m->work_bytes();
+    CHECK(three > 0);
+    m->forward(*s, {4});
+    CHECK(m->work_bytes() == three);  // kept, not regrown for a smaller step
+    std::vector<int32_t> long_prompt(70, 7);
+    m->forward(*s, long_prompt);  // a full 64-row step, then 6 rows
+    const size_t full = m->work_bytes();
+    CHECK(full > three);
+    CHECK(full < 40 * three);  // 64 rows' worth (and one row of logits), not more
+}
+
 TEST_CASE("step: sequences batched in one step give the logits each gives alone, prompt chunks and decode tokens mixed") {
     TempDir d;
     for (uint32_t type : {kF32, kQ8_0, kTQ2_0})
