@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -139,18 +140,43 @@ Engine::Engine(EngineOptions o, std::unique_ptr<Device> device) : opts_(std::mov
     if (opts_.max_checkpoints < 0) throw std::invalid_argument("max_checkpoints must be 0 (automatic) or more");
     if (opts_.max_checkpoints == 0) opts_.max_checkpoints = std::max<int64_t>(3, 2 * opts_.max_sequences);
     auto file = GgufFile::open(opts_.model);
-    model_ = device ? Model::load(file, std::move(device)) : Model::load(file, opts_.device);
-    model_->threads = opts_.threads;
-    model_->exact = opts_.exact;
-    tok_ = Tokenizer::load(*file);
-    if (static_cast<int64_t>(tok_.size()) != model_->hparams().n_vocab)
-        throw GgufError(file->name() + ": the vocabulary has " + std::to_string(tok_.size()) + " tokens but token_embd has " +
-                        std::to_string(model_->hparams().n_vocab) + " rows");
-    name_ = file->opt_string("general.name").value_or(opts_.model.stem().string());
-    for (int32_t t = 0; t < static_cast<int32_t>(tok_.size()); ++t)
-        if (tok_.is_eog(t)) eog_.push_back(t);
-    context_ = opts_.context > 0 ? std::min(opts_.context, model_->hparams().context_length) : model_->hparams().context_length;
-    thread_ = std::thread([this] { worker(); });
+    // The model is loaded on the engine's own thread, the one that runs every step: the load's
+    // parallel loops (repacking weights) would otherwise make libgomp keep a second team of
+    // workers for the constructing thread, and with more managed threads than CPUs libgomp cuts
+    // its spin before sleeping to ~1000 iterations, so every parallel region of every step paid
+    // a futex wake-up (a VM exit on a virtual machine): 40k context switches for 128 tokens.
+    std::promise<void> loaded;
+    auto load = loaded.get_future();
+    thread_ = std::thread([this, file, dev = std::move(device), &loaded]() mutable {
+        try {
+#ifdef _OPENMP
+            if (opts_.threads > 0) omp_set_num_threads(opts_.threads);
+#endif
+            model_ = dev ? Model::load(file, std::move(dev)) : Model::load(file, opts_.device);
+            model_->threads = opts_.threads;
+            model_->exact = opts_.exact;
+            tok_ = Tokenizer::load(*file);
+            name_ = file->opt_string("general.name").value_or(opts_.model.stem().string());
+            for (int32_t t = 0; t < static_cast<int32_t>(tok_.size()); ++t)
+                if (tok_.is_eog(t)) eog_.push_back(t);
+            if (static_cast<int64_t>(tok_.size()) != model_->hparams().n_vocab)
+                throw GgufError(file->name() + ": the vocabulary has " + std::to_string(tok_.size()) + " tokens but token_embd has " +
+                                std::to_string(model_->hparams().n_vocab) + " rows");
+            const int64_t trained = model_->hparams().context_length;
+            context_ = opts_.context > 0 ? std::min(opts_.context, trained) : trained;
+        } catch (...) {
+            loaded.set_exception(std::current_exception());
+            return;
+        }
+        loaded.set_value();
+        worker();
+    });
+    try {
+        load.get();
+    } catch (...) {
+        thread_.join();
+        throw;
+    }
 }
 
 Engine::~Engine() {
@@ -216,9 +242,6 @@ void end_job(Job& job, const std::string& error = "") {
 }  // namespace
 
 void Engine::worker() {
-#ifdef _OPENMP
-    if (opts_.threads > 0) omp_set_num_threads(opts_.threads);
-#endif
     std::vector<std::unique_ptr<Active>> active;  // in arrival order: prefill goes first come, first served
     for (;;) {
         std::vector<std::shared_ptr<Job>> arrived;

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -454,6 +455,74 @@ TEST_CASE("engine: a step that fails on the device fails the requests in flight;
     }
     CHECK(answer(drain(*jobs[2])) == want);
     CHECK(jobs[2]->error.empty());
+}
+
+namespace {
+// The CPU device, recording which threads prepared the weights and which ran the matmuls.
+class ThreadRecordingDevice : public ForwardingDevice {
+public:
+    const char* name() const override { return "thread-recording"; }
+    const void* prepare(const Matrix& w, Use use) override {
+        note(prepared_);
+        return ForwardingDevice::prepare(w, use);
+    }
+    void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool i8) const override {
+        note(ran_);
+        ForwardingDevice::matmul(w, x, B, y, i8);
+    }
+    std::set<std::thread::id> prepared() const { return std::lock_guard(mu_), prepared_; }
+    std::set<std::thread::id> ran() const { return std::lock_guard(mu_), ran_; }
+
+private:
+    void note(std::set<std::thread::id>& s) const {
+        std::lock_guard lock(mu_);
+        s.insert(std::this_thread::get_id());
+    }
+    mutable std::mutex mu_;
+    mutable std::set<std::thread::id> prepared_, ran_;
+};
+}  // namespace
+
+// One thread does all of the model's device work: the load's parallel loops (repacking) on
+// another thread gave libgomp a second team, throttled its spin, and made every parallel region
+// of every step pay futex wake-ups (40k context switches for 128 tokens on 2 CPUs).
+TEST_CASE("engine: the model is loaded on the thread that runs its steps, not the caller's") {
+    TempDir d;
+    write_synthetic(d / "t.gguf", tiny_shape(), kQ8_0, 7);
+    EngineOptions o;
+    o.model = d / "t.gguf";
+    o.threads = 1;
+    auto dev = std::make_unique<ThreadRecordingDevice>();
+    auto* rec = dev.get();
+    Engine e(o, std::move(dev));
+    auto out = answer(drain(*e.submit(json(R"({"max_tokens":4,"temperature":0,"messages":[{"role":"user","content":"hi"}]})"))));
+    CHECK(out.completion > 0);
+    const auto prepared = rec->prepared(), ran = rec->ran();
+    REQUIRE(prepared.size() == 1);
+    REQUIRE(ran.size() == 1);
+    CHECK(*prepared.begin() == *ran.begin());
+    CHECK(*prepared.begin() != std::this_thread::get_id());
+}
+
+namespace {
+class NoMemoryDevice : public ForwardingDevice {
+public:
+    const char* name() const override { return "no-memory"; }
+    const void* prepare(const Matrix&, Use) override { throw std::runtime_error("out of device memory"); }
+};
+}  // namespace
+
+// A model the engine cannot load fails its constructor with the load's own error, raised on the
+// engine's thread and carried over; that thread is joined, nothing is left running.
+TEST_CASE("engine: a load that fails on the engine's thread throws from the constructor") {
+    TempDir d;
+    write_synthetic(d / "t.gguf", tiny_shape(), kQ8_0, 7);
+    EngineOptions o;
+    o.model = d / "t.gguf";
+    o.threads = 1;
+    CHECK_THROWS_WITH_AS(Engine(o, std::make_unique<NoMemoryDevice>()), "out of device memory", std::runtime_error);
+    o.model = d / "missing.gguf";
+    CHECK_THROWS_AS(Engine{o}, GgufError);
 }
 
 TEST_CASE("engine: max_sequences outside 1..32 is refused at start") {
