@@ -6,6 +6,7 @@
 #include <new>
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 
 #include <sys/mman.h>
 
@@ -23,9 +24,10 @@ namespace pulse::decoder {
 namespace {
 
 constexpr int64_t kSplitElements = 65536;  // element-wise ops this long are worth a fork-join
+constexpr int64_t kMaxConv = 8;              // Gated DeltaNet conv taps (Qwen3.5: 4)
+constexpr int64_t kConvBlock = 64;           // channels per conv work item
 
 using blocks::sigmoid;
-using blocks::silu;
 
 void rmsnorm_row(const float* x, const float* w, float* out, int64_t n, double eps) {
     double ss = 0;
@@ -243,8 +245,9 @@ public:
     }
     void swiglu(DevPtr g, DevPtr u, int64_t n) const override {
         float *gp = raw(g), *up = raw(u);
+        constexpr int64_t kPiece = 8192;
 #pragma omp parallel for schedule(static) if (n >= kSplitElements)
-        for (int64_t i = 0; i < n; ++i) gp[i] = silu(gp[i]) * up[i];
+        for (int64_t i = 0; i < n; i += kPiece) silu_mul(gp + i, up + i, gp + i, std::min(kPiece, n - i));
     }
     void add(DevPtr x, DevPtr y, int64_t n) const override {
         float *xp = raw(x), *yp = raw(y);
@@ -466,48 +469,78 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
     const int64_t K = op0.K, C = op0.C, S = op0.S, Hk = op0.Hk, Hv = op0.Hv;
     const int64_t kd = Hk * S, VD = Hv * S;
     if (S > 512) throw std::invalid_argument("Gated DeltaNet state size " + std::to_string(S) + " is above 512 (not supported)");
+    if (K < 1 || K > kMaxConv) throw std::invalid_argument("Gated DeltaNet conv kernel of " + std::to_string(K) + " taps (1 to " + std::to_string(kMaxConv) + " supported)");
     const int64_t n = static_cast<int64_t>(n_ops);
-    // Per op: its conv input (the K-1 rows kept in its window, then its B new ones) and output.
-    std::vector<std::vector<float>> ext(n_ops), y(n_ops);
-    for (size_t i = 0; i < n_ops; ++i) {
-        const int64_t B = ops[i].B;
-        ext[i].resize(static_cast<size_t>((K - 1 + B) * C));
-        y[i].resize(static_cast<size_t>(B * C));
-        std::memcpy(ext[i].data(), raw(ops[i].conv_state), static_cast<size_t>((K - 1) * C) * 4);
-        std::memcpy(ext[i].data() + (K - 1) * C, raw(ops[i].qkv), static_cast<size_t>(B * C) * 4);
-    }
-    // Causal depthwise conv + SiLU.
+    // Every op's conv output (B rows of C), one buffer for the call: the calling thread's, so no
+    // allocation per layer and step; the workers see it through this pointer.
+    thread_local std::vector<float> y_buf;
+    std::vector<int64_t> y_at(n_ops + 1, 0);
+    for (size_t i = 0; i < n_ops; ++i) y_at[i + 1] = y_at[i] + ops[i].B * C;
+    if (y_buf.size() < static_cast<size_t>(y_at[n_ops])) y_buf.resize(static_cast<size_t>(y_at[n_ops]));
+    float* const y = y_buf.data();
+    // Causal depthwise conv + SiLU over each op's window: the K-1 rows its conv state keeps, then
+    // its B new rows (read where they lie, not copied together). Per block of channels: the
+    // block's taps transposed once (the file keeps each channel's K taps together), then every
+    // op's tokens as runs of consecutive channels, the SiLU vectorised (kernels.h).
     const float* conv = raw(op0.conv);
-#pragma omp parallel for schedule(static) collapse(2)
-    for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < C; ++c) {
-            const float* e = ext[static_cast<size_t>(i)].data();
-            float* yo = y[static_cast<size_t>(i)].data();
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < C; c0 += kConvBlock) {
+        const int64_t nc = std::min(kConvBlock, C - c0);
+        float w[kMaxConv][kConvBlock];
+        for (int64_t c = 0; c < nc; ++c)
+            for (int64_t t = 0; t < K; ++t) w[t][c] = conv[(c0 + c) * K + t];
+        for (int64_t i = 0; i < n; ++i) {
+            const float *window = raw(ops[i].conv_state), *in = raw(ops[i].qkv);
             for (int64_t b = 0; b < ops[i].B; ++b) {
-                float acc = 0;
-                for (int64_t t = 0; t < K; ++t) acc += conv[c * K + t] * e[(b + t) * C + c];
-                yo[b * C + c] = silu(acc);
+                float* yo = y + y_at[static_cast<size_t>(i)] + b * C + c0;
+                std::fill(yo, yo + nc, 0.f);
+                for (int64_t t = 0; t < K; ++t) {
+                    const int64_t r = b + t;
+                    const float* src = (r < K - 1 ? window + r * C : in + (r - (K - 1)) * C) + c0;
+                    for (int64_t c = 0; c < nc; ++c) yo[c] += w[t][c] * src[c];
+                }
+                silu_mul(yo, nullptr, yo, nc);
             }
         }
+    }
+    // Each op's window moves on: its last K-1 rows of [state; new rows].
+    for (size_t i = 0; i < n_ops; ++i) {
+        const int64_t B = ops[i].B, keep = K - 1;
+        float* state = raw(ops[i].conv_state);
+        const float* in = raw(ops[i].qkv);
+        if (B >= keep) {
+            std::memcpy(state, in + (B - keep) * C, static_cast<size_t>(keep * C) * 4);
+        } else {
+            std::memmove(state, state + B * C, static_cast<size_t>((keep - B) * C) * 4);
+            std::memcpy(state + (keep - B) * C, in, static_cast<size_t>(B * C) * 4);
+        }
+    }
     // Per token: q and k L2-normalised per key head; the gates per value head.
     std::vector<std::vector<float>> beta(n_ops), log_decay(n_ops);
     const float *dt_bias = raw(op0.dt_bias), *ssm_a = raw(op0.ssm_a), *ssm_norm = raw(op0.ssm_norm);
+    struct Row {
+        size_t i;
+        int64_t b;
+    };
+    std::vector<Row> rows;
     for (size_t i = 0; i < n_ops; ++i) {
-        const DeltaNetOp& op = ops[i];
-        std::memcpy(raw(op.conv_state), ext[i].data() + op.B * C, static_cast<size_t>((K - 1) * C) * 4);
-        beta[i].resize(static_cast<size_t>(op.B * Hv));
+        beta[i].resize(static_cast<size_t>(ops[i].B * Hv));
         log_decay[i].resize(beta[i].size());
+        for (int64_t b = 0; b < ops[i].B; ++b) rows.push_back(Row{i, b});
+    }
+#pragma omp parallel for schedule(static) if (rows.size() > 1)
+    for (size_t r = 0; r < rows.size(); ++r) {
+        const auto [i, b] = rows[r];
+        const DeltaNetOp& op = ops[i];
+        float* yb = y + y_at[i] + b * C;
+        for (int64_t m = 0; m < Hk; ++m) {
+            l2norm(yb + m * S, S, op.eps);
+            l2norm(yb + kd + m * S, S, op.eps);
+        }
         const float *betap = raw(op.beta), *alphap = raw(op.alpha);
-        for (int64_t b = 0; b < op.B; ++b) {
-            float* yb = y[i].data() + b * C;
-            for (int64_t m = 0; m < Hk; ++m) {
-                l2norm(yb + m * S, S, op.eps);
-                l2norm(yb + kd + m * S, S, op.eps);
-            }
-            for (int64_t hh = 0; hh < Hv; ++hh) {
-                beta[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_beta(betap[b * Hv + hh]);
-                log_decay[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_log_decay(alphap[b * Hv + hh], dt_bias[hh], ssm_a[hh]);
-            }
+        for (int64_t hh = 0; hh < Hv; ++hh) {
+            beta[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_beta(betap[b * Hv + hh]);
+            log_decay[i][static_cast<size_t>(b * Hv + hh)] = blocks::gdn_log_decay(alphap[b * Hv + hh], dt_bias[hh], ssm_a[hh]);
         }
     }
     // Each value head of each op runs its tokens in order with its state hot in cache (heads
@@ -519,7 +552,7 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
         for (int64_t i = 0; i < n; ++i)
             for (int64_t hh = 0; hh < Hv; ++hh) {
                 const DeltaNetOp& op = ops[i];
-                const float* yi = y[static_cast<size_t>(i)].data();
+                const float* yi = y + y_at[static_cast<size_t>(i)];
                 float* outp = raw(op.out);
                 const int64_t m = hh % Hk;  // tiled key head for this value head
                 GdnHeadArgs g{raw(op.state) + hh * S * S, S, op.B, yi + m * S, yi + kd + m * S, yi + 2 * kd + hh * S,
@@ -530,8 +563,7 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
                 for (int64_t b = 0; b < op.B; ++b) {
                     float* oh = outp + b * VD + hh * S;
                     rmsnorm_row(oh, ssm_norm, normed.data(), S, op.eps);
-                    const float* z = zp + b * VD + hh * S;
-                    for (int64_t j = 0; j < S; ++j) oh[j] = normed[static_cast<size_t>(j)] * silu(z[j]);
+                    silu_mul(zp + b * VD + hh * S, normed.data(), oh, S);
                 }
             }
     }

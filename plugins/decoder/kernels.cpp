@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "blocks.h"
 #include "gguf.h"
 #include "quants.h"
 
@@ -528,6 +529,52 @@ void gemm_f32_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 #endif
     for (int64_t i = 0; i < M; ++i)
         for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = dot_f32_scalar(A + i * lda, B + j * ldb, K);
+}
+
+namespace {
+
+#ifdef PULSE_X86
+// e^x for eight lanes: x = n·ln2 + r with |r| <= ln2/2 (ln2 split in two so r stays exact),
+// e^r by the degree-7 Taylor-like minimax polynomial of Cephes' expf, 2^n into the exponent.
+// Within 2 ulp of expf over the range; x is clamped to [-87.3, 88] (results stay normal and
+// finite), a NaN stays NaN (min/max return their second operand when one is NaN).
+__attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* x, const float* u, float* y, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        __m256 s = _mm256_div_ps(v, _mm256_add_ps(one, exp_avx2(_mm256_sub_ps(zero, v))));
+        if (u) s = _mm256_mul_ps(s, _mm256_loadu_ps(u + i));
+        _mm256_storeu_ps(y + i, s);
+    }
+    for (; i < n; ++i) y[i] = blocks::silu(x[i]) * (u ? u[i] : 1.f);
+}
+#endif
+
+}  // namespace
+
+void silu_mul(const float* x, const float* u, float* y, int64_t n) {
+#ifdef PULSE_X86
+    if (have_avx2()) return silu_mul_avx2(x, u, y, n);
+#endif
+    for (int64_t i = 0; i < n; ++i) y[i] = blocks::silu(x[i]) * (u ? u[i] : 1.f);
 }
 
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {

@@ -110,6 +110,10 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
 // keys, no transposed copy): four rows of A by two of B at a time, one horizontal sum per pair.
 void gemm_f32_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc);
 
+// y[i] = silu(x[i])·u[i] (u null: silu alone); y may be x. Vectorised with its own e^x where
+// the CPU has AVX2 (within a few ulp of blocks::silu, which the scalar path is).
+void silu_mul(const float* x, const float* u, float* y, int64_t n);
+
 // "avx512vnni", "avx2" or "scalar": the kernels this CPU runs (logs, benchmarks).
 const char* kernel_name();
 // Caps the kernels at "avx2" or "scalar" (tests of each set on a CPU that has more; "" lifts the

@@ -514,6 +514,45 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
     limit_kernels("");
 }
 
+TEST_CASE("kernels: silu_mul is SiLU (times u) to within a few ulp on every path, NaN kept, extremes finite") {
+    std::vector<float> x;
+    for (int i = -2000; i <= 2000; ++i) x.push_back(static_cast<float>(i) * 0.05f);  // -100 .. 100
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.f, 4.f);
+    for (int i = 0; i < 4003; ++i) x.push_back(nd(rng));  // an odd length: the scalar tail too
+    x.insert(x.end(), {0.f, -0.f, 1e-30f, -1e-30f, 88.f, 89.f, -87.f, -88.f, 1e30f, -1e30f});
+    std::vector<float> u(x.size());
+    for (float& e : u) e = nd(rng);
+    for (const char* cap : {"scalar", ""}) {
+        limit_kernels(cap);
+        CAPTURE(std::string(cap));
+        std::vector<float> y(x.size()), yu(x.size()), inplace = x;
+        silu_mul(x.data(), nullptr, y.data(), static_cast<int64_t>(x.size()));
+        silu_mul(x.data(), u.data(), yu.data(), static_cast<int64_t>(x.size()));
+        silu_mul(inplace.data(), nullptr, inplace.data(), static_cast<int64_t>(x.size()));
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+            const double xi = x[i], want = xi / (1.0 + std::exp(-xi));
+            CAPTURE(xi);
+            REQUIRE(std::isfinite(y[i]));
+            const double err = std::fabs(y[i] - want), tol = 6e-7 * std::fabs(want) + 1e-35;
+            CHECK(err <= tol);
+            CHECK(std::fabs(yu[i] - want * u[i]) <= 6e-7 * std::fabs(want * u[i]) + 1e-35);
+            CHECK(inplace[i] == y[i]);
+            if (std::fabs(want) > 1e-30) worst = std::max(worst, err / std::fabs(want));
+        }
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        float nx[8] = {nan, 1, nan, 2, 3, 4, 5, nan}, ny[8];
+        silu_mul(nx, nullptr, ny, 8);
+        CHECK(std::isnan(ny[0]));
+        CHECK(std::isnan(ny[2]));
+        CHECK(std::isnan(ny[7]));
+        CHECK(std::fabs(ny[1] - 0.7310586f) < 1e-6f);
+        MESSAGE("silu_mul (" << std::string(*cap ? cap : kernel_name()) << "): worst relative error " << worst);
+    }
+    limit_kernels("");
+}
+
 TEST_CASE("kernels: activation rows quantize to max|x|/127 scales, codes rounded to nearest even, and their sums") {
     std::mt19937 g(44);
     for (uint32_t type : {kQ8_0, kTQ2_0}) {
