@@ -344,8 +344,11 @@ TEST_CASE("engine: conversations served side by side each keep their prefix chec
     for (int i = 0; i < 4; ++i)
         reqs.push_back(R"({"max_tokens":6,"temperature":0,"messages":[{"role":"user","content":"conversation )" + std::to_string(i) + R"("}]})");
     for (int turn = 0; turn < 2; ++turn) {
-        std::vector<std::shared_ptr<Job>> jobs;
-        for (const auto& r : reqs) jobs.push_back(t.engine->submit(json(r)));
+        // All four at once (one submit_all): submitted one by one, the first could finish, and
+        // its end-of-answer checkpoint push out the oldest, before the last was admitted.
+        std::vector<rapidjson::Document> docs;
+        for (const auto& r : reqs) docs.push_back(json(r));
+        auto jobs = t.engine->submit_all(std::move(docs));
         for (auto& j : jobs) {
             auto chunks = drain(*j);
             const int cached = chunks.back()["usage"]["prompt_tokens_details"]["cached_tokens"].GetInt();
