@@ -51,14 +51,20 @@ std::vector<rapidjson::Document> drain(Job& job) {
     return out;
 }
 
+// The tiny synthetic model written into `dir`, and engine options for it on one thread.
+EngineOptions tiny_model(const fs::path& dir, uint32_t type = kF32) {
+    write_synthetic(dir / "t.gguf", tiny_shape(), type, 7);
+    EngineOptions o;
+    o.model = dir / "t.gguf";
+    o.threads = 1;
+    return o;
+}
+
 struct TinyEngine {
     TempDir d;
     std::unique_ptr<Engine> engine;
     explicit TinyEngine(int64_t max_sequences = 4, uint32_t type = kF32) {
-        write_synthetic(d / "t.gguf", tiny_shape(), type, 7);
-        EngineOptions o;
-        o.model = d / "t.gguf";
-        o.threads = 1;
+        EngineOptions o = tiny_model(d.path(), type);
         o.max_sequences = max_sequences;
         engine = std::make_unique<Engine>(o);
     }
@@ -491,10 +497,7 @@ private:
 // of every step pay futex wake-ups (40k context switches for 128 tokens on 2 CPUs).
 TEST_CASE("engine: the model is loaded on the thread that runs its steps, not the caller's") {
     TempDir d;
-    write_synthetic(d / "t.gguf", tiny_shape(), kQ8_0, 7);
-    EngineOptions o;
-    o.model = d / "t.gguf";
-    o.threads = 1;
+    const EngineOptions o = tiny_model(d.path(), kQ8_0);
     auto dev = std::make_unique<ThreadRecordingDevice>();
     auto* rec = dev.get();
     Engine e(o, std::move(dev));
@@ -519,10 +522,7 @@ public:
 // engine's thread and carried over; that thread is joined, nothing is left running.
 TEST_CASE("engine: a load that fails on the engine's thread throws from the constructor") {
     TempDir d;
-    write_synthetic(d / "t.gguf", tiny_shape(), kQ8_0, 7);
-    EngineOptions o;
-    o.model = d / "t.gguf";
-    o.threads = 1;
+    EngineOptions o = tiny_model(d.path(), kQ8_0);
     CHECK_THROWS_WITH_AS(Engine(o, std::make_unique<NoMemoryDevice>()), "out of device memory", std::runtime_error);
     o.model = d / "missing.gguf";
     CHECK_THROWS_AS(Engine{o}, GgufError);
