@@ -107,7 +107,7 @@ struct DeltaNetOp {
 
 // Bumped whenever this header changes: a device library built from another revision is
 // refused by its number, not run against a different layout.
-constexpr int kDeviceInterfaceVersion = 1;
+constexpr int kDeviceInterfaceVersion = 2;
 
 class Device {
 public:
@@ -136,6 +136,14 @@ public:
     // y[b][n_out] = W · x[b][n_in] for b < B (int8: 8-bit activations where the device has a
     // kernel for the weight type; else exact f32)
     virtual void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool int8) const = 0;
+    // y[i] = W[i] · x for i < n: the matmuls of a layer that read one input (the q/k/v or Gated
+    // DeltaNet projections, FFN gate and up), each with the same result as matmul(). A device
+    // may run them as one pass: the CPU quantizes x once and splits all their rows between its
+    // threads in one parallel loop. The default calls matmul() for each. (Defined here: the
+    // class has no out-of-line virtual, so a device library needs nothing from the decoder's.)
+    virtual void matmuls(const Matrix* const* w, const DevPtr* y, size_t n, DevPtr x, int64_t B, bool int8) const {
+        for (size_t i = 0; i < n; ++i) matmul(*w[i], x, B, y[i], int8);
+    }
     // RMSNorm of `rows` rows of n values with weight w
     virtual void rmsnorm(DevPtr x, DevPtr w, DevPtr out, int64_t rows, int64_t n, double eps) const = 0;
     virtual void swiglu(DevPtr g, DevPtr u, int64_t n) const = 0;  // g = silu(g) * u

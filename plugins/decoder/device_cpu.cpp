@@ -125,63 +125,123 @@ void by_fours(int64_t B, F f) {
     if (b < B) f(b, static_cast<int>(B - b));
 }
 
-// Int8 activations: every row of X quantized once (kernels.h), then 8-bit dots, four tokens at
-// a time against each weight row (the row is read once per four tokens, from cache after the
-// first) or each group of eight interleaved rows.
-void matmat_i8(const Matrix& w, const float* x, int64_t B, float* y) {
-    const TensorInfo& t = *w.t;
-    const uint64_t rb = t.row_bytes();
-    const int64_t n = w.n_in, nb = n / i8_block(t.type);
-    const auto* packed = has_x8() ? static_cast<const Packed*>(w.prepared) : nullptr;
-    // The calling thread's buffers (no allocation per token); OpenMP's workers see them through
-    // these pointers, never through their own thread_local copies.
-    thread_local std::vector<int8_t> q_buf;
-    thread_local std::vector<float> d_buf;
-    thread_local std::vector<int32_t> sum_buf;
-    thread_local std::vector<QuantRow> row_buf;
-    q_buf.resize(static_cast<size_t>(B * n));
-    d_buf.resize(static_cast<size_t>(B * nb));
-    sum_buf.resize(d_buf.size());
-    row_buf.resize(static_cast<size_t>(B));
-    int8_t* q = q_buf.data();
-    float* d = d_buf.data();
-    int32_t* sums = sum_buf.data();
-#pragma omp parallel for schedule(static) if (B * n >= kSplitElements)
-    for (int64_t b = 0; b < B; ++b) quantize_rows_i8(t.type, x + b * n, 1, n, q + b * n, d + b * nb, sums + b * nb);
-    for (int64_t b = 0; b < B; ++b) row_buf[static_cast<size_t>(b)] = QuantRow{q + b * n, d + b * nb, sums + b * nb};
-    const QuantRow* xr = row_buf.data();
-    int64_t first_row = 0;  // the rows the plain kernels do
-    if (packed) {
-#pragma omp parallel for schedule(static)
-        for (int64_t g = 0; g < packed->groups; ++g) {
-            const uint8_t* p = packed->data + static_cast<uint64_t>(g) * packed->group_bytes;
+// X quantized for one weight type (kernels.h): the calling thread's buffers, kept from call to
+// call so that nothing is allocated per token.
+struct QuantizedX {
+    uint32_t type = 0;
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> sum;
+    std::vector<QuantRow> rows;  // per token: its codes, scales and sums
+};
+
+constexpr size_t kMaxFused = 8;  // matrices in one matmats_i8 pass
+
+// Whether `w` takes int8 activations here (a kernel for its type, whole activation blocks).
+bool i8_ready(const Matrix& w) {
+    const int64_t blk = i8_block(w.t->type);
+    return blk && w.n_in % blk == 0;
+}
+
+// Int8 activations for up to kMaxFused matrices that all read X (i8_ready, one n_in): X
+// quantized once per weight type among them, then one parallel loop over the rows of all of
+// them, so a layer's projections cost one fork-join and their rows split evenly between the
+// threads however small each matrix is. Each group of eight interleaved rows (or chunk of plain
+// rows) takes the tokens four at a time: the rows are read once per four tokens, from cache
+// after the first.
+void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float* x, int64_t B) {
+    const int64_t n_in = ws[0]->n_in;
+    thread_local std::vector<QuantizedX> quant;
+    size_t types = 0, slot[kMaxFused];
+    for (size_t i = 0; i < n; ++i) {
+        if (ws[i]->n_in != n_in) throw std::invalid_argument("matrices multiplied together must share their input width");
+        const uint32_t type = ws[i]->t->type;
+        size_t j = 0;
+        while (j < types && quant[j].type != type) ++j;
+        if (j == types) {
+            if (quant.size() <= j) quant.resize(j + 1);
+            QuantizedX& qx = quant[j];
+            const int64_t nb = n_in / i8_block(type);
+            qx.type = type;
+            qx.q.resize(static_cast<size_t>(B * n_in));
+            qx.d.resize(static_cast<size_t>(B * nb));
+            qx.sum.resize(qx.d.size());
+            qx.rows.resize(static_cast<size_t>(B));
+            for (int64_t b = 0; b < B; ++b)
+                qx.rows[static_cast<size_t>(b)] = QuantRow{qx.q.data() + b * n_in, qx.d.data() + b * nb, qx.sum.data() + b * nb};
+            ++types;
+        }
+        slot[i] = j;
+    }
+    // OpenMP's workers reach the calling thread's buffers through this pointer, never through
+    // their own thread_local copies.
+    QuantizedX* const qs = quant.data();
+    const int64_t jobs = static_cast<int64_t>(types) * B;
+#pragma omp parallel for schedule(static) if (jobs * n_in >= kSplitElements)
+    for (int64_t k = 0; k < jobs; ++k) {
+        const QuantizedX& qx = qs[k / B];
+        const QuantRow& r = qx.rows[static_cast<size_t>(k % B)];
+        quantize_rows_i8(qx.type, x + (k % B) * n_in, 1, n_in, const_cast<int8_t*>(r.q), const_cast<float*>(r.d), const_cast<int32_t*>(r.sum));
+    }
+
+    // Every matrix's packed groups, then its remaining rows in chunks of kChunk (a chunk stays
+    // in cache while the tokens pass over it), numbered across the matrices.
+    constexpr int64_t kChunk = 64;
+    struct Part {
+        const Matrix* w;
+        const Packed* packed;
+        const QuantRow* x;
+        float* y;
+        int64_t first_row;             // the rows the plain kernels do: first_row..n_out
+        int64_t groups_end, chunks_end;  // running totals over the parts so far
+    } parts[kMaxFused];
+    int64_t groups = 0, chunks = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const Matrix& w = *ws[i];
+        const auto* packed = has_x8() ? static_cast<const Packed*>(w.prepared) : nullptr;
+        const int64_t first_row = packed ? 8 * packed->groups : 0;
+        groups += packed ? packed->groups : 0;
+        chunks += (w.n_out - first_row + kChunk - 1) / kChunk;
+        parts[i] = Part{&w, packed, qs[slot[i]].rows.data(), ys[i], first_row, groups, chunks};
+    }
+#pragma omp parallel
+    {
+        size_t i = 0;
+#pragma omp for schedule(static) nowait
+        for (int64_t g = 0; g < groups; ++g) {
+            while (g >= parts[i].groups_end) ++i;
+            const Part& pt = parts[i];
+            const Packed& pk = *pt.packed;
+            const int64_t local = g - (pt.groups_end - pk.groups), n_out = pt.w->n_out;
+            const uint8_t* p = pk.data + static_cast<uint64_t>(local) * pk.group_bytes;
             by_fours(B, [&](int64_t b, int T) {
                 float r[32];
-                if (packed->type == kQ8_0) dot_q8_0x8(p, xr + b, T, n, r);
-                else dot_tq2_0x8(p, xr + b, T, n, r);
-                for (int i = 0; i < 8; ++i)
-                    for (int k = 0; k < T; ++k) y[(b + k) * w.n_out + 8 * g + i] = r[i * T + k] * w.scale;
+                if (pk.type == kQ8_0) dot_q8_0x8(p, pt.x + b, T, n_in, r);
+                else dot_tq2_0x8(p, pt.x + b, T, n_in, r);
+                for (int k = 0; k < 8; ++k)
+                    for (int t = 0; t < T; ++t) pt.y[(b + t) * n_out + 8 * local + k] = r[k * T + t] * pt.w->scale;
             });
         }
-        first_row = 8 * packed->groups;
-        if (first_row == w.n_out) return;
-    }
-    // The remaining rows in chunks per thread, each chunk against all the tokens (four at a
-    // time): a chunk of weight rows stays in cache while the tokens pass over it.
-    constexpr int64_t kChunk = 64;
-    const int64_t chunks = (w.n_out - first_row + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t o0 = first_row + c * kChunk, o1 = std::min(w.n_out, o0 + kChunk);
-        by_fours(B, [&](int64_t b, int T) { matmul_rows_i8(t.type, RowRange{t.data, rb, o0, o1, y + b * w.n_out, w.n_out, w.scale}, xr + b, T, n); });
+        i = 0;
+#pragma omp for schedule(static) nowait
+        for (int64_t c = 0; c < chunks; ++c) {
+            while (c >= parts[i].chunks_end) ++i;
+            const Part& pt = parts[i];
+            const Matrix& w = *pt.w;
+            const int64_t first_chunk = pt.chunks_end - (w.n_out - pt.first_row + kChunk - 1) / kChunk;
+            const int64_t o0 = pt.first_row + (c - first_chunk) * kChunk, o1 = std::min(w.n_out, o0 + kChunk);
+            by_fours(B, [&](int64_t b, int T) {
+                matmul_rows_i8(w.t->type, RowRange{w.t->data, w.t->row_bytes(), o0, o1, pt.y + b * w.n_out, w.n_out, w.scale}, pt.x + b, T, n_in);
+            });
+        }
     }
 }
 
 void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
     const TensorInfo& t = *w.t;
-    if (int8) {
-        const int64_t blk = i8_block(t.type);
-        if (blk && w.n_in % blk == 0) return matmat_i8(w, x, B, y);
+    if (int8 && i8_ready(w)) {
+        const Matrix* ws = &w;
+        return matmats_i8(&ws, &y, 1, x, B);
     }
     if (B == 1) return matvec(w, x, y);
     const uint64_t rb = t.row_bytes();
@@ -279,6 +339,21 @@ public:
             dequantize_row(t.type, t.data + static_cast<uint64_t>(tokens[b]) * t.row_bytes(), raw(out) + b * table.n_in, table.n_in);
     }
     void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool int8) const override { matmat(w, raw(x), B, raw(y), int8); }
+    // The int8 ones in one pass (kMaxFused at a time), the others one by one.
+    void matmuls(const Matrix* const* w, const DevPtr* y, size_t n, DevPtr x, int64_t B, bool int8) const override {
+        const Matrix* fused[kMaxFused];
+        float* out[kMaxFused];
+        size_t k = 0;
+        for (size_t i = 0; i < n; ++i) {
+            if (!int8 || !i8_ready(*w[i])) {
+                matmat(*w[i], raw(x), B, raw(y[i]), int8);
+                continue;
+            }
+            fused[k] = w[i], out[k] = raw(y[i]);
+            if (++k == kMaxFused) matmats_i8(fused, out, k, raw(x), B), k = 0;
+        }
+        if (k) matmats_i8(fused, out, k, raw(x), B);
+    }
     // The element-wise ops split across the threads only when they are long: a fork-join costs
     // tens of microseconds where waking a sleeping thread is a VM exit, more than a few rows of
     // work (on this project's 2-vCPU VM, splitting from two rows on took the two-stream decode

@@ -357,8 +357,7 @@ void Model::step(const std::vector<Segment>& segs) const {
         else attention(L, segs, ai++, w, h, tmp, B);
         dev_->add(x, tmp, B * E);
         dev_->rmsnorm(x, L.post_norm.ptr(), h, B, E, hp_.rms_eps);
-        matmul(L.ffn_gate, h, B, w.g.ptr(), w);
-        matmul(L.ffn_up, h, B, w.u.ptr(), w);
+        matmuls({{&L.ffn_gate, w.g.ptr()}, {&L.ffn_up, w.u.ptr()}}, h, B, w);
         dev_->swiglu(w.g.ptr(), w.u.ptr(), B * F);
         matmul(L.ffn_down, w.g.ptr(), B, tmp, w);
         dev_->add(x, tmp, B * E);
@@ -385,17 +384,30 @@ void Model::step(const std::vector<Segment>& segs) const {
     }
 }
 
-void Model::matmul(const Matrix& m, DevPtr x, int64_t B, DevPtr y, Work& w) const {
-    if (!m.rot) return dev_->matmul(m, x, B, y, !exact);
-    dev_->rotate(*m.rot, x, w.rot.ptr(), B);
-    dev_->matmul(m, w.rot.ptr(), B, y, !exact);
+void Model::matmuls(std::initializer_list<Product> products, DevPtr x, int64_t B, Work& w) const {
+    if (products.size() > kMaxProducts) throw std::logic_error("Model::matmuls takes at most " + std::to_string(kMaxProducts) + " products");
+    const Matrix* ms[kMaxProducts];
+    DevPtr ys[kMaxProducts];
+    size_t n = 0;
+    const Rotation* rot = products.begin()->m->rot;
+    for (const Product& p : products) {
+        if (p.m->rot != rot) {  // rotations of their own: each rotates x into w.rot in turn
+            for (const Product& q : products) matmuls({q}, x, B, w);
+            return;
+        }
+        ms[n] = p.m, ys[n] = p.y, ++n;
+    }
+    if (rot) {
+        dev_->rotate(*rot, x, w.rot.ptr(), B);
+        x = w.rot.ptr();
+    }
+    if (n == 1) dev_->matmul(*ms[0], x, B, ys[0], !exact);
+    else dev_->matmuls(ms, ys, n, x, B, !exact);
 }
 
 void Model::attention(const Layer& L, const std::vector<Segment>& segs, size_t ai, Work& w, DevPtr h, DevPtr out, int64_t B) const {
     const int64_t H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
-    matmul(L.q, h, B, w.qg.ptr(), w);
-    matmul(L.k, h, B, w.k.ptr(), w);
-    matmul(L.v, h, B, w.v.ptr(), w);
+    matmuls({{&L.q, w.qg.ptr()}, {&L.k, w.k.ptr()}, {&L.v, w.v.ptr()}}, h, B, w);
     const double scale = hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
     std::vector<AttentionOp> ops;
     int64_t r0 = 0;
@@ -412,10 +424,7 @@ void Model::attention(const Layer& L, const std::vector<Segment>& segs, size_t a
 
 void Model::deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gi, Work& w, DevPtr h, DevPtr out, int64_t B) const {
     const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads, VD = hp_.value_dim();
-    matmul(L.qkv, h, B, w.qkv.ptr(), w);
-    matmul(L.gate, h, B, w.z.ptr(), w);
-    matmul(L.beta, h, B, w.beta.ptr(), w);
-    matmul(L.alpha, h, B, w.alpha.ptr(), w);
+    matmuls({{&L.qkv, w.qkv.ptr()}, {&L.gate, w.z.ptr()}, {&L.beta, w.beta.ptr()}, {&L.alpha, w.alpha.ptr()}}, h, B, w);
     std::vector<DeltaNetOp> ops;
     int64_t r0 = 0;
     for (const auto& s : segs) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -100,8 +101,15 @@ private:
     // attention or delta rule per segment (rows r0..r0+n of the step are segment s's tokens).
     void attention(const Layer& L, const std::vector<Segment>& segs, size_t attn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
     void deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gdn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
-    // y = W·x, rotating x first (into w.rot) when W is Hadamard-folded
-    void matmul(const Matrix& m, DevPtr x, int64_t B, DevPtr y, Work& w) const;
+    // y = W·x for each product, all reading x: one device pass (Device::matmuls). Folded
+    // weights rotate x first (into w.rot): once where they share the rotation, else one by one.
+    struct Product {
+        const Matrix* m;
+        DevPtr y;
+    };
+    static constexpr size_t kMaxProducts = 4;
+    void matmuls(std::initializer_list<Product> products, DevPtr x, int64_t B, Work& w) const;
+    void matmul(const Matrix& m, DevPtr x, int64_t B, DevPtr y, Work& w) const { matmuls({{&m, y}}, x, B, w); }
 
     std::shared_ptr<GgufFile> file_;
     std::unique_ptr<Device> dev_;

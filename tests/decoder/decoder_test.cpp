@@ -1134,7 +1134,8 @@ namespace {
 // A device that forwards to the CPU device and counts what the model asks of it.
 struct Counts {
     int prepare = 0, upload = 0, download = 0, copy = 0, embed = 0;
-    long live = 0;  // buffers allocated and not yet released
+    long live = 0;              // buffers allocated and not yet released
+    std::vector<size_t> fused;  // each Device::matmuls call: how many matrices
 };
 class RecordingDevice : public pulse::test::ForwardingDevice {
 public:
@@ -1151,6 +1152,11 @@ public:
     void copy(DevPtr from, DevPtr to, size_t n) const override { ++c_.copy, ForwardingDevice::copy(from, to, n); }
     const void* prepare(const Matrix& w, Use use) override { return ++c_.prepare, ForwardingDevice::prepare(w, use); }
     void embed(const Matrix& t, const int32_t* tok, int64_t B, DevPtr out) const override { ++c_.embed, ForwardingDevice::embed(t, tok, B, out); }
+    // device.h's default: one matmul each (the CPU device's fused pass is not behind this seam)
+    void matmuls(const Matrix* const* w, const DevPtr* y, size_t n, DevPtr x, int64_t B, bool i8) const override {
+        c_.fused.push_back(n);
+        Device::matmuls(w, y, n, x, B, i8);
+    }
 
 private:
     Counts& c_;
@@ -1176,7 +1182,12 @@ TEST_CASE("device: the model runs on any device.h implementation; it owns all st
         const int uploads = c.upload;
         auto s = m->new_sequence();
         auto got = m->forward(*s, {297, 72, 101, 108});
-        CHECK(got == want);  // the same CPU arithmetic behind the seam
+        // The same CPU arithmetic behind the seam: also what the CPU's one pass over the
+        // matrices sharing an input (the reference run) gives against a matmul each (this run).
+        CHECK(got == want);
+        // Those matrices reach the device together: per GDN layer its four input projections
+        // and FFN gate/up, per attention layer q/k/v and gate/up.
+        CHECK(c.fused == std::vector<size_t>{4, 2, 4, 2, 4, 2, 3, 2});
         CHECK(c.upload == uploads);  // a step moves no host data to the device...
         CHECK(c.download == 1);      // ...and reads back only the logits
         CHECK(c.embed == 1);
@@ -1484,6 +1495,78 @@ TEST_CASE("device: weights the CPU repacks give the same logits from a mapped fi
     mapped->exact = parsed->exact = true;
     auto c = mapped->new_sequence(), e = parsed->new_sequence();
     CHECK(mapped->forward(*c, {297, 72, 101}) == parsed->forward(*e, {297, 72, 101}));
+}
+
+TEST_CASE("device: the CPU's matmuls over one input give what a matmul each gives, for every mix of types, row counts and tokens") {
+    // Packed Q8_0 and TQ2_0 (where the CPU repacks), rows past the last group of eight, a
+    // matrix too small to pack, f32 and Q4_K (no int8 kernel: the f32 path), and more matrices
+    // than one fused pass takes.
+    struct Spec {
+        uint32_t type;
+        int64_t rows;
+    };
+    const std::vector<Spec> specs = {{kQ8_0, 24}, {kTQ2_0, 16}, {kQ8_0, 13}, {kTQ2_0, 5},  {kF32, 9},    {kQ8_0, 8},
+                                     {kQ4_K, 8},  {kTQ2_0, 9},  {kQ8_0, 2},  {kTQ2_0, 40}, {kQ8_0, 17}, {kTQ2_0, 8}};
+    const int64_t n = 512;
+    auto dev = make_device("cpu");
+    std::mt19937 g(71);
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<TensorInfo> tensors(specs.size());
+    std::vector<Matrix> ms(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+        std::vector<float> wf(static_cast<size_t>(specs[i].rows * n));
+        for (auto& v : wf) v = specs[i].type == kTQ2_0 ? static_cast<float>(static_cast<int>(g() % 3) - 1) : static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 700.f;
+        if (specs[i].type == kF32) {
+            bytes.emplace_back(wf.size() * sizeof(float));
+            std::memcpy(bytes.back().data(), wf.data(), bytes.back().size());
+        } else {
+            bytes.push_back(quantize(specs[i].type, wf.data(), static_cast<int64_t>(wf.size())));
+        }
+        TensorInfo& t = tensors[i];
+        t.name = "w" + std::to_string(i);
+        t.ne = {static_cast<uint64_t>(n), static_cast<uint64_t>(specs[i].rows)};
+        t.type = specs[i].type;
+        t.nbytes = bytes.back().size();
+        t.data = bytes.back().data();
+        ms[i] = Matrix{&t, n, specs[i].rows, 0.5f + static_cast<float>(i), nullptr, nullptr};
+        ms[i].prepared = dev->prepare(ms[i], Device::Use::matmul);
+    }
+    for (int64_t B : {1, 2, 3, 4, 5, 9}) {
+        std::vector<float> xs(static_cast<size_t>(B * n));
+        for (auto& v : xs) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
+        Buffer x = dev->upload(xs);
+        for (bool int8 : {true, false}) {
+            CAPTURE(B);
+            CAPTURE(int8);
+            std::vector<Buffer> fused, single;
+            std::vector<const Matrix*> ws;
+            std::vector<DevPtr> ys;
+            for (size_t i = 0; i < ms.size(); ++i) {
+                fused.push_back(dev->alloc(static_cast<size_t>(B * ms[i].n_out)));
+                single.push_back(dev->alloc(static_cast<size_t>(B * ms[i].n_out)));
+                ws.push_back(&ms[i]);
+                ys.push_back(fused.back().ptr());
+                dev->matmul(ms[i], x.ptr(), B, single.back().ptr(), int8);
+            }
+            dev->matmuls(ws.data(), ys.data(), ws.size(), x.ptr(), B, int8);
+            for (size_t i = 0; i < ms.size(); ++i) {
+                CAPTURE(i);
+                std::vector<float> a(fused[i].size()), b(single[i].size());
+                dev->download(fused[i].ptr(), a.data(), a.size());
+                dev->download(single[i].ptr(), b.data(), b.size());
+                CHECK(std::any_of(b.begin(), b.end(), [](float v) { return std::fabs(v) > 1.0f; }));  // real dots
+                CHECK(a == b);
+            }
+        }
+    }
+    // One input means one width: a matrix of another is refused, not read past its rows.
+    TensorInfo narrow = tensors[0];
+    narrow.ne = {256, 24};
+    Matrix odd{&narrow, 256, 24, 1.0f, nullptr, nullptr};
+    Buffer x = dev->alloc(static_cast<size_t>(n)), y0 = dev->alloc(24), y1 = dev->alloc(24);
+    const Matrix* pair[] = {&ms[0], &odd};
+    const DevPtr outs[] = {y0.ptr(), y1.ptr()};
+    CHECK_THROWS_AS(dev->matmuls(pair, outs, 2, x.ptr(), 1, true), std::invalid_argument);
 }
 
 TEST_CASE("device: an unknown device is refused naming what this build has; model.cpp never unwraps device memory") {
