@@ -119,8 +119,9 @@ __attribute__((target("avx2,fma"))) void dot4_f32_avx2(const float* w, const flo
         for (int k = 0; k < 4; ++k) out[k] += w[i] * x[k * n + i];
 }
 
-bool have_avx2() {
-    if (kernel_cap < 1) return false;
+// What the CPU has, probed once; the cap (limit_kernels) applies on top at each call, so a probe
+// made while a cap is set never sticks.
+bool cpu_has_avx2() {
     // F16C through cpuid: not every compiler's __builtin_cpu_supports knows "f16c" (clang 14).
     static const bool yes = [] {
         unsigned a = 0, b = 0, c = 0, d = 0;
@@ -130,8 +131,10 @@ bool have_avx2() {
     return yes;
 }
 
+bool have_avx2() { return kernel_cap >= 1 && cpu_has_avx2(); }
+
 bool have_vnni() {
-    static const bool yes = have_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
     return kernel_cap >= 2 && yes;
 }
 

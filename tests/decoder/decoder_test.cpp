@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -445,6 +446,28 @@ TEST_CASE("formats: Q2_0 codes {-1,0,1,2}, Q1_0 signs and PTQ1_0 trits round-tri
         dequantize_row(t, q.data(), y.data(), 1024);
         CHECK_MESSAGE(y == x, type_name(t));
     }
+}
+
+// The child of the next test, in a process of its own: the CPU probe runs once per process, and
+// in this one an earlier test has long made it.
+TEST_CASE("kernels: (child) the first probe under a cap") {
+    const char* expect = std::getenv("PULSE_TEST_PROBE_UNDER_CAP");
+    if (!expect) return;
+    limit_kernels("scalar");
+    const bool capped = has_x8();
+    limit_kernels("");
+    std::_Exit(!capped && std::string(kernel_name()) == expect ? 0 : 1);
+}
+
+TEST_CASE("kernels: a cap lifted gives back the CPU's kernels, even when the first probe ran under it") {
+    // Regression: the VNNI probe used to be made through the capped AVX2 check, so a process
+    // whose first kernel call ran under limit_kernels("scalar") (the tests of each kernel set)
+    // never ran the VNNI kernels again, and their tests passed without exercising them.
+    const std::string want = kernel_name();
+    char self[4096] = {};
+    REQUIRE(::readlink("/proc/self/exe", self, sizeof self - 1) > 0);
+    const std::string cmd = "PULSE_TEST_PROBE_UNDER_CAP=" + want + " '" + self + "' -tc='kernels: (child) the first probe under a cap' >/dev/null 2>&1";
+    CHECK(std::system(cmd.c_str()) == 0);
 }
 
 TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the decoded int8 activations (AVX2 and VNNI)") {
