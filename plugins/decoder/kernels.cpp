@@ -724,6 +724,63 @@ inline __attribute__((always_inline)) void gdn_chunked_body(const GdnHeadArgs& g
 
 #ifdef PULSE_X86
 __attribute__((target("avx2,fma"))) void gdn_head_avx2(const GdnHeadArgs& g) { gdn_head_body(g); }
+// The recurrent form with a whole state row in registers (S = 16·NV, up to 128): Sᵀk, Sᵀq and δ
+// stay in 512-bit registers for the head's whole run, so each pass over the state is one load
+// (and in the update one store) per 16 entries. The portable body keeps them in arrays: a load
+// and a store per entry for each of them, which bound it (in L2, ~2.5x this one's time per head).
+template <int NV>
+__attribute__((target("avx512f,avx512vl,avx2,fma"))) void gdn_head_avx512(const GdnHeadArgs& g) {
+    constexpr int64_t S = 16 * NV;
+    float* st = g.state;
+    const __m512 inv_sqrt = _mm512_set1_ps(1.f / std::sqrt(static_cast<float>(S)));
+    __m512 a[NV], b[NV], d[NV];
+    PULSE_UNROLL for (int v = 0; v < NV; ++v) a[v] = b[v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < S; ++i) {
+        const float* row = st + i * S;
+        const __m512 ki = _mm512_set1_ps(g.k[i]), qi = _mm512_set1_ps(g.q[i]);
+        PULSE_UNROLL for (int v = 0; v < NV; ++v) {
+            const __m512 r = _mm512_loadu_ps(row + 16 * v);
+            a[v] = _mm512_fmadd_ps(r, ki, a[v]);
+            b[v] = _mm512_fmadd_ps(r, qi, b[v]);
+        }
+    }
+    for (int64_t t = 0; t < g.T; ++t) {
+        const float* k = g.k + t * g.qk_stride;
+        const float* q = g.q + t * g.qk_stride;
+        const float* vt = g.v + t * g.v_stride;
+        const float e = std::exp(g.log_decay[t * g.gate_stride]), bt = g.beta[t * g.gate_stride];
+        float kq = 0;
+        for (int64_t i = 0; i < S; ++i) kq += k[i] * q[i];
+        const __m512 ev = _mm512_set1_ps(e), bv = _mm512_set1_ps(bt), kqv = _mm512_set1_ps(kq);
+        float* o = g.out + t * g.out_stride;
+        PULSE_UNROLL for (int v = 0; v < NV; ++v) {
+            d[v] = _mm512_mul_ps(bv, _mm512_fnmadd_ps(ev, a[v], _mm512_loadu_ps(vt + 16 * v)));
+            _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_fmadd_ps(ev, b[v], _mm512_mul_ps(d[v], kqv)), inv_sqrt));
+            a[v] = b[v] = _mm512_setzero_ps();
+        }
+        if (t + 1 == g.T) {  // the last token: the update alone
+            for (int64_t i = 0; i < S; ++i) {
+                float* row = st + i * S;
+                const __m512 ki = _mm512_set1_ps(k[i]);
+                PULSE_UNROLL for (int v = 0; v < NV; ++v)
+                    _mm512_storeu_ps(row + 16 * v, _mm512_fmadd_ps(ki, d[v], _mm512_mul_ps(ev, _mm512_loadu_ps(row + 16 * v))));
+            }
+            break;
+        }
+        const float* kn = k + g.qk_stride;
+        const float* qn = q + g.qk_stride;
+        for (int64_t i = 0; i < S; ++i) {
+            float* row = st + i * S;
+            const __m512 ki = _mm512_set1_ps(k[i]), kni = _mm512_set1_ps(kn[i]), qni = _mm512_set1_ps(qn[i]);
+            PULSE_UNROLL for (int v = 0; v < NV; ++v) {
+                const __m512 r = _mm512_fmadd_ps(ki, d[v], _mm512_mul_ps(ev, _mm512_loadu_ps(row + 16 * v)));
+                _mm512_storeu_ps(row + 16 * v, r);
+                a[v] = _mm512_fmadd_ps(r, kni, a[v]);
+                b[v] = _mm512_fmadd_ps(r, qni, b[v]);
+            }
+        }
+    }
+}
 __attribute__((target("avx2,fma"))) void gdn_chunked_avx2(const GdnHeadArgs& g) { gdn_chunked_body(g); }
 #endif
 void gdn_head_generic(const GdnHeadArgs& g) { gdn_head_body(g); }
@@ -733,6 +790,13 @@ void gdn_chunked_generic(const GdnHeadArgs& g) { gdn_chunked_body(g); }
 
 void gdn_head_recurrent(const GdnHeadArgs& g) {
 #ifdef PULSE_X86
+    if (have_vnni()) switch (g.S) {
+            case 128: return gdn_head_avx512<8>(g);
+            case 64: return gdn_head_avx512<4>(g);
+            case 32: return gdn_head_avx512<2>(g);
+            case 16: return gdn_head_avx512<1>(g);
+            default: break;
+        }
     if (have_avx2()) return gdn_head_avx2(g);
 #endif
     gdn_head_generic(g);

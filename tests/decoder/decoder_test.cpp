@@ -1322,7 +1322,7 @@ TEST_CASE("deltanet: the chunked delta rule gives the recurrent form's outputs a
     std::uniform_real_distribution<float> ud(0.f, 1.f);
     double worst_out = 0, worst_state = 0;
     for (const char* cap : {"scalar", ""})  // the portable kernels, then this CPU's
-    for (int64_t S : {16, 40, 128})
+    for (int64_t S : {16, 32, 40, 64, 128})  // 16·n: AVX-512's register-resident form where the CPU has it
         for (int64_t T : {1, 5, 16, 17, 63, 64, 65, 150}) {
             limit_kernels(cap);
             const int64_t qk_stride = 3 * S + 5, v_stride = 2 * S + 3, gate_stride = 3, out_stride = S + 7;
