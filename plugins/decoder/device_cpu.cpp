@@ -184,42 +184,47 @@ void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float
         quantize_rows_i8(qx.type, x + (k % B) * n_in, 1, n_in, const_cast<int8_t*>(r.q), const_cast<float*>(r.d), const_cast<int32_t*>(r.sum));
     }
 
-    // Every matrix's packed groups, then its remaining rows in chunks of kChunk (a chunk stays
-    // in cache while the tokens pass over it), numbered across the matrices.
+    // Every matrix's packed groups in pairs (one dot_x16 each; an odd last group alone), then its
+    // remaining rows in chunks of kChunk (a chunk stays in cache while the tokens pass over it),
+    // each numbered across the matrices.
     constexpr int64_t kChunk = 64;
     struct Part {
         const Matrix* w;
         const Packed* packed;
         const QuantRow* x;
         float* y;
-        int64_t first_row;             // the rows the plain kernels do: first_row..n_out
-        int64_t groups_end, chunks_end;  // running totals over the parts so far
+        int64_t first_row;                  // the rows the plain kernels do: first_row..n_out
+        int64_t pairs_begin, pairs_end;     // this part's pairs of groups among all parts'
+        int64_t chunks_begin, chunks_end;   // and its chunks of plain rows
     } parts[kMaxFused];
-    int64_t groups = 0, chunks = 0;
+    int64_t pairs = 0, chunks = 0;
     for (size_t i = 0; i < n; ++i) {
         const Matrix& w = *ws[i];
         const auto* packed = has_x8() ? static_cast<const Packed*>(w.prepared) : nullptr;
         const int64_t first_row = packed ? 8 * packed->groups : 0;
-        groups += packed ? packed->groups : 0;
-        chunks += (w.n_out - first_row + kChunk - 1) / kChunk;
-        parts[i] = Part{&w, packed, qs[slot[i]].rows.data(), ys[i], first_row, groups, chunks};
+        const int64_t my_pairs = packed ? (packed->groups + 1) / 2 : 0, my_chunks = (w.n_out - first_row + kChunk - 1) / kChunk;
+        parts[i] = Part{&w, packed, qs[slot[i]].rows.data(), ys[i], first_row, pairs, pairs + my_pairs, chunks, chunks + my_chunks};
+        pairs += my_pairs;
+        chunks += my_chunks;
     }
 #pragma omp parallel
     {
         size_t i = 0;
 #pragma omp for schedule(static) nowait
-        for (int64_t g = 0; g < groups; ++g) {
-            while (g >= parts[i].groups_end) ++i;
+        for (int64_t u = 0; u < pairs; ++u) {
+            while (u >= parts[i].pairs_end) ++i;
             const Part& pt = parts[i];
             const Packed& pk = *pt.packed;
-            const int64_t local = g - (pt.groups_end - pk.groups), n_out = pt.w->n_out;
-            const uint8_t* p = pk.data + static_cast<uint64_t>(local) * pk.group_bytes;
+            const int64_t g = 2 * (u - pt.pairs_begin), n_out = pt.w->n_out;
+            const int rows = g + 1 < pk.groups ? 16 : 8;
+            const uint8_t* p = pk.data + static_cast<uint64_t>(g) * pk.group_bytes;
             by_fours(B, [&](int64_t b, int T) {
-                float r[32];
-                if (pk.type == kQ8_0) dot_q8_0x8(p, pt.x + b, T, n_in, r);
+                float r[64];
+                if (rows == 16) dot_x16(pk.type, p, pk.group_bytes, pt.x + b, T, n_in, r);
+                else if (pk.type == kQ8_0) dot_q8_0x8(p, pt.x + b, T, n_in, r);
                 else dot_tq2_0x8(p, pt.x + b, T, n_in, r);
-                for (int k = 0; k < 8; ++k)
-                    for (int t = 0; t < T; ++t) pt.y[(b + t) * n_out + 8 * local + k] = r[k * T + t] * pt.w->scale;
+                for (int k = 0; k < rows; ++k)
+                    for (int t = 0; t < T; ++t) pt.y[(b + t) * n_out + 8 * g + k] = r[k * T + t] * pt.w->scale;
             });
         }
         i = 0;
@@ -228,8 +233,7 @@ void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float
             while (c >= parts[i].chunks_end) ++i;
             const Part& pt = parts[i];
             const Matrix& w = *pt.w;
-            const int64_t first_chunk = pt.chunks_end - (w.n_out - pt.first_row + kChunk - 1) / kChunk;
-            const int64_t o0 = pt.first_row + (c - first_chunk) * kChunk, o1 = std::min(w.n_out, o0 + kChunk);
+            const int64_t o0 = pt.first_row + (c - pt.chunks_begin) * kChunk, o1 = std::min(w.n_out, o0 + kChunk);
             by_fours(B, [&](int64_t b, int T) {
                 matmul_rows_i8(w.t->type, RowRange{w.t->data, w.t->row_bytes(), o0, o1, pt.y + b * w.n_out, w.n_out, w.scale}, pt.x + b, T, n_in);
             });

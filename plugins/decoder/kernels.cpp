@@ -382,6 +382,106 @@ __attribute__((target("avx512vnni,avx512vl,avx2,fma,f16c"))) void tq2_0x8_vnni(c
         for (int r = 0; r < 8; ++r) out[r * T + t] = lanes[r];
     }
 }
+// Two adjacent groups of eight rows (sixteen rows) in 512-bit registers: each run of the first
+// group in the low half, the same run of the next in the high half, one broadcast of the
+// activation bytes facing both. Per instruction twice the rows of the eight-row kernels: on
+// cores with full-width AVX-512 units that is twice the multiply-adds per cycle, which bounds
+// the several-token steps; where a 512-bit op is two 256-bit halves (Zen 4) it costs what two
+// eight-row calls do, less the activation loads and block ends they no longer repeat.
+// GCC 12's AVX-512 headers start several intrinsics from a self-initialised "undefined" vector
+// (`__m512 __Y = __Y;`), which -Wmaybe-uninitialized reports once they are inlined here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) inline __m512i two_runs(const uint8_t* lo, const uint8_t* hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo))),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)), 1);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) inline __m512 two_scales(const uint8_t* lo, const uint8_t* hi) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1));
+}
+template <int T>
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) void store_x16(const __m512* acc, float* out) {
+    PULSE_UNROLL for (int t = 0; t < T; ++t) {
+        float lanes[16];
+        _mm512_storeu_ps(lanes, acc[t]);
+        for (int r = 0; r < 16; ++r) out[r * T + t] = lanes[r];
+    }
+}
+template <int T>
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) void q8_0x16_vnni(const uint8_t* p, uint64_t next, const QuantRow* x, int64_t n, float* out) {
+    __m512 acc[T];
+    PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 32; ++b, p += kQ8x8Bytes) {
+        const uint8_t* q = p + next;
+        PULSE_UNROLL for (int l = 0; l < 5; ++l) {
+            _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(q) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+        }
+        const __m512 dw = two_scales(p, q);
+        __m512i w[8];
+        PULSE_UNROLL for (int k = 0; k < 8; ++k) w[k] = two_runs(p + 16 + 32 * k, q + 16 + 32 * k);
+        PULSE_UNROLL for (int t = 0; t < T; ++t) {
+            const int8_t* xq = x[t].q + 32 * b;
+            __m512i ip0 = _mm512_setzero_si512(), ip1 = _mm512_setzero_si512();
+            PULSE_UNROLL for (int k = 0; k < 8; k += 2) {
+                int32_t f0, f1;
+                std::memcpy(&f0, xq + 4 * k, 4);
+                std::memcpy(&f1, xq + 4 * k + 4, 4);
+                ip0 = _mm512_dpbusd_epi32(ip0, w[k], _mm512_set1_epi32(f0));
+                ip1 = _mm512_dpbusd_epi32(ip1, w[k + 1], _mm512_set1_epi32(f1));
+            }
+            const __m512i ip = _mm512_sub_epi32(_mm512_add_epi32(ip0, ip1), _mm512_set1_epi32(128 * x[t].sum[b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[b])), acc[t]);
+        }
+    }
+    store_x16<T>(acc, out);
+}
+template <int T>
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) void tq2_0x16_vnni(const uint8_t* p, uint64_t next, const QuantRow* x, int64_t n, float* out) {
+    const __m512i m0 = _mm512_set1_epi8(0x03), m1 = _mm512_set1_epi8(0x0c), m2 = _mm512_set1_epi8(0x30), m3 = _mm512_set1_epi8(static_cast<char>(0xc0));
+    __m512 acc[T];
+    PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 256; ++b, p += kTQ2x8Bytes) {
+        const uint8_t* q = p + next;
+        PULSE_UNROLL for (int l = 0; l < 9; ++l) {
+            _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(q) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+        }
+        const __m512 dw = two_scales(p, q);
+        // One accumulator per (token, plane), each plane its own named array (tq2_0x8_vnni).
+        __m512i a0[T], a1[T], a2[T], a3[T];
+        PULSE_UNROLL for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_si512();
+        for (int j0 = 0; j0 < 16; j0 += 4) PULSE_UNROLL for (int jj = 0; jj < 4; ++jj) {
+            const int j = j0 + jj;
+            const __m512i w = two_runs(p + 16 + 32 * j, q + 16 + 32 * j);
+            const __m512i u0 = _mm512_and_si512(w, m0), u1 = _mm512_and_si512(w, m1), u2 = _mm512_and_si512(w, m2), u3 = _mm512_and_si512(w, m3);
+            PULSE_UNROLL for (int t = 0; t < T; ++t) {
+                const int8_t* xq = x[t].q + 256 * b + 16 * j;
+                int32_t f0, f1, f2, f3;
+                std::memcpy(&f0, xq, 4);
+                std::memcpy(&f1, xq + 4, 4);
+                std::memcpy(&f2, xq + 8, 4);
+                std::memcpy(&f3, xq + 12, 4);
+                a0[t] = _mm512_dpbusd_epi32(a0[t], u0, _mm512_set1_epi32(f0));
+                a1[t] = _mm512_dpbusd_epi32(a1[t], u1, _mm512_set1_epi32(f1));
+                a2[t] = _mm512_dpbusd_epi32(a2[t], u2, _mm512_set1_epi32(f2));
+                a3[t] = _mm512_dpbusd_epi32(a3[t], u3, _mm512_set1_epi32(f3));
+            }
+        }
+        PULSE_UNROLL for (int t = 0; t < T; ++t) {
+            __m512i sum = _mm512_add_epi32(_mm512_add_epi32(a0[t], _mm512_srai_epi32(a1[t], 2)), _mm512_add_epi32(_mm512_srai_epi32(a2[t], 4), _mm512_srai_epi32(a3[t], 6)));
+            sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(x[t].sum[b]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[b])), acc[t]);
+        }
+    }
+    store_x16<T>(acc, out);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 PULSE_I8_KERNELS(vnni, "avx512vnni,avx512vl,avx2,fma,f16c", dp_vnni)
 #undef PULSE_I8_KERNELS
 #endif
@@ -959,6 +1059,26 @@ void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, floa
         }
 #endif
     (void)packed, (void)x, (void)T, (void)n, (void)out;
+}
+
+void dot_x16(uint32_t type, const uint8_t* packed, uint64_t group_bytes, const QuantRow* x, int T, int64_t n, float* out) {
+#ifdef PULSE_X86
+    if (have_vnni()) {
+        if (type == kQ8_0) switch (T) {
+                case 4: return q8_0x16_vnni<4>(packed, group_bytes, x, n, out);
+                case 3: return q8_0x16_vnni<3>(packed, group_bytes, x, n, out);
+                case 2: return q8_0x16_vnni<2>(packed, group_bytes, x, n, out);
+                default: return q8_0x16_vnni<1>(packed, group_bytes, x, n, out);
+            }
+        switch (T) {
+            case 4: return tq2_0x16_vnni<4>(packed, group_bytes, x, n, out);
+            case 3: return tq2_0x16_vnni<3>(packed, group_bytes, x, n, out);
+            case 2: return tq2_0x16_vnni<2>(packed, group_bytes, x, n, out);
+            default: return tq2_0x16_vnni<1>(packed, group_bytes, x, n, out);
+        }
+    }
+#endif
+    (void)type, (void)packed, (void)group_bytes, (void)x, (void)T, (void)n, (void)out;
 }
 
 void matmul_rows_i8(uint32_t type, const RowRange& rr, const QuantRow* x, int T, int64_t n) {

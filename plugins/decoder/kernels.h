@@ -71,6 +71,11 @@ void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t*
 // out[r*T + t] = row r of the group · x_t, r < 8, for T = 1 to 4 quantized activation rows.
 void dot_tq2_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out);
 
+// Two adjacent interleaved groups (rows 0..15) of a Q8_0 or TQ2_0 matrix in one pass, in 512-bit
+// registers: `packed` is the first group, `packed + group_bytes` the second (the layouts above,
+// unchanged). out[r*T + t] = row r · x_t, r < 16, T = 1 to 4.
+void dot_x16(uint32_t type, const uint8_t* packed, uint64_t group_bytes, const QuantRow* x, int T, int64_t n, float* out);
+
 // One Gated DeltaNet value head over T tokens and its S×S state (S[i][j]: key dim i, value dim
 // j): per token, with e = exp(g) the decay and β the write strength,
 //   δ = β·(v − e·Sᵀk),  o = (e·Sᵀq + δ·(k·q)) / √S,  S ← e·S + k·δᵀ

@@ -661,6 +661,59 @@ TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int
     }
 }
 
+TEST_CASE("kernels: two groups of eight in one 512-bit pass (dot_x16) give what each group's own pass gives (VNNI)") {
+    if (!has_x8()) {
+        MESSAGE("this CPU has no AVX512-VNNI: the interleaved kernels are not used here");
+        return;
+    }
+    for (uint32_t type : {kQ8_0, kTQ2_0}) {
+        CAPTURE(std::string(type_name(type)));
+        std::mt19937 g(71);
+        const bool q8 = type == kQ8_0;
+        const int64_t n = 768, group = q8 ? 32 : 256, nb = n / group;
+        const uint64_t group_bytes = static_cast<uint64_t>(nb * (q8 ? kQ8x8Bytes : kTQ2x8Bytes));
+        // Three groups: the pair (0, 1) and the pair (1, 2), so the second group is read both
+        // as a pass's high half and as its low half.
+        std::vector<float> wf(static_cast<size_t>(24 * n));
+        for (size_t i = 0; i < wf.size(); ++i)
+            wf[i] = q8 ? static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 500.f : static_cast<float>(static_cast<int>(g() % 3) - 1) * (0.25f + static_cast<float>(i / static_cast<size_t>(n)) / 8);
+        auto rows = quantize(type, wf.data(), 24 * n);
+        const uint64_t rb = rows.size() / 24;
+        std::vector<uint8_t> packed(static_cast<size_t>(3 * group_bytes));
+        for (int k = 0; k < 3; ++k) {
+            if (q8) repack_q8_0x8(rows.data() + 8 * k * rb, rb, n, packed.data() + k * group_bytes);
+            else repack_tq2_0x8(rows.data() + 8 * k * rb, rb, n, packed.data() + k * group_bytes);
+        }
+        std::vector<float> x(static_cast<size_t>(4 * n));
+        for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
+        std::vector<int8_t> q(x.size());
+        std::vector<float> d(static_cast<size_t>(4 * nb));
+        std::vector<int32_t> sum(d.size());
+        quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
+        QuantRow xr[4];
+        for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
+        for (int first = 0; first < 2; ++first)
+            for (int T = 1; T <= 4; ++T) {
+                CAPTURE(first);
+                CAPTURE(T);
+                float both[64], lo[32], hi[32];
+                const uint8_t* p = packed.data() + first * group_bytes;
+                dot_x16(type, p, group_bytes, xr + (4 - T), T, n, both);
+                if (q8) dot_q8_0x8(p, xr + (4 - T), T, n, lo), dot_q8_0x8(p + group_bytes, xr + (4 - T), T, n, hi);
+                else dot_tq2_0x8(p, xr + (4 - T), T, n, lo), dot_tq2_0x8(p + group_bytes, xr + (4 - T), T, n, hi);
+                int real = 0;
+                for (int r = 0; r < 16; ++r)
+                    for (int t = 0; t < T; ++t) {
+                        const float want = r < 8 ? lo[r * T + t] : hi[(r - 8) * T + t];
+                        real += std::fabs(want) > 1.0f;
+                        // The same integer dots and the same one multiply-add per block: equal.
+                        CHECK(both[r * T + t] == want);
+                    }
+                CHECK(real > 12 * T);  // real dots, not empty ones
+            }
+    }
+}
+
 TEST_CASE("gguf: type 42 in a fork's 34-byte groups of 128 is recognised by its size, never misread as mainline Q2_0") {
     // Two [256 x 16] weights of type 42, laid out as the writer of each layout would. (The
     // layouts differ by 1/64 byte per weight: 64 bytes here, more than the alignment padding.)
