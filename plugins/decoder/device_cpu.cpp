@@ -179,9 +179,9 @@ void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float
     const int64_t jobs = static_cast<int64_t>(types) * B;
 #pragma omp parallel for schedule(static) if (jobs * n_in >= kSplitElements)
     for (int64_t k = 0; k < jobs; ++k) {
-        const QuantizedX& qx = qs[k / B];
-        const QuantRow& r = qx.rows[static_cast<size_t>(k % B)];
-        quantize_rows_i8(qx.type, x + (k % B) * n_in, 1, n_in, const_cast<int8_t*>(r.q), const_cast<float*>(r.d), const_cast<int32_t*>(r.sum));
+        QuantizedX& qx = qs[k / B];
+        const int64_t b = k % B, nb = n_in / i8_block(qx.type);
+        quantize_rows_i8(qx.type, x + b * n_in, 1, n_in, qx.q.data() + b * n_in, qx.d.data() + b * nb, qx.sum.data() + b * nb);
     }
 
     // Every matrix's packed groups in pairs (one dot_x16 each; an odd last group alone), then its
