@@ -1,0 +1,224 @@
+// Benchmark (not a test): where a batched decode step's time goes, and what the kernels behind
+// it cost alone. Two modes:
+//
+//   decoder_ops step MODEL.gguf [--streams 1,4] [--steps 64] [--threads 2] [--rounds 3]
+//     N sequences each given a 64-token prompt, then --steps decode steps of one token each
+//     through Model::step, the CPU device wrapped in one that times every op. Per round and N:
+//     ms per step, tok/s, and ms per step in each kind of device op. The rounds alternate the
+//     order of N (this machine drifts by more than the effects measured).
+//
+//   decoder_ops kernels [--groups 8] [--reps 30]
+//     One thread: the interleaved Q8_0 and TQ2_0 dots over `groups` groups of eight rows of 2048
+//     weights (8: in L1; 4000: streaming from outer cache or memory) as eight-row passes
+//     (dot_q8_0x8 / dot_tq2_0x8) and sixteen-row passes (dot_x16), 1 to 4 tokens, in ns per
+//     8-row block (best of --reps); then one Gated DeltaNet head (S = 128, one token) in the
+//     recurrent form, AVX2 and this CPU's best, over 1 and 192 heads of state, in µs per head.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "device.h"
+#include "gguf.h"
+#include "kernels.h"
+#include "model.h"
+#include "quants.h"
+
+using namespace pulse::decoder;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Every op forwarded to a CPU device; the compute ops timed by kind.
+class TimingDevice : public Device {
+public:
+    mutable std::map<std::string, double> spent;
+    const char* name() const override { return "cpu (timed)"; }
+    Buffer alloc(size_t n) const override { return cpu_->alloc(n); }
+    void release(DevPtr p) const override { cpu_->release(p); }
+    void upload(const float* h, DevPtr to, size_t n) const override { cpu_->upload(h, to, n); }
+    void download(DevPtr from, float* h, size_t n) const override { cpu_->download(from, h, n); }
+    void copy(DevPtr from, DevPtr to, size_t n) const override { cpu_->copy(from, to, n); }
+    const void* prepare(const Matrix& w, Use use) override { return cpu_->prepare(w, use); }
+    void embed(const Matrix& t, const int32_t* tok, int64_t B, DevPtr out) const override { timed("embed", [&] { cpu_->embed(t, tok, B, out); }); }
+    void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool i8) const override { timed("matmul", [&] { cpu_->matmul(w, x, B, y, i8); }); }
+    void matmuls(const Matrix* const* w, const DevPtr* y, size_t n, DevPtr x, int64_t B, bool i8) const override {
+        timed("matmul", [&] { cpu_->matmuls(w, y, n, x, B, i8); });
+    }
+    void rmsnorm(DevPtr x, DevPtr w, DevPtr o, int64_t r, int64_t n, double e) const override { timed("norm, add, swiglu", [&] { cpu_->rmsnorm(x, w, o, r, n, e); }); }
+    void swiglu(DevPtr g, DevPtr u, int64_t n) const override { timed("norm, add, swiglu", [&] { cpu_->swiglu(g, u, n); }); }
+    void add(DevPtr x, DevPtr y, int64_t n) const override { timed("norm, add, swiglu", [&] { cpu_->add(x, y, n); }); }
+    void rotate(const Rotation& r, DevPtr x, DevPtr o, int64_t B) const override { timed("rotate", [&] { cpu_->rotate(r, x, o, B); }); }
+    void attention(const AttentionOp* ops, size_t n) const override { timed("attention", [&] { cpu_->attention(ops, n); }); }
+    void deltanet(const DeltaNetOp* ops, size_t n) const override { timed("delta rule", [&] { cpu_->deltanet(ops, n); }); }
+
+private:
+    template <class F>
+    void timed(const char* what, F f) const {
+        const auto t0 = Clock::now();
+        f();
+        spent[what] += seconds_since(t0);
+    }
+    std::unique_ptr<Device> cpu_ = make_device("cpu");
+};
+
+std::vector<int> parse_list(const std::string& s) {
+    std::vector<int> out;
+    for (size_t i = 0; i < s.size();) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        out.push_back(std::atoi(s.substr(i, j - i).c_str()));
+        i = j + 1;
+    }
+    return out;
+}
+
+int step_mode(const std::string& path, const std::vector<int>& streams, int steps, int threads, int rounds) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+    auto dev = std::make_unique<TimingDevice>();
+    TimingDevice* timing = dev.get();
+    auto model = Model::load(GgufFile::open(path), std::move(dev));
+    model->threads = threads;
+    const int64_t V = model->hparams().n_vocab;
+    std::printf("| round | streams | ms per step | tok/s | ms per step in each op |\n|---:|---:|---:|---:|---|\n");
+    for (int r = 1; r <= rounds; ++r) {
+        std::vector<int> order = streams;
+        if (r % 2 == 0) std::reverse(order.begin(), order.end());
+        for (int n : order) {
+            std::vector<std::unique_ptr<Sequence>> seqs;
+            for (int s = 0; s < n; ++s) {
+                seqs.push_back(model->new_sequence());
+                model->forward(*seqs.back(), std::vector<int32_t>(64, 100 + s));
+            }
+            std::vector<float> logits(static_cast<size_t>(n * V));
+            std::vector<int32_t> tokens(static_cast<size_t>(n), 200);
+            timing->spent.clear();
+            const auto t0 = Clock::now();
+            for (int i = 0; i < steps; ++i) {
+                std::vector<Segment> segs;
+                for (int s = 0; s < n; ++s) segs.push_back(Segment{seqs[static_cast<size_t>(s)].get(), &tokens[static_cast<size_t>(s)], 1, logits.data() + s * V, false});
+                model->step(segs);
+            }
+            const double total = seconds_since(t0);
+            std::string ops;
+            for (const auto& [what, sec] : timing->spent) {
+                char buf[96];
+                std::snprintf(buf, sizeof buf, "%s%s %.2f", ops.empty() ? "" : ", ", what.c_str(), sec / steps * 1e3);
+                ops += buf;
+            }
+            std::printf("| %d | %d | %.2f | %.1f | %s |\n", r, n, total / steps * 1e3, n * steps / total, ops.c_str());
+        }
+    }
+    std::printf("\nconditions: %d threads, 64-token prompts, %d decode steps per run, kernels %s\n", threads, steps, kernel_name());
+    return 0;
+}
+
+int kernels_mode(int64_t groups, int reps) {
+    groups = std::max<int64_t>(2, groups / 2 * 2);
+    const int64_t n = 2048;
+    std::mt19937 g(1);
+    std::vector<float> x(static_cast<size_t>(4 * n));
+    for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
+    volatile float sink = 0;
+    if (!has_x8()) std::printf("this CPU has no AVX512-VNNI: no interleaved kernels to measure\n");
+    else std::printf("| type | tokens | 8-row passes ns/block | 16-row passes ns/block | 8-row / 16-row |\n|---|---:|---:|---:|---:|\n");
+    for (uint32_t type : {kQ8_0, kTQ2_0}) {
+        if (!has_x8()) break;
+        const bool q8 = type == kQ8_0;
+        const uint64_t gb = static_cast<uint64_t>(q8 ? n / 32 * kQ8x8Bytes : n / 256 * kTQ2x8Bytes);
+        std::vector<uint8_t> packed(static_cast<size_t>(groups) * gb);
+        for (auto& b : packed) b = static_cast<uint8_t>(g());
+        const int64_t blk = i8_block(type), nb = n / blk;
+        std::vector<int8_t> q(x.size());
+        std::vector<float> d(static_cast<size_t>(4 * nb));
+        std::vector<int32_t> sum(d.size());
+        quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
+        QuantRow xr[4];
+        for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
+        const double blocks = static_cast<double>(groups) * static_cast<double>(n / (q8 ? 32 : 256));
+        for (int T = 1; T <= 4; ++T) {
+            double best[2] = {1e9, 1e9};
+            for (int rep = 0; rep < reps; ++rep)
+                for (int wide = 0; wide < 2; ++wide) {  // alternating, so drift favours neither
+                    float out[64];
+                    const auto t0 = Clock::now();
+                    for (int64_t gi = 0; gi < groups; gi += 2) {
+                        const uint8_t* p = packed.data() + static_cast<uint64_t>(gi) * gb;
+                        if (wide) dot_x16(type, p, gb, xr, T, n, out);
+                        else if (q8) dot_q8_0x8(p, xr, T, n, out), dot_q8_0x8(p + gb, xr, T, n, out + 32);
+                        else dot_tq2_0x8(p, xr, T, n, out), dot_tq2_0x8(p + gb, xr, T, n, out + 32);
+                        sink = sink + out[0];
+                    }
+                    best[wide] = std::min(best[wide], seconds_since(t0));
+                }
+            std::printf("| %s | %d | %.1f | %.1f | %.2f |\n", q8 ? "q8_0" : "tq2_0", T, best[0] / blocks * 1e9, best[1] / blocks * 1e9, best[0] / best[1]);
+        }
+    }
+    const int64_t S = 128;
+    std::printf("\n| state heads | recurrent delta rule, AVX2 µs/head | this CPU's (%s) µs/head |\n|---:|---:|---:|\n", kernel_name());
+    for (int heads : {1, 192}) {
+        std::vector<float> st(static_cast<size_t>(heads * S * S), 0.01f), qk(static_cast<size_t>(2 * S), 0.088f), v(static_cast<size_t>(S), 0.2f), out(static_cast<size_t>(S));
+        float beta = 0.5f, log_decay = -0.1f;
+        double best[2] = {1e9, 1e9};
+        for (int rep = 0; rep < reps; ++rep)
+            for (int fast = 0; fast < 2; ++fast) {
+                limit_kernels(fast ? "" : "avx2");
+                const auto t0 = Clock::now();
+                for (int h = 0; h < heads; ++h)
+                    gdn_head_recurrent(GdnHeadArgs{st.data() + h * S * S, S, 1, qk.data(), qk.data() + S, v.data(), &beta, &log_decay, S, S, 1, out.data(), S});
+                best[fast] = std::min(best[fast], seconds_since(t0) / heads);
+                sink = sink + out[0];
+            }
+        limit_kernels("");
+        std::printf("| %d | %.2f | %.2f |\n", heads, best[0] * 1e6, best[1] * 1e6);
+    }
+    std::printf("\nconditions: one thread, rows of %lld weights, %lld groups of eight rows, best of %d\n", static_cast<long long>(n), static_cast<long long>(groups), reps);
+    return 0;
+}
+
+int usage() {
+    std::fprintf(stderr,
+                 "usage: decoder_ops step MODEL.gguf [--streams 1,4] [--steps 64] [--threads 2] [--rounds 3]\n"
+                 "       decoder_ops kernels [--groups 8] [--reps 30]\n");
+    return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) return usage();
+    const std::string mode = argv[1];
+    std::map<std::string, std::string> opt;
+    std::string model;
+    for (int i = 2; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a.rfind("--", 0) == 0 && i + 1 < argc) opt[a] = argv[++i];
+        else if (model.empty() && a.rfind("--", 0) != 0) model = a;
+        else return usage();
+    }
+    auto get = [&](const char* k, const char* dflt) { return opt.count(k) ? opt[k] : std::string(dflt); };
+    try {
+        if (mode == "step" && !model.empty())
+            return step_mode(model, parse_list(get("--streams", "1,4")), std::atoi(get("--steps", "64").c_str()), std::atoi(get("--threads", "2").c_str()),
+                             std::atoi(get("--rounds", "3").c_str()));
+        if (mode == "kernels") return kernels_mode(std::atoll(get("--groups", "8").c_str()), std::atoi(get("--reps", "30").c_str()));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "decoder_ops: %s\n", e.what());
+        return 3;
+    }
+    return usage();
+}
