@@ -184,7 +184,7 @@ void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float
         quantize_rows_i8(qx.type, x + b * n_in, 1, n_in, qx.q.data() + b * n_in, qx.d.data() + b * nb, qx.sum.data() + b * nb);
     }
 
-    // Every matrix's packed groups in pairs (one dot_x16 each; an odd last group alone), then its
+    // Every matrix's packed groups in pairs (one dot_x16 each; an odd last group as both halves), then its
     // remaining rows in chunks of kChunk (a chunk stays in cache while the tokens pass over it),
     // each numbered across the matrices.
     constexpr int64_t kChunk = 64;
@@ -220,9 +220,7 @@ void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float
             const uint8_t* p = pk.data + static_cast<uint64_t>(g) * pk.group_bytes;
             by_fours(B, [&](int64_t b, int T) {
                 float r[64];
-                if (rows == 16) dot_x16(pk.type, p, pk.group_bytes, pt.x + b, T, n_in, r);
-                else if (pk.type == kQ8_0) dot_q8_0x8(p, pt.x + b, T, n_in, r);
-                else dot_tq2_0x8(p, pt.x + b, T, n_in, r);
+                dot_x16(pk.type, p, rows == 16 ? pk.group_bytes : 0, pt.x + b, T, n_in, r);
                 for (int k = 0; k < rows; ++k)
                     for (int t = 0; t < T; ++t) pt.y[(b + t) * n_out + 8 * g + k] = r[k * T + t] * pt.w->scale;
             });

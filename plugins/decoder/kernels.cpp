@@ -304,90 +304,13 @@ PULSE_I8_KERNELS(avx2, "avx2,fma,f16c", dp_avx2)
 // loads outlasts the hardware prefetcher's reach, so each block asks for the one ~15 ahead
 // (measured on Zen 4: 4 tokens per step +13 %, single-token decode unchanged).
 constexpr int kQ8x8Prefetch = 4096;
-template <int T>
-__attribute__((target("avx512vnni,avx512vl,avx2,fma,f16c"))) void q8_0x8_vnni(const uint8_t* p, const QuantRow* x, int64_t n, float* out) {
-    __m256 acc[T];
-    PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / 32; ++b, p += kQ8x8Bytes) {
-        PULSE_UNROLL for (int l = 0; l < 5; ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        __m256i w[8];
-        PULSE_UNROLL for (int k = 0; k < 8; ++k) w[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * k));
-        PULSE_UNROLL for (int t = 0; t < T; ++t) {
-            const int8_t* xq = x[t].q + 32 * b;
-            // Two chains of four dependent dpbusd instead of one of eight (latency, not
-            // throughput, bounds a block otherwise).
-            __m256i ip0 = _mm256_setzero_si256(), ip1 = _mm256_setzero_si256();
-            PULSE_UNROLL for (int k = 0; k < 8; k += 2) {
-                int32_t f0, f1;
-                std::memcpy(&f0, xq + 4 * k, 4);
-                std::memcpy(&f1, xq + 4 * k + 4, 4);
-                ip0 = _mm256_dpbusd_epi32(ip0, w[k], _mm256_set1_epi32(f0));
-                ip1 = _mm256_dpbusd_epi32(ip1, w[k + 1], _mm256_set1_epi32(f1));
-            }
-            // Σ (w + 128)·x = Σ w·x + 128·Σ x
-            const __m256i ip = _mm256_sub_epi32(_mm256_add_epi32(ip0, ip1), _mm256_set1_epi32(128 * x[t].sum[b]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ip), _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
-        }
-    }
-    PULSE_UNROLL for (int t = 0; t < T; ++t) {
-        float lanes[8];
-        _mm256_storeu_ps(lanes, acc[t]);
-        for (int r = 0; r < 8; ++r) out[r * T + t] = lanes[r];
-    }
-}
-template <int T>
-__attribute__((target("avx512vnni,avx512vl,avx2,fma,f16c"))) void tq2_0x8_vnni(const uint8_t* p, const QuantRow* x, int64_t n, float* out) {
-    const __m256i m0 = _mm256_set1_epi8(0x03), m1 = _mm256_set1_epi8(0x0c), m2 = _mm256_set1_epi8(0x30), m3 = _mm256_set1_epi8(static_cast<char>(0xc0));
-    __m256 acc[T];
-    PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / 256; ++b, p += kTQ2x8Bytes) {
-        PULSE_UNROLL for (int l = 0; l < 9; ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-        // One accumulator per (token, plane), each plane its own named array: written as one
-        // ip[T][4] array (or with the 16 chunks in an outer loop GCC does not unroll), GCC 12
-        // shuffled the accumulators between registers and the stack around every dpbusd, and
-        // a block took ~1.5x the dpbusd issue bound at four tokens (Zen 4, in cache).
-        __m256i a0[T], a1[T], a2[T], a3[T];
-        PULSE_UNROLL for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm256_setzero_si256();
-        for (int j0 = 0; j0 < 16; j0 += 4) PULSE_UNROLL for (int jj = 0; jj < 4; ++jj) {
-            const int j = j0 + jj;
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * j));
-            const __m256i u0 = _mm256_and_si256(w, m0), u1 = _mm256_and_si256(w, m1), u2 = _mm256_and_si256(w, m2), u3 = _mm256_and_si256(w, m3);
-            PULSE_UNROLL for (int t = 0; t < T; ++t) {
-                // Four activation bytes, broadcast straight from memory (a 16-byte copy
-                // and lane extracts instead cost more than the dpbusd).
-                const int8_t* xq = x[t].q + 256 * b + 16 * j;
-                int32_t f0, f1, f2, f3;
-                std::memcpy(&f0, xq, 4);
-                std::memcpy(&f1, xq + 4, 4);
-                std::memcpy(&f2, xq + 8, 4);
-                std::memcpy(&f3, xq + 12, 4);
-                a0[t] = _mm256_dpbusd_epi32(a0[t], u0, _mm256_set1_epi32(f0));
-                a1[t] = _mm256_dpbusd_epi32(a1[t], u1, _mm256_set1_epi32(f1));
-                a2[t] = _mm256_dpbusd_epi32(a2[t], u2, _mm256_set1_epi32(f2));
-                a3[t] = _mm256_dpbusd_epi32(a3[t], u3, _mm256_set1_epi32(f3));
-            }
-        }
-        PULSE_UNROLL for (int t = 0; t < T; ++t) {
-            // Σ code·x over the block, less Σ x: Σ value·x (value = code - 1).
-            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(a0[t], _mm256_srai_epi32(a1[t], 2)), _mm256_add_epi32(_mm256_srai_epi32(a2[t], 4), _mm256_srai_epi32(a3[t], 6)));
-            sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(x[t].sum[b]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(x[t].d[b])), acc[t]);
-        }
-    }
-    PULSE_UNROLL for (int t = 0; t < T; ++t) {
-        float lanes[8];
-        _mm256_storeu_ps(lanes, acc[t]);
-        for (int r = 0; r < 8; ++r) out[r * T + t] = lanes[r];
-    }
-}
-// Two adjacent groups of eight rows (sixteen rows) in 512-bit registers: each run of the first
-// group in the low half, the same run of the next in the high half, one broadcast of the
-// activation bytes facing both. Per instruction twice the rows of the eight-row kernels: on
-// cores with full-width AVX-512 units that is twice the multiply-adds per cycle, which bounds
-// the several-token steps; where a 512-bit op is two 256-bit halves (Zen 4) it costs what two
-// eight-row calls do, less the activation loads and block ends they no longer repeat.
+// Two groups of eight interleaved rows (sixteen rows) in 512-bit registers: each run of the
+// first group in the low half, the same run of the second in the high half, one broadcast of
+// the activation bytes facing both. Against a 256-bit pass over one group (the kernels before
+// these), twice the rows per instruction: on cores with full-width AVX-512 units twice the
+// multiply-adds per cycle, which bound the several-token steps; where a 512-bit op is two
+// 256-bit halves (Zen 4), the activation loads and block ends are shared. A matrix's odd last
+// group runs as both halves (`next` = 0), its high half discarded.
 // GCC 12's AVX-512 headers start several intrinsics from a self-initialised "undefined" vector
 // (`__m512 __Y = __Y;`), which -Wmaybe-uninitialized reports once they are inlined here.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -425,6 +348,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
         PULSE_UNROLL for (int k = 0; k < 8; ++k) w[k] = two_runs(p + 16 + 32 * k, q + 16 + 32 * k);
         PULSE_UNROLL for (int t = 0; t < T; ++t) {
             const int8_t* xq = x[t].q + 32 * b;
+            // Two chains of four dependent dpbusd instead of one of eight (latency, not
+            // throughput, bounds a block otherwise).
             __m512i ip0 = _mm512_setzero_si512(), ip1 = _mm512_setzero_si512();
             PULSE_UNROLL for (int k = 0; k < 8; k += 2) {
                 int32_t f0, f1;
@@ -433,6 +358,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
                 ip0 = _mm512_dpbusd_epi32(ip0, w[k], _mm512_set1_epi32(f0));
                 ip1 = _mm512_dpbusd_epi32(ip1, w[k + 1], _mm512_set1_epi32(f1));
             }
+            // Σ (w + 128)·x = Σ w·x + 128·Σ x
             const __m512i ip = _mm512_sub_epi32(_mm512_add_epi32(ip0, ip1), _mm512_set1_epi32(128 * x[t].sum[b]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ip), _mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[b])), acc[t]);
         }
@@ -451,7 +377,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
             _mm_prefetch(reinterpret_cast<const char*>(q) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
         }
         const __m512 dw = two_scales(p, q);
-        // One accumulator per (token, plane), each plane its own named array (tq2_0x8_vnni).
+        // One accumulator per (token, plane), each plane its own named array: written as one
+        // ip[T][4] array (or with the 16 runs in an outer loop GCC does not unroll), GCC 12
+        // shuffled the accumulators between registers and the stack around every dpbusd, and
+        // a block took ~1.5x the dpbusd issue bound at four tokens (Zen 4, in cache).
         __m512i a0[T], a1[T], a2[T], a3[T];
         PULSE_UNROLL for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_si512();
         for (int j0 = 0; j0 < 16; j0 += 4) PULSE_UNROLL for (int jj = 0; jj < 4; ++jj) {
@@ -459,6 +388,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
             const __m512i w = two_runs(p + 16 + 32 * j, q + 16 + 32 * j);
             const __m512i u0 = _mm512_and_si512(w, m0), u1 = _mm512_and_si512(w, m1), u2 = _mm512_and_si512(w, m2), u3 = _mm512_and_si512(w, m3);
             PULSE_UNROLL for (int t = 0; t < T; ++t) {
+                // Four activation bytes, broadcast straight from memory (a 16-byte copy
+                // and lane extracts instead cost more than the dpbusd).
                 const int8_t* xq = x[t].q + 256 * b + 16 * j;
                 int32_t f0, f1, f2, f3;
                 std::memcpy(&f0, xq, 4);
@@ -472,6 +403,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
             }
         }
         PULSE_UNROLL for (int t = 0; t < T; ++t) {
+            // Σ code·x over the block, less Σ x: Σ value·x (value = code - 1).
             __m512i sum = _mm512_add_epi32(_mm512_add_epi32(a0[t], _mm512_srai_epi32(a1[t], 2)), _mm512_add_epi32(_mm512_srai_epi32(a2[t], 4), _mm512_srai_epi32(a3[t], 6)));
             sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(x[t].sum[b]));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[b])), acc[t]);
@@ -1035,30 +967,6 @@ void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t*
                 }
         }
     }
-}
-
-void dot_tq2_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out) {
-#ifdef PULSE_X86
-    if (have_vnni()) switch (T) {
-            case 4: return tq2_0x8_vnni<4>(packed, x, n, out);
-            case 3: return tq2_0x8_vnni<3>(packed, x, n, out);
-            case 2: return tq2_0x8_vnni<2>(packed, x, n, out);
-            default: return tq2_0x8_vnni<1>(packed, x, n, out);
-        }
-#endif
-    (void)packed, (void)x, (void)T, (void)n, (void)out;
-}
-
-void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out) {
-#ifdef PULSE_X86
-    if (have_vnni()) switch (T) {
-            case 4: return q8_0x8_vnni<4>(packed, x, n, out);
-            case 3: return q8_0x8_vnni<3>(packed, x, n, out);
-            case 2: return q8_0x8_vnni<2>(packed, x, n, out);
-            default: return q8_0x8_vnni<1>(packed, x, n, out);
-        }
-#endif
-    (void)packed, (void)x, (void)T, (void)n, (void)out;
 }
 
 void dot_x16(uint32_t type, const uint8_t* packed, uint64_t group_bytes, const QuantRow* x, int T, int64_t n, float* out) {

@@ -56,8 +56,6 @@ constexpr int64_t kQ8x8Bytes = 16 + 256;
 bool has_x8();  // the CPU has the interleaved kernels (AVX512-VNNI): Q8_0 and TQ2_0
 // Rows r0..r0+7 of a Q8_0 matrix (`row_bytes` apart, n values each) into out (n/32 blocks).
 void repack_q8_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* out);
-// out[r*T + t] = row r of the group · x_t, r < 8, for T = 1 to 4 quantized activation rows.
-void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out);
 
 // TQ2_0 interleaved by eight rows, the same way: per 256-weight block of eight rows, their eight
 // f16 scales, then 16 runs of 32 bytes; in run j, row r's 32-bit word has in byte k, bits
@@ -68,13 +66,12 @@ void dot_q8_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, floa
 constexpr int64_t kTQ2x8Bytes = 16 + 512;
 // Rows r0..r0+7 of a TQ2_0 matrix (`row_bytes` apart, n values each) into out (n/256 blocks).
 void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t* out);
-// out[r*T + t] = row r of the group · x_t, r < 8, for T = 1 to 4 quantized activation rows.
-void dot_tq2_0x8(const uint8_t* packed, const QuantRow* x, int T, int64_t n, float* out);
 
-// Two adjacent interleaved groups (rows 0..15) of a Q8_0 or TQ2_0 matrix in one pass, in 512-bit
-// registers: `packed` is the first group, `packed + group_bytes` the second (the layouts above,
-// unchanged). out[r*T + t] = row r · x_t, r < 16, T = 1 to 4.
-void dot_x16(uint32_t type, const uint8_t* packed, uint64_t group_bytes, const QuantRow* x, int T, int64_t n, float* out);
+// The interleaved kernels (VNNI): two groups of eight rows of a Q8_0 or TQ2_0 matrix in one pass,
+// in 512-bit registers, `packed` the first group and `packed + next` the second (next = 0: the
+// same group twice, for a matrix's odd last group). out[r*T + t] = row r · x_t for r < 16 (rows
+// 8..15: the second group's), T = 1 to 4 quantized activation rows.
+void dot_x16(uint32_t type, const uint8_t* packed, uint64_t next, const QuantRow* x, int T, int64_t n, float* out);
 
 // One Gated DeltaNet value head over T tokens and its S×S state (S[i][j]: key dim i, value dim
 // j): per token, with e = exp(g) the decay and β the write strength,

@@ -610,7 +610,7 @@ TEST_CASE("kernels: activation rows quantize to max|x|/127 scales, codes rounded
     }
 }
 
-TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int8 dot (VNNI)") {
+TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int8 dot, two groups or one per pass (VNNI)") {
     if (!has_x8()) {
         MESSAGE("this CPU has no AVX512-VNNI: the interleaved kernels are not used here");
         return;
@@ -620,67 +620,15 @@ TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int
         std::mt19937 g(33);
         const bool q8 = type == kQ8_0;
         const int64_t n = 1024, group = q8 ? 32 : 256, nb = n / group;
-        std::vector<float> wf(static_cast<size_t>(8 * n));
-        // Q8_0: any values; TQ2_0: ternary, with a scale per row.
+        const uint64_t group_bytes = static_cast<uint64_t>(nb * (q8 ? kQ8x8Bytes : kTQ2x8Bytes));
+        std::vector<float> wf(static_cast<size_t>(16 * n));
+        // Q8_0: any values; TQ2_0: ternary, with a scale per row (so each group's scales differ).
         for (size_t i = 0; i < wf.size(); ++i)
             wf[i] = q8 ? static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 500.f : static_cast<float>(static_cast<int>(g() % 3) - 1) * (0.5f + static_cast<float>(i / static_cast<size_t>(n)));
-        auto rows = quantize(type, wf.data(), 8 * n);  // eight rows of nb blocks
-        const uint64_t rb = rows.size() / 8;
-        std::vector<uint8_t> packed(static_cast<size_t>(nb * (q8 ? kQ8x8Bytes : kTQ2x8Bytes)));
-        if (q8) repack_q8_0x8(rows.data(), rb, n, packed.data());
-        else repack_tq2_0x8(rows.data(), rb, n, packed.data());
-        auto dot = [&](const QuantRow* x, int T, float* out) {
-            if (q8) dot_q8_0x8(packed.data(), x, T, n, out);
-            else dot_tq2_0x8(packed.data(), x, T, n, out);
-        };
-        std::vector<float> x(static_cast<size_t>(4 * n));
-        for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
-        std::vector<int8_t> q(x.size());
-        std::vector<float> d(static_cast<size_t>(4 * nb));
-        std::vector<int32_t> sum(d.size());
-        quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
-        QuantRow xr[4];
-        for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
-        float four[32], three[24], two[16], one[8];
-        dot(xr, 4, four);
-        dot(xr + 1, 3, three);
-        dot(xr + 2, 2, two);
-        for (int t = 0; t < 4; ++t) {
-            dot(xr + t, 1, one);
-            for (int r = 0; r < 8; ++r) {
-                float plain;  // the row-at-a-time kernel
-                matmul_rows_i8(type, RowRange{rows.data() + static_cast<uint64_t>(r) * rb, rb, 0, 1, &plain, 1, 1.0f}, xr + t, 1, n);
-                CAPTURE(r);
-                CHECK(std::fabs(plain) > 1.0f);  // a real dot, not an empty one
-                CHECK(four[r * 4 + t] == doctest::Approx(plain).epsilon(1e-5));
-                CHECK(one[r] == doctest::Approx(plain).epsilon(1e-5));
-                if (t >= 1) CHECK(three[r * 3 + t - 1] == doctest::Approx(plain).epsilon(1e-5));
-                if (t >= 2) CHECK(two[r * 2 + t - 2] == doctest::Approx(plain).epsilon(1e-5));
-            }
-        }
-    }
-}
-
-TEST_CASE("kernels: two groups of eight in one 512-bit pass (dot_x16) give what each group's own pass gives (VNNI)") {
-    if (!has_x8()) {
-        MESSAGE("this CPU has no AVX512-VNNI: the interleaved kernels are not used here");
-        return;
-    }
-    for (uint32_t type : {kQ8_0, kTQ2_0}) {
-        CAPTURE(std::string(type_name(type)));
-        std::mt19937 g(71);
-        const bool q8 = type == kQ8_0;
-        const int64_t n = 768, group = q8 ? 32 : 256, nb = n / group;
-        const uint64_t group_bytes = static_cast<uint64_t>(nb * (q8 ? kQ8x8Bytes : kTQ2x8Bytes));
-        // Three groups: the pair (0, 1) and the pair (1, 2), so the second group is read both
-        // as a pass's high half and as its low half.
-        std::vector<float> wf(static_cast<size_t>(24 * n));
-        for (size_t i = 0; i < wf.size(); ++i)
-            wf[i] = q8 ? static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 500.f : static_cast<float>(static_cast<int>(g() % 3) - 1) * (0.25f + static_cast<float>(i / static_cast<size_t>(n)) / 8);
-        auto rows = quantize(type, wf.data(), 24 * n);
-        const uint64_t rb = rows.size() / 24;
-        std::vector<uint8_t> packed(static_cast<size_t>(3 * group_bytes));
-        for (int k = 0; k < 3; ++k) {
+        auto rows = quantize(type, wf.data(), 16 * n);  // sixteen rows of nb blocks: two groups
+        const uint64_t rb = rows.size() / 16;
+        std::vector<uint8_t> packed(static_cast<size_t>(2 * group_bytes));
+        for (int k = 0; k < 2; ++k) {
             if (q8) repack_q8_0x8(rows.data() + 8 * k * rb, rb, n, packed.data() + k * group_bytes);
             else repack_tq2_0x8(rows.data() + 8 * k * rb, rb, n, packed.data() + k * group_bytes);
         }
@@ -692,28 +640,37 @@ TEST_CASE("kernels: two groups of eight in one 512-bit pass (dot_x16) give what 
         quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
         QuantRow xr[4];
         for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
-        for (int first = 0; first < 2; ++first)
-            for (int T = 1; T <= 4; ++T) {
-                CAPTURE(first);
+        // Each row against each token by the row-at-a-time kernel.
+        float plain[16][4];
+        int real = 0;
+        for (int r = 0; r < 16; ++r)
+            for (int t = 0; t < 4; ++t) {
+                matmul_rows_i8(type, RowRange{rows.data() + static_cast<uint64_t>(r) * rb, rb, 0, 1, &plain[r][t], 1, 1.0f}, xr + t, 1, n);
+                real += std::fabs(plain[r][t]) > 1.0f;
+            }
+        CHECK(real >= 56);  // real dots, not empty ones
+        for (int T = 1; T <= 4; ++T)
+            for (int first = 0; first + T <= 4; ++first) {
                 CAPTURE(T);
-                float both[64], lo[32], hi[32];
-                const uint8_t* p = packed.data() + first * group_bytes;
-                dot_x16(type, p, group_bytes, xr + (4 - T), T, n, both);
-                if (q8) dot_q8_0x8(p, xr + (4 - T), T, n, lo), dot_q8_0x8(p + group_bytes, xr + (4 - T), T, n, hi);
-                else dot_tq2_0x8(p, xr + (4 - T), T, n, lo), dot_tq2_0x8(p + group_bytes, xr + (4 - T), T, n, hi);
-                int real = 0;
+                CAPTURE(first);
+                // Both groups in one pass; each group alone as both halves (a matrix's odd last
+                // group), whose high half repeats its low half.
+                float pair[64], lo[64], hi[64];
+                dot_x16(type, packed.data(), group_bytes, xr + first, T, n, pair);
+                dot_x16(type, packed.data(), 0, xr + first, T, n, lo);
+                dot_x16(type, packed.data() + group_bytes, 0, xr + first, T, n, hi);
                 for (int r = 0; r < 16; ++r)
                     for (int t = 0; t < T; ++t) {
-                        const float want = r < 8 ? lo[r * T + t] : hi[(r - 8) * T + t];
-                        real += std::fabs(want) > 1.0f;
-                        // The same integer dots and the same one multiply-add per block: equal.
-                        CHECK(both[r * T + t] == want);
+                        CAPTURE(r);
+                        const float want = plain[r][first + t];
+                        CHECK(pair[r * T + t] == doctest::Approx(want).epsilon(1e-5));
+                        const float* alone = r < 8 ? lo : hi;
+                        CHECK(alone[r % 8 * T + t] == pair[r * T + t]);  // the same lanes' arithmetic
+                        CHECK(alone[(8 + r % 8) * T + t] == alone[r % 8 * T + t]);
                     }
-                CHECK(real > 12 * T);  // real dots, not empty ones
             }
     }
 }
-
 TEST_CASE("gguf: type 42 in a fork's 34-byte groups of 128 is recognised by its size, never misread as mainline Q2_0") {
     // Two [256 x 16] weights of type 42, laid out as the writer of each layout would. (The
     // layouts differ by 1/64 byte per weight: 64 bytes here, more than the alignment padding.)
