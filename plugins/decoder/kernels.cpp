@@ -134,7 +134,9 @@ bool cpu_has_avx2() {
 bool have_avx2() { return kernel_cap >= 1 && cpu_has_avx2(); }
 
 bool have_vnni() {
-    static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    // The interleaved kernels run 512-bit integer ops (AVX512F + BW) beside VNNI's dpbusd.
+    static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                            __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     return kernel_cap >= 2 && yes;
 }
 
