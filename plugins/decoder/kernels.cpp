@@ -971,24 +971,24 @@ void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t*
     }
 }
 
-void dot_x16(uint32_t type, const uint8_t* packed, uint64_t group_bytes, const QuantRow* x, int T, int64_t n, float* out) {
+void dot_x16(uint32_t type, const uint8_t* packed, uint64_t next, const QuantRow* x, int T, int64_t n, float* out) {
 #ifdef PULSE_X86
     if (have_vnni()) {
         if (type == kQ8_0) switch (T) {
-                case 4: return q8_0x16_vnni<4>(packed, group_bytes, x, n, out);
-                case 3: return q8_0x16_vnni<3>(packed, group_bytes, x, n, out);
-                case 2: return q8_0x16_vnni<2>(packed, group_bytes, x, n, out);
-                default: return q8_0x16_vnni<1>(packed, group_bytes, x, n, out);
+                case 4: return q8_0x16_vnni<4>(packed, next, x, n, out);
+                case 3: return q8_0x16_vnni<3>(packed, next, x, n, out);
+                case 2: return q8_0x16_vnni<2>(packed, next, x, n, out);
+                default: return q8_0x16_vnni<1>(packed, next, x, n, out);
             }
         switch (T) {
-            case 4: return tq2_0x16_vnni<4>(packed, group_bytes, x, n, out);
-            case 3: return tq2_0x16_vnni<3>(packed, group_bytes, x, n, out);
-            case 2: return tq2_0x16_vnni<2>(packed, group_bytes, x, n, out);
-            default: return tq2_0x16_vnni<1>(packed, group_bytes, x, n, out);
+            case 4: return tq2_0x16_vnni<4>(packed, next, x, n, out);
+            case 3: return tq2_0x16_vnni<3>(packed, next, x, n, out);
+            case 2: return tq2_0x16_vnni<2>(packed, next, x, n, out);
+            default: return tq2_0x16_vnni<1>(packed, next, x, n, out);
         }
     }
 #endif
-    (void)type, (void)packed, (void)group_bytes, (void)x, (void)T, (void)n, (void)out;
+    (void)type, (void)packed, (void)next, (void)x, (void)T, (void)n, (void)out;
 }
 
 void matmul_rows_i8(uint32_t type, const RowRange& rr, const QuantRow* x, int T, int64_t n) {
