@@ -8,8 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include <Poco/DeflatingStream.h>
 #include <rapidjson/document.h>
@@ -179,6 +182,32 @@ TEST_CASE("sandbox: a correct program passes, a wrong one fails, a crash is a cr
     auto c = run_python_sandboxed("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", l);
     CHECK(c.outcome == Outcome::crashed);
     CHECK(c.signal == SIGSEGV);
+}
+
+// A quick command's status must not be lost to a race between the sandbox's two reporters: its
+// PID 1 reports how the command ended, its outer child reports PID 1's pid, and either may write
+// first. Concurrent runs make the interleavings that a loaded CI machine makes now and then.
+TEST_CASE("sandbox: a command that ends at once still reports its status, under concurrency") {
+    std::atomic<int> runs{0}, lost{0};
+    std::string first_problem;
+    std::mutex mu;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 6; ++t)
+        threads.emplace_back([&] {
+            for (int i = 0; i < 20; ++i) {
+                Files files;
+                auto r = run_shell_sandboxed(i % 2 ? "exit 3" : "exit 0", files, SandboxLimits{});
+                ++runs;
+                if (r.outcome != (i % 2 ? Outcome::failed : Outcome::passed)) {
+                    ++lost;
+                    std::lock_guard lock(mu);
+                    if (first_problem.empty()) first_problem = std::string(outcome_name(r.outcome)) + ": " + r.detail;
+                }
+            }
+        });
+    for (auto& t : threads) t.join();
+    CHECK(runs == 120);
+    CHECK_MESSAGE(lost == 0, first_problem);
 }
 
 TEST_CASE("sandbox: no network, not even the host's loopback") {

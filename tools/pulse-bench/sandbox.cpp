@@ -119,8 +119,13 @@ struct Plan {
     char uid_map[64], gid_map[64];
 };
 
-// Grandchild: PID 1 of the new PID namespace. Builds the filesystem view, then runs python as
-// its child and reports how that ended ("STATUS CPU_SECONDS") on `status_fd`.
+// The status pipe carries two lines from two processes, in no fixed order: the outer child's
+// "pid N" (PID 1's pid in our namespace) and PID 1's "status WAIT_STATUS CPU_SECONDS". A command
+// that ends at once can have its status written before the outer child, just back from fork,
+// writes the pid. Each line is one write of less than PIPE_BUF bytes, so lines never interleave.
+
+// Grandchild: PID 1 of the new PID namespace. Builds the filesystem view, then runs the command
+// as its child and reports how that ended on `status_fd`.
 [[noreturn]] void run_inner(const Plan& p, int status_fd) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) die("make mounts private");
@@ -196,14 +201,14 @@ struct Plan {
     }
     double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
     char buf[64];
-    int n = std::snprintf(buf, sizeof buf, "%d %.3f\n", status, cpu);
+    int n = std::snprintf(buf, sizeof buf, "status %d %.3f\n", status, cpu);
     ssize_t w = ::write(status_fd, buf, static_cast<size_t>(n));
     (void)w;
     ::_exit(0);
 }
 
 // Child: drops privileges, enters the namespaces, forks PID 1 and reports its pid (in our
-// namespace) on `status_fd`.
+// namespace) on `status_fd`. Exits as PID 1 did when that failed to set the sandbox up.
 [[noreturn]] void run_outer(const Plan& p, int out_fd, int status_fd) {
     ::setpgid(0, 0);
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -225,11 +230,12 @@ struct Plan {
     if (inner < 0) die("fork");
     if (inner == 0) run_inner(p, status_fd);
     char pidline[32];
-    int pn = std::snprintf(pidline, sizeof pidline, "%d\n", inner);
+    int pn = std::snprintf(pidline, sizeof pidline, "pid %d\n", inner);
     if (::write(status_fd, pidline, static_cast<size_t>(pn)) != pn) die("status pipe");
-    while (::waitpid(inner, nullptr, 0) < 0 && errno == EINTR) {
+    int status = 0;
+    while (::waitpid(inner, &status, 0) < 0 && errno == EINTR) {
     }
-    ::_exit(0);
+    ::_exit(WIFEXITED(status) && WEXITSTATUS(status) == kSetupFailed ? kSetupFailed : 0);
 }
 
 }  // namespace
@@ -338,11 +344,20 @@ static SandboxResult run_sandboxed(const std::vector<std::string>& argv, Files& 
         report.append(buf, static_cast<size_t>(k));
     }
     ::close(st[0]);
+    long inner_pid = 0;
+    int inner = 0;
+    bool have_status = false;
+    for (size_t at = 0; at < report.size();) {
+        size_t nl = report.find('\n', at);
+        if (nl == std::string::npos) break;  // a line cut short by a process killed mid-write
+        const std::string line = report.substr(at, nl - at);
+        at = nl + 1;
+        if (std::sscanf(line.c_str(), "pid %ld", &inner_pid) == 1) continue;
+        if (std::sscanf(line.c_str(), "status %d %lf", &inner, &r.cpu_s) == 2) have_status = true;
+    }
     // Reap the sandbox's PID 1: killed with the group, it comes back to us (subreaper).
-    pid_t inner_pid = static_cast<pid_t>(std::atol(report.c_str()));
     if (inner_pid > 0)
-        for (int i = 0; i < 100 && ::waitpid(inner_pid, nullptr, WNOHANG) == 0; ++i) ::usleep(2000);
-    if (auto nl = report.find('\n'); nl != std::string::npos) report = report.substr(nl + 1);
+        for (int i = 0; i < 100 && ::waitpid(static_cast<pid_t>(inner_pid), nullptr, WNOHANG) == 0; ++i) ::usleep(2000);
     if (back) {
         // What the command left: regular files only (no links out of the tree), bounded.
         Files now;
@@ -366,10 +381,9 @@ static SandboxResult run_sandboxed(const std::vector<std::string>& argv, Files& 
         r.detail = "sandbox set-up failed: " + r.output.substr(0, 300);
         return r;
     }
-    int inner = 0;
-    if (std::sscanf(report.c_str(), "%d %lf", &inner, &r.cpu_s) != 2) {
+    if (!have_status) {
         r.outcome = Outcome::error;
-        r.detail = "no status from the sandbox";
+        r.detail = "no status from the sandbox" + (r.output.empty() ? std::string() : ": " + r.output.substr(0, 300));
         return r;
     }
     if (WIFEXITED(inner)) {
