@@ -26,7 +26,7 @@ namespace pulse::test {
 
 inline std::string env_or_fail(const char* name) {
     const char* v = std::getenv(name);
-    REQUIRE_MESSAGE(v, name << " must be set by the test runner");
+    REQUIRE_MESSAGE(v, std::string(name) << " must be set by the test runner");
     return v;
 }
 
