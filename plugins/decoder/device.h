@@ -73,6 +73,12 @@ struct Matrix {
     const void* prepared = nullptr;
 };
 
+// The KV cache holds IEEE binary16 values (llama.cpp's default cache type): K and V rounded to
+// f16 on the way in, widened on the way out, half the bytes of an f32 cache to keep and to read
+// every token. A cache Buffer is counted in float slots like any other, two values to a slot;
+// this many slots hold `values` of them.
+constexpr int64_t kv_cache_slots(int64_t values) { return (values + 1) / 2; }
+
 // Gated attention for B new tokens at positions pos0..pos0+B-1, between the q/k/v projections
 // and the output projection: per-head RMSNorm of q and k, partial NeoX RoPE, store into the
 // cache at pos0.., causal softmax attention with GQA, sigmoid gate.
@@ -84,7 +90,7 @@ struct AttentionOp {
     double rope_base, eps, scale;
     DevPtr q_norm;   // [D]
     DevPtr k_norm;   // [D]
-    DevPtr k_cache;  // [capacity >= pos0 + B][Hkv*D]; positions < pos0 filled
+    DevPtr k_cache;  // f16 [capacity >= pos0 + B][Hkv*D] (kv_cache_slots); positions < pos0 filled
     DevPtr v_cache;
     DevPtr out;  // [B][H*D]
 };
@@ -107,7 +113,7 @@ struct DeltaNetOp {
 
 // Bumped whenever this header changes: a device library built from another revision is
 // refused by its number, not run against a different layout.
-constexpr int kDeviceInterfaceVersion = 2;
+constexpr int kDeviceInterfaceVersion = 3;
 
 class Device {
 public:

@@ -273,6 +273,8 @@ void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
 
 
 float* raw(DevPtr p) { return DeviceMemory::raw(p); }
+// A buffer of f16 values (the KV cache), two to each float slot.
+uint16_t* f16(DevPtr p) { return reinterpret_cast<uint16_t*>(DeviceMemory::raw(p)); }
 
 
 class CpuDevice : public Device {
@@ -444,18 +446,18 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
             rope(qj, p);
             for (int64_t d = 0; d < D; ++d) qj[d] *= scale;
         }
-        // The cache holds K and V at f16 precision, as llama.cpp's default F16 cache does.
-        float* kn = raw(op.k_cache) + p * Hkv * D;
-        float* vn = raw(op.v_cache) + p * Hkv * D;
+        // The cache holds K and V in f16 (device.h), as llama.cpp's default cache does.
+        uint16_t* kn = f16(op.k_cache) + p * Hkv * D;
+        uint16_t* vn = f16(op.v_cache) + p * Hkv * D;
         const float *kp = raw(op.k) + b * Hkv * D, *vp = raw(op.v) + b * Hkv * D;
+        thread_local std::vector<float> kr;
+        kr.resize(static_cast<size_t>(D));
         for (int64_t j = 0; j < Hkv; ++j) {
-            rmsnorm_row(kp + j * D, raw(op.k_norm), kn + j * D, D, op.eps);
-            rope(kn + j * D, p);
+            rmsnorm_row(kp + j * D, raw(op.k_norm), kr.data(), D, op.eps);
+            rope(kr.data(), p);
+            for (int64_t d = 0; d < D; ++d) kn[j * D + d] = f32_to_fp16(kr[static_cast<size_t>(d)]);
         }
-        for (int64_t i = 0; i < Hkv * D; ++i) {
-            kn[i] = fp16_to_f32(f32_to_fp16(kn[i]));
-            vn[i] = fp16_to_f32(f32_to_fp16(vp[i]));
-        }
+        for (int64_t i = 0; i < Hkv * D; ++i) vn[i] = f32_to_fp16(vp[i]);
     }
 
     // The tiles. Query row r of a tile is token b0 + r / G, head kvh·G + r % G (GQA: blocks of
@@ -499,12 +501,14 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
 
 #pragma omp parallel
     {
-        thread_local std::vector<float> qt, sc, acc, mx, sum;
+        thread_local std::vector<float> qt, sc, acc, mx, sum, kt, vt;
         mx.resize(static_cast<size_t>(rows_max));
         sum.resize(static_cast<size_t>(rows_max));
         qt.resize(static_cast<size_t>(rows_max * D));
         acc.resize(static_cast<size_t>(rows_max * D));
         sc.resize(static_cast<size_t>(rows_max * kAttnKeys));
+        kt.resize(static_cast<size_t>(kAttnKeys * D));  // a key tile's keys and values, widened to f32
+        vt.resize(kt.size());
 #pragma omp for schedule(dynamic, 1)
         for (int64_t u = 0; u < n_tiles * splits; ++u) {
             const Tile& tl = tiles[static_cast<size_t>(u / splits)];
@@ -522,12 +526,14 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
                 sum[r] = 0;
             }
             std::fill(acc.begin(), acc.begin() + rows * D, 0.f);
-            const float* kc = raw(op.k_cache) + tl.kvh * D;
-            const float* vc = raw(op.v_cache) + tl.kvh * D;
+            const uint16_t* kc = f16(op.k_cache) + tl.kvh * D;
+            const uint16_t* vc = f16(op.v_cache) + tl.kvh * D;
             const int64_t kv_stride = Hkv * D;
             for (int64_t k0 = k_begin; k0 < k_end; k0 += kAttnKeys) {
                 const int64_t tk = std::min(kAttnKeys, k_end - k0);
-                gemm_f32_nt(rows, tk, D, qt.data(), D, kc + k0 * kv_stride, kv_stride, sc.data(), kAttnKeys);  // the scores
+                f16_to_f32_rows(kc + k0 * kv_stride, kv_stride, tk, D, kt.data(), D);
+                f16_to_f32_rows(vc + k0 * kv_stride, kv_stride, tk, D, vt.data(), D);
+                gemm_f32_nt(rows, tk, D, qt.data(), D, kt.data(), D, sc.data(), kAttnKeys);  // the scores
                 for (int64_t r = 0; r < rows; ++r) {
                     float* s = sc.data() + r * kAttnKeys;
                     // Row r sees keys up to its own position: the first `valid` of this tile.
@@ -550,7 +556,7 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
                     std::fill(s + valid, s + tk, 0.f);
                     sum[r] += add;
                 }
-                gemm_f32(rows, D, tk, sc.data(), kAttnKeys, vc + k0 * kv_stride, kv_stride, acc.data(), D, true);  // += weights · values
+                gemm_f32(rows, D, tk, sc.data(), kAttnKeys, vt.data(), D, acc.data(), D, true);  // += weights · values
             }
             if (splits == 1) {
                 for (int64_t r = 0; r < rows; ++r) finish_row(tl, r, acc.data() + r * D, 1.f / sum[r]);

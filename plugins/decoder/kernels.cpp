@@ -603,9 +603,31 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* x, const flo
     }
     for (; i < n; ++i) y[i] = blocks::silu(x[i]) * (u ? u[i] : 1.f);
 }
+
+__attribute__((target("avx2,f16c"))) void f16_to_f32_rows_avx2(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst,
+                                                               int64_t dst_stride) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t* s = src + r * src_stride;
+        float* d = dst + r * dst_stride;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+            _mm256_storeu_ps(d + i + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 8))));
+        }
+        for (; i < n; ++i) d[i] = fp16_to_f32(s[i]);
+    }
+}
 #endif
 
 }  // namespace
+
+void f16_to_f32_rows(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst, int64_t dst_stride) {
+#ifdef PULSE_X86
+    if (have_avx2()) return f16_to_f32_rows_avx2(src, src_stride, rows, n, dst, dst_stride);
+#endif
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < n; ++i) dst[r * dst_stride + i] = fp16_to_f32(src[r * src_stride + i]);
+}
 
 void silu_mul(const float* x, const float* u, float* y, int64_t n) {
 #ifdef PULSE_X86

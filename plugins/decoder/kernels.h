@@ -112,6 +112,10 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
 // keys, no transposed copy): four rows of A by two of B at a time, one horizontal sum per pair.
 void gemm_f32_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc);
 
+// dst[r·dst_stride + i] = the IEEE binary16 value src[r·src_stride + i] as f32, for r < rows and
+// i < n (a tile of the f16 KV cache, widened for gemm_f32). Exact: every f16 value is an f32.
+void f16_to_f32_rows(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst, int64_t dst_stride);
+
 // y[i] = silu(x[i])·u[i] (u null: silu alone); y may be x. Vectorised with its own e^x where
 // the CPU has AVX2 (within a few ulp of blocks::silu, which the scalar path is).
 void silu_mul(const float* x, const float* u, float* y, int64_t n);

@@ -209,7 +209,7 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
 
 std::unique_ptr<Sequence> Model::new_sequence() const {
     auto s = std::make_unique<Sequence>(dev_.get());
-    s->kv_row = hp_.n_head_kv * hp_.head_dim;
+    s->kv_row = kv_cache_slots(hp_.n_head_kv * hp_.head_dim);
     for (const auto& L : layers_) {
         if (L.recurrent) {
             s->conv.push_back(dev_->alloc(static_cast<size_t>((hp_.conv_kernel - 1) * hp_.conv_dim())));

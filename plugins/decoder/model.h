@@ -144,7 +144,7 @@ public:
         Buffer k, v;           // [capacity][row] each
         int64_t capacity = 0;  // positions
     };
-    int64_t kv_row = 0;              // floats per cached position (Hkv*D)
+    int64_t kv_row = 0;              // float slots per cached position (Hkv*D f16 values)
     std::vector<KvCache> kv;         // per attention layer
     std::vector<Buffer> conv, state;  // per GDN layer: [(K-1)][conv_dim], [Hv][S key][S value]
     size_t bytes() const;            // device memory in use (the caches up to n_past)

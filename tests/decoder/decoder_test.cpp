@@ -1228,6 +1228,11 @@ TEST_CASE("device: the model runs on any device.h implementation; it owns all st
         CHECK(c.copy > 0);
         CHECK(m->forward(checkpoint, {108}) == m->forward(*s, {108}));
         CHECK(s->bytes() == checkpoint.bytes());
+        // A position costs its K and V rows in f16 in each attention layer (1 here), no more.
+        const HParams& hp = m->hparams();
+        const size_t four = s->bytes();
+        m->forward(*s, {72});
+        CHECK(s->bytes() - four == static_cast<size_t>(2 * hp.n_head_kv * hp.head_dim * 2));
     }
     CHECK(c.live == 0);  // every device buffer released with its model and sequences
 }
@@ -1255,14 +1260,14 @@ struct AttentionCase {
         fill(q_norm, static_cast<size_t>(D), 1, 0.3f);
         fill(k_norm, static_cast<size_t>(D), 1, 0.3f);
         fill(past, static_cast<size_t>(pos0 * Hkv * D), 0, 0.5f);
-        for (float& e : past) e = fp16_to_f32(f32_to_fp16(e));
         qg_d = dev.upload(qg), k_d = dev.upload(k), v_d = dev.upload(v), qn_d = dev.upload(q_norm), kn_d = dev.upload(k_norm);
-        kc_d = dev.alloc(static_cast<size_t>((pos0 + B) * Hkv * D));
+        kc_d = dev.alloc(static_cast<size_t>(kv_cache_slots((pos0 + B) * Hkv * D)));
         vc_d = dev.alloc(kc_d.size());
         if (pos0) {
-            dev.upload(past.data(), kc_d.ptr(), past.size());
-            std::vector<float> vpast(past.rbegin(), past.rend());  // different values for V
-            dev.upload(vpast.data(), vc_d.ptr(), vpast.size());
+            const auto kp = to_cache(past);
+            dev.upload(kp.data(), kc_d.ptr(), kp.size());
+            const auto vp = to_cache(std::vector<float>(past.rbegin(), past.rend()));  // different values for V
+            dev.upload(vp.data(), vc_d.ptr(), vp.size());
         }
         out_d = dev.alloc(static_cast<size_t>(B * H * D));
     }
@@ -1270,25 +1275,72 @@ struct AttentionCase {
         return AttentionOp{qg_d.ptr(), k_d.ptr(), v_d.ptr(), B, pos0, H, Hkv, D, R, 10000.0, 1e-6, 1.0 / std::sqrt(static_cast<double>(D)),
                            qn_d.ptr(), kn_d.ptr(), kc_d.ptr(), vc_d.ptr(), out_d.ptr()};
     }
-    // The largest distance between the device's output and the plain computation.
+    // Values as the KV cache holds them (device.h): f16, two to a float slot; and back.
+    static std::vector<float> to_cache(const std::vector<float>& values) {
+        std::vector<uint16_t> h(values.size());
+        for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_fp16(values[i]);
+        std::vector<float> slots(static_cast<size_t>(kv_cache_slots(static_cast<int64_t>(h.size()))));
+        std::memcpy(slots.data(), h.data(), h.size() * 2);
+        return slots;
+    }
+    std::vector<float> cache(const Device& dev, const Buffer& b) const {
+        std::vector<float> slots(b.size());
+        dev.download(b.ptr(), slots.data(), slots.size());
+        std::vector<uint16_t> h(static_cast<size_t>((pos0 + B) * Hkv * D));
+        std::memcpy(h.data(), slots.data(), h.size() * 2);
+        std::vector<float> values(h.size());
+        for (size_t i = 0; i < h.size(); ++i) values[i] = fp16_to_f32(h[i]);
+        return values;
+    }
+    // A query or key head as attention uses it: RMSNorm (in double) with its weights, then RoPE at
+    // position `pos`.
+    void norm_rotate(const float* x, const std::vector<float>& weight, int64_t pos, std::vector<float>& y) const {
+        double ss = 0;
+        for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(x[d]) * x[d];
+        const double inv = 1.0 / std::sqrt(ss / static_cast<double>(D) + 1e-6);
+        for (int64_t d = 0; d < D; ++d) y[static_cast<size_t>(d)] = static_cast<float>(x[d] * inv) * weight[static_cast<size_t>(d)];
+        for (int64_t i = 0; i < R / 2; ++i)
+            blocks::rope_pair(y[static_cast<size_t>(i)], y[static_cast<size_t>(i + R / 2)], static_cast<double>(pos) * blocks::rope_inv_freq(10000.0, i, R));
+    }
+    // The largest distance between what the cache holds and what it should: the past as it was,
+    // then each new token's K (normed, rotated) and V, rounded to f16.
+    double cache_error(const Device& dev) const {
+        const std::vector<float> kc = cache(dev, kc_d), vc = cache(dev, vc_d);
+        const std::vector<float> vpast(past.rbegin(), past.rend());
+        double w = 0;
+        auto f16 = [](double x) { return static_cast<double>(fp16_to_f32(f32_to_fp16(static_cast<float>(x)))); };
+        for (size_t i = 0; i < past.size(); ++i) {
+            w = std::max(w, std::fabs(kc[i] - f16(past[i])));
+            w = std::max(w, std::fabs(vc[i] - f16(vpast[i])));
+        }
+        std::vector<float> kn(static_cast<size_t>(D));
+        for (int64_t b = 0; b < B; ++b)
+            for (int64_t j = 0; j < Hkv; ++j) {
+                norm_rotate(k.data() + (b * Hkv + j) * D, k_norm, pos0 + b, kn);
+                const size_t at = static_cast<size_t>(((pos0 + b) * Hkv + j) * D);
+                for (int64_t d = 0; d < D; ++d) {
+                    // f16 keeps 11 significant bits: a key within half an ulp of a rounding
+                    // boundary may round either way, so allow one f16 ulp of the value.
+                    const double want = kn[static_cast<size_t>(d)], ulp = std::ldexp(1.0, std::ilogb(std::max(std::fabs(want), 6.1e-5)) - 10);
+                    w = std::max(w, std::max(0.0, std::fabs(kc[at + static_cast<size_t>(d)] - want) - ulp));
+                    w = std::max(w, std::fabs(vc[at + static_cast<size_t>(d)] - f16(v[static_cast<size_t>((b * Hkv + j) * D + d)])));
+                }
+            }
+        return w;
+    }
+    // The largest distance between the device's output and the plain computation over what the
+    // cache holds.
     double worst(const Device& dev) const {
-        std::vector<float> out(out_d.size()), kc(kc_d.size()), vc(vc_d.size());
+        std::vector<float> out(out_d.size());
         dev.download(out_d.ptr(), out.data(), out.size());
-        dev.download(kc_d.ptr(), kc.data(), kc.size());
-        dev.download(vc_d.ptr(), vc.data(), vc.size());
+        const std::vector<float> kc = cache(dev, kc_d), vc = cache(dev, vc_d);
         double w = 0;
         const int64_t G = H / Hkv;
         std::vector<float> qn(static_cast<size_t>(D));
         for (int64_t b = 0; b < B; ++b)
             for (int64_t h = 0; h < H; ++h) {
                 const float* qs = qg.data() + (b * H + h) * 2 * D;
-                double ss = 0;
-                for (int64_t d = 0; d < D; ++d) ss += static_cast<double>(qs[d]) * qs[d];
-                const double inv = 1.0 / std::sqrt(ss / static_cast<double>(D) + 1e-6);
-                for (int64_t d = 0; d < D; ++d) qn[static_cast<size_t>(d)] = static_cast<float>(qs[d] * inv) * q_norm[static_cast<size_t>(d)];
-                for (int64_t i = 0; i < R / 2; ++i)
-                    blocks::rope_pair(qn[static_cast<size_t>(i)], qn[static_cast<size_t>(i + R / 2)],
-                                      static_cast<double>(pos0 + b) * blocks::rope_inv_freq(10000.0, i, R));
+                norm_rotate(qs, q_norm, pos0 + b, qn);
                 const int64_t n = pos0 + b + 1, kvh = h / G;
                 std::vector<double> p(static_cast<size_t>(n));
                 double mx = -1e300, sum = 0;
@@ -1411,6 +1463,7 @@ TEST_CASE("attention: the CPU's tiles give the plain softmax for GQA groups, que
                 CAPTURE(r.B);
                 CAPTURE(r.pos0);
                 CHECK(c.worst(*dev) < 2e-5);
+                CHECK(c.cache_error(*dev) < 1e-6);
             }
         // Several sequences of one step in one call: decoding ones at different lengths and a
         // prompt chunk.
@@ -1424,6 +1477,7 @@ TEST_CASE("attention: the CPU's tiles give the plain softmax for GQA groups, que
         for (auto& c : cases) {
             CAPTURE(c->pos0);
             CHECK(c->worst(*dev) < 2e-5);
+            CHECK(c->cache_error(*dev) < 1e-6);
         }
     }
     limit_kernels("");

@@ -205,7 +205,8 @@ __global__ void hadamard_kernel(const float* in, float* out, const float* signs,
 
 struct AttnArgs {
     const float *qg, *k, *v, *q_norm, *k_norm;
-    float *k_cache, *v_cache, *q, *out;
+    __half *k_cache, *v_cache;  // f16 (device.h)
+    float *q, *out;
     int64_t B, pos0, H, Hkv, D, R;
     float eps, scale;
     double rope_base;
@@ -234,9 +235,9 @@ __global__ void attn_prepare_kernel(AttnArgs a) {
     if (d >= a.D) return;
     if (query) {
         a.q[(b * a.H + head) * a.D + d] = row[d];
-    } else {  // the cache holds K and V at f16 precision, as the CPU device's does
-        a.k_cache[(p * a.Hkv + head) * a.D + d] = __half2float(__float2half(row[d]));
-        a.v_cache[(p * a.Hkv + head) * a.D + d] = __half2float(__float2half(a.v[(b * a.Hkv + head) * a.D + d]));
+    } else {  // the cache holds K and V in f16, as the CPU device's does
+        a.k_cache[(p * a.Hkv + head) * a.D + d] = __float2half(row[d]);
+        a.v_cache[(p * a.Hkv + head) * a.D + d] = __float2half(a.v[(b * a.Hkv + head) * a.D + d]);
     }
 }
 
@@ -261,17 +262,17 @@ __global__ void attn_partial_kernel(AttnArgs a, int64_t per_split, float* part_m
     for (int i = 0; i < kPer; ++i) acc[i] = 0;
     float m = -INFINITY, l = 0;
     for (int64_t t = t0 + warp; t < t1; t += kAttnWarps) {
-        const float* kt = a.k_cache + (t * a.Hkv + kvh) * D;
+        const __half* kt = a.k_cache + (t * a.Hkv + kvh) * D;
         float s = 0;
-        for (int64_t d = lane; d < D; d += 32) s += q[d] * kt[d];
+        for (int64_t d = lane; d < D; d += 32) s += q[d] * __half2float(kt[d]);
         s = warp_sum(s) * a.scale;
         const float mn = fmaxf(m, s), c = expf(m - mn), pw = expf(s - mn);
         l = l * c + pw;
-        const float* vt = a.v_cache + (t * a.Hkv + kvh) * D;
+        const __half* vt = a.v_cache + (t * a.Hkv + kvh) * D;
 #pragma unroll
         for (int i = 0; i < kPer; ++i) {
             const int64_t d = lane + 32 * i;
-            if (d < D) acc[i] = acc[i] * c + pw * vt[d];
+            if (d < D) acc[i] = acc[i] * c + pw * __half2float(vt[d]);
         }
         m = mn;
     }
@@ -598,7 +599,8 @@ private:
     void attention_one(const AttentionOp& op) const {
         if (op.B == 0) return;
         if (op.D > kMaxHeadDim) throw std::invalid_argument("cuda device: head size " + std::to_string(op.D) + " is above " + std::to_string(kMaxHeadDim));
-        AttnArgs a{raw(op.qg), raw(op.k), raw(op.v), raw(op.q_norm), raw(op.k_norm), raw(op.k_cache), raw(op.v_cache), nullptr, raw(op.out),
+        AttnArgs a{raw(op.qg), raw(op.k), raw(op.v), raw(op.q_norm), raw(op.k_norm), reinterpret_cast<__half*>(raw(op.k_cache)),
+                   reinterpret_cast<__half*>(raw(op.v_cache)), nullptr, raw(op.out),
                    op.B, op.pos0, op.H, op.Hkv, op.D, op.R, static_cast<float>(op.eps), static_cast<float>(op.scale), op.rope_base};
         a.q = static_cast<float*>(scratch(kQueries, static_cast<size_t>(op.B * op.H * op.D) * sizeof(float)));
         attn_prepare_kernel<<<dim3(static_cast<unsigned>(op.B), static_cast<unsigned>(op.H + op.Hkv)), round_threads(op.D), 0, stream_>>>(a);
