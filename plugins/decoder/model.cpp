@@ -55,6 +55,19 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
     auto bad = [&](const std::string& what) { throw GgufError(f.name() + ": " + what); };
     if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0)
         bad("qwen35 sizes must be positive (embedding_length, block_count, feed_forward_length, head counts, key_length)");
+    // Bounded before anything loops over them or multiplies them: a corrupt file claiming 10^9
+    // layers or heads fails here, at once, not after a walk of that length or a wrapped product
+    // that happens to match some tensor's shape.
+    constexpr int64_t kMaxSize = int64_t{1} << 24;
+    for (auto [key, v] : {std::pair<const char*, int64_t>{"embedding_length", hp.n_embd}, {"feed_forward_length", hp.n_ff}, {"attention.head_count", hp.n_head},
+                          {"attention.head_count_kv", hp.n_head_kv}, {"attention.key_length", hp.head_dim}, {"ssm.conv_kernel", hp.conv_kernel},
+                          {"ssm.group_count", hp.ssm_groups}, {"ssm.time_step_rank", hp.ssm_heads}})
+        if (v > kMaxSize) bad(std::string(key) + " is " + std::to_string(v) + ", above the 16777216 this decoder supports");
+    // Every layer has at least 11 tensors (two norms, three FFN matrices, and the 6 of attention
+    // or the 9 of Gated DeltaNet).
+    if (static_cast<uint64_t>(hp.n_layer) > f.tensors().size() / 11)
+        bad("block_count " + std::to_string(blocks) + " asks for " + std::to_string(hp.n_layer) + " layers of at least 11 tensors each; the file has " +
+            std::to_string(f.tensors().size()) + " tensors");
     if (hp.n_head % hp.n_head_kv) bad("attention.head_count " + std::to_string(hp.n_head) + " is not a multiple of head_count_kv " + std::to_string(hp.n_head_kv));
     if (vlen != hp.head_dim) bad("attention.value_length must equal key_length");
     if (hp.rope_dim <= 0 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2) bad("rope.dimension_count must be even and at most key_length");

@@ -825,6 +825,31 @@ std::string load_folded_with(const std::function<void(GgufWriter&)>& tweak) {
 }
 }  // namespace
 
+// A corrupt size is refused before anything walks it: the fuzzer found a file claiming about a
+// billion layers, which the loader walked (4 s, 42 s under ASan) before finding layer 4 missing.
+TEST_CASE("gguf: sizes no file of that many tensors could back are a load error naming the key, before any walk") {
+    TempDir d;
+    write_synthetic(d / "ok.gguf", tiny_shape(), kF32, 7);
+    auto load_with = [&](const std::function<void(GgufWriter&)>& tweak) -> std::string {
+        rewrite_with(d / "ok.gguf", d / "bad.gguf", tweak);
+        try {
+            Model::load(GgufFile::open(d / "bad.gguf"));
+        } catch (const GgufError& e) {
+            return e.what();
+        }
+        return "";
+    };
+    CHECK(load_with([](GgufWriter&) {}).empty());
+    const size_t tensors = GgufFile::open(d / "ok.gguf")->tensors().size();
+    CHECK(load_with([](GgufWriter& w) { w.set_u32("qwen35.block_count", 1'000'000'000); })
+              .find("block_count 1000000000 asks for 1000000000 layers of at least 11 tensors each; the file has " + std::to_string(tensors) + " tensors") !=
+          std::string::npos);
+    CHECK(load_with([](GgufWriter& w) { w.set_u32("qwen35.attention.key_length", 1u << 31); })
+              .find("attention.key_length is 2147483648, above the 16777216 this decoder supports") != std::string::npos);
+    CHECK(load_with([](GgufWriter& w) { w.set_u32("qwen35.attention.head_count", 4'000'000'000u); })
+              .find("attention.head_count is 4000000000, above") != std::string::npos);
+}
+
 TEST_CASE("hadamard: a missing or inconsistent prism.hadamard.* key is a load error naming the key") {
     CHECK(load_folded_with([](GgufWriter&) {}).empty());  // the untouched rewrite loads
     auto has = [](const std::string& err, const std::string& want) {
