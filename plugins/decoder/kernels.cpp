@@ -133,6 +133,13 @@ bool cpu_has_avx2() {
 
 bool have_avx2() { return kernel_cap >= 1 && cpu_has_avx2(); }
 
+// 512-bit float kernels (the delta rule in registers, f16 widening): AVX512F, with VL for their
+// 256-bit tails. Skylake-X and later Intel, Zen 4 and later AMD.
+bool have_avx512() {
+    static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+    return kernel_cap >= 2 && yes;
+}
+
 bool have_vnni() {
     // The interleaved kernels run 512-bit integer ops (AVX512F + BW) beside VNNI's dpbusd.
     static const bool yes = cpu_has_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
@@ -617,12 +624,37 @@ __attribute__((target("avx2,f16c"))) void f16_to_f32_rows_avx2(const uint16_t* s
         for (; i < n; ++i) d[i] = fp16_to_f32(s[i]);
     }
 }
+
+// GCC 12's _mm512_cvtph_ps starts from a self-initialised "undefined" vector (see the
+// interleaved kernels above).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f,avx2,f16c"))) void f16_to_f32_rows_avx512(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst,
+                                                                         int64_t dst_stride) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t* s = src + r * src_stride;
+        float* d = dst + r * dst_stride;
+        int64_t i = 0;
+        for (; i + 32 <= n; i += 32) {
+            _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+            _mm512_storeu_ps(d + i + 16, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 16))));
+        }
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+        for (; i < n; ++i) d[i] = fp16_to_f32(s[i]);
+    }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 }  // namespace
 
 void f16_to_f32_rows(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst, int64_t dst_stride) {
 #ifdef PULSE_X86
+    if (have_avx512()) return f16_to_f32_rows_avx512(src, src_stride, rows, n, dst, dst_stride);
     if (have_avx2()) return f16_to_f32_rows_avx2(src, src_stride, rows, n, dst, dst_stride);
 #endif
     for (int64_t r = 0; r < rows; ++r)
@@ -846,7 +878,7 @@ void gdn_chunked_generic(const GdnHeadArgs& g) { gdn_chunked_body(g); }
 
 void gdn_head_recurrent(const GdnHeadArgs& g) {
 #ifdef PULSE_X86
-    if (have_vnni()) switch (g.S) {
+    if (have_avx512()) switch (g.S) {
             case 128: return gdn_head_avx512<8>(g);
             case 64: return gdn_head_avx512<4>(g);
             case 32: return gdn_head_avx512<2>(g);
