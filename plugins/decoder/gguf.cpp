@@ -446,6 +446,20 @@ void GgufWriter::set_i32s(const std::string& key, const std::vector<int32_t>& v)
     for (int32_t x : v) put(kv.encoded, x);
     store(std::move(kv));
 }
+void GgufWriter::set_u64(const std::string& key, uint64_t v) {
+    Kv kv{key, {}};
+    put<uint32_t>(kv.encoded, 10);
+    put(kv.encoded, v);
+    store(std::move(kv));
+}
+void GgufWriter::set_i64s(const std::string& key, const std::vector<int64_t>& v) {
+    Kv kv{key, {}};
+    put<uint32_t>(kv.encoded, 9);
+    put<uint32_t>(kv.encoded, 11);
+    put<uint64_t>(kv.encoded, v.size());
+    for (int64_t x : v) put(kv.encoded, x);
+    store(std::move(kv));
+}
 void GgufWriter::add_tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::vector<uint8_t> data) {
     tensors_.push_back({name, std::move(ne), type, std::move(data)});
 }

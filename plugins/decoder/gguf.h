@@ -131,12 +131,14 @@ class GgufWriter {
 public:
     void remove(const std::string& key);
     void set_u32(const std::string& key, uint32_t v);
+    void set_u64(const std::string& key, uint64_t v);
     void set_i32(const std::string& key, int32_t v);
     void set_f32(const std::string& key, float v);
     void set_bool(const std::string& key, bool v);
     void set_string(const std::string& key, const std::string& v);
     void set_strings(const std::string& key, const std::vector<std::string>& v);
     void set_i32s(const std::string& key, const std::vector<int32_t>& v);
+    void set_i64s(const std::string& key, const std::vector<int64_t>& v);
     void add_tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::vector<uint8_t> data);
     std::vector<uint8_t> bytes(uint32_t alignment = 32) const;
     void write(const std::filesystem::path& path) const;

@@ -611,18 +611,15 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* x, const flo
     for (; i < n; ++i) y[i] = blocks::silu(x[i]) * (u ? u[i] : 1.f);
 }
 
+// f16 values s[i..n) widened into d: eight per F16C conversion, then one by one.
+__attribute__((target("avx2,f16c"), always_inline)) inline void widen_from(const uint16_t* s, float* d, int64_t i, int64_t n) {
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+    for (; i < n; ++i) d[i] = fp16_to_f32(s[i]);
+}
+
 __attribute__((target("avx2,f16c"))) void f16_to_f32_rows_avx2(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst,
                                                                int64_t dst_stride) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const uint16_t* s = src + r * src_stride;
-        float* d = dst + r * dst_stride;
-        int64_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-            _mm256_storeu_ps(d + i + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 8))));
-        }
-        for (; i < n; ++i) d[i] = fp16_to_f32(s[i]);
-    }
+    for (int64_t r = 0; r < rows; ++r) widen_from(src + r * src_stride, dst + r * dst_stride, 0, n);
 }
 
 // GCC 12's _mm512_cvtph_ps starts from a self-initialised "undefined" vector (see the
@@ -641,8 +638,7 @@ __attribute__((target("avx512f,avx2,f16c"))) void f16_to_f32_rows_avx512(const u
             _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
             _mm512_storeu_ps(d + i + 16, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 16))));
         }
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
-        for (; i < n; ++i) d[i] = fp16_to_f32(s[i]);
+        widen_from(s, d, i, n);
     }
 }
 #if defined(__GNUC__) && !defined(__clang__)

@@ -34,8 +34,8 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
         throw GgufError(f.name() + ": general.architecture is '" + arch + "'; this decoder runs 'qwen35' (Qwen3.5 hybrid) models");
     HParams& hp = m->hp_;
     hp.n_embd = static_cast<int64_t>(f.get_uint(k(arch, "embedding_length")));
-    int64_t blocks = static_cast<int64_t>(f.get_uint(k(arch, "block_count")));
-    hp.n_layer = blocks - static_cast<int64_t>(f.opt_uint(k(arch, "nextn_predict_layers")).value_or(0));
+    const uint64_t blocks = f.get_uint(k(arch, "block_count")), nextn = f.opt_uint(k(arch, "nextn_predict_layers")).value_or(0);
+    const uint64_t layers = blocks > nextn ? blocks - nextn : 0;
     hp.n_ff = static_cast<int64_t>(f.get_uint(k(arch, "feed_forward_length")));
     hp.n_head = static_cast<int64_t>(f.get_uint(k(arch, "attention.head_count")));
     hp.n_head_kv = static_cast<int64_t>(f.opt_uint(k(arch, "attention.head_count_kv")).value_or(static_cast<uint64_t>(hp.n_head)));
@@ -53,6 +53,13 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
     int64_t interval = static_cast<int64_t>(f.opt_uint(k(arch, "full_attention_interval")).value_or(4));
     const Value& sections = f.get_array(k(arch, "rope.dimension_sections"));
     auto bad = [&](const std::string& what) { throw GgufError(f.name() + ": " + what); };
+    // Every layer has at least 11 tensors (two norms, three FFN matrices, and the 6 of attention
+    // or the 9 of Gated DeltaNet): a count no file of this many tensors backs fails here, before
+    // anything walks it.
+    if (layers > f.tensors().size() / 11)
+        bad("block_count " + std::to_string(blocks) + " asks for " + std::to_string(layers) + " layers of at least 11 tensors each; the file has " +
+            std::to_string(f.tensors().size()) + " tensors");
+    hp.n_layer = static_cast<int64_t>(layers);
     if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_ff <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.head_dim <= 0)
         bad("qwen35 sizes must be positive (embedding_length, block_count, feed_forward_length, head counts, key_length)");
     // Bounded before anything loops over them or multiplies them: a corrupt file claiming 10^9
@@ -63,11 +70,6 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
                           {"attention.head_count_kv", hp.n_head_kv}, {"attention.key_length", hp.head_dim}, {"ssm.conv_kernel", hp.conv_kernel},
                           {"ssm.group_count", hp.ssm_groups}, {"ssm.time_step_rank", hp.ssm_heads}})
         if (v > kMaxSize) bad(std::string(key) + " is " + std::to_string(v) + ", above the 16777216 this decoder supports");
-    // Every layer has at least 11 tensors (two norms, three FFN matrices, and the 6 of attention
-    // or the 9 of Gated DeltaNet).
-    if (static_cast<uint64_t>(hp.n_layer) > f.tensors().size() / 11)
-        bad("block_count " + std::to_string(blocks) + " asks for " + std::to_string(hp.n_layer) + " layers of at least 11 tensors each; the file has " +
-            std::to_string(f.tensors().size()) + " tensors");
     if (hp.n_head % hp.n_head_kv) bad("attention.head_count " + std::to_string(hp.n_head) + " is not a multiple of head_count_kv " + std::to_string(hp.n_head_kv));
     if (vlen != hp.head_dim) bad("attention.value_length must equal key_length");
     if (hp.rope_dim <= 0 || hp.rope_dim > hp.head_dim || hp.rope_dim % 2) bad("rope.dimension_count must be even and at most key_length");
@@ -81,7 +83,14 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
     // position 0. Those layouts are not supported; the Qwen3.5 sections cover every pair.
     {
         int64_t sec[4];
-        for (int i = 0; i < 4; ++i) sec[i] = sections.items[static_cast<size_t>(i)].is_integer() ? static_cast<int64_t>(sections.items[static_cast<size_t>(i)].i + static_cast<int64_t>(sections.items[static_cast<size_t>(i)].u)) : -1;
+        // Clamped to [-1, rope_dim]: a section longer than the rotary pairs covers the same pairs
+        // as one of rope_dim, and the sums and products below cannot overflow.
+        for (int i = 0; i < 4; ++i) {
+            const Value& v = sections.items[static_cast<size_t>(i)];
+            sec[i] = !v.is_integer() ? -1 : v.type == ValueType::u64 || v.type == ValueType::u32 || v.type == ValueType::u16 || v.type == ValueType::u8
+                                                ? static_cast<int64_t>(std::min<uint64_t>(v.u, static_cast<uint64_t>(hp.rope_dim)))
+                                                : std::clamp<int64_t>(v.i, -1, hp.rope_dim);
+        }
         int64_t sum = sec[0] + sec[1] + sec[2] + sec[3];
         if (sum <= 0) bad("rope.dimension_sections must sum to more than 0");
         for (int64_t i = 0; i < hp.rope_dim / 2; ++i) {

@@ -783,7 +783,7 @@ TEST_CASE("hadamard: a folded PQ2_0 / PTQ1_0 file gives its unfolded twin's logi
 }
 
 namespace {
-// Rewrites folded fixture `src` as `dst` with the same tensors and metadata after `tweak`.
+// Rewrites fixture `src` as `dst` with the same tensors and metadata after `tweak`.
 void rewrite_with(const fs::path& src, const fs::path& dst, const std::function<void(GgufWriter&)>& tweak) {
     auto ok = GgufFile::open(src);
     GgufWriter w;
@@ -809,19 +809,25 @@ void rewrite_with(const fs::path& src, const fs::path& dst, const std::function<
     w.write(dst);
 }
 
+// The load error of fixture `ok` rewritten after `tweak` ("" when it loads).
+std::string load_error_with(const fs::path& ok, const std::function<void(GgufWriter&)>& tweak) {
+    const fs::path bad = ok.parent_path() / "bad.gguf";
+    rewrite_with(ok, bad, tweak);
+    try {
+        Model::load(GgufFile::open(bad));
+    } catch (const GgufError& e) {
+        return e.what();
+    }
+    return "";
+}
+
 // The load error of a tiny folded fixture after `tweak` ("" when it loads).
 std::string load_folded_with(const std::function<void(GgufWriter&)>& tweak) {
     TempDir d;
     SynthShape s = small_foldable();
     s.hadamard_block = 16;
     write_synthetic(d / "ok.gguf", s, kPQ2_0, 3);
-    rewrite_with(d / "ok.gguf", d / "bad.gguf", tweak);
-    try {
-        Model::load(GgufFile::open(d / "bad.gguf"));
-    } catch (const GgufError& e) {
-        return e.what();
-    }
-    return "";
+    return load_error_with(d / "ok.gguf", tweak);
 }
 }  // namespace
 
@@ -830,15 +836,7 @@ std::string load_folded_with(const std::function<void(GgufWriter&)>& tweak) {
 TEST_CASE("gguf: sizes no file of that many tensors could back are a load error naming the key, before any walk") {
     TempDir d;
     write_synthetic(d / "ok.gguf", tiny_shape(), kF32, 7);
-    auto load_with = [&](const std::function<void(GgufWriter&)>& tweak) -> std::string {
-        rewrite_with(d / "ok.gguf", d / "bad.gguf", tweak);
-        try {
-            Model::load(GgufFile::open(d / "bad.gguf"));
-        } catch (const GgufError& e) {
-            return e.what();
-        }
-        return "";
-    };
+    auto load_with = [&](const std::function<void(GgufWriter&)>& tweak) { return load_error_with(d / "ok.gguf", tweak); };
     CHECK(load_with([](GgufWriter&) {}).empty());
     const size_t tensors = GgufFile::open(d / "ok.gguf")->tensors().size();
     CHECK(load_with([](GgufWriter& w) { w.set_u32("qwen35.block_count", 1'000'000'000); })
@@ -848,6 +846,15 @@ TEST_CASE("gguf: sizes no file of that many tensors could back are a load error 
               .find("attention.key_length is 2147483648, above the 16777216 this decoder supports") != std::string::npos);
     CHECK(load_with([](GgufWriter& w) { w.set_u32("qwen35.attention.head_count", 4'000'000'000u); })
               .find("attention.head_count is 4000000000, above") != std::string::npos);
+    // 64-bit values past int64's range: no wrapped arithmetic on them (UBSan runs this too).
+    CHECK(load_with([](GgufWriter& w) {
+              w.set_u64("qwen35.block_count", uint64_t{1} << 63);
+              w.set_u32("qwen35.nextn_predict_layers", 1);
+          }).find("block_count 9223372036854775808 asks for 9223372036854775807 layers") != std::string::npos);
+    CHECK(load_with([](GgufWriter& w) { w.set_u32("qwen35.nextn_predict_layers", 1'000'000); }).find("sizes must be positive") != std::string::npos);
+    // Rotary sections far longer than the pairs cover them all, as sections of the pairs' length.
+    CHECK(load_with([](GgufWriter& w) { w.set_i64s("qwen35.rope.dimension_sections", {int64_t{1} << 62, int64_t{1} << 62, int64_t{1} << 62, int64_t{1} << 62}); })
+              .empty());
 }
 
 TEST_CASE("hadamard: a missing or inconsistent prism.hadamard.* key is a load error naming the key") {
