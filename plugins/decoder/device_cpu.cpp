@@ -125,16 +125,6 @@ void by_fours(int64_t B, F f) {
     if (b < B) f(b, static_cast<int>(B - b));
 }
 
-// X quantized for one weight type (kernels.h): the calling thread's buffers, kept from call to
-// call so that nothing is allocated per token.
-struct QuantizedX {
-    uint32_t type = 0;
-    std::vector<int8_t> q;
-    std::vector<float> d;
-    std::vector<int32_t> sum;
-    std::vector<QuantRow> rows;  // per token: its codes, scales and sums
-};
-
 constexpr size_t kMaxFused = 8;  // matrices in one matmats_i8 pass
 
 // Whether `w` takes int8 activations here (a kernel for its type, whole activation blocks).
@@ -151,7 +141,9 @@ bool i8_ready(const Matrix& w) {
 // after the first.
 void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float* x, int64_t B) {
     const int64_t n_in = ws[0]->n_in;
-    thread_local std::vector<QuantizedX> quant;
+    // X quantized per weight type among them: the calling thread's buffers, kept from call to
+    // call so that nothing is allocated per token.
+    thread_local std::vector<QuantizedRows> quant;
     size_t types = 0, slot[kMaxFused];
     for (size_t i = 0; i < n; ++i) {
         if (ws[i]->n_in != n_in) throw std::invalid_argument("matrices multiplied together must share their input width");
@@ -160,28 +152,19 @@ void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float
         while (j < types && quant[j].type != type) ++j;
         if (j == types) {
             if (quant.size() <= j) quant.resize(j + 1);
-            QuantizedX& qx = quant[j];
-            const int64_t nb = n_in / i8_block(type);
-            qx.type = type;
-            qx.q.resize(static_cast<size_t>(B * n_in));
-            qx.d.resize(static_cast<size_t>(B * nb));
-            qx.sum.resize(qx.d.size());
-            qx.rows.resize(static_cast<size_t>(B));
-            for (int64_t b = 0; b < B; ++b)
-                qx.rows[static_cast<size_t>(b)] = QuantRow{qx.q.data() + b * n_in, qx.d.data() + b * nb, qx.sum.data() + b * nb};
+            quant[j].shape(type, B, n_in);
             ++types;
         }
         slot[i] = j;
     }
     // OpenMP's workers reach the calling thread's buffers through this pointer, never through
     // their own thread_local copies.
-    QuantizedX* const qs = quant.data();
+    QuantizedRows* const qs = quant.data();
     const int64_t jobs = static_cast<int64_t>(types) * B;
 #pragma omp parallel for schedule(static) if (jobs * n_in >= kSplitElements)
     for (int64_t k = 0; k < jobs; ++k) {
-        QuantizedX& qx = qs[k / B];
-        const int64_t b = k % B, nb = n_in / i8_block(qx.type);
-        quantize_rows_i8(qx.type, x + b * n_in, 1, n_in, qx.q.data() + b * n_in, qx.d.data() + b * nb, qx.sum.data() + b * nb);
+        const int64_t b = k % B;
+        qs[k / B].quantize_row(b, x + b * n_in);
     }
 
     // Every matrix's packed groups in pairs (one dot_x16 each; an odd last group as both halves), then its

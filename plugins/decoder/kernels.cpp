@@ -960,6 +960,27 @@ __attribute__((target("avx2,fma"))) void quantize_block_avx2(const float* src, i
 
 }  // namespace
 
+void QuantizedRows::shape(uint32_t t, int64_t count, int64_t width) {
+    type = t;
+    n = width;
+    const int64_t nb = n / i8_block(type);
+    q.resize(static_cast<size_t>(count * n));
+    d.resize(static_cast<size_t>(count * nb));
+    sum.resize(d.size());
+    rows.resize(static_cast<size_t>(count));
+    for (int64_t r = 0; r < count; ++r) rows[static_cast<size_t>(r)] = QuantRow{q.data() + r * n, d.data() + r * nb, sum.data() + r * nb};
+}
+
+void QuantizedRows::quantize_row(int64_t t, const float* x) {
+    const int64_t nb = n / i8_block(type);
+    quantize_rows_i8(type, x, 1, n, q.data() + t * n, d.data() + t * nb, sum.data() + t * nb);
+}
+
+void QuantizedRows::quantize(uint32_t t, const float* x, int64_t count, int64_t width) {
+    shape(t, count, width);
+    quantize_rows_i8(type, x, count, n, q.data(), d.data(), sum.data());
+}
+
 void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, int8_t* q, float* d, int32_t* sum) {
     const int64_t blk = i8_block(type), per_row = n / blk;
     // The Q2_0 layouts: element 4i+l of each weight group of G goes to l*(G/4)+i first.

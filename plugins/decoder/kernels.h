@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace pulse::decoder {
 
@@ -32,6 +33,21 @@ struct QuantRow {
 int64_t i8_block(uint32_t type);  // the activation block for `type`; 0: no int8 kernel here
 // Quantizes `rows` rows of n floats for `type` into q (rows*n), d and sum (rows*n/block each).
 void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, int8_t* q, float* d, int32_t* sum);
+
+// Activation rows quantized for one weight type, owning their codes, scales and sums; rows[t]
+// views row t. `shape` keeps the buffers' capacity, so a caller that reuses one allocates only
+// when a step is larger than any before.
+struct QuantizedRows {
+    uint32_t type = 0;
+    int64_t n = 0;  // values per row
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> sum;
+    std::vector<QuantRow> rows;
+    void shape(uint32_t type, int64_t rows, int64_t n);  // sizes the buffers and the views
+    void quantize_row(int64_t t, const float* x);         // row t from x's n values
+    void quantize(uint32_t type, const float* x, int64_t rows, int64_t n);  // shape, then every row
+};
 
 // y[t * y_stride + o] = scale · (row o · x_t) for o in [o0, o1) and T = 1 to 4 tokens: a run of
 // rows in one call, so nothing is dispatched per row.

@@ -501,12 +501,12 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
             std::vector<float> x(static_cast<size_t>(4 * n));
             for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 250.f;
             const int64_t nb = n / blk;
-            std::vector<int8_t> q(static_cast<size_t>(4 * n));
-            std::vector<float> d(static_cast<size_t>(4 * nb));
-            std::vector<int32_t> sum(d.size());
-            quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
-            QuantRow rows[4];
-            for (int t = 0; t < 4; ++t) rows[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
+            QuantizedRows xq;
+            xq.quantize(type, x.data(), 4, n);
+            const QuantRow* rows = xq.rows.data();
+            const auto& q = xq.q;
+            const auto& d = xq.d;
+            const auto& sum = xq.sum;
             const int64_t group = type == kQ2_0 ? 64 : (type == kPQ2_0 || type == kQ2_0_G128) ? 128 : 0;
             std::vector<uint8_t> matrix;
             for (int r = 0; r < 3; ++r) matrix.insert(matrix.end(), row.begin(), row.end());
@@ -634,12 +634,9 @@ TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int
         }
         std::vector<float> x(static_cast<size_t>(4 * n));
         for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
-        std::vector<int8_t> q(x.size());
-        std::vector<float> d(static_cast<size_t>(4 * nb));
-        std::vector<int32_t> sum(d.size());
-        quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
-        QuantRow xr[4];
-        for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
+        QuantizedRows xq;
+        xq.quantize(type, x.data(), 4, n);
+        const QuantRow* xr = xq.rows.data();
         // Each row against each token by the row-at-a-time kernel.
         float plain[16][4];
         int real = 0;

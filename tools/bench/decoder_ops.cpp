@@ -143,13 +143,9 @@ int kernels_mode(int64_t groups, int reps) {
         const uint64_t gb = static_cast<uint64_t>(q8 ? n / 32 * kQ8x8Bytes : n / 256 * kTQ2x8Bytes);
         std::vector<uint8_t> packed(static_cast<size_t>(groups) * gb);
         for (auto& b : packed) b = static_cast<uint8_t>(g());
-        const int64_t blk = i8_block(type), nb = n / blk;
-        std::vector<int8_t> q(x.size());
-        std::vector<float> d(static_cast<size_t>(4 * nb));
-        std::vector<int32_t> sum(d.size());
-        quantize_rows_i8(type, x.data(), 4, n, q.data(), d.data(), sum.data());
-        QuantRow xr[4];
-        for (int t = 0; t < 4; ++t) xr[t] = QuantRow{q.data() + t * n, d.data() + t * nb, sum.data() + t * nb};
+        QuantizedRows xq;
+        xq.quantize(type, x.data(), 4, n);
+        const QuantRow* xr = xq.rows.data();
         const double blocks = static_cast<double>(groups) * static_cast<double>(n / (q8 ? 32 : 256));
         double one = 0;
         for (int T = 1; T <= 4; ++T) {
