@@ -70,6 +70,11 @@ bool parse_response_head(std::string_view h, ResponseHead& out) {
     return true;
 }
 
+namespace {
+// A control character where a chunk extension or trailer field may have none (HTAB is allowed).
+bool is_ctl(char c) { return (static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7f; }
+}  // namespace
+
 bool BodyDecoder::fail(std::string why) {
     state_ = State::failed;
     error_ = std::move(why);
@@ -102,11 +107,11 @@ bool BodyDecoder::feed(std::string_view raw, std::string& out, size_t* used) {
                     left_ = left_ * 16 + v;
                 } else if (size_digits_ == 0) {
                     return fail("malformed chunk size line");
-                } else if (c == ';' || c == ' ' || c == '\t') {
+                } else if (c == ';' || (!strict_ && (c == ' ' || c == '\t'))) {
                     state_ = State::ext;
                 } else if (c == '\r') {
                     state_ = State::size_lf;
-                } else if (c == '\n') {
+                } else if (c == '\n' && !strict_) {
                     state_ = left_ == 0 ? State::trailer_start : State::data;
                 } else {
                     return fail("malformed chunk size line");
@@ -115,7 +120,12 @@ bool BodyDecoder::feed(std::string_view raw, std::string& out, size_t* used) {
                 break;
             }
             case State::ext:  // chunk extensions carry nothing we use
-                if (c == '\n') state_ = left_ == 0 ? State::trailer_start : State::data;
+                if (strict_) {
+                    if (c == '\r') state_ = State::size_lf;
+                    else if (is_ctl(c)) return fail("malformed chunk extension");
+                } else if (c == '\n') {
+                    state_ = left_ == 0 ? State::trailer_start : State::data;
+                }
                 ++i;
                 break;
             case State::size_lf:
@@ -134,7 +144,7 @@ bool BodyDecoder::feed(std::string_view raw, std::string& out, size_t* used) {
             case State::data_cr:
                 if (c == '\r') {
                     state_ = State::data_lf;
-                } else if (c == '\n') {
+                } else if (c == '\n' && !strict_) {
                     state_ = State::size;
                     size_digits_ = 0;
                 } else {
@@ -149,11 +159,22 @@ bool BodyDecoder::feed(std::string_view raw, std::string& out, size_t* used) {
                 ++i;
                 break;
             case State::trailer_start:
+                if (strict_ && c != '\r' && is_ctl(c)) return fail("last chunk not ended by CRLF");
                 state_ = c == '\r' ? State::trailer_lf : c == '\n' ? State::done : State::trailer;
                 ++i;
                 break;
             case State::trailer:  // trailer fields are ignored
-                if (c == '\n') state_ = State::trailer_start;
+                if (strict_) {
+                    if (c == '\r') state_ = State::trailer_line_lf;
+                    else if (is_ctl(c)) return fail("malformed trailer field");
+                } else if (c == '\n') {
+                    state_ = State::trailer_start;
+                }
+                ++i;
+                break;
+            case State::trailer_line_lf:
+                if (c != '\n') return fail("trailer field not ended by CRLF");
+                state_ = State::trailer_start;
                 ++i;
                 break;
             case State::trailer_lf:

@@ -31,8 +31,13 @@ class BodyDecoder {
 public:
     enum class Framing { chunked, length, until_close };
 
-    explicit BodyDecoder(Framing f, int64_t length = 0)
-        : framing_(f), state_(f == Framing::length && length <= 0 ? State::done : State::size), left_(f == Framing::length ? length : 0) {}
+    // `strict`: a chunked body's lines must end in CRLF and a chunk size be followed by nothing
+    // but CRLF or an extension (RFC 9112 §7.1) — for requests from clients, where a reading
+    // that differs from a front proxy's is request smuggling. Upstream responses are read
+    // leniently (bare LF, whitespace after the size), as the model servers' clients do.
+    explicit BodyDecoder(Framing f, int64_t length = 0, bool strict = false)
+        : framing_(f), state_(f == Framing::length && length <= 0 ? State::done : State::size), left_(f == Framing::length ? length : 0),
+          strict_(strict) {}
 
     // Consumes raw connection bytes, appending the body bytes they carry to `out`. Returns
     // false on a framing error (error() says what). Bytes after the body's end are an error,
@@ -46,13 +51,14 @@ public:
     const std::string& error() const { return error_; }
 
 private:
-    enum class State { size, ext, size_lf, data, data_cr, data_lf, trailer_start, trailer, trailer_lf, done, failed };
+    enum class State { size, ext, size_lf, data, data_cr, data_lf, trailer_start, trailer, trailer_line_lf, trailer_lf, done, failed };
     bool fail(std::string why);
 
     Framing framing_;
     State state_;
     int64_t left_;       // bytes left in this chunk (chunked) or in the body (length)
     int size_digits_ = 0;
+    bool strict_;
     std::string error_;
 };
 

@@ -339,6 +339,8 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         t.integer("queue", cfg.server.queue, 0, 65536);
         t.number("send_timeout_s", cfg.server.send_timeout_s, 0.1, 3600);
         t.number("header_timeout_s", cfg.server.header_timeout_s, 0.1, 3600);
+        t.number("body_timeout_s", cfg.server.body_timeout_s, 0.1, 3600);
+        t.integer("body_min_rate", cfg.server.body_min_rate, 0, int64_t(1) << 40);
         t.number("idle_timeout_s", cfg.server.idle_timeout_s, 0.1, 86400);
         t.integer("stream_threads", cfg.server.stream_threads, 1, 64);
         t.number("drain_timeout_s", cfg.server.drain_timeout_s, 0, 86400);

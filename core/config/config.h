@@ -83,6 +83,10 @@ struct Server {
     int64_t queue = 1024;                // listen backlog: connections the kernel holds before accept
     double send_timeout_s = 30;
     double header_timeout_s = 10;        // a request head must arrive within this from its first byte
+    // A request body must arrive within body_timeout_s of its head, and past the first 5 s at
+    // body_min_rate bytes/s on average (0 = no rate rule): a slow sender cannot hold memory.
+    double body_timeout_s = 60;
+    int64_t body_min_rate = 16384;
     double idle_timeout_s = 60;          // an idle keep-alive client connection is closed after this
     int64_t stream_threads = 1;          // epoll threads relaying HTTP streams
     double drain_timeout_s = 30;

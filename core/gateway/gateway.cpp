@@ -3,6 +3,8 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include <Poco/String.h>
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -310,10 +312,12 @@ bool Gateway::authorized(const server::Exchange& ex, const config::Config& cfg) 
     const std::string& key = cfg.server.api_key;
     if (key.empty()) return true;
     const std::string auth = ex.request().get("Authorization", "");  // by value: get() returns the default by reference
-    static const std::string kBearer = "Bearer ";
+    // The scheme name is case-insensitive (RFC 9110 §11.1): "bearer KEY" is the same credential.
+    constexpr std::string_view kBearer = "bearer ";
+    const bool bearer = auth.size() >= kBearer.size() && Poco::icompare(auth.substr(0, kBearer.size()), std::string(kBearer)) == 0;
     // Time depends on the configured key's length only: every byte of it is compared, whatever
     // the client sent and wherever the first difference is.
-    const std::string_view given = auth.compare(0, kBearer.size(), kBearer) == 0 ? std::string_view(auth).substr(kBearer.size()) : std::string_view();
+    const std::string_view given = bearer ? std::string_view(auth).substr(kBearer.size()) : std::string_view();
     unsigned char diff = given.size() == key.size() ? 0 : 1;
     for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>((i < given.size() ? given[i] : 0) ^ key[i]);
     return diff == 0;

@@ -392,8 +392,8 @@ std::optional<ResponseBuilder::Partial> ResponseBuilder::resume_point() const {
 void ResponseBuilder::begin_resume() {
     failure_.reset();
     finish_.reset();
-    Usage spent = usage_;
-    if (!spent.reported) spent = Usage{0, 0, attempt_deltas_, std::min(reasoning_deltas_, attempt_deltas_), true};
+    Usage spent = attempt_usage();
+    spent.reported = true;
     carried_.input += spent.input;
     carried_.cached += spent.cached;
     carried_.output += spent.output;
@@ -402,6 +402,12 @@ void ResponseBuilder::begin_resume() {
     usage_ = Usage{};
     attempt_deltas_ = 0;
     reasoning_deltas_ = 0;
+}
+
+ResponseBuilder::Usage ResponseBuilder::attempt_usage() const {
+    // A backend that reported no usage (it failed, or the client left, before its last chunk):
+    // its output deltas stand for its output tokens, the input is unknown.
+    return usage_.reported ? usage_ : Usage{0, 0, attempt_deltas_, std::min(reasoning_deltas_, attempt_deltas_), false};
 }
 
 ResponseBuilder::Usage ResponseBuilder::usage_totals() const {

@@ -74,9 +74,14 @@ public:
 
     struct Usage {
         int64_t input = 0, cached = 0, output = 0, reasoning = 0;
-        bool reported = false;
+        bool reported = false;  // a backend reported usage (else the input is unknown)
     };
+    // What the backends reported, over every attempt (an earlier attempt that reported nothing
+    // counts its output deltas as tokens: begin_resume).
     Usage usage_totals() const;
+    // Output deltas of the current attempt when its backend reported no usage (it failed, or
+    // the client left, before its last chunk), else 0: what the request log counts for it.
+    int64_t unreported_deltas() const { return usage_.reported ? 0 : attempt_deltas_; }
     // The error a failed response carried (status and message), if any.
     std::optional<std::pair<pulse_status_t, std::string>> failure() const { return failure_; }
 
@@ -101,6 +106,7 @@ private:
     std::string response_json(std::string_view status, bool terminal) const;
     void event(std::string_view type, const std::function<void(class JsonOut&)>& body);
     std::string new_call_id();
+    Usage attempt_usage() const;  // the current attempt's: reported, else counted from its deltas
 
     std::string id_, model_;
     ReasoningOutput reasoning_mode_;

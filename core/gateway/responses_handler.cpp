@@ -93,8 +93,11 @@ Outcome outcome_of(std::string_view terminal) {
 }
 
 // Appends one JSON line to the trace file. The file holds whole prompts: it is opened without
-// following a symbolic link, and made 0600 whatever mode it had; if that cannot be done, nothing
-// is written and the reason is logged (once a minute).
+// following a symbolic link and without blocking (a FIFO there would otherwise hold every
+// request, and shutdown, until a reader came), written only if it is a regular file with no
+// other name (a hard link would put prompts where its other name points), and made 0600
+// whatever mode it had; if that cannot be done, nothing is written and the reason is logged
+// (once a minute).
 void trace(const std::string& file, const std::string& id, const char* what, std::string_view json) {
     static std::mutex m;
     static steady_clock::time_point last_complaint{};
@@ -104,12 +107,17 @@ void trace(const std::string& file, const std::string& id, const char* what, std
         last_complaint = steady_clock::now();
         log::error("trace", "not writing the trace file " + file + ": " + why);
     };
-    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) return complain(errno == ELOOP ? "it is a symbolic link" : std::strerror(errno));
+    int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0600);
+    if (fd < 0)
+        return complain(errno == ELOOP ? "it is a symbolic link" : errno == ENXIO ? "it is not a regular file (a FIFO or socket)" : std::strerror(errno));
     struct stat st{};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         ::close(fd);
         return complain("it is not a regular file");
+    }
+    if (st.st_nlink != 1) {
+        ::close(fd);
+        return complain("it has another name (a hard link)");
     }
     if ((st.st_mode & 07777) != 0600 && ::fchmod(fd, 0600) != 0) {
         ::close(fd);
@@ -367,6 +375,10 @@ private:
         vt_ = &rt_->profile->registration.translation;
         call_.request_id = id_;
         call_.cancelled = &cancelled_;
+        // The upstream request is about the size of the client's body: one buffer of that size up
+        // front, rather than growing by half again each time it fills (a large body then peaked
+        // at its own size plus two copies of the upstream request while one was moved).
+        upreq_.body.buffer.Reserve(ex_.body().size() + 4096);
         upreq_.body.call = &call_;
         pulse_status_t rc = vt_->build_request(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), &upreq_);
         upreq_.body.call = nullptr;
@@ -551,6 +563,40 @@ private:
         return Attempt::final;
     }
 
+    // Endpoint `ep` failed during this attempt (dropped, timed out, or sent what cannot be read):
+    // before any output another endpoint, or this one later, serves the request; after output
+    // the response is resumed elsewhere when it can be, else it ends here.
+    Attempt endpoint_failure(const EndpointRef& ep, pulse_status_t status, const std::string& why) {
+        last_status_ = status;
+        last_error_ = why;
+        if (gw_.cutting() || !retryable(last_status_)) {
+            // No other endpoint is tried: the gateway is stopping, or the backend plugin
+            // failed in a way that says it would fail again (a bug, not an outage).
+            log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + why);
+            if (builder_->has_output()) {
+                call_.reset();
+                vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
+                builder_->fail(last_status_, why);
+                outcome_ = Outcome::failed;
+                return Attempt::served;
+            }
+            return Attempt::final;
+        }
+        if (!builder_->attempt_has_output()) {
+            // Nothing of this attempt reached the client (at most the role chunk, which
+            // carries no output): another endpoint, or this one later, may serve it.
+            log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + why);
+            gw_.endpoint_failed(ep, why, /*real_request=*/true);
+            if (fed_ && open_profile_stream() != PULSE_OK) return Attempt::final;  // the profile starts afresh
+            return Attempt::retry;
+        }
+        if (auto a = resume_elsewhere(ep, why)) return *a;
+        call_.reset();
+        vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
+        outcome_ = outcome_of(builder_->end(PULSE_STREAM_TRUNCATED, why));
+        return Attempt::served;
+    }
+
     // One event from endpoint `ep`; a value when the attempt is over. Runs on the request's
     // thread (backend plugins) or on the stream loop's (HTTP), never on both at once.
     std::optional<Attempt> on_event(UpEvent e, const EndpointRef& ep) {
@@ -597,50 +643,29 @@ private:
             }
             case UpEvent::Kind::failed:
                 if (e.stale) return Attempt::again;
-                last_status_ = e.status ? e.status : PULSE_E_UNAVAILABLE;
-                last_error_ = e.text;
-                if (gw_.cutting() || !retryable(last_status_)) {
-                    // No other endpoint is tried: the gateway is stopping, or the backend plugin
-                    // failed in a way that says it would fail again (a bug, not an outage).
-                    log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + e.text);
-                    if (builder_->has_output()) {
-                        call_.reset();
-                        vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
-                        builder_->fail(last_status_, e.text);
-                        outcome_ = Outcome::failed;
-                        return Attempt::served;
-                    }
-                    return Attempt::final;
-                }
-                if (!builder_->attempt_has_output()) {
-                    // Nothing of this attempt reached the client (at most the role chunk, which
-                    // carries no output): another endpoint, or this one later, may serve it.
-                    log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed: " + e.text);
-                    gw_.endpoint_failed(ep, e.text, /*real_request=*/true);
-                    if (fed_ && open_profile_stream() != PULSE_OK) return Attempt::final;  // the profile starts afresh
-                    return Attempt::retry;
-                }
-                if (auto a = resume_elsewhere(ep, e.text)) return *a;
-                call_.reset();
-                vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
-                outcome_ = outcome_of(builder_->end(PULSE_STREAM_TRUNCATED, e.text));
-                return Attempt::served;
+                return endpoint_failure(ep, e.status ? e.status : PULSE_E_UNAVAILABLE, e.text);
             case UpEvent::Kind::data: {
                 if (!ttft_) ttft_ = duration_cast<milliseconds>(steady_clock::now() - t0_);
                 fed_ = true;
                 call_.reset();
                 pulse_status_t s = vt_->stream_feed(stream_, &call_, {e.text.data(), e.text.size()}, builder_.get());
+                // A profile's feed answering UNAVAILABLE says the upstream's stream failed at
+                // this chunk (an engine error event, a chunk that is not JSON): the endpoint
+                // failed as if it had dropped here — another endpoint before any output, resume
+                // after (docs/SDK.md, "Status codes").
+                if (s < 0 && retryable(s))
+                    return endpoint_failure(ep, s, "the backend's stream failed: " + host::call_error(call_, s, rt_->profile->plugin_id()));
                 if (s < 0) {
                     builder_->fail(s, host::call_error(call_, s, rt_->profile->plugin_id()));
                     outcome_ = Outcome::failed;
                     return Attempt::served;
                 }
-                // The engine reported an error inside the stream (vLLM's {"error":...} event)
-                // after output began: the endpoint failed mid-stream, as if it had dropped.
+                // The model's output could not be delivered (a broken tool call, reported through
+                // the sink) after output began: another endpoint continues the response.
                 if (auto f = builder_->failure(); f && retryable(f->first) && builder_->attempt_has_output()) {
                     last_status_ = f->first;
                     last_error_ = f->second;
-                    if (auto a = resume_elsewhere(ep, "the backend reported an error mid-stream: " + f->second)) return *a;
+                    if (auto a = resume_elsewhere(ep, "the backend's output could not be used mid-stream: " + f->second)) return *a;
                 }
                 keepalive_if_due();
                 return std::nullopt;
@@ -848,8 +873,12 @@ private:
                 reg.counter("pulse_reasoning_over_budget_total", "finished requests whose reasoning went past their budget", {{"model", model_id_}})
                     .add();
         }
-        log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + name(outcome_) + " in=" + std::to_string(u.input) +
-                                   " cached=" + std::to_string(u.cached) + " out=" + std::to_string(u.output) +
+        // in/cached are "-" when no backend reported usage (a stream that failed or was cancelled
+        // before its last chunk); out then counts the deltas that reached the client.
+        const auto known = [&](int64_t v) { return u.reported ? std::to_string(v) : std::string("-"); };
+        const int64_t out = u.output + (builder_ ? builder_->unreported_deltas() : 0);
+        log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + name(outcome_) + " in=" + known(u.input) +
+                                   " cached=" + known(u.cached) + " out=" + std::to_string(out) +
                                    " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +
                                    (resumes_ ? " resumed=" + std::to_string(resumes_) : std::string()) +
                                    " total_ms=" + std::to_string(duration_cast<milliseconds>(steady_clock::now() - t0_).count()));

@@ -22,7 +22,6 @@
 #include <deque>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -30,6 +29,7 @@
 #include "common/http_body.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "server/request_head.h"
 
 namespace pulse::server {
 
@@ -44,6 +44,7 @@ constexpr int kSpareWorkers = 16;
 constexpr size_t kMaxHead = 64 * 1024;
 constexpr auto kLinger = seconds(2);  // how long a closing connection's late bytes are read and dropped
 constexpr auto kTick = milliseconds(100);
+constexpr double kBodyGrace = 5;  // seconds a body may take before server.body_min_rate applies
 
 Clock::duration secs(double s) { return duration_cast<Clock::duration>(duration<double>(s)); }
 
@@ -224,6 +225,9 @@ private:
         gateway::BodyDecoder framing{gateway::BodyDecoder::Framing::length, 0};
         std::string body;
         int64_t reserved = 0;  // body bytes counted against server.max_body_memory_bytes
+        bool chunked = false;
+        Clock::time_point body_start;  // when the head before the body was complete
+        int64_t body_received = 0;     // body bytes off the wire so far (framing included)
         bool doomed = false;   // closed at the end of this round
     };
     struct Job {
@@ -391,39 +395,28 @@ private:
             c.state = Conn::State::head;
             c.deadline = Clock::now() + secs(cfg_.header_timeout_s);
         }
-        size_t from = c.scanned > 3 ? c.scanned - 3 : 0;
-        size_t end = c.in.find("\r\n\r\n", from);
-        if (end == std::string::npos) {
-            c.scanned = c.in.size();
+        const HeadScan scan = scan_request_head(c.in, c.scanned);
+        if (scan.state == HeadScan::State::bad_line_ending)
+            return refuse(c, 400, "bad_request", "malformed HTTP request head: lines must end with CRLF (a bare LF or CR was sent)", 0,
+                          "bad_request");
+        if (scan.state == HeadScan::State::incomplete) {
+            c.scanned = scan.scanned;
             if (c.in.size() > kMaxHead) refuse(c, 431, "request_header_too_large", "the request head is over 64 KiB", 0, "head_too_large");
             return;
         }
-        Poco::Net::HTTPRequest req;
-        try {
-            std::istringstream is(c.in.substr(0, end + 4));
-            req.read(is);
-        } catch (const Poco::Exception& e) {
-            return refuse(c, 400, "bad_request", "malformed HTTP request head: " + e.message(), 0, "bad_request");
+        RequestHead head;
+        if (auto e = parse_request_head(std::string_view(c.in).substr(scan.start, scan.end - scan.start), head)) {
+            const char* code = e->status == 505 ? "http_version_not_supported" : e->status == 501 ? "not_implemented"
+                               : e->status == 431                              ? "request_header_too_large"
+                                                                               : "bad_request";
+            return refuse(c, e->status, code, "malformed HTTP request head: " + e->message, 0, e->status == 431 ? "head_too_large" : "bad_request");
         }
-        c.in.erase(0, end + 4);
+        c.in.erase(0, scan.end);
         c.scanned = 0;
-        const std::string& v = req.getVersion();
-        if (v != Poco::Net::HTTPMessage::HTTP_1_1 && v != Poco::Net::HTTPMessage::HTTP_1_0)
-            return refuse(c, 505, "http_version_not_supported", "only HTTP/1.0 and HTTP/1.1 are served", 0, "bad_request");
-        const bool has_te = req.has("Transfer-Encoding");
-        const bool chunked = has_te && Poco::icompare(req.get("Transfer-Encoding"), "chunked") == 0;
-        if (has_te && !chunked) return refuse(c, 501, "not_implemented", "only the chunked transfer coding is supported", 0, "bad_request");
-        if (has_te && req.has("Content-Length"))
-            return refuse(c, 400, "bad_request", "a request may not carry both Transfer-Encoding and Content-Length", 0, "bad_request");
-        int64_t length = 0;
-        if (req.has("Content-Length")) {
-            try {
-                length = req.getContentLength64();
-            } catch (const Poco::Exception&) {
-                length = -1;
-            }
-            if (length < 0) return refuse(c, 400, "bad_request", "Content-Length is not a number", 0, "bad_request");
-        }
+        Poco::Net::HTTPRequest req(head.method, head.target, head.version);
+        for (auto& [name, value] : head.fields) req.add(name, value);
+        const bool chunked = head.body == RequestHead::Body::chunked;
+        const int64_t length = head.body == RequestHead::Body::length ? head.length : 0;
         if (length > cfg_.max_body_bytes)
             return refuse(c, 413, "request_too_large",
                           "request body of " + std::to_string(length) + " bytes is over the limit of " + std::to_string(cfg_.max_body_bytes) +
@@ -432,13 +425,20 @@ private:
         c.req = std::move(req);
         c.body.clear();
         c.reserved = 0;
+        c.chunked = chunked;
         if (!chunked && length == 0) return dispatch(c);
-        if (!reserve(c, length)) return;
         if (chunked) {
-            c.framing = gateway::BodyDecoder(gateway::BodyDecoder::Framing::chunked);
+            c.framing = gateway::BodyDecoder(gateway::BodyDecoder::Framing::chunked, 0, /*strict=*/true);
         } else {
             c.framing = gateway::BodyDecoder(gateway::BodyDecoder::Framing::length, length);
-            c.body.reserve(static_cast<size_t>(length));  // one allocation of exactly the body's size
+            // One allocation of exactly the body's size, not yet touched: pages become resident,
+            // and count against the budget, as bytes arrive. Address space is not unlimited
+            // (thousands of senders each declaring 32 MiB): when it runs out, a 503 as for memory.
+            try {
+                c.body.reserve(static_cast<size_t>(length));
+            } catch (const std::bad_alloc&) {
+                return refuse(c, 503, "server_busy", "the gateway cannot hold another request body now; retry shortly", 1, "body_memory");
+            }
         }
         if (Poco::icompare(c.req->get("Expect", ""), "100-continue") == 0 && c.in.empty()) {
             static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -446,7 +446,9 @@ private:
             (void)n;
         }
         c.state = Conn::State::body;
-        c.deadline = Clock::now() + secs(cfg_.send_timeout_s);
+        c.body_start = Clock::now();
+        c.body_received = 0;
+        c.deadline = body_deadline(c);
         std::string rest;
         rest.swap(c.in);
         if (!rest.empty()) read_body(c, rest);
@@ -469,18 +471,29 @@ private:
         c.reserved = 0;
     }
 
+    // When a body being read is given up: body_timeout_s after its head, or sooner while it
+    // arrives slower than body_min_rate (after a grace period). A deadline that moved with every
+    // byte let one byte per timeout hold a connection, and its memory, forever.
+    Clock::time_point body_deadline(const Conn& c) const {
+        double allowed = cfg_.body_timeout_s;
+        if (cfg_.body_min_rate > 0)
+            allowed = std::min(allowed, kBodyGrace + static_cast<double>(c.body_received) / static_cast<double>(cfg_.body_min_rate));
+        return c.body_start + secs(allowed);
+    }
+
     void read_body(Conn& c, std::string_view bytes) {
         size_t used = 0;
         if (!c.framing.feed(bytes, c.body, &used))
             return refuse(c, 400, "bad_request", "malformed request body: " + c.framing.error(), 0, "bad_request");
-        if (c.req->getChunkedTransferEncoding()) {
-            if (static_cast<int64_t>(c.body.size()) > cfg_.max_body_bytes)
-                return refuse(c, 413, "request_too_large",
-                              "request body is over the limit of " + std::to_string(cfg_.max_body_bytes) + " bytes (server.max_body_bytes)", 0,
-                              "too_large");
-            if (int64_t grown = static_cast<int64_t>(c.body.size()) - c.reserved; grown > 0 && !reserve(c, grown)) return;
-        }
-        c.deadline = Clock::now() + secs(cfg_.send_timeout_s);
+        c.body_received += static_cast<int64_t>(used);
+        if (c.chunked && static_cast<int64_t>(c.body.size()) > cfg_.max_body_bytes)
+            return refuse(c, 413, "request_too_large",
+                          "request body is over the limit of " + std::to_string(cfg_.max_body_bytes) + " bytes (server.max_body_bytes)", 0,
+                          "too_large");
+        // The budget counts what arrived, not what was declared: a sender that declared 32 MiB
+        // and sent a byte holds a byte.
+        if (int64_t grown = static_cast<int64_t>(c.body.size()) - c.reserved; grown > 0 && !reserve(c, grown)) return;
+        c.deadline = body_deadline(c);
         if (!c.framing.complete()) return;
         c.in.assign(bytes.substr(used));  // the next (pipelined) request's first bytes
         dispatch(c);
@@ -561,9 +574,17 @@ private:
                            0, "header_timeout");
                     break;
                 case Conn::State::body:
-                    refuse(c, 408, "request_timeout",
-                           "the request body stalled for " + std::to_string(static_cast<int>(cfg_.send_timeout_s)) + " s (server.send_timeout_s)", 0,
-                           "body_timeout");
+                    if (now - c.body_start >= secs(cfg_.body_timeout_s))
+                        refuse(c, 408, "request_timeout",
+                               "the request body did not arrive within " + std::to_string(static_cast<int>(cfg_.body_timeout_s)) +
+                                   " s (server.body_timeout_s)",
+                               0, "body_timeout");
+                    else
+                        refuse(c, 408, "request_timeout",
+                               "the request body arrived slower than " + std::to_string(cfg_.body_min_rate) +
+                                   " bytes/s (server.body_min_rate): " + std::to_string(c.body_received) + " bytes in " +
+                                   std::to_string(duration_cast<milliseconds>(now - c.body_start).count()) + " ms",
+                               0, "body_too_slow");
                     break;
             }
         }

@@ -643,8 +643,12 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
     if (!chunk.present())
         return host_->set_error(call, PULSE_E_UNAVAILABLE, str("upstream sent a chunk that is not JSON: " + excerpt(data)));
     if (Json err = chunk["error"]; err.present() && !err.is_null()) {
+        // vLLM's engine failing mid-request ({"error": ...} then [DONE]): the endpoint failed
+        // here (UNAVAILABLE from feed: the host moves on, or resumes). A context overflow is
+        // the request's own error, whichever endpoint serves it.
         std::string msg(err["message"].string_or(err.string_or("upstream error")));
-        return d->error(sink, is_context_error(msg) ? PULSE_E_CONTEXT_LENGTH : PULSE_E_UNAVAILABLE, str(msg));
+        if (is_context_error(msg)) return d->error(sink, PULSE_E_CONTEXT_LENGTH, str(msg));
+        return host_->set_error(call, PULSE_E_UNAVAILABLE, str("the backend reported an error: " + msg));
     }
     Json choices = chunk["choices"];
     if (choices.size() > 0) {

@@ -1,8 +1,12 @@
-// libFuzzer: arbitrary bytes as an upstream HTTP response (head, then body) through the
-// framing code the stream loop and the server share: parse_response_head, then BodyDecoder in
-// pieces of sizes picked by the first input byte, both as a whole body and with `used` (the
-// request side, where bytes after the body belong to the next request). Invariants: no crash,
-// a complete Content-Length body has exactly that many bytes, `used` never exceeds the input.
+// libFuzzer: arbitrary bytes through the HTTP framing code, twice.
+// As an upstream response (head, then body): parse_response_head, then BodyDecoder in pieces of
+// sizes picked by the first input byte, both as a whole body and with `used` (bytes after the
+// body belong to the next message). Invariants: no crash, a complete Content-Length body has
+// exactly that many bytes, `used` never exceeds the input.
+// As a client request: scan_request_head and the strict parse_request_head the server uses, then
+// the body with the strict decoder. Invariants: an accepted head has one framing (never both a
+// length and chunked, no Transfer-Encoding in HTTP/1.0), no CR, LF or NUL in any field, at most
+// kMaxHeaderFields fields, and a head end the scanner found past its start.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -10,12 +14,51 @@
 #include <string_view>
 
 #include "common/http_body.h"
+#include "server/request_head.h"
+
+namespace {
+
+void fuzz_request(std::string_view in, size_t step) {
+    using namespace pulse::server;
+    HeadScan scan = scan_request_head(in, 0);
+    if (scan.state != HeadScan::State::complete) return;
+    if (scan.end <= scan.start || scan.end > in.size()) std::abort();
+    RequestHead head;
+    if (parse_request_head(in.substr(scan.start, scan.end - scan.start), head)) return;
+    if (head.version != "HTTP/1.1" && head.version != "HTTP/1.0") std::abort();
+    if (head.fields.size() > kMaxHeaderFields || head.length < 0) std::abort();
+    bool has_length = false, has_te = false;
+    for (const auto& [name, value] : head.fields) {
+        for (char c : name + value)
+            if (c == '\r' || c == '\n' || c == '\0') std::abort();
+        if (name.size() == 14 && (name[0] | 0x20) == 'c' && (name[8] | 0x20) == 'l') has_length = true;  // Content-Length
+        if (name.size() == 17 && (name[0] | 0x20) == 't' && (name[9] | 0x20) == 'e') has_te = true;    // Transfer-Encoding
+    }
+    if (head.body == RequestHead::Body::chunked && (has_length || head.version == "HTTP/1.0")) std::abort();
+    if (has_te && head.body != RequestHead::Body::chunked) std::abort();
+    using pulse::gateway::BodyDecoder;
+    if (head.body == RequestHead::Body::none) return;
+    BodyDecoder d = head.body == RequestHead::Body::chunked ? BodyDecoder(BodyDecoder::Framing::chunked, 0, true)
+                                                            : BodyDecoder(BodyDecoder::Framing::length, head.length, true);
+    std::string body;
+    std::string_view rest = in.substr(scan.end);
+    for (size_t off = 0; off < rest.size(); off += step) {
+        std::string_view piece = rest.substr(off, step);
+        size_t used = 0;
+        if (!d.feed(piece, body, &used) || d.complete()) break;
+        if (used > piece.size()) std::abort();
+    }
+    if (d.complete() && head.body == RequestHead::Body::length && static_cast<int64_t>(body.size()) != head.length) std::abort();
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace pulse::gateway;
     if (size < 2) return 0;
     const size_t step = 1 + data[0] % 64;
     std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
+    fuzz_request(in, step);
     size_t end = in.find("\r\n\r\n");
     ResponseHead head;
     std::string_view rest = in;

@@ -65,6 +65,28 @@ TEST_CASE("chunked: malformed framing is an error that names the problem") {
     CHECK_FALSE(d.complete());
 }
 
+TEST_CASE("chunked, strict (client requests): CRLF only, nothing after a size but an extension") {
+    auto strict = [] { return BodyDecoder(BodyDecoder::Framing::chunked, 0, /*strict=*/true); };
+    for (size_t piece : {size_t(0), size_t(1), size_t(3)}) {
+        CAPTURE(piece);
+        auto ok = decode(strict(), "5;name=value\r\nhello\r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n", piece);
+        CHECK(ok.ok);
+        CHECK(ok.complete);
+        CHECK(ok.body == "hello0123456789");
+        for (const char* bad : {"5\nhello\r\n0\r\n\r\n", "5\r\nhello\n0\r\n\r\n", "5\r\nhello\r\n0\n\n", "5\r\nhello\r\n0\r\n\n",
+                                "5 \r\nhello\r\n0\r\n\r\n", "5\t\r\nhello\r\n0\r\n\r\n", "5;a\nhello\r\n0\r\n\r\n",
+                                "5\r\nhello\r\n0\r\nX-T: 1\n\r\n", "5\r\nhello\r\n0\r\nX-T: a\x01\r\n\r\n"}) {
+            CAPTURE(bad);
+            CHECK_FALSE(decode(strict(), bad, piece).ok);
+        }
+        // Upstream responses are read as leniently as before: bare LF, whitespace after a size.
+        auto lenient = decode(chunked(), "5 \nhello\n0\n\n", piece);
+        CHECK(lenient.ok);
+        CHECK(lenient.complete);
+        CHECK(lenient.body == "hello");
+    }
+}
+
 TEST_CASE("chunked: EOF is a clean end only after the last chunk") {
     BodyDecoder d = chunked();
     std::string out;

@@ -125,7 +125,9 @@ TEST_CASE("mid-stream failures: backend error event and a truncated stream") {
         Gateway gw(model_toml(be.url()));
         auto st = check_stream(post(gw.port, "/v1/responses", request()).body);
         CHECK(st.terminal == "response.failed");
-        CHECK(str((*st.response)["error"], "message") == "CUDA out of memory");
+        // The error came before any output: a failure of the endpoint (retried elsewhere; here
+        // there is no other), whose message the client gets.
+        CHECK(str((*st.response)["error"], "message").find("CUDA out of memory") != std::string::npos);
     }
     {
         FakeBackend be(R"({"turns":[{"content":"half an answer","truncate":true}]})");

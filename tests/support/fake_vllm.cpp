@@ -31,7 +31,8 @@
 //   "die_after": N, "die": how  fail mid-stream after N output deltas (reasoning, content and
 //                               tool-call deltas; the role chunk is not one): "drop" (default)
 //                               closes the connection, "kill" SIGKILLs this process (kill -9),
-//                               "error" sends an {"error":{...}} event then [DONE], "stall"
+//                               "error" sends an {"error":{...}} event then [DONE], "malformed"
+//                               a chunk that is not JSON (cut mid-object) then [DONE], "stall"
 //                               sends nothing more for "stall_ms" (default 60000) then ends.
 //                               A continuation request (below) does not fail unless
 //                               "die_on_continuation" is true.
@@ -490,6 +491,10 @@ public:
                 if (die == "kill") ::kill(::getpid(), SIGKILL);
                 if (die == "error") {
                     send(R"({"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root cause.","type":"InternalServerError","code":500}})");
+                    out << "data: [DONE]\n\n";
+                    out.flush();
+                } else if (die == "malformed") {
+                    send(R"({"id":"chatcmpl-x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"cut)");
                     out << "data: [DONE]\n\n";
                     out.flush();
                 } else if (die == "stall") {

@@ -10,10 +10,17 @@
 #include <Poco/Net/HTTPResponse.h>
 #include <Poco/Net/ServerSocket.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <regex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include <rapidjson/document.h>
@@ -178,6 +185,47 @@ inline HttpResult post(uint16_t port, const std::string& path, const std::string
     r.budget = resp.get("X-Pulse-Reasoning-Budget", "");
     r.body.assign(std::istreambuf_iterator<char>(in), {});
     return r;
+}
+
+// A raw loopback connection, for what HTTP client libraries will not send.
+struct Raw {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    explicit Raw(uint16_t port) {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    }
+    ~Raw() { ::close(fd); }
+    bool send(std::string_view s) { return ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size()); }
+    // Reads until EOF or `ms`; `reset` tells whether the connection ended with an RST.
+    std::string read_all(int ms, bool* reset = nullptr, bool* eof = nullptr) {
+        std::string out;
+        auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+        char buf[65536];
+        if (reset) *reset = false;
+        if (eof) *eof = false;
+        while (std::chrono::steady_clock::now() < until) {
+            pollfd p{fd, POLLIN, 0};
+            if (::poll(&p, 1, 50) <= 0) continue;
+            ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+            if (n > 0) {
+                out.append(buf, static_cast<size_t>(n));
+                continue;
+            }
+            if (n < 0 && reset) *reset = errno == ECONNRESET;
+            if (eof) *eof = n == 0;
+            break;
+        }
+        return out;
+    }
+};
+
+inline std::string post_head(const std::string& body, const std::string& version = "HTTP/1.1") {
+    // Connection: close, so each answer ends with EOF and a reader knows it has all of it.
+    return "POST /v1/responses " + version + "\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 struct Event {
