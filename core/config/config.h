@@ -106,6 +106,11 @@ struct Upstream {
     double keepalive_s = 10;
     double idle_timeout_s = 300;  // longest gap between upstream chunks once streaming
     double head_timeout_s = 300;  // longest wait for a backend's response head after the request was sent
+    // A request that has heard nothing from its backend for liveness_after_s asks the backend,
+    // on another connection, whether it is alive (GET {base}/models): no answer within
+    // liveness_timeout_s means frozen, and the request moves on at once (0 = never ask).
+    double liveness_after_s = 8;
+    double liveness_timeout_s = 4;
     double health_interval_s = 5;
     // Directory of endpoint fragments (*.toml) written by `pulse model up`; "" = none.
     std::filesystem::path endpoint_fragments;

@@ -22,6 +22,7 @@
 
 #include "config/config.h"
 #include "gateway/endpoint_health.h"
+#include "gateway/liveness.h"
 #include "gateway/policy.h"
 #include "gateway/response_builder.h"
 #include "gateway/stream_loop.h"
@@ -140,6 +141,7 @@ private:
 
     std::unique_ptr<PrefixStore> prefixes_;
     std::unique_ptr<Warmer> warmer_;
+    std::unique_ptr<Liveness> liveness_ = std::make_unique<Liveness>();  // outlives relay_: its streams ask it
     std::unique_ptr<StreamLoop> relay_;
 
     std::atomic<bool> draining_{false}, cutting_{false};

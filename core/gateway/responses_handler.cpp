@@ -516,7 +516,7 @@ private:
         if (!ep.backend) {
             for (bool fresh = false, resent = false;;) {
                 UpEvent error;
-                std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, active_request(), cfg_.upstream, fresh, error);
+                std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, active_request(), cfg_.upstream, fresh, error, gw_.liveness_.get());
                 Attempt a = body ? relay(std::move(body), ep) : on_event(std::move(error), ep).value_or(Attempt::retry);
                 if (a == Attempt::resend && !resent) {
                     resent = true;

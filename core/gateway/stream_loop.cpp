@@ -343,7 +343,7 @@ private:
                 continue;
             }
             if (!s.paused && now >= s.body->idle_deadline()) {  // a paused backend is held back by us, not silent
-                if (s.job->on_upstream(s.body->idle_failure())) {
+                if (auto failure = s.body->silence(now); failure && s.job->on_upstream(std::move(*failure))) {
                     end(s);
                     continue;
                 }

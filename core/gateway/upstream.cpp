@@ -22,6 +22,7 @@
 
 #include "common/log.h"
 #include "common/http_body.h"
+#include "gateway/liveness.h"
 #include "gateway/sse.h"
 
 namespace pulse::gateway {
@@ -171,8 +172,9 @@ std::unique_ptr<Session> connect_and_send(const RequestTarget& t, bool from_pool
 // the response head, HTTP framing, then SSE.
 class HttpBody : public DetachedBody {
 public:
-    HttpBody(std::unique_ptr<Session> s, std::string key, bool reused, const config::Upstream& t)
-        : session_(std::move(s)), key_(std::move(key)), fd_(session_->socket().impl()->sockfd()), reused_(reused),
+    HttpBody(std::unique_ptr<Session> s, std::string key, bool reused, const config::Upstream& t, const config::Endpoint& ep, Liveness* liveness)
+        : session_(std::move(s)), key_(std::move(key)), fd_(session_->socket().impl()->sockfd()), reused_(reused), ep_(ep),
+          liveness_(t.liveness_after_s > 0 ? liveness : nullptr), liveness_after_s_(t.liveness_after_s), liveness_timeout_s_(t.liveness_timeout_s),
           idle_(duration_cast<steady_clock::duration>(duration<double>(t.idle_timeout_s))), idle_timeout_s_(t.idle_timeout_s),
           head_deadline_(steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(t.head_timeout_s))),
           head_timeout_s_(t.head_timeout_s) {}
@@ -205,13 +207,21 @@ public:
     }
 
     steady_clock::time_point idle_deadline() const override {
-        if (phase_ == Phase::head) return head_deadline_;  // a backend that took the request but never answers
-        return phase_ != Phase::body || done_ || exhausted_ ? steady_clock::time_point::max() : last_byte_ + idle_;
+        const auto hard = silence_limit();
+        return hard == steady_clock::time_point::max() || !liveness_ ? hard : std::min(hard, liveness_check_at());
     }
-    UpEvent idle_failure() const override {
-        if (phase_ == Phase::head)
-            return failure(false, "no response head from the backend within " + seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
-        return failure(true, "no data from the backend for " + seconds_text(idle_timeout_s_) + " s (upstream.idle_timeout_s)");
+    std::optional<UpEvent> silence(steady_clock::time_point now) override {
+        const auto hard = silence_limit();
+        if (now >= hard) {
+            if (phase_ == Phase::head)
+                return failure(false, "no response head from the backend within " + seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
+            return failure(true, "no data from the backend for " + seconds_text(idle_timeout_s_) + " s (upstream.idle_timeout_s)");
+        }
+        if (!liveness_ || hard == steady_clock::time_point::max() || now < liveness_check_at()) return std::nullopt;
+        if (std::string why = liveness_->frozen(ep_, last_byte_, liveness_after_s_, liveness_timeout_s_); !why.empty())
+            return failure(phase_ == Phase::body, why);
+        next_check_ = now + milliseconds(250);  // until the probe has answered
+        return std::nullopt;
     }
     bool reusable() const override { return done_ && framing_.complete() && !broken_ && !close_; }
     bool ended() const override { return done_; }
@@ -223,6 +233,16 @@ public:
 private:
     enum class Phase { head, body, rejected, over };
     static constexpr size_t kMaxHead = 64 * 1024, kMaxRejectBody = 64 * 1024;
+
+    // When silence fails the request outright: the head timeout, then the idle timeout.
+    steady_clock::time_point silence_limit() const {
+        if (phase_ == Phase::head) return head_deadline_;  // a backend that took the request but never answers
+        return phase_ != Phase::body || done_ || exhausted_ ? steady_clock::time_point::max() : last_byte_ + idle_;
+    }
+    // When the endpoint's liveness is asked about next: liveness_after_s into a silence.
+    steady_clock::time_point liveness_check_at() const {
+        return std::max(next_check_, last_byte_ + duration_cast<steady_clock::duration>(duration<double>(liveness_after_s_)));
+    }
 
     static UpEvent failure(bool accepted, const std::string& what) { return upstream_failure(accepted, what); }
     void fail(std::vector<UpEvent>& out, const std::string& what) {
@@ -324,6 +344,10 @@ private:
     std::string key_;
     int fd_;
     bool reused_;
+    config::Endpoint ep_;
+    Liveness* liveness_;  // null: silence is judged by the timeouts alone
+    double liveness_after_s_, liveness_timeout_s_;
+    steady_clock::time_point next_check_{};
     Phase phase_ = Phase::head;
     int status_ = 0;
     std::string head_, body_, text_;
@@ -426,31 +450,39 @@ private:
 
 }  // namespace
 
-std::string probe_http(const config::Endpoint& ep, double timeout_s) {
+ProbeAnswer get_models(const config::Endpoint& ep, double timeout_s) {
+    ProbeAnswer a;
     try {
         Poco::URI uri(ep.url);
         std::string base = uri.getPath();
         while (!base.empty() && base.back() == '/') base.pop_back();
+        a.path = base + "/models";
         Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
         Poco::Timespan t(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6));
         s.setTimeout(t, t, t);
-        Poco::Net::HTTPRequest req(Poco::Net::HTTPRequest::HTTP_GET, base + "/models", Poco::Net::HTTPMessage::HTTP_1_1);
+        Poco::Net::HTTPRequest req(Poco::Net::HTTPRequest::HTTP_GET, a.path, Poco::Net::HTTPMessage::HTTP_1_1);
         s.sendRequest(req);
         Poco::Net::HTTPResponse resp;
         std::istream& in = s.receiveResponse(resp);
-        std::string body;
+        a.answered = true;
+        a.status = static_cast<int>(resp.getStatus());
         char buf[4096];
-        while (body.size() < 65536 && in.read(buf, sizeof buf).gcount() > 0) body.append(buf, static_cast<size_t>(in.gcount()));
-        if (resp.getStatus() == Poco::Net::HTTPResponse::HTTP_SERVICE_UNAVAILABLE && body.find("Loading model") != std::string::npos)
-            return "loading: the backend is still loading its model";  // llama-server: not ready, not failed
-        if (resp.getStatus() != Poco::Net::HTTPResponse::HTTP_OK)
-            return "probe GET " + base + "/models answered HTTP " + std::to_string(static_cast<int>(resp.getStatus()));
-        return {};
+        while (a.body.size() < 65536 && in.read(buf, sizeof buf).gcount() > 0) a.body.append(buf, static_cast<size_t>(in.gcount()));
     } catch (const Poco::Exception& e) {
-        return "probe failed: " + e.displayText();
+        a.error = e.displayText();
     } catch (const std::exception& e) {
-        return std::string("probe failed: ") + e.what();
+        a.error = e.what();
     }
+    return a;
+}
+
+std::string probe_http(const config::Endpoint& ep, double timeout_s) {
+    ProbeAnswer a = get_models(ep, timeout_s);
+    if (!a.answered) return "probe failed: " + a.error;
+    if (a.status == Poco::Net::HTTPResponse::HTTP_SERVICE_UNAVAILABLE && a.body.find("Loading model") != std::string::npos)
+        return "loading: the backend is still loading its model";  // llama-server: not ready, not failed
+    if (a.status != Poco::Net::HTTPResponse::HTTP_OK) return "probe GET " + a.path + " answered HTTP " + std::to_string(a.status);
+    return {};
 }
 
 int post_root_json(const config::Endpoint& ep, const std::string& path, const std::string& body, double timeout_s, std::string* answer) {
@@ -511,12 +543,12 @@ std::string BackendInstance::health(std::string* detail) {
 }
 
 std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,
-                                        bool fresh, UpEvent& error) {
+                                        bool fresh, UpEvent& error, Liveness* liveness) {
     RequestTarget t(ep, req, timeouts);
     try {
         bool reused = false;
         auto s = connect_and_send(t, !fresh, reused);
-        return std::make_unique<HttpBody>(std::move(s), t.key, reused, timeouts);
+        return std::make_unique<HttpBody>(std::move(s), t.key, reused, timeouts, ep, liveness);
     } catch (const Poco::Exception& e) {
         error = upstream_failure(false, e.displayText());
     } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@
 #include "plugin/plugin_manager.h"
 
 namespace pulse::gateway {
+
+class Liveness;
 
 struct UpEvent {
     enum class Kind {
@@ -46,10 +49,11 @@ public:
     // Reads what has arrived, never blocking, and appends the events it completes (accepted,
     // rejected, data, done, failed) to `out`. After `done` it only looks for the body's end.
     virtual void read(std::vector<UpEvent>& out) = 0;
-    // When the backend counts as silent for too long (upstream.head_timeout_s for the head,
-    // then upstream.idle_timeout_s between chunks), and the failure to report then.
+    // When the backend's silence is next looked at: upstream.head_timeout_s for the head, then
+    // upstream.idle_timeout_s between chunks, or sooner to ask whether it is frozen
+    // (liveness.h). silence(now) then gives the failure to report, or nothing yet.
     virtual std::chrono::steady_clock::time_point idle_deadline() const = 0;
-    virtual UpEvent idle_failure() const = 0;
+    virtual std::optional<UpEvent> silence(std::chrono::steady_clock::time_point now) = 0;
     // The terminal marker and the end of the HTTP body were both read: the connection can
     // serve another request.
     virtual bool reusable() const = 0;
@@ -72,8 +76,17 @@ public:
 // Sends `req` to the endpoint the blocking way (an idle pooled connection unless `fresh`;
 // bounded by the connect timeout) and returns the connection for the stream loop to read the
 // response from. On failure: nullptr and a `failed` (before acceptance) event in `error`.
+// With `liveness`, a silent backend is also asked whether it is frozen (liveness.h).
 std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,
-                                        bool fresh, UpEvent& error);
+                                        bool fresh, UpEvent& error, Liveness* liveness = nullptr);
+
+// GET {base}/models on a connection of its own, bounded by `timeout_s` in all.
+struct ProbeAnswer {
+    bool answered = false;  // an HTTP response came (any status)
+    int status = 0;
+    std::string path, body, error;  // error: why nothing came
+};
+ProbeAnswer get_models(const config::Endpoint& ep, double timeout_s);
 
 // Active health probe of an HTTP endpoint: GET {base}/models must answer 200 within the
 // connect timeout. Returns "" when healthy, else why not.

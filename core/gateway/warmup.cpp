@@ -389,7 +389,7 @@ void Warmer::warm(const Job& job) {
                 if (e.kind == UpEvent::Kind::done) outcome = "ok";
                 if (e.kind == UpEvent::Kind::failed || e.kind == UpEvent::Kind::rejected) over = true;
             }
-            if (over || (outcome != "ok" && (up->exhausted() || steady_clock::now() >= up->idle_deadline()))) break;
+            if (over || (outcome != "ok" && (up->exhausted() || up->silence(steady_clock::now()).has_value()))) break;
         }
         metrics::global()
             .counter("pulse_warmup_requests_total", "prefix warmup requests by outcome",

@@ -7,6 +7,7 @@
 // the body with the strict decoder. Invariants: an accepted head has one framing (never both a
 // length and chunked, no Transfer-Encoding in HTTP/1.0), no CR, LF or NUL in any field, at most
 // kMaxHeaderFields fields, and a head end the scanner found past its start.
+#include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -17,6 +18,13 @@
 #include "server/request_head.h"
 
 namespace {
+
+bool iequals(std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+    return true;
+}
 
 void fuzz_request(std::string_view in, size_t step) {
     using namespace pulse::server;
@@ -31,8 +39,8 @@ void fuzz_request(std::string_view in, size_t step) {
     for (const auto& [name, value] : head.fields) {
         for (char c : name + value)
             if (c == '\r' || c == '\n' || c == '\0') std::abort();
-        if (name.size() == 14 && (name[0] | 0x20) == 'c' && (name[8] | 0x20) == 'l') has_length = true;  // Content-Length
-        if (name.size() == 17 && (name[0] | 0x20) == 't' && (name[9] | 0x20) == 'e') has_te = true;    // Transfer-Encoding
+        if (iequals(name, "Content-Length")) has_length = true;
+        if (iequals(name, "Transfer-Encoding")) has_te = true;
     }
     if (head.body == RequestHead::Body::chunked && (has_length || head.version == "HTTP/1.0")) std::abort();
     if (has_te && head.body != RequestHead::Body::chunked) std::abort();

@@ -83,6 +83,62 @@ TEST_CASE("a backend that never sends its response head is given up after upstre
     CHECK(gw.log().find("no response head from the backend within 0.5 s (upstream.head_timeout_s)") != std::string::npos);
 }
 
+// 1b. A backend that froze with the request (SIGSTOP, a hung driver) is found by asking it on
+// another connection, not by waiting out head_timeout_s; one that is only busy answers that
+// question and is waited on.
+TEST_CASE("a frozen backend is failed over within liveness_after_s + liveness_timeout_s; a busy one is waited on") {
+    const std::string fast_liveness = std::string(kFast) + "retry_window_s = 0\nliveness_after_s = 1\nliveness_timeout_s = 1\n";
+    {
+        // Busy: no head for 4 s, but its HTTP server answers GET /models meanwhile.
+        FakeBackend busy(R"({"turns":[{"head_stall_ms":4000,"content":"worth the wait"}]})");
+        FakeBackend other(R"({"turns":[{"content":"from the second"}]})");
+        Gateway gw(model_toml({busy.url(), other.url()}), "", fast_liveness);
+        auto r = post(gw.port, "/v1/responses", request(false), {}, 30);
+        CHECK(r.status == 200);
+        CHECK(r.body.find("worth the wait") != std::string::npos);
+        CHECK(other.requests().empty());
+    }
+    for (bool streaming : {false, true}) {
+        CAPTURE(streaming);
+        // Frozen: it takes the request, then the process stops (SIGSTOP) before answering.
+        FakeBackend frozen(R"({"turns":[{"head_stall_ms":3000,"content":"never"}]})");
+        FakeBackend other(R"({"turns":[{"content":"from the second"}]})");
+        Gateway gw(model_toml({frozen.url(), other.url()}), "", fast_liveness + "head_timeout_s = 60\n");
+        auto t0 = steady_clock::now();
+        auto answer = std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request(streaming), {}, 60); });
+        REQUIRE(eventually([&] { return !frozen.requests().empty(); }, 5000));
+        frozen.child->signal(SIGSTOP);
+        auto r = answer.get();
+        frozen.child->signal(SIGCONT);
+        const double took = duration<double>(steady_clock::now() - t0).count();
+        MESSAGE("frozen backend failed over after " << took << " s");
+        CHECK(r.status == 200);
+        CHECK(r.body.find("from the second") != std::string::npos);
+        CHECK(took < 6);  // head_timeout_s is 60
+        CHECK(gw.log().find("the backend stopped answering (frozen?)") != std::string::npos);
+    }
+}
+
+TEST_CASE("a backend that freezes mid-answer is resumed elsewhere within the liveness bound, not after idle_timeout_s") {
+    const char* words = "one two three four five six seven eight nine ten eleven twelve";
+    FakeBackend frozen(std::string(R"({"turns":[{"content":")") + words + R"(","delay_ms":300}]})");
+    FakeBackend other(std::string(R"({"turns":[{"content":")") + words + R"("}]})");
+    Gateway gw(model_toml({frozen.url(), other.url()}), "",
+               std::string(kFast) + "retry_window_s = 10\nliveness_after_s = 1\nliveness_timeout_s = 1\nidle_timeout_s = 60\n");
+    auto t0 = steady_clock::now();
+    auto answer = std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request(), {}, 60); });
+    std::this_thread::sleep_for(milliseconds(1200));  // a few words out
+    frozen.child->signal(SIGSTOP);
+    auto st = check_stream(answer.get().body);
+    frozen.child->signal(SIGCONT);
+    const double took = duration<double>(steady_clock::now() - t0).count();
+    MESSAGE("resumed and finished after " << took << " s");
+    CHECK(st.terminal == "response.completed");
+    CHECK(str(st.item(0)["content"][0], "text") == words);
+    CHECK(took < 8);
+    CHECK(gw.log().find("resuming the response after") != std::string::npos);
+}
+
 // 2. A non-streaming client always gets a status line and a JSON error.
 TEST_CASE("non-streaming: a backend that drops the connection before any event gets a JSON 503, not an empty reply") {
     FakeBackend drop(R"({"turns":[{"drop_after_head":true}]})");
