@@ -410,6 +410,13 @@ ResponseBuilder::Usage ResponseBuilder::attempt_usage() const {
     return usage_.reported ? usage_ : Usage{0, 0, attempt_deltas_, std::min(reasoning_deltas_, attempt_deltas_), false};
 }
 
+ResponseBuilder::Usage ResponseBuilder::spent() const {
+    Usage u = attempt_usage();
+    u.output += carried_.output;
+    u.reasoning += carried_.reasoning;
+    return u;
+}
+
 ResponseBuilder::Usage ResponseBuilder::usage_totals() const {
     Usage u = usage_;
     u.input += carried_.input;

@@ -430,6 +430,11 @@ private:
         partial.AddMember("text", rapidjson::Value(point->text.c_str(), static_cast<rapidjson::SizeType>(point->text.size()), a), a);
         partial.AddMember("reasoning",
                           rapidjson::Value(point->reasoning.c_str(), static_cast<rapidjson::SizeType>(point->reasoning.size()), a), a);
+        // What the earlier attempts spent, so the continuation asks only for what is left of the
+        // request's limits (max_output_tokens, a reasoning budget).
+        const auto spent = builder_->spent();
+        partial.AddMember("output_tokens", rapidjson::Value(spent.output), a);
+        partial.AddMember("reasoning_tokens", rapidjson::Value(spent.reasoning), a);
         auto req = std::make_unique<pulse_upstream_req>();
         req->body.call = &call_;
         pulse_status_t rc = vt_->resume(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), host::view(&partial), req.get(), fresh);
@@ -459,6 +464,18 @@ private:
     std::optional<Attempt> resume_elsewhere(const EndpointRef& ep, const std::string& why) {
         // Bounded like any failover: the loop in serve() ends its rounds with the retry window.
         if (!rt_->cfg->resume || !vt_->resume || gw_.cutting() || lost_ || !builder_->can_resume()) return std::nullopt;
+        // The answer already has every token the client allowed: it ends as an uninterrupted one
+        // cut at that limit would, not with a continuation that would go past it.
+        if (auto limit = output_limit(); limit && builder_->spent().output >= *limit) {
+            call_.reset();
+            vt_->stream_finish(stream_, &call_, PULSE_STREAM_TRUNCATED, builder_.get());
+            builder_->begin_resume();  // drops the attempt's failure; its tokens count in the usage
+            builder_->finish(PULSE_FINISH_LENGTH);
+            outcome_ = outcome_of(builder_->end(PULSE_STREAM_CLEAN));
+            log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + ") after the answer reached max_output_tokens (" +
+                                       std::to_string(*limit) + "): it ends incomplete, as it would have there");
+            return Attempt::served;
+        }
         const bool was_resuming = resuming_;
         resuming_ = true;
         if (pulse_status_t rc = open_profile_stream(); rc != PULSE_OK) {
@@ -478,6 +495,12 @@ private:
                                    std::to_string(resumed_from_.first) + " bytes of text and " + std::to_string(resumed_from_.second) +
                                    " of reasoning on the next endpoint");
         return Attempt::retry;
+    }
+
+    // The request's max_output_tokens, or the model's configured default for it.
+    std::optional<int64_t> output_limit() const {
+        if (doc_.HasMember("max_output_tokens") && doc_["max_output_tokens"].IsInt64()) return doc_["max_output_tokens"].GetInt64();
+        return rt_->cfg->sampling.max_output_tokens;
     }
 
     steady_clock::time_point window_end() const {

@@ -80,7 +80,8 @@ pulse_status_t profile_resume(void* instance, pulse_call_t* call, const pulse_js
         auto& p = *static_cast<Profile*>(instance);
         Json req(g_host->json, request);
         Json part(g_host->json, partial);
-        Partial resume{std::string(part["text"].string_or("")), std::string(part["reasoning"].string_or(""))};
+        Partial resume{std::string(part["text"].string_or("")), std::string(part["reasoning"].string_or("")),
+                       part["output_tokens"].i64().value_or(0), part["reasoning_tokens"].i64().value_or(0)};
         auto info = request_info(p.options, req);
         Writer w(g_host->json, g_host->request->body(out));
         write_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log, &resume);

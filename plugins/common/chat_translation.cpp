@@ -607,12 +607,15 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
         if (v.is_number()) w.key(k).copy(v);
     }
     Json max_tokens = req["max_output_tokens"].is_number() ? req["max_output_tokens"] : sampling["max_output_tokens"];
-    if (max_tokens.is_number()) w.key("max_tokens").copy(max_tokens);
+    // A continuation asks for what is left of the limit: the client's budget covers every
+    // attempt together (the host ends the response itself when nothing is left).
+    if (max_tokens.is_number() && resume) w.key("max_tokens").i64(std::max<int64_t>(1, max_tokens.i64().value_or(0) - resume->output_tokens));
+    else if (max_tokens.is_number()) w.key("max_tokens").copy(max_tokens);
 
     // thinking switch, from the reasoning effort unless the profile pins it
     const bool thinking = thinking_on(opt, req);
     if (auto budget = req["reasoning"]["budget_tokens"].i64(); budget && thinking && opt.budget_field && !opt.budget_field->empty())
-        w.key(*opt.budget_field).i64(*budget);
+        w.key(*opt.budget_field).i64(resume ? std::max<int64_t>(0, *budget - resume->reasoning_tokens) : *budget);
     std::string kwargs = "{\"enable_thinking\":" + std::string(thinking ? "true" : "false");
     if (!opt.template_kwargs_json.empty()) kwargs += "," + opt.template_kwargs_json;
     w.key("chat_template_kwargs").raw(kwargs + "}");

@@ -196,6 +196,11 @@ check(st == 200 and ev and ev[-1]["type"] in ("response.completed", "response.in
 check(text.startswith("The quick brown fox ") and not text[len("The quick brown fox "):].startswith("The quick"),
       f"resumed text: the fake's words once, then the real server's continuation: {text!r}")
 check([e["sequence_number"] for e in ev] == list(range(len(ev))), "resumed response: sequence numbers")
+# The limit covers both attempts: the real server is asked for the 4 tokens left, not 8 more.
+usage = ev[-1]["response"]["usage"] if ev else {"output_tokens": -1}
+check(0 < usage["output_tokens"] <= 8, f"resumed response within max_output_tokens 8: {usage}")
+if ev and ev[-1]["type"] == "response.incomplete":
+    check(usage["output_tokens"] == 8, f"cut at the limit: 8 output tokens, {usage}")
 
 # A reasoning budget (reasoning.budget_tokens) is enforced by the real server.
 def reasoning_tokens(extra):

@@ -87,6 +87,35 @@ TEST_CASE("a backend that fails mid-answer: the same response continues on the n
     }
 }
 
+// The client's max_output_tokens covers every attempt together. A continuation used to ask for
+// the whole limit again: seven kills of a real llama-server gave 410-715 tokens for a limit of 400.
+TEST_CASE("a resumed answer stays within max_output_tokens and ends incomplete at the limit, as an uninterrupted one does") {
+    const std::string limited = R"({"model":"m","stream":true,"store":false,"max_output_tokens":8,"input":[{"role":"user","content":"tell me"}]})";
+    {
+        FakeBackend a(script(R"("die_after":3,"content":")" + kAnswer + "\"")), b(script(R"("content":")" + kAnswer + "\""));
+        Gateway gw(model_toml({a.url(), b.url()}), "", kUpstream, "[warmup]\nenabled = false\n");
+        Stream st = check_stream(post(gw.port, "/v1/responses", limited).body);
+        CHECK(st.terminal == "response.incomplete");
+        CHECK(std::string((*st.response)["incomplete_details"]["reason"].GetString()) == "max_output_tokens");
+        CHECK(message_text(st, 0) == "The quick brown fox jumps over the lazy ");  // the first 8 words, as from one server
+        rapidjson::Document up;
+        up.Parse(b.requests().at(0).c_str());
+        CHECK(up["max_tokens"].GetInt64() == 8 - 3);  // only what is left
+        CHECK((*st.response)["usage"]["output_tokens"].GetInt64() == 8);
+    }
+    {
+        // Killed right after its 8th token: nothing is left to ask for; no continuation is sent.
+        FakeBackend a(script(R"("die_after":8,"die":"kill","content":")" + kAnswer + "\"")), b(script(R"("content":")" + kAnswer + "\""));
+        Gateway gw(model_toml({a.url(), b.url()}), "", kUpstream, "[warmup]\nenabled = false\n");
+        Stream st = check_stream(post(gw.port, "/v1/responses", limited).body);
+        CHECK(st.terminal == "response.incomplete");
+        CHECK(std::string((*st.response)["incomplete_details"]["reason"].GetString()) == "max_output_tokens");
+        CHECK(message_text(st, 0) == "The quick brown fox jumps over the lazy ");
+        CHECK(b.requests().empty());
+        CHECK((*st.response)["usage"]["output_tokens"].GetInt64() == 8);
+    }
+}
+
 TEST_CASE("resume without a second endpoint: the same endpoint continues the response once it is back") {
     FakeBackend a(script(R"("die_after":3,"content":")" + kAnswer + "\""));
     Gateway gw(model_toml({a.url()}), "", kUpstream, "[warmup]\nenabled = false\n");

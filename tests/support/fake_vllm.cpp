@@ -23,6 +23,8 @@
 //   "truncate": true            close the stream without [DONE]
 //   "delay_ms": N               pause before each chunk (and "first_delay_ms" before the first)
 //   "usage": {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"}
+// A request's "max_tokens" is honoured as the real servers do: after that many output deltas
+// (one delta is one token here) the stream finishes with finish_reason "length".
 //   "match": text              the turn for any request whose body contains text (checked
 //                               first, in order; requests matching none use the rule above);
 //                               with "tools_seen": N only when the request carries N tool messages
@@ -481,10 +483,13 @@ public:
                                       ? -1
                                       : get_int(turn, "die_after", -1);
         const std::string die = get_str(turn, "die", "drop");
+        // The request's token limit, as the real servers apply it: one output delta is one token
+        // here; past the limit nothing more is said and the finish reason is "length".
+        const int64_t max_tokens = rq.IsObject() ? get_int(rq, "max_tokens", -1) : -1;
         int outputs = 0;
-        bool died = false;
+        bool died = false, cut = false;
         auto output = [&](const std::string& d) {
-            if (died) return;
+            if (died || cut) return;
             if (outputs == die_after) {
                 died = true;
                 record(R"({"served":)" + std::to_string(served) + R"(,"chunks":)" + std::to_string(chunks) + R"(,"died":)" + quote(die) + "}");
@@ -503,6 +508,11 @@ public:
                     out.flush();
                     ::shutdown(static_cast<Poco::Net::HTTPServerRequestImpl&>(req).socket().impl()->sockfd(), SHUT_RDWR);
                 }
+                return;
+            }
+            // Past the limit (a server killed after its last allowed token dies above instead).
+            if (max_tokens >= 0 && outputs >= max_tokens) {
+                cut = true;
                 return;
             }
             ++outputs;
@@ -563,7 +573,8 @@ public:
             resp.setKeepAlive(false);
             return;
         }
-        std::string finish = get_str(turn, "finish_reason", ncalls ? "tool_calls" : "stop");
+        std::string finish = cut ? "length" : get_str(turn, "finish_reason", ncalls ? "tool_calls" : "stop");
+        if (cut) completion = outputs, reasoning_tokens = std::min(reasoning_tokens, outputs);
         send(head + R"([{"index":0,"delta":{},"logprobs":null,"finish_reason":)" + quote(finish) + R"(,"stop_reason":null}]})");
         const rapidjson::Value* u = turn.HasMember("usage") ? &turn["usage"] : nullptr;
         int64_t prompt = u ? get_int(*u, "prompt_tokens", 0) : prompt_tokens;
