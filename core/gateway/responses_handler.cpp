@@ -548,6 +548,7 @@ private:
                 if (a == Attempt::resend) return Attempt::final;
                 if (a != Attempt::again || fresh) return a == Attempt::again ? Attempt::retry : a;
                 fresh = true;
+                // A race the pool's look cannot see (the backend closed as the request left): rare.
                 log::info("upstream", "the backend had closed the pooled connection to " + ep.cfg->name + "; sending again on a fresh one");
             }
         }

@@ -76,7 +76,7 @@ TOML
 launch_pulse
 base="http://127.0.0.1:$gport/v1"
 
-python3 - "$base" "http://127.0.0.1:$lport/v1" <<'PY' || fail "live llama-server checks failed"
+python3 - "$base" "http://127.0.0.1:$lport/v1" "$work/pulse.log" <<'PY' || fail "live llama-server checks failed"
 import json, sys, time, urllib.request, urllib.error
 base, llama = sys.argv[1], sys.argv[2]
 failures = []
@@ -210,6 +210,13 @@ def reasoning_tokens(extra):
 st, free = reasoning_tokens({})
 st2, capped = reasoning_tokens({"budget_tokens": 3})
 check(st == 200 and st2 == 200 and free > 10 and 0 < capped <= 4, f"reasoning budget 3: {capped} reasoning tokens (without: {free})")
+
+# Back-to-back requests: llama-server closes its end after each stream although it announces
+# keep-alive. A pooled connection it closed is seen (EOF) and not sent on: no resend, no warning
+# (29 of 30 requests were sent twice before).
+for i in range(10):
+    post(base + "/responses", dict(req, input=f"again {i}", stream=True))
+check("had closed the pooled connection" not in open(sys.argv[3]).read(), "requests sent on connections llama-server had closed")
 
 health = json.loads(urllib.request.urlopen(base.replace("/v1", "") + "/health", timeout=10).read())
 check(all(e["state"] == "healthy" for m in health["models"] if m["id"] != "resumable" for e in m["endpoints"]), f"endpoint marked down: {health}")
