@@ -49,13 +49,22 @@ public:
         while (!v.empty()) {
             auto [s, since] = std::move(v.back());
             v.pop_back();
-            if (now - since < kMaxIdleTime && s->connected() && !peer_closed(*s)) return std::move(s);
+            if (now - since >= kMaxIdleTime || !s->connected()) continue;
+            if (peer_closed(*s)) {
+                ++closed_by_peer_[key];
+                continue;
+            }
+            closed_by_peer_[key] = 0;
+            return std::move(s);
         }
         return nullptr;
     }
     void give(const std::string& key, std::unique_ptr<Session> s) {
         const auto now = steady_clock::now();
         std::lock_guard lock(m_);
+        // A backend that closed our idle connections twice in a row closes after every
+        // response: pooling for it only races its close (a request sent as the FIN arrives).
+        if (closed_by_peer_[key] >= 2) return;
         auto& v = idle_[key];
         // Oldest first: drop (close) those past the idle limit, which take() would never reach
         // while newer ones keep being used.
@@ -77,6 +86,7 @@ private:
     static constexpr size_t kMaxIdle = 64;
     std::mutex m_;
     std::map<std::string, std::vector<std::pair<std::unique_ptr<Session>, steady_clock::time_point>>> idle_;
+    std::map<std::string, int> closed_by_peer_;  // idle connections found closed in a row, per backend
 };
 
 SessionPool& pool() {

@@ -293,8 +293,19 @@ bool Warmer::restore(const Job& job) {
         st = slots_[job.ep.url];
     }
     if (!st.saved || st.total <= 0) return false;
+    // The server may have come back with fewer slots (-np 2, then -np 1): a slot it does not have
+    // cannot take a restore (it answered 501 for slot 1), so only the ones it has are asked for.
+    const int now_total = backend_slots(job.ep, timeouts_.connect_timeout_s);
+    const int asked = now_total > 0 ? std::min(now_total, st.total) : st.total;
+    if (asked < st.total)
+        log::info("warmup", "endpoint " + job.ep.name + " came back with " + std::to_string(now_total) + " slots, " + std::to_string(st.total) +
+                                " were saved: restoring the first " + std::to_string(asked));
+    {
+        std::lock_guard lock(m_);
+        if (now_total > 0) slots_[job.ep.url].total = now_total;  // what its next save covers
+    }
     int restored = 0;
-    for (int slot = 0; slot < st.total; ++slot) {
+    for (int slot = 0; slot < asked; ++slot) {
         std::string answer;
         int status = post_root_json(job.ep, "/slots/" + std::to_string(slot) + "?action=restore",
                                     "{\"filename\":\"" + slot_file(job.ep, slot) + "\"}", std::max(30.0, timeouts_.connect_timeout_s), &answer);
@@ -303,7 +314,7 @@ bool Warmer::restore(const Job& job) {
     }
     metrics::global().counter("pulse_slot_restores_total", "llama-server slots restored after a restart", {{"endpoint", job.ep.name}}).add(restored);
     if (restored == 0) return false;
-    log::info("warmup", "endpoint " + job.ep.name + " is back: restored " + std::to_string(restored) + " of " + std::to_string(st.total) +
+    log::info("warmup", "endpoint " + job.ep.name + " is back: restored " + std::to_string(restored) + " of " + std::to_string(asked) +
                             " saved slots (its prefix cache) instead of replaying prompts");
     return true;
 }

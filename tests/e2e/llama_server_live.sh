@@ -41,6 +41,18 @@ start_saving_server() {
   fail "the saving llama-server did not start"
 }
 start_saving_server
+# A third that saves two slots, to come back with one (-np 2, then -np 1).
+xport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -p "$work/slots2"
+start_shrinking_server() {
+  "$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$xport" --jinja --chat-template-file "$template" \
+    -c 4096 -np "$1" -t 1 --seed 1 --slot-save-path "$work/slots2" "${bias[@]}" >> "$work/llama-shrinking.log" 2>&1 &
+  shrinking_pid=$!
+  pids+=($shrinking_pid)
+  for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$xport/health" >/dev/null 2>&1 && return 0; sleep 0.02; done
+  fail "the shrinking llama-server did not start"
+}
+start_shrinking_server 2
 # A fake llama-server that dies four deltas into every answer it starts: mid-stream resume must
 # continue those answers on the real server.
 cat > "$work/dying.json" <<'JSON'
@@ -61,6 +73,11 @@ url = "http://127.0.0.1:$dport/v1"
 [[models.resumable.endpoints]]
 name = "real"
 url = "http://127.0.0.1:$lport/v1"
+[models.shrinking]
+profile = "llamacpp"
+[[models.shrinking.endpoints]]
+name = "shrinking"
+url = "http://127.0.0.1:$xport/v1"
 [models.saving]
 profile = "llamacpp"
 [[models.saving.endpoints]]
@@ -245,6 +262,21 @@ tail -n +"$((lines + 1))" "$work/llama-saving.log" | grep -q "selected slot by L
   || fail "the first request after the restore did not find the restored conversation in the slot"
 grep -q "endpoint ep0 cannot save its slots\|endpoint fake cannot save its slots" "$work/pulse.log" \
   || fail "a server without --slot-save-path was not reported as unable to save"
+
+# Two slots saved, the server back with one: only the slot it has is restored (restoring slot 1
+# was answered 501 and logged as a failure).
+shrink_prompt=${prompt/saving/shrinking}
+curl -sf "http://127.0.0.1:$gport/v1/responses" -H 'Content-Type: application/json' -d "$shrink_prompt" > /dev/null || fail "turn on the shrinking server"
+for _ in $(seq 1 250); do [ -s "$work/slots2/pulse-shrinking-slot1.bin" ] && break; sleep 0.02; done
+[ -s "$work/slots2/pulse-shrinking-slot1.bin" ] || fail "the gateway did not have llama-server save both slots"
+kill "$shrinking_pid"; wait "$shrinking_pid" 2>/dev/null || true
+for _ in $(seq 1 250); do curl -s "http://127.0.0.1:$gport/health" | grep -q '"name":"shrinking","url":"[^"]*","state":"down"' && break; sleep 0.02; done
+start_shrinking_server 1
+# (Slot 0 itself is refused too, with a 400: a slot file keeps its slot's context size, 2,048
+# tokens under -np 2, and the one slot now has 4,096. That is llama-server's rule; it is logged.)
+for _ in $(seq 1 500); do grep -q "endpoint shrinking: restoring slot 0\|endpoint shrinking is back: restored" "$work/pulse.log" && break; sleep 0.02; done
+grep -q "endpoint shrinking came back with 1 slots, 2 were saved: restoring the first 1" "$work/pulse.log" || fail "the shrinking server's slot count was not noticed"
+! grep -q "endpoint shrinking: restoring slot 1 failed" "$work/pulse.log" || fail "a slot the restarted server does not have was asked for"
 
 # A restart of the single-slot server (-np 1): the gateway sees it go and come back, and does not
 # replay recorded prefixes into its only slot (a live request would wait behind the replay).
