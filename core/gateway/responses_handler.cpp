@@ -493,7 +493,7 @@ private:
             .add();
         log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + "); resuming the response after " +
                                    std::to_string(resumed_from_.first) + " bytes of text and " + std::to_string(resumed_from_.second) +
-                                   " of reasoning on the next endpoint");
+                                   " of reasoning on the next endpoint (by text: re-tokenized there, a greedy answer may differ after the seam)");
         return Attempt::retry;
     }
 
