@@ -79,9 +79,6 @@ public:
     // What the backends reported, over every attempt (an earlier attempt that reported nothing
     // counts its output deltas as tokens: begin_resume).
     Usage usage_totals() const;
-    // Output deltas of the current attempt when its backend reported no usage (it failed, or
-    // the client left, before its last chunk), else 0: what the request log counts for it.
-    int64_t unreported_deltas() const { return usage_.reported ? 0 : attempt_deltas_; }
     // Output (and reasoning) tokens every attempt spent so far, this one counted from its
     // deltas when its backend has not reported usage: what a continuation may no longer spend.
     Usage spent() const;

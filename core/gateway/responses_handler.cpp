@@ -900,7 +900,7 @@ private:
         // in/cached are "-" when no backend reported usage (a stream that failed or was cancelled
         // before its last chunk); out then counts the deltas that reached the client.
         const auto known = [&](int64_t v) { return u.reported ? std::to_string(v) : std::string("-"); };
-        const int64_t out = u.output + (builder_ ? builder_->unreported_deltas() : 0);
+        const int64_t out = builder_ ? builder_->spent().output : 0;
         log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + name(outcome_) + " in=" + known(u.input) +
                                    " cached=" + known(u.cached) + " out=" + std::to_string(out) +
                                    " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +

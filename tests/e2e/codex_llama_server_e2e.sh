@@ -24,12 +24,11 @@ enter_netns "$@"
 call=$'<tool_call>\n<function=exec_command>\n<parameter=cmd>\necho hello from pulse > hello.txt\n</parameter>\n</function>\n</tool_call>'
 answer="Created hello.txt with the command; it says: hello from pulse"
 "$make_synthetic" --scripted "$work/model.gguf" "$call" "$answer"
-lport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+lport=$(free_port)
 "$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$lport" --jinja --chat-template-file "$template" \
   -c 65536 -np 1 -t 2 --seed 1 > "$work/llama.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$lport/health" >/dev/null 2>&1 && break; sleep 0.02; done
-curl -sf "http://127.0.0.1:$lport/health" >/dev/null || fail "llama-server did not start"
+wait_healthy "$lport" "llama-server"
 
 fport=$lport
 profile=llamacpp

@@ -25,7 +25,6 @@ cat > "$work/script.json" <<JSON
   {"content": "$answer", "die_after": 2, "die": "kill"}
 ]}
 JSON
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # supervise NAME PORT: the fake on a fixed port, started again whenever it dies (bounded).
 supervise() {
   ( for _ in $(seq 1 50); do

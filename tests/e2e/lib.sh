@@ -64,6 +64,16 @@ wait_port() {
   return 1
 }
 
+# free_port: a loopback port nobody listens on right now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# wait_healthy PORT WHAT: waits (bounded: 30 s) until GET /health on PORT answers 200 (a
+# llama-server loaded its model), else fails naming WHAT.
+wait_healthy() {
+  for _ in $(seq 1 1500); do curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0; sleep 0.02; done
+  fail "$2 did not start"
+}
+
 # start_fake SCRIPT_JSON_FILE: sets fport.
 start_fake() {
   "$fake" --script "$1" --port 0 --record "$work/requests.jsonl" --flavor "${flavor:-vllm}" > "$work/fake.log" 2>&1 &

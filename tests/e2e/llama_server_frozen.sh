@@ -24,7 +24,6 @@ enter_netns "$@"
 # until the token limit. The fast second server: the tiny model.
 "$make_synthetic" --bench Q8_0 "$work/bench.gguf" > /dev/null
 "$make_synthetic" --tiny "$work/tiny.gguf"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 bias=()
 for t in $(seq 128 255); do bias+=(--logit-bias "$t-inf"); done  # no invalid UTF-8 from random weights
 slow_port=$(free_port) fast_port=$(free_port)
@@ -35,10 +34,8 @@ pids+=($slow_pid)
 "$server" -m "$work/tiny.gguf" --host 127.0.0.1 --port "$fast_port" --jinja --chat-template-file "$template" \
   -c 4096 -np 2 -t 1 --seed 1 "${bias[@]}" > "$work/fast.log" 2>&1 &
 pids+=($!)
-for port in "$slow_port" "$fast_port"; do
-  for _ in $(seq 1 1500); do curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.02; done
-  curl -sf "http://127.0.0.1:$port/health" >/dev/null || fail "llama-server on $port did not start"
-done
+wait_healthy "$slow_port" "the slow llama-server"
+wait_healthy "$fast_port" "the fast llama-server"
 
 pulse_config_head 0
 cat >> "$work/pulse.toml" <<TOML

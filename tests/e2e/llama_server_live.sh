@@ -17,7 +17,7 @@ require_llama_server
 enter_netns "$@"
 
 "$make_synthetic" --tiny "$work/model.gguf"
-lport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+lport=$(free_port)
 # Byte tokens 128..255 are UTF-8 continuation/lead bytes: random weights would emit invalid
 # UTF-8, which llama-server's output parser rejects. Banned.
 # And the quote (byte token 34) is made likely, so that JSON strings written under a grammar end
@@ -27,30 +27,27 @@ for t in $(seq 128 255); do bias+=(--logit-bias "$t-inf"); done
 "$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$lport" --jinja --chat-template-file "$template" \
   -c 4096 -np 1 -t 2 --seed 1 "${bias[@]}" > "$work/llama.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$lport/health" >/dev/null 2>&1 && break; sleep 0.02; done
-curl -sf "http://127.0.0.1:$lport/health" >/dev/null || fail "llama-server did not start"
+wait_healthy "$lport" "llama-server"
 # A second server that can save its slots (--slot-save-path): its cache survives a restart.
-sport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+sport=$(free_port)
 mkdir -p "$work/slots"
 start_saving_server() {
   "$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$sport" --jinja --chat-template-file "$template" \
     -c 4096 -np 1 -t 2 --seed 1 --slot-save-path "$work/slots" "${bias[@]}" >> "$work/llama-saving.log" 2>&1 &
   saving_pid=$!
   pids+=($saving_pid)
-  for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$sport/health" >/dev/null 2>&1 && return 0; sleep 0.02; done
-  fail "the saving llama-server did not start"
+  wait_healthy "$sport" "the saving llama-server"
 }
 start_saving_server
 # A third that saves two slots, to come back with one (-np 2, then -np 1).
-xport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+xport=$(free_port)
 mkdir -p "$work/slots2"
 start_shrinking_server() {
   "$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$xport" --jinja --chat-template-file "$template" \
     -c 4096 -np "$1" -t 1 --seed 1 --slot-save-path "$work/slots2" "${bias[@]}" >> "$work/llama-shrinking.log" 2>&1 &
   shrinking_pid=$!
   pids+=($shrinking_pid)
-  for _ in $(seq 1 500); do curl -sf "http://127.0.0.1:$xport/health" >/dev/null 2>&1 && return 0; sleep 0.02; done
-  fail "the shrinking llama-server did not start"
+  wait_healthy "$xport" "the shrinking llama-server"
 }
 start_shrinking_server 2
 # A fake llama-server that dies four deltas into every answer it starts: mid-stream resume must
