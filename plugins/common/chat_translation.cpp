@@ -279,6 +279,7 @@ RequestInfo request_info(const Options& opt, const Json& req) {
         }
     }
 
+    info.thinking = thinking_on(opt, req);
     Json choice = req["tool_choice"];
     std::string_view mode = choice.string_or("");
     if (choice.is_object()) {
@@ -621,6 +622,7 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
     w.key("chat_template_kwargs").raw(kwargs + "}");
 
     if (opt.cache_prompt) w.key("cache_prompt").boolean(true);
+    if (opt.token_timings) w.key("timings_per_token").boolean(true);
     if (opt.slots > 0) {
         if (auto key = req["prompt_cache_key"].string(); key && !key->empty()) {
             uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across restarts
@@ -653,10 +655,21 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         if (is_context_error(msg)) return d->error(sink, PULSE_E_CONTEXT_LENGTH, str(msg));
         return host_->set_error(call, PULSE_E_UNAVAILABLE, str("the backend reported an error: " + msg));
     }
+    Json timings = chunk["timings"];
     Json choices = chunk["choices"];
+    if (auto n = timings["predicted_n"].i64()) {
+        generated_ = *n;
+        // Counts that come with the deltas (not only with the final usage) are per token.
+        if (choices.size() > 0) per_token_ = true;
+    }
     if (choices.size() > 0) {
         Json choice = choices.at(0);
         Json delta = choice["delta"];
+        // The first chunk of the answer proper (text or a call) ends the thinking: every token
+        // before its own (one a chunk, as llama-server streams) was thinking, the block's end
+        // and whatever produced no delta included.
+        if (!thought_ && per_token_ && (delta["content"].string_or("").size() > 0 || delta["tool_calls"].size() > 0))
+            thought_ = info_.thinking ? std::max<int64_t>(0, generated_ - 1) : 0;
         // vLLM >= 0.12 says "reasoning"; older vLLM and llama-server say "reasoning_content".
         for (std::string_view field : {"reasoning", "reasoning_content"}) {
             if (auto r = delta[field].string(); r && !r->empty()) {
@@ -686,14 +699,24 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         }
         if (auto f = choice["finish_reason"].string()) finish_ = finish_from(*f);
     }
+    // With per-token counts, the thinking took every token so far until the answer proper began
+    // (or none, when the model does not think for this request).
+    auto thought = [&](int64_t output) -> int64_t {
+        if (!per_token_) return -1;
+        if (!info_.thinking) return 0;
+        return thought_ ? *thought_ : output;
+    };
     Json u = chunk["usage"];
-    if (Json t = chunk["timings"]; !u.is_object() && t.is_object() && t["prompt_n"].is_number()) {
+    if (Json t = timings; !u.is_object() && t.is_object() && t["prompt_n"].is_number()) {
         // llama-server without usage: rebuild it from timings (prompt_n excludes the cached part).
+        // With timings_per_token that is every chunk: the count is exact at any point, so an
+        // answer cut off mid-stream has its tokens counted, not guessed from its deltas.
         pulse_usage_t usage{sizeof(pulse_usage_t), -1, -1, -1, -1};
         int64_t cache_n = t["cache_n"].i64().value_or(0);
         usage.input_tokens = t["prompt_n"].i64().value_or(0) + cache_n;
         usage.cached_tokens = cache_n;
         usage.output_tokens = t["predicted_n"].i64().value_or(-1);
+        usage.reasoning_tokens = thought(usage.output_tokens);
         if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;
     }
     if (u.is_object()) {
@@ -701,7 +724,7 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         usage.input_tokens = u["prompt_tokens"].i64().value_or(-1);
         usage.output_tokens = u["completion_tokens"].i64().value_or(-1);
         usage.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].i64().value_or(-1);
-        usage.reasoning_tokens = u["completion_tokens_details"]["reasoning_tokens"].i64().value_or(-1);
+        usage.reasoning_tokens = u["completion_tokens_details"]["reasoning_tokens"].i64().value_or(thought(usage.output_tokens));
         // llama-server: cached prompt tokens are in timings when usage lacks them.
         if (usage.cached_tokens < 0) usage.cached_tokens = chunk["timings"]["cache_n"].i64().value_or(-1);
         if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;

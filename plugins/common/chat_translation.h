@@ -36,6 +36,10 @@ struct Options {
     // llama-server extras: "cache_prompt": true and a stable id_slot per prompt_cache_key.
     bool cache_prompt = false;
     int64_t slots = 0;  // 0 = don't pin slots
+    // llama-server: "timings_per_token": true, so every chunk says how many tokens are generated
+    // so far (timings.predicted_n). It reports no reasoning count and some tokens produce no
+    // delta (the end of the thinking block, text its parser holds back): deltas are no count.
+    bool token_timings = false;
     // The request field that caps reasoning tokens per request (a request's
     // reasoning.budget_tokens goes there); "" = the backend has none. Unset: the dialect's.
     std::optional<std::string> budget_field;
@@ -65,6 +69,7 @@ struct RequestInfo {
     ToolMap tools;
     Forced forced;
     std::vector<std::string> dropped_tools;  // e.g. "web_search"
+    bool thinking = false;                   // the model thinks for this request
 };
 
 // Reads tools and tool_choice (used by build_request and by stream_open).
@@ -133,6 +138,11 @@ private:
     std::optional<pulse_finish_t> finish_;
     uint32_t emitted_calls_ = 0;
     Echo echo_text_, echo_reasoning_;
+    // Per-token counts (Options::token_timings): the tokens generated so far, and once the
+    // answer left its thinking block, how many of them the thinking took.
+    int64_t generated_ = -1;
+    bool per_token_ = false;
+    std::optional<int64_t> thought_;
 };
 
 // Classifies an upstream HTTP error body (vLLM and llama-server shapes).

@@ -5,7 +5,9 @@
 //   - `cache_prompt: true` by default, and with profile option `slots = N` a stable `id_slot`
 //     per Codex conversation (prompt_cache_key), so a conversation keeps its KV slot;
 //   - usage may be missing from the final chunk: it is rebuilt from `timings`
-//     (prompt_n + cache_n, cache_n, predicted_n);
+//     (prompt_n + cache_n, cache_n, predicted_n); `timings_per_token` makes every chunk carry
+//     them, so output and reasoning tokens are counted exactly (it reports no reasoning count,
+//     and not every token produces a delta);
 //   - a named tool_choice is silently treated as "auto", and "required" is not enforced on
 //     some templates: forced choices are enforced with a JSON schema (response_format);
 //   - HTTP 500 "Failed to parse tool call arguments as JSON" and exceed_context_size_error are
@@ -20,6 +22,7 @@ namespace {
 void adjust(pulse::chat::Options& o, const pulse::Json& cfg) {
     if (!cfg["cache_prompt"].present()) o.cache_prompt = true;  // llama-server's prefix reuse
     o.history_reasoning_field = "reasoning_content";
+    o.token_timings = true;  // exact output and reasoning counts (it reports no reasoning count)
     // llama-server caps reasoning per request with reasoning_budget_tokens (for templates with
     // reasoning tags).
     if (!o.budget_field) o.budget_field = "reasoning_budget_tokens";

@@ -50,6 +50,13 @@ start_shrinking_server() {
   wait_healthy "$xport" "the shrinking llama-server"
 }
 start_shrinking_server 2
+# A fourth that writes nothing but newlines, which its output parser trims from reasoning: tokens
+# that make no delta, as the end of a thinking block is.
+nport=$(free_port)
+"$server" -m "$work/model.gguf" --host 127.0.0.1 --port "$nport" --jinja --chat-template-file "$template" \
+  -c 1024 -np 1 -t 1 --seed 1 --logit-bias 10+100 > "$work/llama-newlines.log" 2>&1 &
+pids+=($!)
+wait_healthy "$nport" "the newline llama-server"
 # A fake llama-server that dies four deltas into every answer it starts: mid-stream resume must
 # continue those answers on the real server.
 cat > "$work/dying.json" <<'JSON'
@@ -70,6 +77,11 @@ url = "http://127.0.0.1:$dport/v1"
 [[models.resumable.endpoints]]
 name = "real"
 url = "http://127.0.0.1:$lport/v1"
+[models.newlines]
+profile = "llamacpp"
+[[models.newlines.endpoints]]
+name = "newlines"
+url = "http://127.0.0.1:$nport/v1"
 [models.shrinking]
 profile = "llamacpp"
 [[models.shrinking.endpoints]]
@@ -224,6 +236,18 @@ def reasoning_tokens(extra):
 st, free = reasoning_tokens({})
 st2, capped = reasoning_tokens({"budget_tokens": 3})
 check(st == 200 and st2 == 200 and free > 10 and 0 < capped <= 4, f"reasoning budget 3: {capped} reasoning tokens (without: {free})")
+
+# Reasoning tokens are tokens, not deltas: a server whose tokens make no delta (newlines, trimmed
+# from reasoning) still spends them. Cut off while thinking, every token was reasoning (0 were
+# counted before: one per delta). Thinking off, none is.
+st, body = post(base + "/responses", dict(req, model="newlines", input="think", max_output_tokens=12, reasoning={"effort": "high"}))
+u = json.loads(body)["usage"] if st == 200 else {}
+check(st == 200 and u.get("output_tokens") == 12 and u["output_tokens_details"]["reasoning_tokens"] == 12,
+      f"reasoning tokens of an answer cut off while thinking: {st} {u or body[:200]}")
+st, body = post(base + "/responses", dict(req, model="newlines", input="answer", max_output_tokens=12, reasoning={"effort": "none"}))
+u = json.loads(body)["usage"] if st == 200 else {}
+check(st == 200 and u.get("output_tokens") == 12 and u["output_tokens_details"]["reasoning_tokens"] == 0,
+      f"reasoning tokens with thinking off: {st} {u or body[:200]}")
 
 # Back-to-back requests: llama-server closes its end after each stream although it announces
 # keep-alive. A pooled connection it closed is seen (EOF) and not sent on: no resend, no warning

@@ -745,3 +745,35 @@ TEST_CASE("llama-server reports no reasoning token count: the reasoning deltas a
     REQUIRE(run.terminal == "response.completed");
     CHECK((*run.response)["response"]["usage"]["output_tokens_details"]["reasoning_tokens"].GetInt() == 3);
 }
+
+TEST_CASE("llamacpp: reasoning tokens are counted from llama-server's per-token timings, silent tokens included") {
+    Profile p("null", "llamacpp");
+    auto req = json(R"({"model":"m","input":"hi","reasoning":{"effort":"high"}})");
+    CHECK(p.build(req)["timings_per_token"].GetBool());
+    // What llama-server streams with timings_per_token: every chunk says how many tokens are
+    // generated so far; tokens that make no delta (here 3 and 4: the end of the thinking block,
+    // and one its parser held) are counted there and nowhere else.
+    auto timed = [](const std::string& delta, int n, const char* finish = "null") {
+        return R"({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":)" + delta + R"(,"finish_reason":)" + finish +
+               R"(}],"timings":{"cache_n":0,"prompt_n":12,"predicted_n":)" + std::to_string(n) + "}}";
+    };
+    const std::string final_usage = R"({"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19},)"
+                                    R"("timings":{"cache_n":0,"prompt_n":12,"predicted_n":7}})";
+    auto run = p.stream(req, {timed(R"({"reasoning_content":"one"})", 1), timed(R"({"reasoning_content":" two"})", 2),
+                              timed(R"({"content":"done"})", 5), timed(R"({"content":" now"})", 6), timed("{}", 7, "\"stop\""), final_usage});
+    REQUIRE(run.terminal == "response.completed");
+    const auto& u = (*run.response)["response"]["usage"];
+    CHECK(u["output_tokens"].GetInt() == 7);
+    CHECK(u["output_tokens_details"]["reasoning_tokens"].GetInt() == 4);  // 2 deltas, 4 tokens before the answer began
+
+    // Cut off by the limit while still thinking: every token was thinking (deltas said 2 of 5).
+    auto cut = p.stream(req, {timed(R"({"reasoning_content":"one"})", 1), timed(R"({"reasoning_content":" two"})", 3), timed("{}", 5, "\"length\""),
+                              R"({"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17}})"});
+    CHECK((*cut.response)["response"]["usage"]["output_tokens_details"]["reasoning_tokens"].GetInt() == 5);
+
+    // Thinking off: nothing counts as reasoning, whatever made no delta.
+    auto off = p.stream(json(R"({"model":"m","input":"hi","reasoning":{"effort":"none"}})"),
+                        {timed(R"({"content":"done"})", 3), timed("{}", 3, "\"stop\""),
+                         R"({"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}})"});
+    CHECK((*off.response)["response"]["usage"]["output_tokens_details"]["reasoning_tokens"].GetInt() == 0);
+}

@@ -455,8 +455,17 @@ public:
             if (!out.good()) gone = true;
             else ++chunks;
         };
+        // llama-server's counts: with "timings_per_token" every chunk carries timings, and
+        // predicted_n counts tokens that produced no delta too (the end of the thinking block).
+        const bool per_token = g_flavor == "llamacpp" && rq.IsObject() && rq.HasMember("timings_per_token") && rq["timings_per_token"].IsTrue();
+        int64_t generated = 0;
+        auto timings = [&] {
+            return R"("timings":{"cache_n":)" + std::to_string(std::max<int64_t>(prefix_cached, 0)) + R"(,"prompt_n":)" +
+                   std::to_string(prompt_tokens - std::max<int64_t>(prefix_cached, 0)) + R"(,"predicted_n":)" + std::to_string(generated) + "}";
+        };
         auto delta = [&](const std::string& d, const std::string& finish = "null") {
-            send(head + R"([{"index":0,"delta":)" + d + R"(,"logprobs":null,"finish_reason":)" + finish + "}]}");
+            send(head + R"([{"index":0,"delta":)" + d + R"(,"logprobs":null,"finish_reason":)" + finish + "}]" +
+                 (per_token ? "," + timings() : "") + "}");
         };
 
         delta(R"({"role":"assistant","content":""})");
@@ -516,6 +525,7 @@ public:
                 return;
             }
             ++outputs;
+            ++generated;
             delta(d);
         };
         int completion = 0, reasoning_tokens = 0;
@@ -545,6 +555,12 @@ public:
             output("{" + quote(rfield) + ":" + quote(w) + "}");
             ++completion;
             ++reasoning_tokens;
+        }
+        // The end of a thinking block ("</think>", "\n\n") is two tokens that make no delta.
+        if (g_flavor == "llamacpp" && !say_reasoning.empty() && !died && !cut) {
+            generated += 2;
+            completion += 2;
+            reasoning_tokens += 2;
         }
         for (const auto& w : pieces(say_content, echo && !cont_reasoning ? pre_content : "")) {
             output(R"({"content":)" + quote(w) + "}");
@@ -581,14 +597,16 @@ public:
         int64_t comp = u ? get_int(*u, "completion_tokens", completion) : completion;
         int64_t cached = u ? get_int(*u, "cached_tokens", 0) : std::max<int64_t>(prefix_cached, 0);
         int64_t rtok = u ? get_int(*u, "reasoning_tokens", reasoning_tokens) : reasoning_tokens;
+        // llama-server's usage has no completion_tokens_details (no reasoning count).
         std::string usage = R"({"prompt_tokens":)" + std::to_string(prompt) + R"(,"completion_tokens":)" + std::to_string(comp) +
                             R"(,"total_tokens":)" + std::to_string(prompt + comp) + R"(,"prompt_tokens_details":{"cached_tokens":)" +
-                            std::to_string(cached) + R"(},"completion_tokens_details":{"reasoning_tokens":)" + std::to_string(rtok) + "}}";
+                            std::to_string(cached) + "}" +
+                            (g_flavor == "llamacpp" ? std::string() : R"(,"completion_tokens_details":{"reasoning_tokens":)" + std::to_string(rtok) + "}") + "}";
         auto [draft_n, draft_acc] = spec_account();
         std::string draft = draft_n < 0 ? "" : R"(,"draft_n":)" + std::to_string(draft_n) + R"(,"draft_n_accepted":)" + std::to_string(draft_acc);
         if (g_flavor == "llamacpp")
             send(head + R"([],"usage":)" + usage + R"(,"timings":{"cache_n":)" + std::to_string(cached) + R"(,"prompt_n":)" +
-                 std::to_string(prompt - cached) + draft + "}}");
+                 std::to_string(prompt - cached) + R"(,"predicted_n":)" + std::to_string(comp) + draft + "}}");
         else
             send(head + R"([],"usage":)" + usage + "}");
         if (!gone) {
