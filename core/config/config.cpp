@@ -385,6 +385,7 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         if (!state.empty()) cfg.warmup.state_file = resolve(base, state).string();
         t.integer("max_prefixes", cfg.warmup.max_prefixes, 0, 100000);
         t.number("slot_save_interval_s", cfg.warmup.slot_save_interval_s, 0.05, 86400);
+        t.number("quiet_s", cfg.warmup.quiet_s, 0, 3600);
         t.reject_unknown();
     }
     if (const toml::table* ct = top.subtable("controller")) {

@@ -121,6 +121,9 @@ struct Warmup {
     std::string state_file;
     int64_t max_prefixes = 32;
     double slot_save_interval_s = 30;  // llama-server --slot-save-path: save its slots at most this often
+    // A replay starts only after the endpoint went this long without real traffic: a server
+    // that just came back is about to get the requests that waited for it.
+    double quiet_s = 2;
 };
 
 struct Config {

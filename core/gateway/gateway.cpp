@@ -204,7 +204,7 @@ void Gateway::start() {
     const auto& w = snap->cfg.warmup;
     prefixes_ = std::make_unique<PrefixStore>(w.enabled ? static_cast<size_t>(w.max_prefixes) : 0, 64u << 20);
     if (w.enabled && !w.state_file.empty()) prefixes_->load(w.state_file);
-    if (w.enabled) warmer_ = std::make_unique<Warmer>(*prefixes_, snap->cfg.upstream, w.slot_save_interval_s);
+    if (w.enabled) warmer_ = std::make_unique<Warmer>(*prefixes_, snap->cfg.upstream, w.slot_save_interval_s, w.quiet_s);
     relay_ = std::make_unique<StreamLoop>(static_cast<int>(snap->cfg.server.stream_threads));
     prober_ = std::thread([this] { probe_loop(); });
 }

@@ -58,12 +58,16 @@ std::string conversation_key(const rapidjson::Value& request) {
     return out;
 }
 
-std::string warm_body(const std::string& upstream_body) {
+std::string warm_body(const std::string& upstream_body, bool llama_server) {
     rapidjson::Document d;
     d.Parse(upstream_body.c_str(), upstream_body.size());
     if (!d.IsObject()) return {};
     d.RemoveMember("max_tokens");
     d.AddMember("max_tokens", 1, d.GetAllocator());
+    if (llama_server) {
+        d.RemoveMember("return_progress");
+        d.AddMember("return_progress", true, d.GetAllocator());
+    }
     rapidjson::StringBuffer b;
     rapidjson::Writer<rapidjson::StringBuffer> w(b);
     d.Accept(w);
@@ -190,8 +194,11 @@ void PrefixStore::load(const std::filesystem::path& file) {
     log::info("warmup", "loaded " + std::to_string(n) + " prompt prefixes from " + file.string());
 }
 
-Warmer::Warmer(PrefixStore& store, config::Upstream timeouts, double slot_save_interval_s)
-    : store_(store), timeouts_(timeouts), save_interval_(duration_cast<steady_clock::duration>(duration<double>(slot_save_interval_s))) {
+Warmer::Warmer(PrefixStore& store, config::Upstream timeouts, double slot_save_interval_s, double quiet_s)
+    : store_(store),
+      timeouts_(timeouts),
+      save_interval_(duration_cast<steady_clock::duration>(duration<double>(slot_save_interval_s))),
+      quiet_(duration_cast<steady_clock::duration>(duration<double>(quiet_s))) {
     thread_ = std::thread([this] { run(); });
 }
 
@@ -334,6 +341,26 @@ void Warmer::run() {
     }
 }
 
+// Waits until the endpoint has had no real request for warmup.quiet_s. A server that just came
+// back is about to get the requests that waited for it (held in the retry window, retried by the
+// client), and a replay running then is batched with them: its prefill delays their first token.
+// Bounded (10 min); false when stopping or when the endpoint went down again.
+bool Warmer::wait_quiet(const Job& job) {
+    auto quiet_since = steady_clock::now();
+    uint64_t seen = job.health->real_requests.load();
+    for (const auto deadline = quiet_since + minutes(10); steady_clock::now() < deadline;) {
+        if (job.health->in_flight.load() > 0 || job.health->real_requests.load() != seen) {
+            seen = job.health->real_requests.load();
+            quiet_since = steady_clock::now();
+        } else if (steady_clock::now() - quiet_since >= quiet_) {
+            return job.health->healthy();
+        }
+        std::unique_lock lock(m_);
+        if (cv_.wait_for(lock, milliseconds(20), [&] { return stop_; })) return false;
+    }
+    return false;
+}
+
 void Warmer::warm(const Job& job) {
     auto bodies = store_.bodies(job.model, job.wanted, job.since);
     if (bodies.empty()) return;
@@ -356,20 +383,16 @@ void Warmer::warm(const Job& job) {
         return;
     }
     log::info("warmup", "endpoint " + job.ep.name + " is back: replaying " + std::to_string(bodies.size()) +
-                            " prompt prefixes of model " + job.model);
+                            " prompt prefixes of model " + job.model + " once it has had no real request for " +
+                            std::to_string(duration_cast<milliseconds>(quiet_).count()) + " ms (warmup.quiet_s)");
     size_t sent = 0;
     for (const auto& [key, body] : bodies) {
-        // Wait (bounded) for a moment without real traffic on this endpoint.
-        for (int i = 0; i < 600 && job.health->in_flight.load() > 0; ++i) {
-            std::unique_lock lock(m_);
-            if (cv_.wait_for(lock, milliseconds(100), [&] { return stop_; })) return;
-        }
-        if (job.health->in_flight.load() > 0 || !job.health->healthy()) break;
+        if (!wait_quiet(job)) break;
         // A turn of this conversation completed since the endpoint came back (often the very
         // request that proved it back): its prefix is warm where it ran, so no replay.
         if (store_.served_since(job.model, key, job.since)) continue;
         pulse_upstream_req req;
-        std::string wb = warm_body(body);
+        std::string wb = warm_body(body, total > 0);
         if (wb.empty()) continue;
         req.body.reset();
         req.body.writer.RawValue(wb.data(), wb.size(), rapidjson::kObjectType);
@@ -381,7 +404,8 @@ void Warmer::warm(const Job& job) {
         auto deadline = steady_clock::now() + seconds(600);
         std::vector<UpEvent> events;
         // Read on this thread (the warmer's own): destroying `up` closes the connection, which
-        // makes the backend drop the replay at once.
+        // makes the backend drop the replay (llama-server at its next prompt batch, as the
+        // replay asks for progress chunks; vLLM at its next step).
         while (up && outcome == "failed" && steady_clock::now() < deadline) {
             if (job.health->real_requests.load() != real_before) {
                 outcome = "preempted";  // real traffic wins
@@ -392,7 +416,7 @@ void Warmer::warm(const Job& job) {
                 if (stop_) return;
             }
             pollfd p{up->fd(), POLLIN, 0};
-            ::poll(&p, 1, 100);
+            ::poll(&p, 1, 20);  // a real request is noticed within 20 ms
             events.clear();
             up->read(events);
             bool over = false;

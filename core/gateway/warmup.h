@@ -65,7 +65,7 @@ private:
 // Runs warmups on a background thread.
 class Warmer {
 public:
-    Warmer(PrefixStore& store, config::Upstream timeouts, double slot_save_interval_s);
+    Warmer(PrefixStore& store, config::Upstream timeouts, double slot_save_interval_s, double quiet_s = 2);
     ~Warmer();
 
     // An endpoint of `model` recovered: restore its saved slots (llama-server with
@@ -101,11 +101,12 @@ private:
     void warm(const Job& job);
     void save(const Job& job);
     bool restore(const Job& job);
+    bool wait_quiet(const Job& job);
     static std::string slot_file(const config::Endpoint& ep, int slot);
 
     PrefixStore& store_;
     config::Upstream timeouts_;
-    std::chrono::steady_clock::duration save_interval_;
+    std::chrono::steady_clock::duration save_interval_, quiet_;
     std::mutex m_;
     std::condition_variable cv_;
     std::deque<Job> jobs_;
@@ -121,7 +122,9 @@ private:
 // user message ("h:..."). Keys warmup's store and sticky routing.
 std::string conversation_key(const rapidjson::Value& request);
 
-// The warm version of an upstream body: same prompt, max_tokens 1.
-std::string warm_body(const std::string& upstream_body);
+// The warm version of an upstream body: same prompt, max_tokens 1. For llama-server also
+// "return_progress": true: it then sends a chunk after every prompt batch, and so sees a closed
+// connection (a cancelled replay) at the next batch, not at its once-a-second check.
+std::string warm_body(const std::string& upstream_body, bool llama_server = false);
 
 }  // namespace pulse::gateway

@@ -14,6 +14,7 @@
 #include <Poco/Net/StreamSocket.h>
 
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "support/gateway_harness.h"
@@ -206,7 +207,8 @@ TEST_CASE("warmup yields to real traffic: a real request preempts the warm reque
         return c;
     };
     auto backend = start_backend();
-    Gateway gw(model_toml({url}), "", std::string(kFast) + "retry_window_s = 10\n");
+    // No quiet period (warmup.quiet_s): the replays start the moment the backend is back.
+    Gateway gw(model_toml({url}), "", std::string(kFast) + "retry_window_s = 10\n", "[warmup]\nquiet_s = 0\n");
     for (int i = 0; i < 3; ++i)  // three conversations to replay
         check_stream(post(gw.port, "/v1/responses", request("\"conversation " + std::to_string(i) + "\"", "m",
                                                             R"(,"prompt_cache_key":"c)" + std::to_string(i) + "\"")).body);
@@ -218,6 +220,44 @@ TEST_CASE("warmup yields to real traffic: a real request preempts the warm reque
     auto real = check_stream(post(gw.port, "/v1/responses", request("\"real work\"")).body);
     CHECK(real.terminal == "response.completed");
     CHECK(eventually([&] { return get(gw.port, "/metrics").find(R"(outcome="preempted"} 1)") != std::string::npos; }));
+}
+
+TEST_CASE("warmup waits for warmup.quiet_s without real traffic: a request right after the recovery goes first") {
+    uint16_t port = free_port();
+    TempDir tmp;
+    auto script = tmp.write("s.json", R"({"turns":[{"content":"ok"}]})");
+    auto rec = tmp / "r.jsonl";
+    std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
+    auto start_backend = [&] {
+        auto c = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port",
+                                                                  std::to_string(port), "--record", rec.string()});
+        wait_for([&] { return c->stdout_so_far(); }, std::regex("listening on (127)"));
+        return c;
+    };
+    auto backend = start_backend();
+    Gateway gw(model_toml({url}), "", std::string(kFast) + "retry_window_s = 10\n", "[warmup]\nquiet_s = 1\n");
+    check_stream(post(gw.port, "/v1/responses", request("\"the long one\"", "m", R"(,"prompt_cache_key":"a")")).body);
+    backend.reset();
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }));
+    std::filesystem::remove(rec);
+    backend = start_backend();
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") == std::string::npos; }));
+    // Three real requests, 0.3 s apart: each restarts the quiet period.
+    for (int i = 0; i < 3; ++i) {
+        CHECK(check_stream(post(gw.port, "/v1/responses", request("\"real\"", "m", R"(,"prompt_cache_key":"b")")).body).terminal ==
+              "response.completed");
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    REQUIRE(eventually([&] { return gw.log().find("1 warm requests completed") != std::string::npos; }));
+    // The backend saw the three real requests first, then the replay (max_tokens 1).
+    std::vector<std::string> bodies;
+    std::istringstream lines(read_file(rec));
+    for (std::string line; std::getline(lines, line);)
+        if (line.find("\"messages\"") != std::string::npos) bodies.push_back(line);
+    REQUIRE(bodies.size() == 4);
+    for (int i = 0; i < 3; ++i) CHECK(bodies[i].find("\"max_tokens\":1,") == std::string::npos);
+    CHECK(bodies[3].find("\"max_tokens\":1") != std::string::npos);
+    CHECK(bodies[3].find("the long one") != std::string::npos);
 }
 
 TEST_CASE("warmup state persists across a gateway restart") {
