@@ -40,6 +40,9 @@ public:
     std::atomic<int> in_flight{0};
     // Bumped by every real request, so a warmup can tell that real traffic arrived.
     std::atomic<uint64_t> real_requests{0};
+    // Set when the endpoint came back after being down, cleared by the first real request that
+    // completes there: what that request found in the cache says what warmup achieved.
+    std::atomic<bool> awaiting_first_turn{false};
 
 private:
     std::string key_;

@@ -217,6 +217,7 @@ void Warmer::stop() {
 void Warmer::recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health,
                        std::function<bool(const std::string&)> wanted) {
     if (ep.is_plugin()) return;  // in-process backends manage their own caches
+    health->awaiting_first_turn = true;
     {
         std::lock_guard lock(m_);
         jobs_.push_back({Job::replay, model, ep, std::move(health), std::move(wanted)});
@@ -238,6 +239,20 @@ void Warmer::served(const config::Endpoint& ep, std::shared_ptr<EndpointHealth> 
         jobs_.push_back(std::move(j));
     }
     cv_.notify_all();
+}
+
+void Warmer::first_turn(const config::Endpoint& ep, EndpointHealth& health, int64_t input, int64_t cached) {
+    if (input <= 0 || !health.awaiting_first_turn.exchange(false)) return;
+    auto& reg = metrics::global();
+    reg.counter("pulse_recovery_first_requests_total", "first real request on an endpoint after it came back, by whether it found its prompt cached",
+                {{"endpoint", ep.name}, {"cache", cached > 0 ? "hit" : "miss"}})
+        .add();
+    reg.counter("pulse_recovery_cached_tokens_total", "prompt tokens the first request after a recovery found cached", {{"endpoint", ep.name}})
+        .add(static_cast<uint64_t>(cached));
+    reg.counter("pulse_recovery_input_tokens_total", "prompt tokens of the first request after a recovery", {{"endpoint", ep.name}})
+        .add(static_cast<uint64_t>(input));
+    log::info("warmup", "endpoint " + ep.name + ": the first request since it came back found " + std::to_string(cached) + " of its " +
+                            std::to_string(input) + " prompt tokens cached");
 }
 
 std::string Warmer::slot_file(const config::Endpoint& ep, int slot) {
@@ -319,10 +334,12 @@ bool Warmer::restore(const Job& job) {
         if (status == 200) ++restored;
         else log::warn("warmup", "endpoint " + job.ep.name + ": restoring slot " + std::to_string(slot) + " failed (HTTP " + std::to_string(status) + ")");
     }
-    metrics::global().counter("pulse_slot_restores_total", "llama-server slots restored after a restart", {{"endpoint", job.ep.name}}).add(restored);
+    metrics::global().counter("pulse_slot_restores_total", "llama-server slots loaded from their files after a restart", {{"endpoint", job.ep.name}}).add(restored);
     if (restored == 0) return false;
-    log::info("warmup", "endpoint " + job.ep.name + " is back: restored " + std::to_string(restored) + " of " + std::to_string(asked) +
-                            " saved slots (its prefix cache) instead of replaying prompts");
+    // Loaded is not reused: what a slot holds helps only a prompt that extends it (on a hybrid
+    // model exactly), so the replays that follow and the first real request say what it was worth.
+    log::info("warmup", "endpoint " + job.ep.name + " is back: loaded " + std::to_string(restored) + " of " + std::to_string(asked) +
+                            " saved slots; the replays show how much of them their prompts reuse");
     return true;
 }
 
@@ -336,19 +353,24 @@ void Warmer::run() {
             job = std::move(jobs_.front());
             jobs_.pop_front();
         }
-        if (job.kind == Job::save) save(job);
-        else if (!restore(job)) warm(job);
+        if (job.kind == Job::save) {
+            save(job);
+        } else {
+            restore(job);
+            warm(job);
+        }
     }
 }
 
 // Waits until the endpoint has had no real request for warmup.quiet_s. A server that just came
 // back is about to get the requests that waited for it (held in the retry window, retried by the
 // client), and a replay running then is batched with them: its prefill delays their first token.
-// Bounded (10 min); false when stopping or when the endpoint went down again.
-bool Warmer::wait_quiet(const Job& job) {
-    auto quiet_since = steady_clock::now();
-    uint64_t seen = job.health->real_requests.load();
-    for (const auto deadline = quiet_since + minutes(10); steady_clock::now() < deadline;) {
+// The quiet time runs from the recovery or the last real request seen, whichever is later (kept
+// in `q` across the replays of one recovery). Bounded (10 min); false when stopping or when the
+// endpoint went down again.
+bool Warmer::wait_quiet(const Job& job, Quiet& q) {
+    auto& [quiet_since, seen] = q;
+    for (const auto deadline = steady_clock::now() + minutes(10); steady_clock::now() < deadline;) {
         if (job.health->in_flight.load() > 0 || job.health->real_requests.load() != seen) {
             seen = job.health->real_requests.load();
             quiet_since = steady_clock::now();
@@ -361,33 +383,42 @@ bool Warmer::wait_quiet(const Job& job) {
     return false;
 }
 
+// A chunk's prompt usage: (input tokens, of them cached), from usage or llama-server's timings.
+static std::pair<int64_t, int64_t> prompt_usage(const std::string& chunk) {
+    rapidjson::Document d;
+    d.Parse(chunk.c_str(), chunk.size());
+    if (!d.IsObject()) return {0, 0};
+    auto num = [](const rapidjson::Value& o, const char* k) -> int64_t {
+        auto m = o.IsObject() ? o.FindMember(k) : o.MemberEnd();
+        return o.IsObject() && m != o.MemberEnd() && m->value.IsInt64() ? m->value.GetInt64() : -1;
+    };
+    auto u = d.FindMember("usage");
+    if (u == d.MemberEnd() || !u->value.IsObject()) return {0, 0};
+    int64_t input = num(u->value, "prompt_tokens"), cached = -1;
+    if (auto det = u->value.FindMember("prompt_tokens_details"); det != u->value.MemberEnd()) cached = num(det->value, "cached_tokens");
+    if (auto t = d.FindMember("timings"); cached < 0 && t != d.MemberEnd()) cached = num(t->value, "cache_n");
+    return {std::max<int64_t>(input, 0), std::clamp<int64_t>(cached, 0, std::max<int64_t>(input, 0))};
+}
+
 void Warmer::warm(const Job& job) {
     auto bodies = store_.bodies(job.model, job.wanted, job.since);
     if (bodies.empty()) return;
-    // A backend with one slot (llama-server -np 1) runs one request at a time: a replay there
-    // holds the slot against the live requests that are sure to come (a 16k-token replay kept a
-    // live turn waiting for seconds), and no preemption frees it before its current batch ends.
     // Asked again at each recovery (a restarted server may run with other flags); kept for saves.
+    // A one-slot llama-server (-np 1) gets its replays too: a real request arriving during one
+    // stops it at the server's next prompt batch, as on a server with more slots.
     const int total = backend_slots(job.ep, timeouts_.connect_timeout_s);
     {
         std::lock_guard lock(m_);
         slots_[job.ep.url].total = total;
     }
-    if (total == 1) {
-        log::info("warmup", "endpoint " + job.ep.name + " is back but serves one request at a time (llama-server -np 1): not replaying " +
-                                std::to_string(bodies.size()) + " prompt prefixes into it, so no live request waits behind one");
-        metrics::global()
-            .counter("pulse_warmup_requests_total", "prefix warmup requests by outcome",
-                     {{"model", job.model}, {"endpoint", job.ep.name}, {"outcome", "skipped_single_slot"}})
-            .add(bodies.size());
-        return;
-    }
     log::info("warmup", "endpoint " + job.ep.name + " is back: replaying " + std::to_string(bodies.size()) +
                             " prompt prefixes of model " + job.model + " once it has had no real request for " +
                             std::to_string(duration_cast<milliseconds>(quiet_).count()) + " ms (warmup.quiet_s)");
     size_t sent = 0;
+    int64_t prompt_tokens = 0, cached_tokens = 0;  // of the completed replays, as the backend reported
+    Quiet quiet{job.since, job.health->real_requests.load()};
     for (const auto& [key, body] : bodies) {
-        if (!wait_quiet(job)) break;
+        if (!wait_quiet(job, quiet)) break;
         // A turn of this conversation completed since the endpoint came back (often the very
         // request that proved it back): its prefix is warm where it ran, so no replay.
         if (store_.served_since(job.model, key, job.since)) continue;
@@ -423,6 +454,10 @@ void Warmer::warm(const Job& job) {
             for (const auto& e : events) {
                 if (e.kind == UpEvent::Kind::done) outcome = "ok";
                 if (e.kind == UpEvent::Kind::failed || e.kind == UpEvent::Kind::rejected) over = true;
+                if (e.kind == UpEvent::Kind::data && e.text.find("\"usage\"") != std::string::npos) {
+                    auto [input, cached] = prompt_usage(e.text);
+                    if (input > 0) prompt_tokens += input, cached_tokens += cached;
+                }
             }
             if (over || (outcome != "ok" && (up->exhausted() || up->silence(steady_clock::now()).has_value()))) break;
         }
@@ -433,7 +468,15 @@ void Warmer::warm(const Job& job) {
         if (outcome == "preempted") break;
         if (outcome == "ok") ++sent;
     }
-    log::info("warmup", "endpoint " + job.ep.name + ": " + std::to_string(sent) + " warm requests completed");
+    if (prompt_tokens > 0) {
+        metrics::global().counter("pulse_warmup_prompt_tokens_total", "prompt tokens of completed warmup replays", {{"endpoint", job.ep.name}})
+            .add(static_cast<uint64_t>(prompt_tokens));
+        metrics::global()
+            .counter("pulse_warmup_cached_tokens_total", "prompt tokens completed warmup replays found cached (restored slots)", {{"endpoint", job.ep.name}})
+            .add(static_cast<uint64_t>(cached_tokens));
+    }
+    log::info("warmup", "endpoint " + job.ep.name + ": " + std::to_string(sent) + " warm requests completed; their " + std::to_string(prompt_tokens) +
+                            " prompt tokens found " + std::to_string(cached_tokens) + " cached");
 }
 
 }  // namespace pulse::gateway

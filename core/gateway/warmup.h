@@ -69,13 +69,21 @@ public:
     ~Warmer();
 
     // An endpoint of `model` recovered: restore its saved slots (llama-server with
-    // --slot-save-path), else queue a replay of the model's recorded prefixes: those `wanted`
-    // accepts (sticky routing: the conversations that will be routed to this endpoint), or all.
+    // --slot-save-path), then replay the model's recorded prefixes: those `wanted` accepts
+    // (sticky routing: the conversations that will be routed to this endpoint), or all. After a
+    // restore a replay costs little where the slot holds its prompt, and where it cannot (a
+    // hybrid model's recurrent state is saved at the end of the last answer and cannot be
+    // rewound to a shorter prompt) it rebuilds the conversation, with the server's checkpoints,
+    // so that the next turn reuses it.
     void recovered(const std::string& model, const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health,
                    std::function<bool(const std::string& key)> wanted = nullptr);
     // A request completed on `ep`: its KV cache changed. A llama-server that can save its slots
     // is asked to, at most every warmup.slot_save_interval_s and only while it serves nothing.
     void served(const config::Endpoint& ep, std::shared_ptr<EndpointHealth> health);
+    // A real request completed on `ep` with this prompt usage (input tokens, of them cached).
+    // The first one after a recovery is logged and counted: the cache it found is what the
+    // restored slots and replays really left there (pulse_recovery_*).
+    void first_turn(const config::Endpoint& ep, EndpointHealth& health, int64_t input, int64_t cached);
     void stop();
 
 private:
@@ -101,7 +109,11 @@ private:
     void warm(const Job& job);
     void save(const Job& job);
     bool restore(const Job& job);
-    bool wait_quiet(const Job& job);
+    struct Quiet {
+        std::chrono::steady_clock::time_point since;  // the last real traffic seen (or the recovery)
+        uint64_t seen = 0;                            // EndpointHealth::real_requests then
+    };
+    bool wait_quiet(const Job& job, Quiet& q);
     static std::string slot_file(const config::Endpoint& ep, int slot);
 
     PrefixStore& store_;

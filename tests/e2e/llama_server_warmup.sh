@@ -100,7 +100,8 @@ replay_tokens=""
 for _ in $(seq 1 500); do replay_tokens=$(released "$mark" | awk -v t="$replay" '$1 == t {print $2}' | head -n1); [ -n "$replay_tokens" ] && break; sleep 0.02; done
 [ -n "$replay_tokens" ] && [ "$replay_tokens" -lt 1000 ] \
   || fail "the replay was not stopped by the real request (its slot stopped at ${replay_tokens:-?} of about 1,100 prompt tokens)"
-curl -s "$base/metrics" | grep -q 'pulse_warmup_requests_total{model="m",endpoint="llama",outcome="preempted"} 1' \
+metrics=$(curl -s "$base/metrics")
+grep -q 'pulse_warmup_requests_total{model="m",endpoint="llama",outcome="preempted"} 1' <<< "$metrics" \
   || fail "the replay was not counted as preempted"
 echo "time to first token: idle server ${idle}s; 0.2 s after a restart ${after_restart}s; during a replay ${mid_replay}s (the replay stopped at $replay_tokens prompt tokens)"
 echo "llama-server warmup: ok"
