@@ -576,8 +576,10 @@ int ttft(Options& o) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
             }
             if (!gw_metrics.empty()) {
+                // Settled: no new warmup request for 3 s. The gateway starts its replays only
+                // after warmup.quiet_s (2 s by default) without real traffic.
                 double last = warmup_count();
-                for (int stable = 0, i = 0; stable < 3 && i < 600; ++i) {
+                for (int stable = 0, i = 0; stable < 15 && i < 600; ++i) {
                     std::this_thread::sleep_for(std::chrono::milliseconds(200));
                     double now = warmup_count();
                     stable = now == last ? stable + 1 : 0;
