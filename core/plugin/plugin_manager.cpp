@@ -215,14 +215,49 @@ static std::string exported_symbols(const fs::path& path, std::vector<std::strin
     return {};
 }
 
+std::string check_directory_path(const fs::path& dir, uid_t service_uid) {
+    if (service_uid == static_cast<uid_t>(-1)) service_uid = geteuid();
+    std::error_code ec;
+    fs::path real = fs::canonical(dir, ec);
+    if (ec) return "cannot resolve " + dir.string() + ": " + ec.message();
+    // As sshd's StrictModes: whoever can write any directory on the way can swap what lies
+    // below it. A sticky directory (/tmp) lets nobody but an entry's owner replace it, and the
+    // entry below is checked in turn.
+    fs::path at;
+    for (const auto& part : real) {
+        at /= part;
+        struct stat st {};
+        if (::stat(at.c_str(), &st) != 0) return "cannot stat " + at.string() + ": " + std::strerror(errno);
+        if (st.st_uid != 0 && st.st_uid != service_uid)
+            return "directory " + at.string() + " on its path: owner: expected root or the service user (" + user_name(service_uid) + "), found " +
+                   user_name(st.st_uid) + " (fix: chown root " + at.string() + ")";
+        if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+            return "directory " + at.string() + " on its path: mode: expected not writable by group or others, found " + octal(st.st_mode) +
+                   ": whoever can write it can replace what lies below (fix: chmod go-w " + at.string() + ")";
+    }
+    return {};
+}
+
 std::string check_file(const fs::path& path, uid_t service_uid) {
     std::error_code ec;
-    if (fs::is_symlink(path, ec)) {
-        // A link is as safe as where it points: whoever can write the target's directory can
-        // replace the code, so that directory passes the plugin directory's test too.
+    // Every hop of a symlink chain counts: whoever can write the directory a link lies in can
+    // retarget it, and whoever can write the target's directories can replace the code.
+    fs::path hop = path;
+    for (int hops = 0; fs::is_symlink(hop, ec); ++hops) {
+        fs::path to = fs::read_symlink(hop, ec);
+        if (ec || hops == 40) return "symlink to " + to.string() + " which cannot be resolved (fix: repair or remove the link)";
+        if (to.is_relative()) to = hop.parent_path() / to;
+        if (hops > 0)
+            if (std::string p = check_directory_path(hop.parent_path(), service_uid); !p.empty())
+                return "symlink through " + hop.string() + ", whose directory is unsafe: " + p;
+        hop = to;
+    }
+    if (hop != path) {
         fs::path target = fs::canonical(path, ec);
         if (ec) return "symlink to " + fs::read_symlink(path, ec).string() + " which cannot be resolved (fix: repair or remove the link)";
         if (std::string p = check_permissions(target.parent_path(), service_uid); !p.empty())
+            return "symlink to " + target.string() + ", whose directory is unsafe: " + p;
+        if (std::string p = check_directory_path(target.parent_path(), service_uid); !p.empty())
             return "symlink to " + target.string() + ", whose directory is unsafe: " + p;
     }
     return check_permissions(path, service_uid);
@@ -339,7 +374,9 @@ void PluginManager::scan_dir(const fs::path& dir, bool configured) {
         else log::debug("plugins", "drop-in directory " + dir.string() + " does not exist");
         return;
     }
-    if (std::string p = check_permissions(dir, options_.service_uid); !p.empty()) {
+    std::string p = check_permissions(dir, options_.service_uid);
+    if (p.empty()) p = check_directory_path(dir, options_.service_uid);
+    if (!p.empty()) {
         PluginStatus s;
         s.path = dir;
         s.state = State::rejected;
@@ -499,11 +536,16 @@ std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path,
         call.has_message = true;
     }
     gen->ctx.in_init = false;
+    std::string refused;  // what the host refused at registration, if anything
+    for (const auto& p : gen->ctx.problems) refused += (refused.empty() ? "" : "; ") + p;
+    // An init that passes on a refused register_* call's status has no message of its own: the
+    // refusal is the reason, and the author needs it, not "without an error message".
+    if (rc != PULSE_OK && !call.has_message && !refused.empty())
+        return reject(State::failed, "init failed: the host refused its registration: " + refused);
     if (rc != PULSE_OK) return reject(State::failed, std::string("init failed: ") + host::call_error(call, rc, st.id));
     gen->initialized = true;
     if (!gen->ctx.problems.empty()) {
-        std::string joined;
-        for (const auto& p : gen->ctx.problems) joined += (joined.empty() ? "" : "; ") + p;
+        const std::string& joined = refused;
         finalize(*gen);
         return reject(State::failed, "registration failed: " + joined);
     }
@@ -579,7 +621,9 @@ ReloadReport PluginManager::reload() {
         for (const auto& d : *dirs) {
             std::error_code ec;
             if (!fs::is_directory(d, ec)) continue;
-            if (std::string p = check_permissions(d, options_.service_uid); !p.empty()) {
+            std::string p = check_permissions(d, options_.service_uid);
+            if (p.empty()) p = check_directory_path(d, options_.service_uid);
+            if (!p.empty()) {
                 fail("plugin directory " + d.string() + ": whole directory ignored by the reload: " + p);
                 continue;
             }
@@ -754,16 +798,20 @@ void PluginManager::shutdown() {
     }
     // Reverse load order. Code stays mapped (pinned): the library handles move to a
     // process-lifetime list so no destructor ever dlcloses them.
+    // A generation still leased has instances alive (their owner did not release them first): its
+    // deinit would free what their destroy and stream_close still use, so it does not run.
     static auto* pinned = new std::vector<std::shared_ptr<Generation>>();
-    for (auto it = generations_.rbegin(); it != generations_.rend(); ++it) {
-        finalize(**it);
-        pinned->push_back(*it);
-    }
-    generations_.clear();
-    for (auto& g : retired_) {
-        finalize(*g);
+    auto finish = [](const std::shared_ptr<Generation>& g) {
+        if (g->initialized && g.use_count() > 2)  // this list's reference and the caller's copy
+            log::error("plugins", "plugin " + g->ctx.plugin_id + " is still in use at shutdown (" + std::to_string(g.use_count() - 2) +
+                                      " leases): its deinit is not run, so that nothing it frees is used afterwards (host bug)");
+        else
+            finalize(*g);
         pinned->push_back(g);
-    }
+    };
+    for (auto it = generations_.rbegin(); it != generations_.rend(); ++it) finish(std::shared_ptr<Generation>(*it));
+    generations_.clear();
+    for (auto& g : retired_) finish(std::shared_ptr<Generation>(g));
     retired_.clear();
 }
 

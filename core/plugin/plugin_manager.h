@@ -128,7 +128,9 @@ public:
     void collect_retired();
     size_t retired_count() const { return retired_.size(); }
 
-    // deinit every plugin in reverse load order (control thread). Code stays mapped.
+    // deinit every plugin in reverse load order (control thread). Code stays mapped. Every
+    // instance must be destroyed first (the gateway releases its models: Gateway::stop): a
+    // plugin still leased is not deinit'ed, and that is logged as an error.
     void shutdown();
 
 private:
@@ -160,7 +162,10 @@ private:
 // Pre-flight checks that run no plugin code. Each returns "" when fine, else the problem text
 // (with the fix). Exposed for tests.
 std::string check_permissions(const std::filesystem::path& path, uid_t service_uid);
-// check_permissions, and for a symlink also the directory its target lies in.
+// Every directory from / down to `dir` (resolved): owned by root or the service user, and not
+// writable by group or others unless sticky (as /tmp).
+std::string check_directory_path(const std::filesystem::path& dir, uid_t service_uid);
+// check_permissions, and for a symlink also every directory of every hop and of the target.
 std::string check_file(const std::filesystem::path& path, uid_t service_uid);
 // The one-line reason for a failed dlopen of `path` (mapped from the staged copy `mapped`):
 // the loader's own text with the original path, the symbol or library named, and the fix.

@@ -313,6 +313,16 @@ TEST_CASE("invalid ids and undeclared component kinds") {
     CHECK(pm.backend("sneaky") == nullptr);
 }
 
+TEST_CASE("an init that passes on a refused registration's status is reported with the refusal, not as a plugin without a message") {
+    PluginDir dir{"passes_on_refusal"};
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(pm.statuses().size() == 1);
+    CHECK(pm.statuses()[0].state == State::failed);
+    CHECK(pm.statuses()[0].reason ==
+          "init failed: the host refused its registration: registered a backend ('sneaky') but the plugin info does not declare that kind");
+}
+
 TEST_CASE("missing plugin directories are not fatal; drop-ins are optional") {
     Options o;
     o.dirs = {"/nonexistent/pulse/plugins"};
@@ -375,6 +385,53 @@ TEST_CASE("a symlinked plugin whose target lies in a directory others can write 
     }
     fs::permissions(elsewhere / "open", fs::perms(0755));  // the same link into a safe directory loads
     PluginManager pm(dir.options());
+    pm.load_all();
+    CHECK(only(pm).state == State::loaded);
+}
+
+TEST_CASE("a symlink that hops through a directory others can write is refused, though its final target is safe") {
+    PluginDir dir{};
+    TempDir elsewhere;
+    fs::create_directories(elsewhere / "safe");
+    fs::create_directories(elsewhere / "open");
+    fs::copy_file(built("good_minimal"), elsewhere / "safe" / "good_minimal.so");
+    fs::permissions(elsewhere / "safe" / "good_minimal.so", fs::perms(0755));
+    fs::create_symlink(elsewhere / "safe" / "good_minimal.so", elsewhere / "open" / "hop.so");
+    fs::permissions(elsewhere / "open", fs::perms(0777));  // anyone can retarget hop.so
+    fs::create_symlink(elsewhere / "open" / "hop.so", dir.tmp / "linked.so");
+    {
+        PluginManager pm(dir.options());
+        pm.load_all();
+        CAPTURE(only(pm).reason);
+        CHECK(only(pm).state == State::rejected);
+        CHECK(contains(only(pm).reason, "symlink through " + (elsewhere / "open" / "hop.so").string() + ", whose directory is unsafe: directory " +
+                                            (elsewhere / "open").string() + " on its path: mode: expected not writable by group or others, found 0777"));
+    }
+    fs::permissions(elsewhere / "open", fs::perms(0755));
+    PluginManager pm(dir.options());
+    pm.load_all();
+    CHECK(only(pm).state == State::loaded);
+}
+
+TEST_CASE("a plugin directory below a directory others can write is ignored whole (a sticky one, as /tmp, is fine)") {
+    TempDir top;
+    fs::create_directories(top / "open" / "plugins");
+    fs::permissions(top / "open" / "plugins", fs::perms(0755));
+    fs::copy_file(built("good_minimal"), top / "open" / "plugins" / "good_minimal.so");
+    fs::permissions(top / "open" / "plugins" / "good_minimal.so", fs::perms(0755));
+    fs::permissions(top / "open", fs::perms(0777));
+    Options o;
+    o.dirs = {top / "open" / "plugins"};
+    {
+        PluginManager pm(o);
+        pm.load_all();
+        CAPTURE(only(pm).reason);
+        CHECK(only(pm).state == State::rejected);
+        CHECK(contains(only(pm).reason, "whole directory ignored: directory " + (top / "open").string() +
+                                            " on its path: mode: expected not writable by group or others, found 0777"));
+    }
+    fs::permissions(top / "open", fs::perms(01777));  // sticky: nobody else can replace plugins/
+    PluginManager pm(o);
     pm.load_all();
     CHECK(only(pm).state == State::loaded);
 }
