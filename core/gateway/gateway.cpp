@@ -254,6 +254,26 @@ void Gateway::stop() {
     relay_.reset();  // after the server: no request thread waits on it any more
     auto snap = snapshot();
     if (snap && prefixes_ && !snap->cfg.warmup.state_file.empty() && prefixes_->dirty()) prefixes_->save(snap->cfg.warmup.state_file);
+    snap.reset();
+    // The models go last, and now: their profile and backend instances are destroyed (streams
+    // were closed with their requests) before the plugins' deinit runs (PluginManager::shutdown),
+    // as the SDK promises; a destroy after deinit would use what deinit freed.
+    std::shared_ptr<const Snapshot> last;
+    std::vector<std::shared_ptr<const Snapshot>> retired;
+    {
+        std::lock_guard lock(snap_mutex_);
+        last = std::move(current_);
+        retired = std::move(retired_);
+        retired_.clear();
+    }
+    last.reset();
+    retired.clear();
+    // Then the backend instances the models pointed at (shared by every snapshot).
+    std::map<std::string, std::unique_ptr<BackendInstance>> backends;
+    {
+        std::lock_guard lock(registry_mutex_);
+        backends.swap(backends_);
+    }
 }
 
 void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request) {

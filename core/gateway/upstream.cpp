@@ -602,6 +602,14 @@ std::unique_ptr<UpstreamStream> BackendInstance::open(std::string_view request_j
     void* stream = nullptr;
     const auto& vt = lease_->registration.backend;
     pulse_status_t rc = vt.stream_start(backend_, &call, host::view(&doc), &stream);
+    if (rc == PULSE_OK && !stream) {
+        // Nothing to read from and nothing to close: refused here, not followed into a crash, and
+        // counted as this endpoint's failure, so the request moves on to the next one.
+        rc = PULSE_E_UNAVAILABLE;
+        call.message = "backend '" + name() + "' (plugin " + lease_->plugin_id() + ") returned PULSE_OK from stream_start without a stream (plugin bug)";
+        call.has_message = true;
+        log::error("plugins", call.message);
+    }
     if (rc != PULSE_OK) {
         UpEvent e;
         e.kind = UpEvent::Kind::rejected;

@@ -193,6 +193,42 @@ TEST_CASE("a backend plugin failing with INTERNAL, ABI or CANCELLED is a 502 at 
     }
 }
 
+// SDK lifecycle: every instance is destroyed and every stream closed before the plugin's
+// deinit. The test plugin poisons its state in deinit and aborts if a destroy or a close comes
+// after it (in a real plugin, a use after free).
+TEST_CASE("shutdown: backend and profile instances and streams are gone before the plugin's deinit") {
+    Gateway gw(std::string("[models.m]\nprofile = \"test-faulty-profile\"\nprofile_options = { fail = \"none\" }\n") +
+                   "[[models.m.endpoints]]\nname = \"silent\"\nurl = \"plugin://test-faulty\"\noptions = { fail = \"silent\" }\n",
+               "drain_timeout_s = 0.5\n", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
+    // A stream in flight when the gateway is told to stop: cut at the drain deadline, closed.
+    auto inflight = std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request(), {}, 30); });
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("active_requests":1)") != std::string::npos; }));
+    gw.child->signal(SIGTERM);
+    CHECK(check_stream(inflight.get().body).terminal == "response.failed");
+    auto exit = gw.child->wait(20);
+    auto log = gw.log();
+    CAPTURE(log);
+    CHECK(exit.code == 0);
+    CHECK(log.find("after deinit") == std::string::npos);
+    CHECK(log.find("still in use at shutdown") == std::string::npos);
+    CHECK(log.find("stopped") != std::string::npos);
+}
+
+TEST_CASE("a backend plugin whose stream_start returns PULSE_OK without a stream is refused and named, not followed into a crash") {
+    FakeBackend good(R"({"turns":[{"content":"from the good one"}]})");
+    Gateway gw(std::string("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"buggy\"\nurl = \"plugin://test-faulty\"\n") +
+                   "options = { fail = \"null\" }\n[[models.m.endpoints]]\nname = \"good\"\nurl = \"" + good.url() + "\"\n",
+               "", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
+    auto r = post(gw.port, "/v1/responses", request(false));
+    CHECK(r.status == 200);
+    CHECK(r.body.find("from the good one") != std::string::npos);
+    int status = 0;
+    get(gw.port, "/health", &status);
+    CHECK(status == 200);
+    CHECK(gw.log().find("backend 'test-faulty' (plugin test.faulty-backend) returned PULSE_OK from stream_start without a stream (plugin bug)") !=
+          std::string::npos);
+}
+
 TEST_CASE("a backend plugin that never produces a chunk is given up after upstream.head_timeout_s, its calls told that deadline") {
     FakeBackend good(R"({"turns":[{"content":"from the good one"}]})");
     Gateway gw(std::string("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"silent\"\nurl = \"plugin://test-faulty\"\n") +

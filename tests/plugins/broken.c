@@ -30,6 +30,16 @@ static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, 
     return PULSE_OK;
 }
 #define ID "test.registers-undeclared-kind"
+#elif defined(VARIANT_PASSES_ON_REFUSAL)
+/* What most authors write: init returns what a refused register_* call returned. */
+static pulse_status_t b_create(void* u, pulse_call_t* c, const pulse_json_t* j, void** o) { (void)u; (void)c; (void)j; *o = NULL; return PULSE_OK; }
+static const pulse_backend_vt_t k_backend = {sizeof(pulse_backend_vt_t), "sneaky", b_create, NULL, NULL, NULL, NULL, NULL, NULL};
+static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
+    (void)call;
+    *state = NULL;
+    return host->register_backend(ctx, &k_backend, sizeof k_backend, NULL);
+}
+#define ID "test.passes-on-refusal"
 #elif defined(VARIANT_UNDEFINED_SYMBOL)
 /* Linked without -z defs: the loader, not the linker, finds the hole. */
 extern int pulse_test_symbol_nobody_defines(void);

@@ -1,15 +1,21 @@
 // A backend that fails on purpose, for the gateway's status-code drills: every stream fails at
 // `stream_start` or at its first `stream_next` with the configured status, or (fail = "silent")
 // never produces a chunk, logging the call deadlines the host gives it.
-//   options = { fail = "start" | "next" | "silent", status = NAME }
+//   options = { fail = "start" | "next" | "silent" | "null", status = NAME }
+// ("null": stream_start returns PULSE_OK without a stream, a plugin bug the host must survive)
 // It also provides a translation profile, "test-faulty-profile", that passes the Responses
 // input through as one user message and fails in the named call:
 //   profile_options = { fail = "build" | "open" | "feed" | "finish", status = NAME }
 // NAME is a status in lower case ("invalid_argument", ..., "context_length") or "bogus" (-42,
 // a code no 1.0 table has).
+// Lifecycle check: the plugin's state is poisoned by deinit, and every destroy and close checks
+// it: one that runs after deinit (a use after free in a real plugin) aborts the process.
 #include <pulse/plugin.hpp>
 
 #include <time.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <atomic>
 #include <chrono>
@@ -22,13 +28,21 @@ namespace {
 const pulse_host_api_t* g_host = nullptr;
 pulse_host_ctx_t* g_ctx = nullptr;
 std::atomic<int> g_streams{0};
+std::atomic<bool> g_alive{false};  // between init and deinit
+
+// What a plugin that frees its state in deinit would do to it from here: use after free.
+void check_alive(const char* what) {
+    if (g_alive) return;
+    std::fprintf(stderr, "test-faulty: %s after deinit (a use after free in a real plugin)\n", what);
+    std::abort();
+}
 
 struct Backend {
-    bool at_start = false, silent = false, told = false;
+    bool at_start = false, silent = false, null_stream = false, told = false;
     pulse_status_t status = PULSE_E_INTERNAL;
     std::atomic<bool> cancelled{false};
     Backend() = default;
-    Backend(const Backend& o) : at_start(o.at_start), silent(o.silent), status(o.status) {}
+    Backend(const Backend& o) : at_start(o.at_start), silent(o.silent), null_stream(o.null_stream), status(o.status) {}
 };
 
 // "<what> deadline in N ms" (N = -1: no deadline), for the tests to read from the log.
@@ -61,18 +75,23 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         auto b = std::make_unique<Backend>();
         b->at_start = cfg["fail"].string_or("next") == "start";
         b->silent = cfg["fail"].string_or("next") == "silent";
+        b->null_stream = cfg["fail"].string_or("next") == "null";
         b->status = parse_status(cfg["status"].string_or("internal"));
         *out = b.release();
         return PULSE_OK;
     });
 }
 
-void destroy(void* b) { delete static_cast<Backend*>(b); }
+void destroy(void* b) {
+    check_alive("backend destroy");
+    delete static_cast<Backend*>(b);
+}
 
 pulse_status_t stream_start(void* backend, pulse_call_t* call, const pulse_json_t*, void** out) {
     const auto& b = *static_cast<Backend*>(backend);
     int n = ++g_streams;
     if (b.at_start) return g_host->set_error(call, b.status, pulse::str("test-faulty: refused stream " + std::to_string(n) + " at start"));
+    if (b.null_stream) return PULSE_OK;  // *out left null: the bug under test
     if (b.silent) log_deadline(call, "stream_start");
     *out = new Backend(b);
     return PULSE_OK;
@@ -91,7 +110,10 @@ pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms
 }
 
 void stream_cancel(void* stream) { static_cast<Backend*>(stream)->cancelled = true; }
-void stream_close(void* stream) { delete static_cast<Backend*>(stream); }
+void stream_close(void* stream) {
+    check_alive("stream_close");
+    delete static_cast<Backend*>(stream);
+}
 
 // ---- the profile ----
 struct Profile {
@@ -113,7 +135,10 @@ pulse_status_t p_create(void*, pulse_call_t* call, const pulse_json_t* config, v
         return PULSE_OK;
     });
 }
-void p_destroy(void* p) { delete static_cast<Profile*>(p); }
+void p_destroy(void* p) {
+    check_alive("profile destroy");
+    delete static_cast<Profile*>(p);
+}
 
 pulse_status_t p_build(void* inst, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
                        pulse_upstream_req_t* out) {
@@ -140,7 +165,7 @@ pulse_status_t p_finish(void* stream, pulse_call_t* call, pulse_stream_end_t, pu
     if (pulse_status_t rc = static_cast<Profile*>(stream)->fail(call, "finish"); rc != PULSE_OK) return rc;
     return g_host->delta->finish(sink, PULSE_FINISH_STOP);
 }
-void p_close(void*) {}
+void p_close(void*) { check_alive("profile stream close"); }
 
 const pulse_translation_vt_t kProfile = {
     sizeof(pulse_translation_vt_t), "test-faulty-profile", p_create, p_destroy, p_build, p_open, p_feed, p_finish, p_close, nullptr, nullptr,
@@ -154,13 +179,14 @@ pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_c
     g_host = host;
     g_ctx = ctx;
     *state = nullptr;
+    g_alive = true;
     return pulse::guard(host, call, [&] {
         if (pulse_status_t rc = host->register_backend(ctx, &kBackend, sizeof kBackend, nullptr); rc != PULSE_OK) return rc;
         return host->register_translation(ctx, &kProfile, sizeof kProfile, nullptr);
     });
 }
 
-void deinit(void*) {}
+void deinit(void*) { g_alive = false; }
 
 const pulse_plugin_info_t kInfo = {
     PULSE_PLUGIN_INFO_HEAD(PULSE_KIND_BACKEND | PULSE_KIND_TRANSLATION, "test.faulty-backend", "1.0.0"),

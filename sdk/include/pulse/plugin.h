@@ -529,7 +529,9 @@ typedef struct pulse_plugin_info {
                            void** out_state);
     /* [control] Exactly once after a successful init, never after a failed one: at shutdown
      * (reverse load order), or when a replaced translation-profile copy has served its last
-     * stream, or when the host refuses what init registered. Free `state` here. */
+     * stream, or when the host refuses what init registered. Free `state` here: it runs after
+     * every instance this plugin created was destroyed and every stream closed, so destroy and
+     * stream_close may still use what deinit frees. */
     void (*deinit)(void* state);
 } pulse_plugin_info_t;
 
