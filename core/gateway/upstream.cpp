@@ -18,6 +18,9 @@
 #include <map>
 #include <istream>
 #include <mutex>
+#include <condition_variable>
+#include <optional>
+#include <thread>
 #include <stdexcept>
 
 #include "common/log.h"
@@ -382,30 +385,69 @@ private:
 };
 
 // Collects the chunks one stream_next call emits.
+// What a backend's stream_next emits, handed to the request thread as it is emitted.
 struct ChunkCollector : pulse_chunk_sink {
-    std::deque<std::string> chunks;
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<std::string> chunks;  // under m
     pulse_status_t data(std::string_view payload) override {
-        chunks.emplace_back(payload);
+        {
+            std::lock_guard lock(m);
+            chunks.emplace_back(payload);
+        }
+        cv.notify_one();
         return PULSE_OK;
     }
 };
 
+// An in-process backend's stream. Its stream_next calls run on a thread of their own: a call
+// that does real work, or waits past its timeout_ms, must not hold the request thread, which
+// sends each chunk as soon as the call emits it and keeps the client alive (keepalives, the
+// response head) while the call is out.
 class PluginStream : public UpstreamStream {
 public:
     PluginStream(plugin::ComponentLease lease, void* stream, std::string request_id, const config::Upstream& t,
                  steady_clock::time_point head_deadline)
         : lease_(std::move(lease)), stream_(stream), request_id_(std::move(request_id)),
           idle_(duration_cast<steady_clock::duration>(duration<double>(t.idle_timeout_s))), idle_timeout_s_(t.idle_timeout_s),
-          head_timeout_s_(t.head_timeout_s), deadline_(head_deadline) {}
-    ~PluginStream() override { vt().stream_close(stream_); }
+          head_timeout_s_(t.head_timeout_s), deadline_(head_deadline), call_deadline_ms_(monotonic_ms(head_deadline)) {}
+    ~PluginStream() override {
+        if (worker_.joinable()) {
+            {
+                std::lock_guard lock(sink_.m);
+                if (!over_) cancel();  // a stream abandoned mid-way (client gone, failover)
+            }
+            worker_.join();  // [stream-serial]: stream_close after the last stream_next returned
+        }
+        vt().stream_close(stream_);
+    }
 
     UpEvent next(milliseconds wait) override {
         if (!announced_) {
             announced_ = true;
+            worker_ = std::thread([this] { run(); });
             return UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false};
         }
-        if (!sink_.chunks.empty()) return pop();
-        if (finished_) return UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false};
+        std::unique_lock lock(sink_.m);
+        sink_.cv.wait_for(lock, wait, [&] { return !sink_.chunks.empty() || over_; });
+        if (!sink_.chunks.empty()) {
+            got_output_ = true;
+            deadline_ = steady_clock::now() + idle_;
+            call_deadline_ms_ = monotonic_ms(deadline_);
+            UpEvent e{UpEvent::Kind::data, 0, PULSE_OK, std::move(sink_.chunks.front()), false};
+            sink_.chunks.pop_front();
+            return e;
+        }
+        if (over_) {
+            if (failure_) return *failure_;
+            // The end before any chunk: nothing was answered, not even a finish reason (an HTTP
+            // backend that closes its stream so is retried too).
+            if (!got_output_) {
+                UpEvent e{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE, "backend '" + lease_->registration.name + "' ended its stream without a chunk", false};
+                return e;
+            }
+            return UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false};
+        }
         if (steady_clock::now() >= deadline_) {
             cancel();  // the plugin's own work stops too; stream_close follows
             return upstream_failure(
@@ -414,22 +456,7 @@ public:
                                          : "no output from backend '" + lease_->registration.name + "' within " +
                                                seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
         }
-        pulse_call call;
-        call.request_id = request_id_;
-        call.cancelled = &cancelled_;
-        call.deadline_ms = monotonic_ms(deadline_);
-        sink_.writer.call = &call;
-        pulse_status_t rc = vt().stream_next(stream_, &call, static_cast<uint32_t>(wait.count()), &sink_);
-        sink_.writer.call = nullptr;
-        if (!sink_.chunks.empty()) {
-            got_output_ = true;
-            deadline_ = steady_clock::now() + idle_;
-            if (rc == PULSE_END) finished_ = true;
-            return pop();
-        }
-        if (rc == PULSE_END) return UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false};
-        if (rc == PULSE_TIMEOUT || rc == PULSE_OK) return UpEvent{};
-        return UpEvent{UpEvent::Kind::failed, 0, rc, host::call_error(call, rc, lease_->plugin_id()), false};
+        return UpEvent{};
     }
 
     void cancel() override {
@@ -439,11 +466,36 @@ public:
 
 private:
     const pulse_backend_vt_t& vt() const { return lease_->registration.backend; }
-    UpEvent pop() {
-        UpEvent e{UpEvent::Kind::data, 0, PULSE_OK, std::move(sink_.chunks.front()), false};
-        sink_.chunks.pop_front();
-        return e;
+
+    // The worker: stream_next until the stream ends, fails or is cancelled.
+    void run() {
+        for (;;) {
+            pulse_call call;
+            call.request_id = request_id_;
+            call.cancelled = &cancelled_;
+            call.deadline_ms = call_deadline_ms_.load();
+            sink_.writer.call = &call;
+            pulse_status_t rc = vt().stream_next(stream_, &call, kCallMs, &sink_);
+            sink_.writer.call = nullptr;
+            if (rc == PULSE_OK || rc == PULSE_TIMEOUT) {
+                if (!cancelled_) continue;
+                rc = PULSE_E_CANCELLED;
+            }
+            {
+                std::lock_guard lock(sink_.m);
+                if (rc != PULSE_END)
+                    failure_ = UpEvent{UpEvent::Kind::failed, 0, rc, host::call_error(call, rc, lease_->plugin_id()), false};
+                over_ = true;
+            }
+            sink_.cv.notify_one();
+            return;
+        }
     }
+
+    // How long one stream_next may wait for a chunk before it returns PULSE_TIMEOUT; it is called
+    // again at once. Cancellation and deadlines reach the call through call_cancelled and
+    // call_deadline_ms, so this only bounds how often an idle engine is polled.
+    static constexpr uint32_t kCallMs = 200;
 
     plugin::ComponentLease lease_;
     void* stream_;
@@ -452,8 +504,12 @@ private:
     std::atomic<bool> cancelled_{false};
     steady_clock::duration idle_;
     double idle_timeout_s_, head_timeout_s_;
-    steady_clock::time_point deadline_;  // no chunk by then: the stream has failed
-    bool announced_ = false, finished_ = false, got_output_ = false;
+    steady_clock::time_point deadline_;  // no chunk by then: the stream has failed (request thread)
+    std::atomic<uint64_t> call_deadline_ms_;  // the same, for the calls
+    std::thread worker_;
+    bool over_ = false;                   // under sink_.m: the worker returned
+    std::optional<UpEvent> failure_;      // under sink_.m: how, if it failed
+    bool announced_ = false, got_output_ = false;
 };
 
 // A stream that only reports that the backend refused to start.

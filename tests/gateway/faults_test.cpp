@@ -229,6 +229,63 @@ TEST_CASE("a backend plugin whose stream_start returns PULSE_OK without a stream
           std::string::npos);
 }
 
+// A backend whose stream_next does real work (or waits past timeout_ms) still streams: its calls
+// run off the request thread, which sends each chunk as it is emitted and keeps the client alive.
+struct Timed {
+    double first_delta = -1, completed = -1;
+    int keepalives_before_delta = 0;  // response.in_progress events before the first delta
+};
+Timed timed_stream(uint16_t port) {
+    Raw c(port);
+    REQUIRE(c.send(post_head(request())));
+    Timed t;
+    std::string got;
+    auto t0 = steady_clock::now();
+    while (t.completed < 0 && steady_clock::now() - t0 < seconds(20)) {
+        got += c.read_all(20);
+        double now = duration<double>(steady_clock::now() - t0).count();
+        if (t.first_delta < 0 && got.find("response.output_text.delta") != std::string::npos) {
+            t.first_delta = now;
+            for (size_t at = got.find("response.in_progress"); at != std::string::npos; at = got.find("response.in_progress", at + 1))
+                ++t.keepalives_before_delta;
+        }
+        if (got.find("response.completed") != std::string::npos) t.completed = now;
+    }
+    return t;
+}
+
+TEST_CASE("a backend plugin that blocks in stream_next still streams: each chunk leaves as it is emitted") {
+    Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"busy\"\nurl = \"plugin://test-faulty\"\noptions = { fail = \"blocking\" }\n",
+               "", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
+    // 20 deltas, 100 ms apart, all emitted within one stream_next call (before: all at 2 s).
+    Timed t = timed_stream(gw.port);
+    CAPTURE(t.first_delta);
+    CAPTURE(t.completed);
+    CHECK(t.first_delta > 0);
+    CHECK(t.first_delta < 1.0);
+    CHECK(t.completed >= 1.9);
+}
+
+TEST_CASE("a backend plugin that sleeps before its first chunk: the client gets the head and keepalives meanwhile") {
+    Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"sleepy\"\nurl = \"plugin://test-faulty\"\noptions = { fail = \"sleepy\" }\n",
+               "", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
+    Timed t = timed_stream(gw.port);  // 3 s in one call; keepalive_s = 0.3
+    CAPTURE(t.first_delta);
+    CHECK(t.first_delta >= 2.9);
+    CHECK(t.keepalives_before_delta >= 5);  // response.in_progress: the first, then keepalives (before: 1)
+}
+
+TEST_CASE("a backend plugin that ends its stream without a chunk is failed over, as an HTTP backend would be, not answered empty") {
+    FakeBackend good(R"({"turns":[{"content":"from the good one"}]})");
+    Gateway gw(std::string("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"empty\"\nurl = \"plugin://test-faulty\"\n") +
+                   "options = { fail = \"empty\" }\n[[models.m.endpoints]]\nname = \"good\"\nurl = \"" + good.url() + "\"\n",
+               "", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
+    auto r = post(gw.port, "/v1/responses", request(false));
+    CHECK(r.status == 200);
+    CHECK(r.body.find("from the good one") != std::string::npos);
+    CHECK(gw.log().find("backend 'test-faulty' ended its stream without a chunk") != std::string::npos);
+}
+
 TEST_CASE("a backend plugin that never produces a chunk is given up after upstream.head_timeout_s, its calls told that deadline") {
     FakeBackend good(R"({"turns":[{"content":"from the good one"}]})");
     Gateway gw(std::string("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"silent\"\nurl = \"plugin://test-faulty\"\n") +

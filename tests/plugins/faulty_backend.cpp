@@ -1,8 +1,11 @@
 // A backend that fails on purpose, for the gateway's status-code drills: every stream fails at
 // `stream_start` or at its first `stream_next` with the configured status, or (fail = "silent")
 // never produces a chunk, logging the call deadlines the host gives it.
-//   options = { fail = "start" | "next" | "silent" | "null", status = NAME }
-// ("null": stream_start returns PULSE_OK without a stream, a plugin bug the host must survive)
+//   options = { fail = "start" | "next" | "silent" | "null" | "blocking" | "sleepy" | "empty", status = NAME }
+// ("null": stream_start returns PULSE_OK without a stream, a plugin bug the host must survive;
+// the engines that block in stream_next, as one doing real work does: "blocking" emits 20
+// deltas 100 ms apart within one call, "sleepy" sleeps 3 s before its first chunk, both
+// whatever timeout_ms says; "empty" ends its stream without a chunk)
 // It also provides a translation profile, "test-faulty-profile", that passes the Responses
 // input through as one user message and fails in the named call:
 //   profile_options = { fail = "build" | "open" | "feed" | "finish", status = NAME }
@@ -39,10 +42,11 @@ void check_alive(const char* what) {
 
 struct Backend {
     bool at_start = false, silent = false, null_stream = false, told = false;
+    std::string mode;
     pulse_status_t status = PULSE_E_INTERNAL;
     std::atomic<bool> cancelled{false};
     Backend() = default;
-    Backend(const Backend& o) : at_start(o.at_start), silent(o.silent), null_stream(o.null_stream), status(o.status) {}
+    Backend(const Backend& o) : at_start(o.at_start), silent(o.silent), null_stream(o.null_stream), mode(o.mode), status(o.status) {}
 };
 
 // "<what> deadline in N ms" (N = -1: no deadline), for the tests to read from the log.
@@ -76,6 +80,7 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         b->at_start = cfg["fail"].string_or("next") == "start";
         b->silent = cfg["fail"].string_or("next") == "silent";
         b->null_stream = cfg["fail"].string_or("next") == "null";
+        b->mode = std::string(cfg["fail"].string_or("next"));
         b->status = parse_status(cfg["status"].string_or("internal"));
         *out = b.release();
         return PULSE_OK;
@@ -97,8 +102,24 @@ pulse_status_t stream_start(void* backend, pulse_call_t* call, const pulse_json_
     return PULSE_OK;
 }
 
-pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms, pulse_chunk_sink_t*) {
+pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms, pulse_chunk_sink_t* sink) {
     auto& s = *static_cast<Backend*>(stream);
+    auto chunk = [&](const std::string& delta, const char* finish = "null") {
+        return g_host->chunk->data(sink, pulse::str(R"({"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":)" + delta +
+                                                    R"(,"finish_reason":)" + finish + "}]}"));
+    };
+    if (s.mode == "empty") return PULSE_END;
+    if (s.mode == "blocking" || s.mode == "sleepy") {
+        if (s.told) return PULSE_END;
+        s.told = true;
+        if (s.mode == "sleepy") std::this_thread::sleep_for(std::chrono::seconds(3));
+        for (int i = 0; i < (s.mode == "blocking" ? 20 : 1); ++i) {
+            if (s.mode == "blocking") std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            chunk(R"({"content":"w)" + std::to_string(i) + R"( "})");
+        }
+        chunk("{}", "\"stop\"");
+        return PULSE_OK;
+    }
     if (s.silent) {
         if (!s.told) log_deadline(call, "stream_next");
         s.told = true;

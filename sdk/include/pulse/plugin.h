@@ -361,8 +361,10 @@ typedef struct pulse_backend_vt {
     /* [any-thread] `request` is the Chat Completions body the profile built. */
     pulse_status_t (*stream_start)(void* backend, pulse_call_t* call, const pulse_json_t* request,
                                    void** out_stream);
-    /* [stream-serial] Wait up to timeout_ms. Returns PULSE_OK after emitting >= 1 chunk,
-     * PULSE_TIMEOUT if nothing is ready yet, PULSE_END when finished, or an error. */
+    /* [stream-serial] Wait up to timeout_ms (200) for a chunk. Returns PULSE_OK after emitting
+     * >= 1 chunk, PULSE_TIMEOUT if nothing is ready yet, PULSE_END when finished (never before a
+     * first chunk: that fails the endpoint), or an error. Called on a host thread of its own per
+     * stream, again as soon as it returns; each chunk reaches the client as it is emitted. */
     pulse_status_t (*stream_next)(void* stream, pulse_call_t* call, uint32_t timeout_ms,
                                   pulse_chunk_sink_t* sink);
     /* [any-thread] Idempotent; makes a pending stream_next return PULSE_E_CANCELLED promptly.
