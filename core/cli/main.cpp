@@ -53,7 +53,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace pulse;
 
-constexpr int kExitOk = 0, kExitRuntime = 1, kExitUsage = 2, kExitConfig = 3, kExitPlugin = 4;
+constexpr int kExitOk = 0, kExitRuntime = 1, kExitUsage = 2, kExitConfig = 3, kExitPlugin = 4, kExitOptionalPlugin = 5;
 
 const char* kMainHelp =
     "usage: pulse <command> [options]\n"
@@ -89,13 +89,16 @@ const char* kServeHelp =
     "PULSE_GATEWAY_TRACE_FILE PULSE_GATEWAY_WARMUP_STATE_FILE PULSE_PLUGIN_DIRS=dir:dir\n";
 
 const char* kPluginsHelp =
-    "usage: pulse plugins [--config FILE]\n"
+    "usage: pulse plugins [--config FILE] [-v]\n"
     "\n"
     "Scans the plugin directories of the config (or the built-in defaults when no config\n"
     "exists), loads each plugin and prints one row per file: id, kind, version, ABI and\n"
-    "status or the reason it was rejected. Exit 4 if a required plugin did not load, or if a\n"
-    "model of the config needs a translation profile or plugin:// backend that no plugin\n"
-    "provides (each named on stderr).\n"
+    "status or the reason it was rejected or skipped; -v adds each plugin's build description\n"
+    "(PULSE_BUILD_INFO: compiler, SDK version, build type). Exit 4 if a required plugin did not\n"
+    "load, or if a model of the config needs a translation profile or plugin:// backend that no\n"
+    "plugin provides (each named on stderr); exit 5 if only optional plugins were rejected or\n"
+    "failed (a file skipped for its name, or a plugin that said it cannot run here, is no\n"
+    "failure).\n"
     "\n"
     "Without plugin directories in the config: the installed plugin directory (" PULSE_PLUGIN_DIR ")\n"
     "and the site drop-ins; a pulse run from its build directory uses that build's plugins.\n";
@@ -283,7 +286,11 @@ int cmd_config(const Args& a) {
 
 int cmd_plugins(const Args& a) {
     if (a.help) return std::fputs(kPluginsHelp, stdout), kExitOk;
-    if (!a.rest.empty()) return usage_error("plugins: unexpected argument " + a.rest[0], kPluginsHelp);
+    bool verbose = false;
+    for (const auto& r : a.rest) {
+        if (r == "-v" || r == "--verbose") verbose = true;
+        else return usage_error("plugins: unexpected argument " + r, kPluginsHelp);
+    }
     config::Config cfg = load_config(a, false);
     if (!a.log_level) log::set_level(log::Level::error);  // the table says it all
     else apply_log_level(a, cfg);
@@ -304,6 +311,7 @@ int cmd_plugins(const Args& a) {
         std::printf("%-32s %-22s %-10s %-5s %s\n", s.id.empty() ? "-" : s.id.c_str(),
                     plugin::kinds_text(s.kinds).c_str(), s.version.empty() ? "-" : s.version.c_str(), abi.c_str(),
                     status.c_str());
+        if (verbose && !s.build_info.empty()) std::printf("%-32s built: %s\n", "", s.build_info.c_str());
     }
     if (pm.statuses().empty()) {
         std::string dirs;
@@ -317,7 +325,14 @@ int cmd_plugins(const Args& a) {
     auto missing = gateway::Gateway::check_components(cfg, pm);
     fatal.insert(fatal.end(), missing.begin(), missing.end());
     for (const auto& f : fatal) std::fprintf(stderr, "pulse: %s\n", f.c_str());
-    return fatal.empty() ? kExitOk : kExitPlugin;
+    if (!fatal.empty()) return kExitPlugin;
+    size_t refused = 0;
+    for (const auto& s : pm.statuses()) refused += s.state == plugin::State::rejected || s.state == plugin::State::failed;
+    if (refused) {
+        std::fprintf(stderr, "pulse: %zu optional plugin file%s rejected or failed (see the table)\n", refused, refused == 1 ? " was" : "s were");
+        return kExitOptionalPlugin;
+    }
+    return kExitOk;
 }
 
 // How a client on this host reaches the gateway (a wildcard listen address means loopback).
@@ -624,7 +639,7 @@ int main(int argc, char** argv) {
         const char* help = cmd == "serve" ? kServeHelp : cmd == "plugins" ? kPluginsHelp : cmd == "config" ? kConfigHelp : kMainHelp;
         if (cmd != "serve" && cmd != "plugins" && cmd != "config")
             return usage_error("unknown command '" + cmd + "'", kMainHelp);
-        if (std::string err = parse_common(argc, argv, 2, a); !err.empty()) return usage_error(err, help);
+        if (std::string err = parse_common(argc, argv, 2, a, /*pass_unknown=*/cmd == "plugins"); !err.empty()) return usage_error(err, help);
         if (cmd == "serve") return cmd_serve(a);
         if (cmd == "plugins") return cmd_plugins(a);
         return cmd_config(a);

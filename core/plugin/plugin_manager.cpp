@@ -384,10 +384,21 @@ void PluginManager::scan_dir(const fs::path& dir, bool configured) {
         record(std::move(s));
         return;
     }
-    std::vector<fs::path> files;
+    std::vector<fs::path> files, others;
     for (const auto& e : fs::directory_iterator(dir, ec))
-        if (e.path().extension() == ".so") files.push_back(e.path());
+        (e.path().extension() == ".so" && !e.is_directory(ec) ? files : others).push_back(e.path());
     std::sort(files.begin(), files.end());
+    std::sort(others.begin(), others.end());
+    // What is not loaded is said, not passed over: a plugin in a sub-directory or without the
+    // .so suffix (a renamed or half-copied file) is a common mistake.
+    for (const auto& f : others) {
+        PluginStatus s;
+        s.path = fs::absolute(f);
+        s.state = State::skipped;
+        s.reason = fs::is_directory(f, ec) ? "a directory (plugin directories are not searched recursively)"
+                                           : "not a plugin file name (only *.so files are loaded)";
+        record(std::move(s));
+    }
     for (const auto& f : files) load_file(fs::absolute(f));
 }
 
@@ -492,8 +503,8 @@ std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path,
         log::warn("plugins", "plugin " + path.string() + " declares unknown component kinds; they will be ignored");
     if (problems.empty() && !reloading) {
         if (auto it = ids_.find(st.id); it != ids_.end())
-            problems.push_back("duplicate plugin id '" + st.id + "': already loaded from " + it->second.string() +
-                               " (fix: remove one of the two files)");
+            problems.push_back("duplicate plugin id '" + st.id + "': also in " + it->second.string() +
+                               "; neither file is loaded (fix: remove one of the two)");
     }
     if (!problems.empty()) {
         std::string joined;
@@ -556,6 +567,10 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
     PluginStatus st;
     auto gen = load_generation(path, st, /*reloading=*/false);
     if (!gen) {
+        // Two files with one id: which one is meant is not for the loader to guess (the first
+        // by name was an older version as often as not). Neither serves; both say why.
+        if (auto it = ids_.find(st.id); it != ids_.end() && st.reason.find("duplicate plugin id") != std::string::npos)
+            retract(st.id, it->second, path);
         record(std::move(st));
         return statuses_.back();
     }
@@ -573,6 +588,31 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
     st.state = State::loaded;
     record(std::move(st));
     return statuses_.back();
+}
+
+void PluginManager::retract(const std::string& id, const fs::path& loaded, const fs::path& other) {
+    auto it = std::find_if(generations_.begin(), generations_.end(),
+                           [&](const auto& g) { return g->ctx.plugin_id == id && g->path == loaded; });
+    if (it == generations_.end()) return;  // retracted already (a third copy)
+    std::shared_ptr<Generation> gen = *it;
+    {
+        std::lock_guard lock(mutex_);
+        for (auto& map : components_)
+            for (auto c = map.begin(); c != map.end();) c = c->second->generation == gen ? map.erase(c) : std::next(c);
+    }
+    generations_.erase(it);
+    finalize(*gen);  // loading is not over: nothing holds its components yet
+    static auto* pinned = new std::vector<std::shared_ptr<Generation>>();
+    pinned->push_back(gen);  // code stays mapped (docs/SDK.md, "Unloading")
+    std::lock_guard lock(status_mutex_);
+    for (auto& s : statuses_)
+        if (s.state == State::loaded && s.id == id && s.path == loaded) {
+            s.state = State::rejected;
+            s.components.clear();
+            s.reason = "duplicate plugin id '" + id + "': also in " + other.string() + "; neither file is loaded (fix: remove one of the two)";
+            if (s.required) log::error("plugins", s.describe() + " [required]");
+            else log::warn("plugins", s.describe());
+        }
 }
 
 std::string PluginManager::conflict(const Generation& gen) const {

@@ -144,6 +144,8 @@ private:
     // and lists them in `st`.
     void publish(const std::shared_ptr<Generation>& gen, PluginStatus& st, const std::shared_ptr<Generation>& replaced = nullptr);
     void record(PluginStatus status);
+    // Takes back a plugin loaded from `loaded` whose id `other` has too (startup only).
+    void retract(const std::string& id, const std::filesystem::path& loaded, const std::filesystem::path& other);
     void scan_dir(const std::filesystem::path& dir, bool configured);
     bool is_required(const std::string& id) const;
 

@@ -108,7 +108,8 @@ TEST_CASE("plugins: a table row per file, rejections in one line each") {
     auto r = run({exe(), "plugins", "--config", site.config.string()}, kNoEnvOverrides);
     CAPTURE(r.out);
     CAPTURE(r.err);
-    CHECK(r.code == 0);
+    CHECK(r.code == 5);  // optional plugins were rejected: not 0 (a script must notice)
+    CHECK(has(r.err, "3 optional plugin files were rejected or failed"));
     std::istringstream lines(r.out);
     std::string line;
     std::vector<std::string> rows;
@@ -127,6 +128,19 @@ TEST_CASE("plugins: a table row per file, rejections in one line each") {
     CHECK(has(row("test.needs-newer-minor"), "requires host plugin ABI >= 1.99, this host is 1.1"));
     CHECK(has(row("test.init-fails-with-message"), "failed: "));
     CHECK(has(row("test.init-fails-with-message"), "init failed: model directory /nonexistent is missing"));
+}
+
+TEST_CASE("plugins: all loaded gives exit 0; -v shows each plugin's build description") {
+    Site site({"good_minimal", "good_cpp"}, "");
+    auto r = run({exe(), "plugins", "--config", site.config.string()}, kNoEnvOverrides);
+    CHECK(r.code == 0);
+    CHECK(!has(r.out, "built: "));
+    r = run({exe(), "plugins", "--config", site.config.string(), "-v"}, kNoEnvOverrides);
+    CAPTURE(r.out);
+    CHECK(r.code == 0);
+    CHECK(std::regex_search(r.out, std::regex(R"(\n +built: \S)")));  // PULSE_BUILD_INFO under each row
+    r = run({exe(), "plugins", "--config", site.config.string(), "--bogus"}, kNoEnvOverrides);
+    CHECK(r.code == 2);
 }
 
 TEST_CASE("plugins: a required plugin that fails gives exit 4") {

@@ -222,17 +222,38 @@ TEST_CASE("required plugins that fail stop startup; optional ones are skipped") 
     CHECK(pm.controller("test-controller"));
 }
 
-TEST_CASE("duplicate plugin ids are refused naming both paths") {
+TEST_CASE("duplicate plugin ids: neither file is loaded, and each says where the other is") {
+    // The first by name is not the one meant more often than not (1.0.0 beat 1.0.1).
     PluginDir dir{"good_minimal", "good_minimal_dup"};
     PluginManager pm(dir.options());
     pm.load_all();
     REQUIRE(pm.statuses().size() == 2);
-    CHECK(pm.statuses()[0].state == State::loaded);
+    const auto& first = pm.statuses()[0];
     const auto& dup = pm.statuses()[1];
+    CHECK(first.state == State::rejected);
+    CHECK(first.reason == "duplicate plugin id 'test.good-minimal': also in " + (dir.tmp / "good_minimal_dup.so").string() +
+                              "; neither file is loaded (fix: remove one of the two)");
+    CHECK(first.components.empty());
     CHECK(dup.state == State::rejected);
-    CHECK(dup.reason == "duplicate plugin id 'test.good-minimal': already loaded from " +
-                            (dir.tmp / "good_minimal.so").string() + " (fix: remove one of the two files)");
+    CHECK(dup.reason == "duplicate plugin id 'test.good-minimal': also in " + (dir.tmp / "good_minimal.so").string() +
+                            "; neither file is loaded (fix: remove one of the two)");
     CHECK(contains(dup.describe(), (dir.tmp / "good_minimal_dup.so").string()));
+    CHECK(pm.controller("test-controller") == nullptr);
+}
+
+TEST_CASE("what a plugin directory holds besides *.so files is listed as skipped, not passed over") {
+    PluginDir dir{"good_minimal"};
+    fs::create_directories(dir.tmp / "old");
+    fs::copy_file(built("good_minimal"), dir.tmp / "shout.so.disabled");
+    PluginManager pm(dir.options());
+    pm.load_all();
+    REQUIRE(pm.statuses().size() == 3);
+    CHECK(pm.statuses()[0].state == State::skipped);
+    CHECK(pm.statuses()[0].path == dir.tmp / "old");
+    CHECK(pm.statuses()[0].reason == "a directory (plugin directories are not searched recursively)");
+    CHECK(pm.statuses()[1].state == State::skipped);
+    CHECK(pm.statuses()[1].reason == "not a plugin file name (only *.so files are loaded)");
+    CHECK(pm.statuses()[2].state == State::loaded);
 }
 
 TEST_CASE("two plugins providing the same component name") {
@@ -468,8 +489,9 @@ TEST_CASE("deinit runs exactly once per successful init: conflicts, shutdown, de
         PluginManager pm(dir.options());
         pm.load_all();
         REQUIRE(pm.statuses().size() == 2);
-        CHECK(pm.statuses()[0].state == State::loaded);
-        CHECK(lines() == 0);
+        // The first copy was loaded, then taken back when the second turned up: deinit'ed then.
+        CHECK(pm.statuses()[0].state == State::rejected);
+        CHECK(lines() == 1);
         pm.shutdown();
         CHECK(lines() == 1);
         pm.shutdown();  // a second shutdown, then the destructor's: nothing more
