@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The SDK as a plugin author gets it: installs the build into a staging root (meson install
 # --destdir, which must not rebuild anything), then, with nothing but what was installed,
-# builds the C and the C++ example backend out of tree (the installed check-examples.sh: meson
-# and a plain compiler line, each loaded by `pulse plugins`), and serves a Responses turn
-# through each, next to the shipped qwen38 profile.
+# copies the installed template project (a C and a C++ backend) out of the stage, builds it
+# with its own meson.build and runs its own test (a real `pulse serve`, turns through each
+# backend, a clean stop), installs its plugins into the staged plugin directory, and builds
+# both sources once more with a plain compiler line and serves a turn through each.
 set -euo pipefail
 build_root=$1 source_root=$2 pulse=$3
 work=$(mktemp -d)
@@ -23,26 +24,46 @@ echo "meson install: nothing rebuilt"
 
 pcfile=$(find "$work/stage" -name pulse-sdk.pc | head -n1)
 [ -n "$pcfile" ] || { echo "FAIL: pulse-sdk.pc not installed"; exit 1; }
-examples=$(find "$work/stage" -type d -path '*/share/pulse/examples' | head -n1)
-[ -n "$examples" ] && [ -x "$examples/check-examples.sh" ] && [ -f "$examples/c-backend/shout_backend.c" ] \
-  && [ -f "$examples/echo-backend/echo_backend.cpp" ] || { echo "FAIL: the examples are not installed in share/pulse/examples"; exit 1; }
-# A staged install: the .pc names the final prefix; the sysroot maps it into the stage.
+template=$(find "$work/stage" -type d -path '*/share/pulse/template' | head -n1)
+[ -n "$template" ] && [ -x "$template/tests/serve_test.sh" ] && [ -f "$template/src/shout_backend.c" ] \
+  && [ -f "$template/src/echo_backend.cpp" ] || { echo "FAIL: the template project is not installed in share/pulse/template"; exit 1; }
+# A staged install: the .pc names the final prefix; the sysroot maps it into the stage (pkgconf
+# 1.8 maps the plugindir and dropindir variables too).
 export PKG_CONFIG_PATH=$(dirname "$pcfile") PKG_CONFIG_SYSROOT_DIR="$work/stage"
 echo "pkg-config --cflags pulse-sdk: $(pkg-config --cflags pulse-sdk)"
 case "$(pkg-config --cflags pulse-sdk)" in
   *"-I$work/stage/"*) ;;
   *) echo "FAIL: the include path does not point into the staged install"; exit 1 ;;
 esac
+case "$(pkg-config --variable=plugindir pulse-sdk)" in
+  "$work/stage/"*/pulse/plugins) ;;
+  *) echo "FAIL: plugindir $(pkg-config --variable=plugindir pulse-sdk) is not in the stage"; exit 1 ;;
+esac
+# The installed config reads the drop-ins where the SDK says they are.
+dropins=$(pkg-config --variable=dropindir pulse-sdk)
+staged_config=$(find "$work/stage" -name pulse.toml -path '*/pulse/pulse.toml' | head -n1)
+grep -q "^dropin_dirs = \[\"${dropins#"$work/stage"}\"\]" "$staged_config" \
+  || { echo "FAIL: $staged_config does not read the drop-ins from ${dropins#"$work/stage"}"; grep dropin_dirs "$staged_config"; exit 1; }
 
-# 2. Both examples, built by the installed script from the installed sources.
-"$examples/check-examples.sh" "$pulse"
+# 2. The template project, copied out of the stage as an author would: its own meson build and
+# its own test (a real pulse serve with both plugins, turns through each, a clean stop).
+cp -r "$template" "$work/my-backend"
+meson setup "$work/my-backend-build" "$work/my-backend" >"$work/template.setup.log" 2>&1 || { cat "$work/template.setup.log"; exit 1; }
+PULSE="$pulse" meson test -C "$work/my-backend-build" --print-errorlogs >"$work/template.test.log" 2>&1 \
+  || { cat "$work/template.test.log"; echo "FAIL: the template project's own test"; exit 1; }
+grep -q "template plugins: ok" "$work/my-backend-build/meson-logs/testlog.txt" || { cat "$work/template.test.log"; exit 1; }
+echo "template project: built from the stage, its test passed"
+# Its plugins install into the staged plugin directory.
+meson install -C "$work/my-backend-build" >"$work/template.install.log" 2>&1 || { cat "$work/template.install.log"; exit 1; }
+[ -f "$(pkg-config --variable=plugindir pulse-sdk)/example_shout.so" ] || { echo "FAIL: the template's install_dir is not the staged plugindir"; exit 1; }
 
-# 3. A whole Responses turn through each out-of-tree build.
+# 4. A whole Responses turn through each compiler-line build.
 site="$work/site-serve"
 mkdir -p "$site/plugins"
-c++ -std=c++17 -shared -fPIC $(pkg-config --cflags pulse-sdk) "$examples/echo-backend/echo_backend.cpp" \
+# 3. A plain compiler line each, as the sources' comments show.
+c++ -std=c++17 -Wall -Wextra -Werror -shared -fPIC $(pkg-config --cflags pulse-sdk) "$template/src/echo_backend.cpp" \
   $(pkg-config --libs pulse-sdk) -o "$site/plugins/example_echo.so"
-cc -std=c11 -shared -fPIC $(pkg-config --cflags pulse-sdk) "$examples/c-backend/shout_backend.c" \
+cc -std=c11 -Wall -Wextra -Werror -shared -fPIC $(pkg-config --cflags pulse-sdk) "$template/src/shout_backend.c" \
   $(pkg-config --libs pulse-sdk) -o "$site/plugins/example_shout.so"
 install -m 0755 "$build_root/plugins/qwen38.so" "$site/plugins/"
 chmod 0755 "$site/plugins/"*.so

@@ -6,9 +6,8 @@
  * finish chunk and the usage chunk (`choices: []`), exactly as vLLM streams. It needs no
  * threads: each stream_next emits the next chunk at once. Use it as the template for a C engine.
  *
- * Build it out of tree with nothing but the installed SDK:
- *   meson setup build && meson compile -C build      (uses `dependency('pulse-sdk')`)
- * or
+ * Build it out of tree with nothing but the installed SDK: this project's meson.build
+ * (`meson setup build && meson test -C build`), or a plain compiler line:
  *   cc -std=c11 -shared -fPIC $(pkg-config --cflags pulse-sdk) shout_backend.c \
  *      $(pkg-config --libs pulse-sdk) -o example_shout.so
  *

@@ -5,10 +5,10 @@
 // word per chunk, followed by the finish chunk and a usage chunk, exactly like vLLM streams.
 // It is the smallest complete backend: use it as the template for a real engine.
 //
-// Build it out of tree with nothing but the installed SDK:
-//   meson setup build && meson compile -C build     (uses `dependency('pulse-sdk')`)
-// or
-//   c++ -std=c++17 -shared -fPIC $(pkg-config --cflags --libs pulse-sdk) echo_backend.cpp -o example_echo.so
+// Build it out of tree with nothing but the installed SDK: this project's meson.build
+// (`meson setup build && meson test -C build`), or a plain compiler line:
+//   c++ -std=c++17 -shared -fPIC $(pkg-config --cflags pulse-sdk) echo_backend.cpp
+//       $(pkg-config --libs pulse-sdk) -o example_echo.so       (one line)
 #include <pulse/plugin.hpp>
 
 #include <atomic>
