@@ -58,20 +58,24 @@ def turn(model, stream):
     with urllib.request.urlopen(req, timeout=20) as r:
         if not stream:
             body = json.load(r)
-            return body["status"], body["output"][0]["content"][0]["text"]
-        text, status = "", None
+            return body["status"], body["output"][0]["content"][0]["text"], body["usage"]
+        text, status, usage = "", None, None
         for line in r.read().decode().splitlines():
             if line.startswith("data: "):
                 ev = json.loads(line[6:])
                 if ev["type"] == "response.output_text.delta": text += ev["delta"]
-                if ev["type"] == "response.completed": status = ev["response"]["status"]
-        return status, text
+                if ev["type"] == "response.completed": status, usage = ev["response"]["status"], ev["response"]["usage"]
+        return status, text, usage
 for model, want in (("shout", "HELLO FROM THE TEMPLATE"), ("echo", "echo: hello from the template")):
     for stream in (False, True):
-        got = turn(model, stream)
-        if got != ("completed", want):
-            sys.exit(f"FAIL: {model} (stream={stream}): got {got!r}, want {want!r}")
-        print(f"{model} (stream={stream}): {got[1]}")
+        status, text, usage = turn(model, stream)
+        if (status, text) != ("completed", want):
+            sys.exit(f"FAIL: {model} (stream={stream}): got {status!r} {text!r}, want {want!r}")
+        print(f"{model} (stream={stream}): {text} (usage: {usage['input_tokens']} in, {usage['output_tokens']} out)")
+# The backend's usage chunk (choices: []) is the response's usage: the C backend sends 2 chunks
+# of 2 words for these 4 words.
+if turn("shout", False)[2]["output_tokens"] != 2:
+    sys.exit("FAIL: the C backend's usage chunk did not reach the response's usage")
 PY
 # A clean stop: the plugins' instances go before their deinit, and pulse exits 0.
 kill -TERM "$pid"
