@@ -80,14 +80,16 @@ typedef int32_t pulse_status_t;
 #define PULSE_OK 0
 #define PULSE_END 1     /* stream finished normally */
 #define PULSE_TIMEOUT 2 /* nothing yet within the timeout; call again */
-#define PULSE_E_INVALID_ARGUMENT (-1)   /* the client's request is wrong          -> 400 */
-#define PULSE_E_UNSUPPORTED (-2)        /* not supported by this plugin           -> 400 */
-#define PULSE_E_UNAVAILABLE (-3)        /* transient; safe to retry elsewhere     -> failover, 503 */
-#define PULSE_E_RESOURCE_EXHAUSTED (-4) /* overloaded                             -> failover, 503 */
-#define PULSE_E_CANCELLED (-5)          /* cancelled; the client is gone          -> no response */
-#define PULSE_E_DEADLINE (-6)           /* call deadline passed                   -> 504 */
-#define PULSE_E_INTERNAL (-7)           /* plugin bug                             -> 500, logged */
-#define PULSE_E_ABI (-8)                /* version/struct mismatch at run time    -> load failure */
+/* What the client gets before any output (docs/SDK.md, "Status codes", is the whole table;
+ * the test suite checks every row): */
+#define PULSE_E_INVALID_ARGUMENT (-1)   /* the client's request is wrong          -> 400 invalid_request */
+#define PULSE_E_UNSUPPORTED (-2)        /* not supported by this plugin           -> 400 invalid_request */
+#define PULSE_E_UNAVAILABLE (-3)        /* transient; safe to retry elsewhere     -> failover, then 503 + Retry-After */
+#define PULSE_E_RESOURCE_EXHAUSTED (-4) /* overloaded                             -> failover, then 503 + Retry-After */
+#define PULSE_E_CANCELLED (-5)          /* cancelled                              -> nothing if the client left, else 502 */
+#define PULSE_E_DEADLINE (-6)           /* call deadline passed                   -> 504 + Retry-After */
+#define PULSE_E_INTERNAL (-7)           /* plugin bug                             -> 502 plugin_error, logged */
+#define PULSE_E_ABI (-8)                /* version/struct mismatch at run time    -> 502 plugin_error */
 #define PULSE_E_CONTEXT_LENGTH (-9)     /* prompt too long for the model          -> 400 context_length_exceeded */
 
 /* Log levels. */
@@ -457,7 +459,8 @@ typedef struct pulse_host_api {
      * backend's stream_start and stream_next: until the stream's first chunk, the request's
      * head deadline (upstream.head_timeout_s after stream_start began); after it, the idle
      * deadline (upstream.idle_timeout_s after the last chunk). Past it the host cancels the
-     * stream, closes it and fails over. Every other call: 0. */
+     * stream, closes it and fails over. A policy's decide: the model's policy timeout_ms after
+     * the call began. Every other call: 0. */
     uint64_t (*call_deadline_ms)(pulse_call_t* call);
     /* The request id for logs (e.g. "resp_..."); empty outside a request. */
     pulse_str_t (*call_request_id)(pulse_call_t* call);
