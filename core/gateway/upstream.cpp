@@ -477,6 +477,14 @@ private:
             sink_.writer.call = &call;
             pulse_status_t rc = vt().stream_next(stream_, &call, kCallMs, &sink_);
             sink_.writer.call = nullptr;
+            // A chunk the host's writer refused is the plugin's bug, whatever status it passed
+            // on (the writer's INVALID_ARGUMENT would blame the client's request with a 400).
+            if (rc < 0 && rc != PULSE_E_CANCELLED && sink_.writer.failed) {
+                call.message = "backend '" + lease_->registration.name + "' (plugin " + lease_->plugin_id() +
+                               ") wrote a chunk the host could not take (plugin bug): " + sink_.writer.error;
+                call.has_message = true;
+                rc = PULSE_E_INTERNAL;
+            }
             if (rc == PULSE_OK || rc == PULSE_TIMEOUT) {
                 if (!cancelled_) continue;
                 rc = PULSE_E_CANCELLED;

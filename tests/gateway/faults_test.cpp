@@ -261,6 +261,17 @@ Timed timed_stream(uint16_t port) {
     return t;
 }
 
+TEST_CASE("a chunk the host's writer refuses is the plugin's bug (502 plugin_error), not the client's (400)") {
+    Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"bad\"\nurl = \"plugin://test-faulty\"\noptions = { fail = \"badchunk\" }\n",
+               "", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
+    auto r = post(gw.port, "/v1/responses", request(false));
+    CAPTURE(r.body);
+    CHECK(r.status == 502);
+    CHECK(r.body.find(R"("code":"plugin_error")") != std::string::npos);
+    CHECK(r.body.find("backend 'test-faulty' (plugin test.faulty-backend) wrote a chunk the host could not take (plugin bug): JSON writer: chunk->end(): 1 object(s)/array(s) still open") !=
+          std::string::npos);
+}
+
 TEST_CASE("a backend plugin that blocks in stream_next still streams: each chunk leaves as it is emitted") {
     Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"busy\"\nurl = \"plugin://test-faulty\"\noptions = { fail = \"blocking\" }\n",
                "", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
