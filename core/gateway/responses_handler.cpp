@@ -324,6 +324,19 @@ private:
         auto it = upreq_.notes.find("reasoning_budget");
         std::string how = it != upreq_.notes.end() ? it->second
                                                    : "not enforced: profile '" + rt_->profile->registration.name + "' does not apply reasoning budgets";
+        // The profile wrote the budget into a field; an in-process backend says itself whether it
+        // reads that field (an HTTP backend refuses a field it cannot apply: see resend).
+        if (auto f = upreq_.notes.find("reasoning_budget_field"); f != upreq_.notes.end()) {
+            std::string ignoring;
+            size_t plugins = 0;
+            for (const auto& ep : rt_->endpoints)
+                if (ep.backend && ++plugins && !ep.backend->enforces(f->second))
+                    ignoring += (ignoring.empty() ? "" : ", ") + ("'" + ep.backend->name() + "'");
+            if (!ignoring.empty() && plugins == rt_->endpoints.size())
+                how = "not enforced: backend " + ignoring + " does not enforce " + f->second;
+            else if (!ignoring.empty())
+                how += "; not by backend " + ignoring + ", which does not enforce " + f->second;
+        }
         budget_enforced_ = how.rfind("enforced", 0) == 0;
         budget_header_ = std::to_string(*budget_) + "; " + how;
         if (streaming_) writer_.add_header("X-Pulse-Reasoning-Budget", budget_header_);

@@ -651,6 +651,14 @@ BackendInstance::BackendInstance(plugin::ComponentLease lease, const std::string
         throw std::runtime_error("backend '" + name() + "': create failed: " + host::call_error(call, rc, lease_->plugin_id()));
 }
 
+bool BackendInstance::enforces(std::string_view field) const {
+    const pulse_backend_vt_t& vt = lease_->registration.backend;
+    if (!PULSE_HAS_FIELD(&vt, pulse_backend_vt_t, budget_fields) || !vt.budget_fields) return false;
+    for (const char* const* f = vt.budget_fields; *f; ++f)
+        if (field == *f) return true;
+    return false;
+}
+
 BackendInstance::~BackendInstance() {
     if (backend_ && lease_->registration.backend.destroy) lease_->registration.backend.destroy(backend_);
 }

@@ -112,6 +112,9 @@ public:
     std::unique_ptr<UpstreamStream> open(std::string_view request_json, const std::string& request_id,
                                          const config::Upstream& timeouts);
     const std::string& name() const { return lease_->registration.name; }
+    // Whether the backend enforces the reasoning cap in request field `field` (ABI 1.2
+    // budget_fields; a 1.0/1.1 backend declares none).
+    bool enforces(std::string_view field) const;
     // The backend's own health hook; "" when healthy (or when it has no hook). `detail` gets
     // the JSON object the hook wrote, when it wrote one.
     std::string health(std::string* detail = nullptr);

@@ -21,7 +21,12 @@ struct Stream {
 // Tells the host how the request's reasoning budget was applied (a 1.0 host has no annotate).
 void annotate_budget(const Options& o, const Json& req, pulse_upstream_req_t* out) {
     if (!PULSE_HAS_FIELD(g_host->request, pulse_request_api_t, annotate)) return;
-    if (auto note = budget_note(o, req)) g_host->request->annotate(out, str("reasoning_budget"), str(*note));
+    if (auto note = budget_note(o, req)) {
+        g_host->request->annotate(out, str("reasoning_budget"), str(*note));
+        // The field itself (1.2), so the host can ask an in-process backend whether it honours it.
+        if (note->rfind("enforced by ", 0) == 0 && o.budget_field)
+            g_host->request->annotate(out, str("reasoning_budget_field"), str(*o.budget_field));
+    }
 }
 
 }  // namespace

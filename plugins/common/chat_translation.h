@@ -85,7 +85,7 @@ std::optional<std::string> budget_note(const Options& opt, const Json& req);
 // What the client already has of an answer that is being resumed on another endpoint.
 struct Partial {
     std::string text, reasoning;
-    // Tokens the earlier attempts already spent (SDK 1.2's partial.output_tokens and
+    // Tokens the earlier attempts already spent (the partial's output_tokens and
     // .reasoning_tokens): the continuation may spend only what is left of the request's limits.
     int64_t output_tokens = 0, reasoning_tokens = 0;
 };

@@ -181,8 +181,11 @@ pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
     return w.ok() ? PULSE_OK : PULSE_E_INTERNAL;
 }
 
+// The engine caps thinking at a request's budget in either field (engine.cpp).
+const char* const kBudgetFields[] = {"thinking_token_budget", "reasoning_budget_tokens", nullptr};
+
 const pulse_backend_vt_t kBackend = {
-    sizeof(pulse_backend_vt_t), "decoder", create, destroy, stream_start, stream_next, stream_cancel, stream_close, health,
+    sizeof(pulse_backend_vt_t), "decoder", create, destroy, stream_start, stream_next, stream_cancel, stream_close, health, kBudgetFields,
 };
 
 pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {

@@ -111,6 +111,15 @@ TEST_CASE("llama-server gets reasoning_budget_tokens; a backend without a per-re
         CHECK(last_body(b)["reasoning_budget_tokens"].GetInt64() == 1024);
         CHECK(r.budget == "1024; enforced by reasoning_budget_tokens");
     }
+    SUBCASE("an in-process backend that does not list the field in budget_fields (ABI 1.2)") {
+        // example-echo lists none: the profile wrote thinking_token_budget, which it ignores.
+        Gateway gw(model("plugin://example-echo", kStatic));
+        auto r = post(gw.port, "/v1/responses", request(R"(,"reasoning":{"effort":"low"})"));
+        REQUIRE(r.status == 200);
+        CHECK(r.budget == "1024; not enforced: backend 'example-echo' does not enforce thinking_token_budget");
+        CHECK(gw.log().find("reasoning budget 1024 not enforced: backend 'example-echo'") != std::string::npos);
+        CHECK(metric(get(gw.port, "/metrics"), R"(pulse_reasoning_budget_requests_total{model="m",enforced="no"})") == 1);
+    }
     SUBCASE("budget_field = \"\"") {
         FakeBackend b(R"({"turns":[{"content":"ok"}]})");
         Gateway gw(model(b.url(), kStatic, "qwen38", "[models.m.profile_options]\nbudget_field = \"\"\n"));

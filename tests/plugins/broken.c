@@ -22,7 +22,7 @@ static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, 
 #define ID "test.init-fails-without-message"
 #elif defined(VARIANT_REGISTERS_UNDECLARED_KIND)
 static pulse_status_t b_create(void* u, pulse_call_t* c, const pulse_json_t* j, void** o) { (void)u; (void)c; (void)j; *o = NULL; return PULSE_OK; }
-static const pulse_backend_vt_t k_backend = {sizeof(pulse_backend_vt_t), "sneaky", b_create, NULL, NULL, NULL, NULL, NULL, NULL};
+static const pulse_backend_vt_t k_backend = {sizeof(pulse_backend_vt_t), "sneaky", b_create, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
     (void)call;
     *state = NULL;
@@ -33,7 +33,7 @@ static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, 
 #elif defined(VARIANT_PASSES_ON_REFUSAL)
 /* What most authors write: init returns what a refused register_* call returned. */
 static pulse_status_t b_create(void* u, pulse_call_t* c, const pulse_json_t* j, void** o) { (void)u; (void)c; (void)j; *o = NULL; return PULSE_OK; }
-static const pulse_backend_vt_t k_backend = {sizeof(pulse_backend_vt_t), "sneaky", b_create, NULL, NULL, NULL, NULL, NULL, NULL};
+static const pulse_backend_vt_t k_backend = {sizeof(pulse_backend_vt_t), "sneaky", b_create, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 static pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {
     (void)call;
     *state = NULL;

@@ -199,7 +199,7 @@ const pulse_translation_vt_t kProfile = {
 };
 
 const pulse_backend_vt_t kBackend = {
-    sizeof(pulse_backend_vt_t), "test-faulty", create, destroy, stream_start, stream_next, stream_cancel, stream_close, nullptr,
+    sizeof(pulse_backend_vt_t), "test-faulty", create, destroy, stream_start, stream_next, stream_cancel, stream_close, nullptr, nullptr,
 };
 
 pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {

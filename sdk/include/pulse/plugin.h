@@ -31,6 +31,10 @@
  *                    The policy kind (PULSE_KIND_POLICY, pulse_policy_vt_t, register_policy):
  *                    per-request reasoning budget, effort and sampling. request->annotate: a
  *                    profile says how it applied a request's reasoning budget.
+ *   1.2  2026-12-04  pulse_backend_vt_t.budget_fields: the request fields capping reasoning
+ *                    that an in-process backend enforces, so the host does not report a budget
+ *                    as enforced by a field the backend ignores; annotate key
+ *                    "reasoning_budget_field" names the field a profile wrote.
  */
 #ifndef PULSE_PLUGIN_H
 #define PULSE_PLUGIN_H
@@ -44,7 +48,7 @@ extern "C" {
 #endif
 
 #define PULSE_ABI_MAJOR 1
-#define PULSE_ABI_MINOR 1
+#define PULSE_ABI_MINOR 2
 
 /* A plugin may define PULSE_TARGET_ABI_MINOR before including this header to declare the
  * oldest host minor it runs on; it then must not use fields newer than that minor without
@@ -291,7 +295,9 @@ typedef struct pulse_request_api {
      * Keys the host reads: "reasoning_budget" — how the request's reasoning budget
      * (request.reasoning.budget_tokens) was applied: "enforced by FIELD" when the backend caps
      * reasoning per request through that field, else "not enforced: WHY". A budget the profile
-     * says nothing about is reported as not enforced. Copies both; last value per key wins. */
+     * says nothing about is reported as not enforced. 1.2: "reasoning_budget_field" — FIELD
+     * itself, so that an in-process backend that does not list it in budget_fields is reported
+     * as not enforcing it. Copies both; last value per key wins. */
     pulse_status_t (*annotate)(pulse_upstream_req_t* r, pulse_str_t key, pulse_str_t value);
 } pulse_request_api_t;
 
@@ -376,6 +382,10 @@ typedef struct pulse_backend_vt {
     void (*stream_close)(void* stream);
     /* [any-thread] Optional: write one JSON object describing health. PULSE_OK = healthy. */
     pulse_status_t (*health)(void* backend, pulse_call_t* call, pulse_json_writer_t* out);
+    /* 1.2. Static, NULL-terminated: the request fields capping reasoning tokens that this
+     * backend enforces ("thinking_token_budget", "reasoning_budget_tokens"); NULL = none. A
+     * request's budget written into another field is reported "not enforced" for this backend. */
+    const char* const* budget_fields;
 } pulse_backend_vt_t;
 
 /* Runtime controller: manages external runtimes (`pulse model ...`). Startup only. */

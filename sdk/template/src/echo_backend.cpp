@@ -136,6 +136,7 @@ pulse_status_t health(void*, pulse_call_t*, pulse_json_writer_t* out) {
 const pulse_backend_vt_t kBackend = {
     sizeof(pulse_backend_vt_t), "example-echo", create, destroy, stream_start, stream_next,
     stream_cancel, stream_close, health,
+    nullptr,  // budget_fields: it does not think, so no reasoning budget field is enforced
 };
 
 pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {

@@ -224,6 +224,7 @@ static void stream_close(void* stream) {
 static const pulse_backend_vt_t k_backend = {
     sizeof(pulse_backend_vt_t), "example-shout", create, destroy, stream_start, stream_next, stream_cancel, stream_close,
     NULL, /* health: optional */
+    NULL, /* budget_fields: no reasoning, so no budget field is enforced (ABI 1.2) */
 };
 
 /* ---- the plugin ---- */
