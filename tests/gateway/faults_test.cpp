@@ -376,6 +376,38 @@ TEST_CASE("every plugin status code reaches the client as the SDK's status table
     }
 }
 
+TEST_CASE("after output, every plugin status ends the response failed, streaming or not, as the SDK's status table says") {
+    const char* statuses[] = {"invalid_argument", "unsupported",      "context_length", "unavailable", "resource_exhausted",
+                              "deadline",         "internal",         "abi",            "cancelled",   "bogus"};
+    std::string models;
+    for (const char* st : statuses)
+        models += std::string("[models.a-") + st + "]\nprofile = \"qwen38\"\nresume = false\n[[models.a-" + st +
+                  ".endpoints]]\nurl = \"plugin://test-faulty\"\noptions = { fail = \"after\", status = \"" + st + "\" }\n";
+    Gateway gw(models, "", std::string(kFast) + "retry_window_s = 1\n", "", {{"faulty_backend", "faulty_backend"}});
+    for (const char* st : statuses) {
+        CAPTURE(st);
+        const std::string req = std::string(R"({"model":"a-)") + st + R"(","input":"hi","stream":)";
+        // Not streaming: 200 and the Response object, status "failed", the plugin's message in
+        // its error; the unfinished message is not in the output (no item without its done).
+        auto r = post(gw.port, "/v1/responses", req + "false}");
+        CAPTURE(r.body);
+        CHECK(r.status == 200);
+        rapidjson::Document d;
+        d.Parse(r.body.c_str());
+        REQUIRE(d.IsObject());
+        CHECK(str(d, "status") == "failed");
+        CHECK(str(d["error"], "message").find("test-faulty: ") != std::string::npos);
+        CHECK(d["output"].Size() == 0);
+        // Streaming: the delta went out, then response.failed with the same message.
+        auto s2 = post(gw.port, "/v1/responses", req + "true}");
+        CHECK(s2.status == 200);
+        auto stream = check_stream(s2.body);
+        CHECK(s2.body.find("partial answer") != std::string::npos);
+        CHECK(stream.terminal == "response.failed");
+        CHECK(str((*stream.response)["error"], "message").find("test-faulty: ") != std::string::npos);
+    }
+}
+
 // 4. Health that only real requests can see.
 TEST_CASE("an endpoint that answers its probe but refuses every request stays down, and gets no warmup replays") {
     FakeBackend sick(R"({"turns":[{"status":503}]})");

@@ -2,7 +2,8 @@
 // `stream_start` or at its first `stream_next` with the configured status, or (fail = "silent")
 // never produces a chunk, logging the call deadlines the host gives it.
 //   options = { fail = "start" | "next" | "silent" | "null" | "blocking" | "sleepy" | "empty" | "badchunk", status = NAME }
-// ("badchunk": writes an unfinished chunk with the host's writer and returns what end() said)
+// ("badchunk": writes an unfinished chunk with the host's writer and returns what end() said;
+// "after": one content delta, then the status on the next call: a failure after output)
 // ("null": stream_start returns PULSE_OK without a stream, a plugin bug the host must survive;
 // the engines that block in stream_next, as one doing real work does: "blocking" emits 20
 // deltas 100 ms apart within one call, "sleepy" sleeps 3 s before its first chunk, both
@@ -110,6 +111,10 @@ pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms
                                                     R"(,"finish_reason":)" + finish + "}]}"));
     };
     if (s.mode == "empty") return PULSE_END;
+    if (s.mode == "after" && !s.told) {
+        s.told = true;
+        return chunk(R"({"content":"partial answer"})");
+    }
     if (s.mode == "badchunk") {
         pulse_json_writer_t* w = g_host->chunk->begin(sink);
         g_host->json->begin_object(w);  // never closed
