@@ -372,6 +372,23 @@ TEST_CASE("every plugin status code reaches the client as the SDK's status table
                 CHECK(took < 0.9);  // answered at once
                 CHECK(res.body.find("no backend could take the request") == std::string::npos);
             }
+            // Streaming: the SSE stream opens once the backend accepted (a failure in stream_next,
+            // stream_feed or stream_finish), or with the first keepalive while the request is
+            // retried for the window; it then ends with response.failed and the message. Else the
+            // same HTTP answer, at once.
+            auto sres = post(gw.port, "/v1/responses", R"({"model":")" + model + R"(","input":"hi","stream":true})");
+            CAPTURE(sres.body);
+            const std::string where = at;
+            if (where == "next" || where == "feed" || where == "finish" || (upstream_failed && r.failover)) {
+                CHECK(sres.status == 200);
+                auto st = check_stream(sres.body);
+                CHECK(st.terminal == "response.failed");
+                CHECK(str((*st.response)["error"], "message").find(backend ? "test-faulty: " : "test-faulty-profile: ") != std::string::npos);
+            } else {
+                CHECK(sres.status == r.http);
+                CHECK(sres.body.find(std::string(R"("code":")") + r.code + "\"") != std::string::npos);
+                CHECK(sres.retry_after.empty() == !r.retry_after);
+            }
         }
     }
 }
