@@ -393,6 +393,32 @@ TEST_CASE("every plugin status code reaches the client as the SDK's status table
     }
 }
 
+TEST_CASE("a streaming client gets the same answer from a backend plugin refusing at stream_start as from an HTTP backend's 503") {
+    FakeBackend http(R"({"fail_first":1000,"turns":[{"content":"never"}]})");
+    for (const char* status : {"unavailable", "resource_exhausted"}) {
+        for (const char* window : {"0", "1"}) {
+            CAPTURE(status);
+            CAPTURE(window);
+            Gateway gw(std::string("[models.p]\nprofile = \"qwen38\"\n[[models.p.endpoints]]\nurl = \"plugin://test-faulty\"\n") +
+                           "options = { fail = \"start\", status = \"" + status + "\" }\n[models.h]\nprofile = \"qwen38\"\n" +
+                           "[[models.h.endpoints]]\nurl = \"" + http.url() + "\"\n",
+                       "", std::string(kFast) + "retry_window_s = " + window + "\n", "", {{"faulty_backend", "faulty_backend"}});
+            auto p = post(gw.port, "/v1/responses", R"({"model":"p","input":"hi","stream":true})");
+            auto h = post(gw.port, "/v1/responses", R"({"model":"h","input":"hi","stream":true})");
+            CHECK(p.status == h.status);
+            CHECK(p.retry_after == h.retry_after);
+            if (std::string(window) == "0") {
+                CHECK(p.status == 503);  // nothing was sent yet: the HTTP answer
+                CHECK(p.retry_after == "1");
+            } else {
+                CHECK(p.status == 200);  // keepalives opened the stream while it was retried
+                CHECK(check_stream(p.body).terminal == "response.failed");
+                CHECK(check_stream(h.body).terminal == "response.failed");
+            }
+        }
+    }
+}
+
 TEST_CASE("after output, every plugin status ends the response failed, streaming or not, as the SDK's status table says") {
     const char* statuses[] = {"invalid_argument", "unsupported",      "context_length", "unavailable", "resource_exhausted",
                               "deadline",         "internal",         "abi",            "cancelled",   "bogus"};
