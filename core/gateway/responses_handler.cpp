@@ -329,9 +329,11 @@ private:
         if (auto f = upreq_.notes.find("reasoning_budget_field"); f != upreq_.notes.end()) {
             std::string ignoring;
             size_t plugins = 0;
-            for (const auto& ep : rt_->endpoints)
-                if (ep.backend && ++plugins && !ep.backend->enforces(f->second))
-                    ignoring += (ignoring.empty() ? "" : ", ") + ("'" + ep.backend->name() + "'");
+            for (const auto& ep : rt_->endpoints) {
+                if (!ep.backend) continue;
+                ++plugins;
+                if (!ep.backend->enforces(f->second)) ignoring += (ignoring.empty() ? "'" : ", '") + ep.backend->name() + "'";
+            }
             if (!ignoring.empty() && plugins == rt_->endpoints.size())
                 how = "not enforced: backend " + ignoring + " does not enforce " + f->second;
             else if (!ignoring.empty())

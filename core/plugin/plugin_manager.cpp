@@ -590,6 +590,13 @@ const PluginStatus& PluginManager::load_file(const fs::path& path) {
     return statuses_.back();
 }
 
+// Keeps a finished generation's library mapped for the life of the process: no destructor ever
+// dlcloses plugin code (docs/SDK.md, "Unloading").
+static void pin(std::shared_ptr<Generation> g) {
+    static auto* pinned = new std::vector<std::shared_ptr<Generation>>();
+    pinned->push_back(std::move(g));
+}
+
 void PluginManager::retract(const std::string& id, const fs::path& loaded, const fs::path& other) {
     auto it = std::find_if(generations_.begin(), generations_.end(),
                            [&](const auto& g) { return g->ctx.plugin_id == id && g->path == loaded; });
@@ -602,8 +609,7 @@ void PluginManager::retract(const std::string& id, const fs::path& loaded, const
     }
     generations_.erase(it);
     finalize(*gen);  // loading is not over: nothing holds its components yet
-    static auto* pinned = new std::vector<std::shared_ptr<Generation>>();
-    pinned->push_back(gen);  // code stays mapped (docs/SDK.md, "Unloading")
+    pin(std::move(gen));
     std::lock_guard lock(status_mutex_);
     for (auto& s : statuses_)
         if (s.state == State::loaded && s.id == id && s.path == loaded) {
@@ -771,14 +777,13 @@ ReloadReport PluginManager::reload() {
 }
 
 void PluginManager::collect_retired() {
-    static auto* pinned = new std::vector<std::shared_ptr<Generation>>();
     for (auto it = retired_.begin(); it != retired_.end();) {
         // Only this list holds it: no lease, no component. Finalise on this (control) thread.
         if (it->use_count() == 1) {
             auto& g = *it;
             if (g->initialized) log::info("reload", "plugin " + g->ctx.plugin_id + " generation " + std::to_string(g->ctx.generation) + " retired");
             finalize(*g);
-            pinned->push_back(g);  // code stays mapped (docs/SDK.md, "Unloading")
+            pin(g);
             it = retired_.erase(it);
         } else {
             ++it;
@@ -840,14 +845,13 @@ void PluginManager::shutdown() {
     // process-lifetime list so no destructor ever dlcloses them.
     // A generation still leased has instances alive (their owner did not release them first): its
     // deinit would free what their destroy and stream_close still use, so it does not run.
-    static auto* pinned = new std::vector<std::shared_ptr<Generation>>();
     auto finish = [](const std::shared_ptr<Generation>& g) {
         if (g->initialized && g.use_count() > 2)  // this list's reference and the caller's copy
             log::error("plugins", "plugin " + g->ctx.plugin_id + " is still in use at shutdown (" + std::to_string(g.use_count() - 2) +
                                       " leases): its deinit is not run, so that nothing it frees is used afterwards (host bug)");
         else
             finalize(*g);
-        pinned->push_back(g);
+        pin(g);
     };
     for (auto it = generations_.rbegin(); it != generations_.rend(); ++it) finish(std::shared_ptr<Generation>(*it));
     generations_.clear();
