@@ -544,6 +544,7 @@ int cmd_serve(const Args& a) {
     auto reload = [&](bool reread_config) {
         sd_notify(0, "RELOADING=1\nSTATUS=reloading");
         auto rep = pm.reload();
+        std::string refused;
         try {
             config::Config next = cfg;
             if (reread_config) {
@@ -556,7 +557,13 @@ int cmd_serve(const Args& a) {
         } catch (const config::ConfigError& e) {
             log::error("reload", std::string("configuration not reloaded, the previous one keeps serving: ") + e.what());
             metrics::global().counter("pulse_config_reload_failures_total", "configuration reloads refused").add();
+            refused = e.what();
         }
+        std::string plugins = "plugins: " + std::to_string(rep.reloaded) + " reloaded, " + std::to_string(rep.added) + " added, " +
+                              std::to_string(rep.failed) + " failed";
+        gw.note_reload(refused.empty() && rep.failed == 0,
+                       refused.empty() ? plugins + (rep.failed ? " (the previous versions keep serving; see `pulse plugins`)" : "")
+                                       : "configuration refused, the previous one keeps serving: " + refused + "; " + plugins);
         sd_notifyf(0, "READY=1\nSTATUS=serving on %s (plugins: %d reloaded, %d added, %d failed)", where.c_str(), rep.reloaded,
                    rep.added, rep.failed);
     };

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "gateway/http_util.h"
+#include "status_page.h"  // kStatusPage: status_page.html, generated at build time
 
 namespace pulse::gateway {
 
@@ -349,12 +350,16 @@ void Gateway::handle(server::Exchange& ex) {
     if (auto q = path.find('?'); q != std::string::npos) path.resize(q);
     const std::string& method = req.getMethod();
     auto snap = snapshot();
-    bool status_path = path == "/health" || path == "/metrics";
+    // The page itself holds no data (what it shows comes from /status.json): served to anyone, so
+    // that a browser, which cannot send an API key on navigation, can open it and ask for one.
+    if ((path == "/" || path == "/status") && (method == "GET" || method == "HEAD")) return status_page(ex);
+    bool status_path = path == "/health" || path == "/metrics" || path == "/status.json";
     if ((!status_path || snap->cfg.server.protect_status) && !authorized(ex, snap->cfg)) {
         metrics::global().counter("pulse_unauthorized_total", "requests refused with 401 (missing or wrong API key)").add();
         return send_error(ex, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)", {}, "invalid_api_key");
     }
     if (path == "/health" && (method == "GET" || method == "HEAD")) return health(ex);
+    if (path == "/status.json" && method == "GET") return status_json(ex);
     if (path == "/metrics" && method == "GET") {
         if (req.get("Accept", "").find("application/json") != std::string::npos) return send_json(ex, 200, metrics::global().json());
         return ex.respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics::global().prometheus());
@@ -381,17 +386,16 @@ void Gateway::admin_reload(server::Exchange& ex) {
     send_json(ex, 202, R"({"status":"reload requested"})");
 }
 
-void Gateway::health(server::Exchange& ex) {
-    auto snap = snapshot();
-    rapidjson::StringBuffer b;
-    JsonWriter w(b);
+// The state /health and /status.json share: models with their endpoints, plugins, status.
+// Returns the overall status ("ok", "degraded", "draining").
+const char* Gateway::write_state(JsonWriter& w, const Snapshot& snap, bool live) const {
     bool draining = draining_.load();
     bool all_models_served = true;
-    w.StartObject();
     w.Key("models");
     w.StartArray();
-    for (const auto& m : snap->models) {
+    for (const auto& m : snap.models) {
         bool any = false;
+        int in_flight = 0;
         w.StartObject();
         w.Key("id");
         w.String(m->cfg->id.c_str());
@@ -406,6 +410,7 @@ void Gateway::health(server::Exchange& ex) {
         for (const auto& e : m->endpoints) {
             bool ok = e.health->healthy();
             any = any || ok;
+            in_flight += e.health->in_flight.load();
             w.StartObject();
             w.Key("name");
             w.String(e.cfg->name.c_str());
@@ -417,6 +422,10 @@ void Gateway::health(server::Exchange& ex) {
             w.Double(static_cast<double>(static_cast<int64_t>(e.health->seconds_in_state() * 10)) / 10);
             w.Key("in_flight");
             w.Int(e.health->in_flight.load());
+            if (live && e.cfg->last_resort) {
+                w.Key("last_resort");
+                w.Bool(true);
+            }
             if (!ok) {
                 w.Key("last_error");
                 w.String(e.health->last_error().c_str());
@@ -428,6 +437,10 @@ void Gateway::health(server::Exchange& ex) {
             w.EndObject();
         }
         w.EndArray();
+        if (live) {
+            w.Key("in_flight");
+            w.Int(in_flight);
+        }
         w.Key("status");
         w.String(any ? "ok" : "degraded");
         w.EndObject();
@@ -463,9 +476,70 @@ void Gateway::health(server::Exchange& ex) {
     w.Key("active_requests");
     w.Int(active_.load());
     w.Key("config_generation");
-    w.Uint64(snap->generation);
+    w.Uint64(snap.generation);
+    return status;
+}
+
+void Gateway::health(server::Exchange& ex) {
+    auto snap = snapshot();
+    rapidjson::StringBuffer b;
+    JsonWriter w(b);
+    w.StartObject();
+    const char* status = write_state(w, *snap, /*live=*/false);
     w.EndObject();
     send_json(ex, std::string_view(status) == "ok" ? 200 : 503, {b.GetString(), b.GetSize()});
+}
+
+// What the status page polls: the /health state plus requests in flight and recent, rates and
+// the last reload. Always 200 (the page shows a degraded gateway; /health is the probe).
+void Gateway::status_json(server::Exchange& ex) {
+    auto snap = snapshot();
+    rapidjson::StringBuffer b;
+    JsonWriter w(b);
+    w.StartObject();
+    w.Key("version");
+    w.String(PULSE_VERSION);
+    w.Key("now_ms");
+    w.Int64(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+    w.Key("uptime_s");
+    w.Int64(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_).count());
+    write_state(w, *snap, /*live=*/true);
+    {
+        std::lock_guard lock(reload_mutex_);
+        w.Key("last_reload");
+        if (!last_reload_) {
+            w.Null();
+        } else {
+            w.StartObject();
+            w.Key("at_ms");
+            w.Int64(last_reload_->at_ms);
+            w.Key("ok");
+            w.Bool(last_reload_->ok);
+            w.Key("message");
+            w.String(last_reload_->message.c_str());
+            w.EndObject();
+        }
+    }
+    board_.write(w);
+    w.EndObject();
+    ex.respond(200, "application/json", {b.GetString(), b.GetSize()}, {{"Cache-Control", "no-store"}});
+}
+
+void Gateway::status_page(server::Exchange& ex) {
+    // Everything it needs is inline; the policy makes the browser refuse any other origin, so a
+    // page that works here works offline and tells nobody that it was opened.
+    ex.respond(200, "text/html; charset=utf-8", {reinterpret_cast<const char*>(kStatusPage), sizeof kStatusPage},
+               {{"Cache-Control", "no-cache"},
+                {"Content-Security-Policy",
+                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
+                 "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
+                {"X-Content-Type-Options", "nosniff"}});
+}
+
+void Gateway::note_reload(bool ok, std::string message) {
+    std::lock_guard lock(reload_mutex_);
+    last_reload_ = Reload{std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count(), ok,
+                          std::move(message)};
 }
 
 void Gateway::models(server::Exchange& ex) {

@@ -10,7 +10,9 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,6 +26,7 @@
 #include "gateway/endpoint_health.h"
 #include "gateway/liveness.h"
 #include "gateway/policy.h"
+#include "gateway/request_board.h"
 #include "gateway/response_builder.h"
 #include "gateway/stream_loop.h"
 #include "gateway/upstream.h"
@@ -104,6 +107,10 @@ public:
     // Set before start(); called on a request thread.
     void set_reload_hook(std::function<void()> hook) { reload_hook_ = std::move(hook); }
 
+    // The outcome of the latest reload (SIGHUP, POST /admin/reload, a plugin directory change),
+    // for the status page. Control thread.
+    void note_reload(bool ok, std::string message);
+
     void set_draining(bool d) { draining_ = d; }
     // At the drain deadline: every response still in flight ends now with response.failed
     // (streaming) or a 503 (not yet answered), instead of a cut connection.
@@ -116,6 +123,9 @@ private:
     friend class ResponseSession;
     std::unique_ptr<Snapshot> build(config::Config cfg);
     void health(server::Exchange& ex);
+    void status_json(server::Exchange& ex);
+    void status_page(server::Exchange& ex);
+    const char* write_state(rapidjson::Writer<rapidjson::StringBuffer>& w, const Snapshot& snap, bool live) const;
     void models(server::Exchange& ex);
     void responses(server::Exchange& ex);
     bool authorized(const server::Exchange& ex, const config::Config& cfg) const;
@@ -143,6 +153,16 @@ private:
     std::unique_ptr<Warmer> warmer_;
     std::unique_ptr<Liveness> liveness_ = std::make_unique<Liveness>();  // outlives relay_: its streams ask it
     std::unique_ptr<StreamLoop> relay_;
+
+    RequestBoard board_;
+    const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+    struct Reload {
+        int64_t at_ms;
+        bool ok;
+        std::string message;
+    };
+    mutable std::mutex reload_mutex_;
+    std::optional<Reload> last_reload_;
 
     std::atomic<bool> draining_{false}, cutting_{false};
     std::atomic<int> active_{0};

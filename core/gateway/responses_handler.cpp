@@ -231,6 +231,7 @@ private:
         }
         streaming_ = doc_.HasMember("stream") && doc_["stream"].IsTrue();
         conversation_ = conversation_key(doc_);
+        entry_ = gw_.board_.begin(id_, model_id_, streaming_);
         return true;
     }
 
@@ -502,6 +503,7 @@ private:
         gw_.endpoint_failed(ep, why, /*real_request=*/true);
         builder_->begin_resume();
         ++resumes_;
+        entry_->resumed();
         metrics::global()
             .counter("pulse_resumed_streams_total", "responses continued on another endpoint after their backend failed mid-stream",
                      {{"model", model_id_}, {"endpoint", ep.cfg->name}})
@@ -531,6 +533,7 @@ private:
     void keepalive_if_due() {
         if (!streaming_ || steady_clock::now() - last_event_ < keepalive_) return;
         builder_->keepalive();
+        entry_->keepalive();
         flush();
         metrics::global().counter("pulse_keepalives_total", "response.in_progress keepalive events sent", {{"model", model_id_}}).add();
     }
@@ -550,6 +553,7 @@ private:
     Attempt attempt(size_t i) {
         const EndpointRef& ep = rt_->endpoints[i];
         InFlight in_flight(*ep.health);
+        entry_->attempt(ep.cfg->name);
         fed_ = false;
         if (!ep.backend) {
             for (bool fresh = false, resent = false;;) {
@@ -647,6 +651,7 @@ private:
                 served_by_ = ep.cfg->name;
                 gw_.endpoint_ok(model_id_, ep, /*real_request=*/true);
                 builder_->start();
+                entry_->accepted();
                 return std::nullopt;
             case UpEvent::Kind::rejected: {
                 if (e.http_status == 400 && budget_ && !resuming_ && drop_refused_budget(ep, e.text)) return Attempt::resend;
@@ -706,6 +711,7 @@ private:
                     last_error_ = f->second;
                     if (auto a = resume_elsewhere(ep, "the backend's output could not be used mid-stream: " + f->second)) return *a;
                 }
+                entry_->output(builder_->spent().output);
                 keepalive_if_due();
                 return std::nullopt;
             }
@@ -767,6 +773,7 @@ public:  // RelayJob: called on the stream loop's thread while relay() waits
 private:
     // Waits before the next round, keeping the client alive and noticing if it leaves.
     void wait_backoff(steady_clock::duration d) {
+        entry_->waiting();
         auto until = steady_clock::now() + d;
         while (!lost_ && !gw_.cutting() && steady_clock::now() < until) {
             std::this_thread::sleep_for(std::min<steady_clock::duration>(milliseconds(50), until - steady_clock::now()));
@@ -803,6 +810,7 @@ private:
             }
             for (size_t n = 0; n < order.size() && a == Attempt::retry && !lost_ && !gw_.cutting(); ++n) {
                 if (round > 0 || n > 0) {
+                    if (!builder_->has_output()) entry_->failover();  // a resume's move is counted as one
                     metrics::global()
                         .counter(round > 0 && n == 0 ? "pulse_retries_total" : "pulse_failovers_total",
                                  round > 0 && n == 0 ? "request rounds started again after every endpoint failed"
@@ -919,6 +927,16 @@ private:
         // before its last chunk); out then counts the deltas that reached the client.
         const auto known = [&](int64_t v) { return u.reported ? std::to_string(v) : std::string("-"); };
         const int64_t out = builder_ ? builder_->spent().output : 0;
+        RequestBoard::Ended ended;
+        ended.outcome = name(outcome_);
+        ended.ttft_ms = ttft_ ? ttft_->count() : -1;
+        ended.total_ms = duration_cast<milliseconds>(steady_clock::now() - t0_).count();
+        ended.input = u.reported ? u.input : -1;
+        ended.cached = u.reported ? u.cached : -1;
+        ended.output = out;
+        ended.budget = budget_.value_or(-1);
+        ended.budget_enforced = budget_enforced_;
+        gw_.board_.end(entry_, ended);
         log::info("responses", id_ + " model=" + model_id_ + " endpoint=" + ep + " outcome=" + name(outcome_) + " in=" + known(u.input) +
                                    " cached=" + known(u.cached) + " out=" + std::to_string(out) +
                                    " ttft_ms=" + (ttft_ ? std::to_string(ttft_->count()) : "-") +
@@ -974,6 +992,7 @@ private:
     std::string served_by_;
     Outcome outcome_ = Outcome::none;
     std::optional<milliseconds> ttft_;
+    std::shared_ptr<RequestBoard::Entry> entry_;  // what the status page shows of this request
 };
 
 void Gateway::responses(server::Exchange& ex) {

@@ -305,6 +305,7 @@ void Engine::worker() {
                 decode_only = decode_only && sg.logits;
             }
             stats_.peak_batch = std::max(stats_.peak_batch, static_cast<int64_t>(segs.size()));
+            stats_.last_batch = static_cast<int64_t>(segs.size());
         }
         const auto started = std::chrono::steady_clock::now();
         try {
@@ -340,6 +341,14 @@ void Engine::worker() {
             }
         });
         active_count_ = active.size();
+        uint64_t sequence_bytes = 0, checkpoint_bytes = 0;
+        for (const auto& a : active) sequence_bytes += a->seq.bytes();
+        for (const auto& c : checkpoints_) checkpoint_bytes += c.seq.bytes();
+        {
+            std::lock_guard lock(mu_);
+            stats_.sequence_bytes = sequence_bytes;
+            stats_.checkpoint_bytes = checkpoint_bytes;
+        }
         if (decode_only) {
             std::lock_guard lock(mu_);
             stats_.decode_only_rows += static_cast<uint64_t>(rows);

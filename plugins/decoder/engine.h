@@ -103,6 +103,10 @@ public:
         int64_t peak_batch = 0;
         uint64_t decode_only_rows = 0;
         double decode_only_s = 0;
+        // After the latest step: the requests it served, and the device memory the per-request
+        // states (KV caches, DeltaNet states) and the prefix checkpoints hold.
+        int64_t last_batch = 0;
+        uint64_t sequence_bytes = 0, checkpoint_bytes = 0;
     };
     Stats stats() const;
     int64_t max_sequences() const { return opts_.max_sequences; }

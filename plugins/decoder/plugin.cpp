@@ -4,6 +4,7 @@
 // make_demo, exact, device, max_sequences, checkpoints (docs/DECODER.md).
 // In the gateway config: url = "decoder:///path/model.gguf" (sugar for plugin://decoder with
 // options.model), or url = "plugin://decoder" with [..endpoints.options] model = "...".
+#include <cmath>
 #include <pulse/plugin.hpp>
 
 #include <algorithm>
@@ -165,6 +166,8 @@ void stream_close(void* stream) {
 
 pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
     auto& e = *static_cast<Backend*>(backend)->engine;
+    const auto st = e.stats();
+    const auto mib = [](uint64_t bytes) { return std::round(static_cast<double>(bytes) / (1 << 20) * 10) / 10; };
     pulse::Writer w(g_host->json, out);
     w.begin_object()
         .kv("status", "ok")
@@ -175,8 +178,11 @@ pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
         .kv("active", static_cast<int64_t>(e.active()))
         .kv("concurrency", e.max_sequences())
         .kv("checkpoints", e.max_checkpoints())
-        .kv("steps", static_cast<int64_t>(e.stats().steps))
-        .kv("peak_batch", e.stats().peak_batch)
+        .kv("steps", static_cast<int64_t>(st.steps))
+        .kv("batch", st.last_batch)
+        .kv("peak_batch", st.peak_batch)
+        .key("state_mib").f64(mib(st.sequence_bytes))
+        .key("checkpoint_mib").f64(mib(st.checkpoint_bytes))
         .end_object();
     return w.ok() ? PULSE_OK : PULSE_E_INTERNAL;
 }
