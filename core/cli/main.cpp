@@ -31,6 +31,7 @@
 #include "cli/codex_launcher.h"
 #include "cli/continuity_cmd.h"
 #include "common/log.h"
+#include "common/metric_defs.h"
 #include "common/metrics.h"
 #include "config/config.h"
 #include "gateway/gateway.h"
@@ -556,7 +557,7 @@ int cmd_serve(const Args& a) {
             cfg = next;
         } catch (const config::ConfigError& e) {
             log::error("reload", std::string("configuration not reloaded, the previous one keeps serving: ") + e.what());
-            metrics::global().counter("pulse_config_reload_failures_total", "configuration reloads refused").add();
+            metrics::global().counter(metrics::kConfigReloadFailures.name, metrics::kConfigReloadFailures.help).add();
             refused = e.what();
         }
         std::string plugins = "plugins: " + std::to_string(rep.reloaded) + " reloaded, " + std::to_string(rep.added) + " added, " +

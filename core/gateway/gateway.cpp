@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/log.h"
+#include "common/metric_defs.h"
 #include "common/metrics.h"
 #include "gateway/http_util.h"
 #include "status_page.h"  // kStatusPage: status_page.html, generated at build time
@@ -196,8 +197,42 @@ std::unique_ptr<Snapshot> Gateway::build(config::Config cfg) {
     return snap;
 }
 
+// Zero series for what the shipped alerts count (common/metric_defs.h), for every model and
+// endpoint of `snap`: a counter that appeared at its first event would hide that event from
+// increase(), and the alert on it would never fire.
+static void seed_alert_series(const Snapshot& snap) {
+    auto& reg = metrics::global();
+    reg.counter(metrics::kCapacityRejections.name, metrics::kCapacityRejections.help);
+    reg.counter(metrics::kConfigReloadFailures.name, metrics::kConfigReloadFailures.help);
+    reg.counter(metrics::kPluginReloadFailures.name, metrics::kPluginReloadFailures.help);
+    for (const auto& m : snap.models) {
+        const std::string& id = m->cfg->id;
+        reg.counter(metrics::kRequests.name, metrics::kRequests.help, {{"model", id}, {"endpoint", "-"}, {"outcome", "unavailable"}});
+        reg.counter(metrics::kFailovers.name, metrics::kFailovers.help, {{"model", id}});
+        reg.counter(metrics::kRetries.name, metrics::kRetries.help, {{"model", id}});
+        reg.histogram(metrics::kTtft.name, metrics::kTtft.help, {{"model", id}});
+        for (const auto& e : m->endpoints) reg.counter(metrics::kResumed.name, metrics::kResumed.help, {{"model", id}, {"endpoint", e.cfg->name}});
+        if (m->policy)
+            for (const char* outcome : {"error", "timeout", "invalid"})
+                reg.counter(metrics::kPolicyDecisions.name, metrics::kPolicyDecisions.help,
+                            {{"model", id}, {"policy", m->policy->component()}, {"outcome", outcome}});
+    }
+}
+
+// Endpoint state as gauges, read at each scrape: always what /health says now.
+static void publish_endpoint_gauges(const Snapshot& snap) {
+    auto& reg = metrics::global();
+    for (const auto& m : snap.models)
+        for (const auto& e : m->endpoints) {
+            const metrics::Labels l = {{"model", m->cfg->id}, {"endpoint", e.cfg->name}};
+            reg.gauge(metrics::kEndpointUp.name, metrics::kEndpointUp.help, l).set(e.health->healthy() ? 1 : 0);
+            reg.gauge(metrics::kEndpointInFlight.name, metrics::kEndpointInFlight.help, l).set(e.health->in_flight.load());
+        }
+}
+
 void Gateway::start() {
     std::shared_ptr<const Snapshot> snap = build(initial_);
+    seed_alert_series(*snap);
     {
         std::lock_guard lock(snap_mutex_);
         current_ = snap;
@@ -222,6 +257,7 @@ void Gateway::reload(config::Config cfg) {
         cfg.server.max_streams != old->cfg.server.max_streams || cfg.server.stream_threads != old->cfg.server.stream_threads)
         log::warn("reload", "server.listen, server.max_streams and server.stream_threads take effect only after a restart");
     std::shared_ptr<const Snapshot> next = build(std::move(cfg));  // throws: the old snapshot keeps serving
+    seed_alert_series(*next);
     std::lock_guard lock(snap_mutex_);
     retired_.push_back(current_);
     current_ = next;
@@ -361,6 +397,7 @@ void Gateway::handle(server::Exchange& ex) {
     if (path == "/health" && (method == "GET" || method == "HEAD")) return health(ex);
     if (path == "/status.json" && method == "GET") return status_json(ex);
     if (path == "/metrics" && method == "GET") {
+        publish_endpoint_gauges(*snap);
         if (req.get("Accept", "").find("application/json") != std::string::npos) return send_json(ex, 200, metrics::global().json());
         return ex.respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics::global().prometheus());
     }

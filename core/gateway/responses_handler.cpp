@@ -24,6 +24,7 @@
 #include <rapidjson/writer.h>
 
 #include "common/log.h"
+#include "common/metric_defs.h"
 #include "common/metrics.h"
 #include "gateway/gateway.h"
 #include "gateway/http_util.h"
@@ -273,7 +274,7 @@ private:
         std::string why;
         const auto outcome = pol->decide({b.GetString(), b.GetSize()}, id_, d, why);
         metrics::global()
-            .counter("pulse_policy_decisions_total", "request policy calls by outcome (applied, unchanged, timeout, error, invalid, busy)",
+            .counter(metrics::kPolicyDecisions.name, metrics::kPolicyDecisions.help,
                      {{"model", model_id_}, {"policy", pol->component()}, {"outcome", Policy::name(outcome)}})
             .add();
         if (outcome != Policy::Outcome::applied) {
@@ -505,7 +506,7 @@ private:
         ++resumes_;
         entry_->resumed();
         metrics::global()
-            .counter("pulse_resumed_streams_total", "responses continued on another endpoint after their backend failed mid-stream",
+            .counter(metrics::kResumed.name, metrics::kResumed.help,
                      {{"model", model_id_}, {"endpoint", ep.cfg->name}})
             .add();
         log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + "); resuming the response after " +
@@ -812,9 +813,8 @@ private:
                 if (round > 0 || n > 0) {
                     if (!builder_->has_output()) entry_->failover();  // a resume's move is counted as one
                     metrics::global()
-                        .counter(round > 0 && n == 0 ? "pulse_retries_total" : "pulse_failovers_total",
-                                 round > 0 && n == 0 ? "request rounds started again after every endpoint failed"
-                                                     : "requests moved to the next endpoint before any output",
+                        .counter(round > 0 && n == 0 ? metrics::kRetries.name : metrics::kFailovers.name,
+                                 round > 0 && n == 0 ? metrics::kRetries.help : metrics::kFailovers.help,
                                  {{"model", model_id_}})
                         .add();
                 }
@@ -902,12 +902,12 @@ private:
         if (!cfg_.server.trace_file.empty() && builder_ && builder_->ended()) trace(cfg_.server.trace_file, id_, "response", builder_->final_response());
         auto& reg = metrics::global();
         const std::string ep = served_by_.empty() ? "-" : served_by_;
-        reg.counter("pulse_requests_total", "Responses requests by model, endpoint and outcome",
+        reg.counter(metrics::kRequests.name, metrics::kRequests.help,
                     {{"model", model_id_}, {"endpoint", ep}, {"outcome", name(outcome_)}})
             .add();
         double total_s = duration<double>(steady_clock::now() - t0_).count();
         reg.histogram("pulse_request_duration_seconds", "whole request, receipt to last byte", {{"model", model_id_}}).observe(total_s);
-        if (ttft_) reg.histogram("pulse_ttft_seconds", "receipt to first backend output", {{"model", model_id_}}).observe(ttft_->count() / 1000.0);
+        if (ttft_) reg.histogram(metrics::kTtft.name, metrics::kTtft.help, {{"model", model_id_}}).observe(ttft_->count() / 1000.0);
         ResponseBuilder::Usage u;
         if (builder_) u = builder_->usage_totals();
         reg.counter("pulse_input_tokens_total", "prompt tokens reported by backends", {{"model", model_id_}}).add(static_cast<uint64_t>(u.input));
@@ -1015,7 +1015,7 @@ void Gateway::responses(server::Exchange& ex) {
     }
     if (active_.load() > snap->cfg.server.max_streams) {
         // The server keeps spare workers so an over-capacity request still gets a clear answer.
-        metrics::global().counter("pulse_capacity_rejections_total", "requests refused because max_streams were in flight").add();
+        metrics::global().counter(metrics::kCapacityRejections.name, metrics::kCapacityRejections.help).add();
         return send_error(ex, 503, "server_error",
                           "the gateway is at capacity (" + std::to_string(snap->cfg.server.max_streams) +
                               " requests in flight, server.max_streams); retry shortly",

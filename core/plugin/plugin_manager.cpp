@@ -19,6 +19,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include "common/log.h"
+#include "common/metric_defs.h"
 #include "common/metrics.h"
 
 namespace pulse::plugin {
@@ -652,7 +653,7 @@ ReloadReport PluginManager::reload() {
         ++rep.failed;
         rep.messages.push_back(msg);
         log::error("reload", msg);
-        metrics::global().counter("pulse_plugin_reload_failures_total", "plugin reloads refused or failed; the old version keeps serving").add();
+        metrics::global().counter(metrics::kPluginReloadFailures.name, metrics::kPluginReloadFailures.help).add();
     };
     // A refused new version of a loaded file: the refusal shows next to the version that serves.
     auto refuse = [&](const fs::path& f, const std::string& msg) {
