@@ -199,3 +199,23 @@ TEST_CASE("/status.json: the last reload's result (a refused config, then a good
     d = status_until(gw.port, [](const auto& d) { return d["last_reload"]["ok"].GetBool(); });
     CHECK(d["config_generation"].GetUint64() == 2);
 }
+
+TEST_CASE("/metrics: endpoint state gauges, and the series alerts count exist at zero before the first event") {
+    FakeBackend be(R"({"turns":[{"content":"fine"}]})");
+    Gateway gw(model_toml({be.url(), "http://127.0.0.1:9/v1"}), "", kFast);
+    // The probe of ep1 (nothing listens on port 9) has run within a few health intervals.
+    std::string m;
+    for (int i = 0; i < 100; ++i) {
+        m = get(gw.port, "/metrics");
+        if (m.find(R"(pulse_endpoint_up{model="m",endpoint="ep1"} 0)") != std::string::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(m.find(R"(pulse_endpoint_up{model="m",endpoint="ep0"} 1)") != std::string::npos);
+    CHECK(m.find(R"(pulse_endpoint_up{model="m",endpoint="ep1"} 0)") != std::string::npos);
+    CHECK(m.find(R"(pulse_endpoint_in_flight{model="m",endpoint="ep0"} 0)") != std::string::npos);
+    for (const char* zero : {R"(pulse_requests_total{model="m",endpoint="-",outcome="unavailable"} 0)", R"(pulse_failovers_total{model="m"} 0)",
+                             R"(pulse_retries_total{model="m"} 0)", R"(pulse_resumed_streams_total{model="m",endpoint="ep0"} 0)",
+                             "pulse_capacity_rejections_total 0", "pulse_config_reload_failures_total 0", "pulse_plugin_reload_failures_total 0",
+                             R"(pulse_ttft_seconds_count{model="m"} 0)"})
+        CHECK_MESSAGE(m.find(zero) != std::string::npos, zero);
+}
