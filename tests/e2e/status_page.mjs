@@ -112,8 +112,12 @@ try {
   await within(page, deadline, () => document.querySelectorAll('#recent tr[data-outcome="completed"]').length >= 6);
   const sparks = await page.evaluate(() => document.querySelectorAll("svg.spark path").length);
   check(sparks >= 2, `rate charts drawn (${sparks} sparklines)`);
+  // The picture shows a stream in flight too.
+  const last = respond(`SLOW-ONE ${secret}`);
+  await within(page, 2500 + deadline, () => [...document.querySelectorAll("#live tr[data-phase]")].some((r) => r.dataset.phase === "generating"));
   await page.screenshot({ path: process.env.SCREENSHOT, fullPage: true });
   log(`screenshot: ${process.env.SCREENSHOT}`);
+  check((await last).status === 200, "the last stream completed");
 
   // Nothing of a prompt anywhere on the page or in what it reads.
   const text = await page.evaluate(() => document.documentElement.outerHTML);
