@@ -14,9 +14,11 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,8 +34,8 @@ namespace {
 namespace fs = std::filesystem;
 
 const char* kHelp =
-    "usage: pulse codex [--model ID] [--gateway URL] [--start-gateway] [--config FILE] [--codex BIN] [--no-continuity]\n"
-    "                   [--] [codex args...]\n"
+    "usage: pulse codex [--model ID] [--gateway URL] [--start-gateway [--keep-gateway]] [--config FILE] [--codex BIN]\n"
+    "                   [--no-continuity] [--] [codex args...]\n"
     "\n"
     "Runs the Codex CLI against Pulse for this one process (your ~/.codex/config.toml is not\n"
     "touched). It checks the gateway's /health, writes a model catalog for the model, and passes\n"
@@ -41,14 +43,20 @@ const char* kHelp =
     "\n"
     "  --model ID        the model (default: the first model with a healthy backend)\n"
     "  --gateway URL     the gateway (default: server.listen of --config, else http://127.0.0.1:8800)\n"
-    "  --start-gateway   start `pulse serve --config FILE` in the background if none is running\n"
-    "  --config FILE     the gateway config (for --gateway and --start-gateway; default $PULSE_CONFIG)\n"
+    "  --start-gateway   start `pulse serve` in the background if none is running; it is stopped\n"
+    "                    (drained) when codex exits\n"
+    "  --keep-gateway    leave the gateway it started running after codex exits\n"
+    "  --config FILE     the gateway config (for --gateway and --start-gateway); default: the one\n"
+    "                    `pulse serve` reads ($PULSE_CONFIG, ~/.config/pulse/pulse.toml, the\n"
+    "                    installed pulse.toml, a build tree's config/pulse.toml)\n"
     "  --codex BIN       the codex executable (default $PULSE_CODEX_BIN, else `codex` on PATH)\n"
     "  --no-continuity   leave out the task-continuity hooks (`pulse continuity --help`), and with\n"
     "                    them --dangerously-bypass-hook-trust, which they need\n"
     "\n"
     "Everything after `--` (or any argument pulse does not know) goes to codex, e.g.\n"
-    "  pulse codex -- exec \"fix the failing test\"\n"
+    "  pulse codex -- exec --full-auto \"fix the failing test\"\n"
+    "(`codex exec` is read-only unless given --full-auto or --sandbox workspace-write: without\n"
+    "them it cannot edit files, and pulse codex says so.)\n"
     "If PULSE_GATEWAY_API_KEY is set, codex sends it as the bearer key.\n";
 
 struct Http {
@@ -168,9 +176,42 @@ int fail(const std::string& msg) {
 
 }  // namespace
 
-int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of) {
+// `codex exec` runs in a read-only sandbox unless its arguments say otherwise: the run can
+// read and answer but every edit is refused, and codex still exits 0. True when `args` (what
+// goes to codex) is an exec run that cannot write.
+static bool read_only_exec(const std::vector<std::string>& args) {
+    bool exec = false;
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        if (!exec && !a.empty() && a[0] != '-') {
+            if (a != "exec" && a != "e") return false;  // another subcommand, or an interactive prompt
+            exec = true;
+            continue;
+        }
+        if (a == "--full-auto" || a == "--dangerously-bypass-approvals-and-sandbox" || a == "--yolo") return false;
+        std::string mode;
+        if ((a == "-s" || a == "--sandbox") && i + 1 < args.size()) mode = args[i + 1];
+        if (a.rfind("--sandbox=", 0) == 0) mode = a.substr(10);
+        if ((a == "-c" || a == "--config") && i + 1 < args.size() && args[i + 1].rfind("sandbox_mode=", 0) == 0) {
+            mode = args[i + 1].substr(13);
+            std::erase(mode, '"');
+        }
+        if (mode == "workspace-write" || mode == "danger-full-access") return false;
+    }
+    return exec;
+}
+
+namespace {
+pid_t g_codex = 0;  // forwarded SIGTERM/SIGHUP go to it
+void forward(int sig) {
+    if (g_codex > 0) ::kill(g_codex, sig);
+}
+}  // namespace
+
+int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of,
+              const std::function<std::string()>& find_config) {
     std::optional<std::string> model, gateway, config, codex;
-    bool start = false, continuity = true;
+    bool start = false, keep = false, continuity = true;
     std::vector<std::string> passthrough;
     for (int i = 2; i < argc; ++i) {
         std::string a = argv[i];
@@ -194,6 +235,8 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
             if (!value(codex)) return fail("--codex needs a value"), 2;
         } else if (a == "--start-gateway") {
             start = true;
+        } else if (a == "--keep-gateway") {
+            keep = true;
         } else if (a == "--no-continuity") {
             continuity = false;
         } else {
@@ -201,7 +244,7 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
         }
     }
     if (!config)
-        if (const char* c = std::getenv("PULSE_CONFIG"); c && *c) config = c;
+        if (std::string found = find_config(); !found.empty()) config = found;
     std::string url;
     try {
         url = gateway ? *gateway : listen_of(config ? &*config : nullptr);
@@ -212,9 +255,25 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
     if (url.size() > 3 && url.substr(url.size() - 3) == "/v1") url.resize(url.size() - 3);
 
     // 1. Is a gateway there? Start one if asked.
+    pid_t started = 0;  // the gateway this run started, if any
+    // Stops the gateway this run started (unless --keep-gateway): SIGTERM drains it; bounded.
+    auto stop_started = [&] {
+        if (started <= 0 || keep) return;
+        ::kill(started, SIGTERM);
+        int st = 0;
+        for (int i = 0; i < 600 && ::waitpid(started, &st, WNOHANG) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (::waitpid(started, &st, WNOHANG) == 0) {
+            ::kill(started, SIGKILL);
+            ::waitpid(started, &st, 0);
+        }
+        std::fprintf(stderr, "pulse codex: stopped the gateway it started (pid %d)\n", started);
+    };
+    struct Stop {
+        std::function<void()> f;
+        ~Stop() { f(); }
+    } stop_on_return{stop_started};
     Http health = get(url, "/health");
     if (health.status == 0 && start) {
-        if (!config) return fail("--start-gateway needs --config FILE (or PULSE_CONFIG)"), 2;
         fs::path log = private_dir() / "gateway.log";
         pid_t pid = ::fork();
         if (pid == 0) {
@@ -226,10 +285,16 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
             }
             int nul = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
             if (nul >= 0) ::dup2(nul, 0);
-            ::execl(self_exe.c_str(), self_exe.c_str(), "serve", "--config", config->c_str(), static_cast<char*>(nullptr));
+            if (config)
+                ::execl(self_exe.c_str(), self_exe.c_str(), "serve", "--config", config->c_str(), static_cast<char*>(nullptr));
+            else  // no config file anywhere: the built-in defaults
+                ::execl(self_exe.c_str(), self_exe.c_str(), "serve", static_cast<char*>(nullptr));
             ::_exit(127);
         }
-        std::fprintf(stderr, "pulse codex: started the gateway (pid %d, log %s)\n", pid, log.c_str());
+        started = pid;
+        std::fprintf(stderr, "pulse codex: started the gateway (pid %d, config %s, log %s)%s\n", pid,
+                     config ? config->c_str() : "built-in defaults", log.c_str(),
+                     keep ? "; it keeps running after codex exits (stop it with `kill PID`)" : "; it stops when codex exits");
         for (int i = 0; i < 600 && health.status == 0; ++i) {  // up to 60 s
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
             health = get(url, "/health");
@@ -290,7 +355,8 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
                 if (x.HasMember("id") && id == x["id"].GetString() && x.HasMember("context_window") && x["context_window"].IsInt64())
                     context = x["context_window"].GetInt64();
     }
-    fs::path catalog = private_dir() / ("codex-catalog-" + id + ".json");
+    // One catalog per run: concurrent runs (other models, other context windows) never share one.
+    fs::path catalog = private_dir() / ("codex-catalog-" + id + "-" + std::to_string(::getpid()) + ".json");
     {
         std::string text = catalog_json(id, context);
         int fd = ::open(catalog.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -330,14 +396,41 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
                      "It needs --dangerously-bypass-hook-trust, which also runs your other enabled hooks unreviewed "
                      "for this run; --no-continuity turns both off.\n");
     }
+    if (read_only_exec(passthrough))
+        std::fprintf(stderr,
+                     "pulse codex: warning: `codex exec` runs read-only unless told otherwise: it can answer but cannot edit "
+                     "files (and still exits 0). Add --full-auto (or --sandbox workspace-write) after `exec` to let it write.\n");
     args.insert(args.end(), passthrough.begin(), passthrough.end());
     std::vector<char*> av;
     for (auto& a : args) av.push_back(a.data());
     av.push_back(nullptr);
     std::fflush(stdout);
-    ::execvp(bin.c_str(), av.data());
-    return fail("cannot run " + bin + ": " + std::strerror(errno) +
-                " (install it with `npm install -g @openai/codex`, or pass --codex PATH)");
+    std::fflush(stderr);
+    // Codex runs as a child, so that what this run set up ends with it: the catalog file, and
+    // the gateway it started. It shares the terminal: Ctrl-C and Ctrl-\ are its to handle.
+    pid_t child = ::fork();
+    if (child < 0) return fail(std::string("fork: ") + std::strerror(errno));
+    if (child == 0) {
+        ::execvp(bin.c_str(), av.data());
+        std::fprintf(stderr, "pulse codex: cannot run %s: %s (install it with `npm install -g @openai/codex`, or pass --codex PATH)\n",
+                     bin.c_str(), std::strerror(errno));
+        ::_exit(127);
+    }
+    g_codex = child;
+    struct sigaction ignore {}, pass {};
+    ignore.sa_handler = SIG_IGN;
+    pass.sa_handler = forward;
+    ::sigaction(SIGINT, &ignore, nullptr);
+    ::sigaction(SIGQUIT, &ignore, nullptr);
+    ::sigaction(SIGTERM, &pass, nullptr);
+    ::sigaction(SIGHUP, &pass, nullptr);
+    int st = 0;
+    while (::waitpid(child, &st, 0) < 0 && errno == EINTR) {
+    }
+    g_codex = 0;
+    std::error_code ec;
+    fs::remove(catalog, ec);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
 }  // namespace pulse::cli

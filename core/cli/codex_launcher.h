@@ -7,8 +7,10 @@
 namespace pulse::cli {
 
 // argv[1] is "codex". `self_exe` starts the gateway for --start-gateway; `listen_of(config)`
-// gives the gateway URL a config file listens on (nullptr: the default config or built-in).
-// Returns an exit code, or does not return (it becomes codex).
-int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of);
+// gives the gateway URL a config file listens on (nullptr: built-in defaults); `find_config()`
+// is the config `pulse serve` would read without --config ("" = none). Runs codex as a child
+// and returns its exit code.
+int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of,
+              const std::function<std::string()>& find_config);
 
 }  // namespace pulse::cli

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <iostream>
 
 #include "continuity/continuity.h"
@@ -21,13 +24,34 @@ const char* kHelp =
     "commands:\n"
     "  hook            the Codex hook command: reads one hook event (JSON) on stdin\n"
     "  show SESSION    print the task state of a Codex session as the model gets it\n"
-    "  clear SESSION   forget a session's task state\n"
+    "  clear SESSION   forget a session's task state (clear --all: every session's)\n"
     "  list            the sessions with a recorded state, newest first\n"
+    "  prune --older-than AGE [--keep N]\n"
+    "                  forget sessions not updated for AGE (e.g. 7d, 12h, 30m), then all but the\n"
+    "                  N most recent\n"
     "  hooks-json      print a hooks.json that installs the hook for plain `codex`\n"
     "\n"
     "The state lives in $XDG_STATE_HOME/pulse/continuity (default ~/.local/state/pulse/continuity),\n"
-    "one file per session, mode 0600. The hook never blocks Codex: bad input is reported on stderr\n"
-    "and it exits 0.\n";
+    "one file per session, mode 0600. When a session starts, states not updated for 30 days are\n"
+    "deleted, and all but the 500 most recent. The hook never blocks Codex: bad input is reported\n"
+    "on stderr and it exits 0.\n";
+
+// "7d", "12h", "30m", "45s" (or plain seconds) -> seconds; nullopt if it is none of those.
+std::optional<std::chrono::seconds> parse_age(const std::string& s) {
+    if (s.empty()) return std::nullopt;
+    size_t used = 0;
+    long long n = 0;
+    try {
+        n = std::stoll(s, &used);
+    } catch (const std::exception&) {
+        return std::nullopt;
+    }
+    if (n < 0) return std::nullopt;
+    const std::string unit = s.substr(used);
+    const long long mult = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : 0;
+    if (!mult) return std::nullopt;
+    return std::chrono::seconds(n * mult);
+}
 
 // Reads stdin, at most `cap` bytes (a hook event is small; a runaway writer must not fill memory).
 std::string read_stdin(size_t cap) {
@@ -63,6 +87,9 @@ const std::vector<std::string>& continuity_events() {
 int cmd_continuity(const std::vector<std::string>& args, const std::string& self_exe) {
     const std::string sub = args.empty() ? "" : args[0];
     if (sub == "--help" || sub == "-h" || sub == "help") return std::fputs(kHelp, stdout), 0;
+    if (sub != "hook")  // the hook reads events, never options
+        for (const auto& a : args)
+            if (a == "--help" || a == "-h") return std::fputs(kHelp, stdout), 0;
     if (sub == "hook") {
         // Whatever happens, Codex goes on: a hook that failed prints why and exits 0.
         try {
@@ -71,6 +98,31 @@ int cmd_continuity(const std::vector<std::string>& args, const std::string& self
         } catch (const std::exception& e) {
             std::fprintf(stderr, "pulse continuity: %s (the task goes on without it)\n", e.what());
         }
+        return 0;
+    }
+    if (sub == "clear" && args.size() == 2 && args[1] == "--all") {
+        std::printf("cleared %zu sessions\n", continuity::clear_all(continuity::state_dir()));
+        return 0;
+    }
+    if (sub == "prune") {
+        std::optional<std::chrono::seconds> age;
+        size_t keep = SIZE_MAX;
+        for (size_t i = 1; i < args.size(); ++i) {
+            if (args[i] == "--older-than" && i + 1 < args.size()) {
+                age = parse_age(args[++i]);
+                if (!age) return std::fprintf(stderr, "pulse continuity: --older-than wants an age like 7d, 12h, 30m or 90s\n"), 2;
+            } else if (args[i] == "--keep" && i + 1 < args.size()) {
+                try {
+                    keep = static_cast<size_t>(std::stoull(args[++i]));
+                } catch (const std::exception&) {
+                    return std::fprintf(stderr, "pulse continuity: --keep wants a count\n"), 2;
+                }
+            } else {
+                return std::fprintf(stderr, "pulse continuity: unexpected argument '%s' to prune\n%s", args[i].c_str(), kHelp), 2;
+            }
+        }
+        if (!age) return std::fprintf(stderr, "pulse continuity: prune needs --older-than AGE\n%s", kHelp), 2;
+        std::printf("pruned %zu sessions\n", continuity::prune(continuity::state_dir(), *age, keep));
         return 0;
     }
     if ((sub == "show" || sub == "clear") && args.size() == 2) {

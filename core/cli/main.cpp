@@ -66,15 +66,17 @@ const char* kMainHelp =
     "  plugins [--config FILE]                 list plugins found, with status or rejection reason\n"
     "  config check FILE                       validate a config file and exit\n"
     "  model ...                               runtime controller commands (provided by a plugin)\n"
-    "  bench decode|accept|ttft|quality|drift  measurements against any OpenAI-compatible server\n"
+    "  bench decode|accept|ttft|quality|drift|agent\n"
+    "                                          measurements against any OpenAI-compatible server\n"
     "  decode MODEL.gguf --prompt TEXT         run the in-process decoder directly\n"
     "  gguf make-demo [FILE] | info FILE       the random-weight demo model; inspect a GGUF file\n"
     "  codex [options] [-- codex args]         run the Codex CLI against this gateway\n"
-    "  continuity hook|show|clear|list         Codex task state kept across context compaction\n"
+    "  continuity hook|show|clear|list|prune   Codex task state kept across context compaction\n"
     "  version                                 print version and plugin ABI\n"
     "\n"
-    "Every command takes --help. The config file defaults to $PULSE_CONFIG, else\n" PULSE_SYSCONF_DIR
-    "/pulse.toml.\n"
+    "Every command takes --help. Without --config the config file is the first of: $PULSE_CONFIG,\n"
+    "~/.config/pulse/pulse.toml ($XDG_CONFIG_HOME), " PULSE_SYSCONF_DIR "/pulse.toml, and for a\n"
+    "binary in its build tree, the source tree's config/pulse.toml.\n"
     "\n"
     "exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 config error, 4 plugin error\n";
 
@@ -219,10 +221,28 @@ int cmd_decoder_tool(int argc, char** argv) {
 #endif
 }
 
+// The config a command reads without --config, the first that exists of: $PULSE_CONFIG (used
+// even when missing: the load error then names it), the user's ($XDG_CONFIG_HOME or ~/.config)
+// /pulse/pulse.toml, the installed SYSCONFDIR/pulse/pulse.toml, and for a binary run from its
+// build tree, the source tree's config/pulse.toml.
+std::vector<fs::path> config_candidates() {
+    std::vector<fs::path> c;
+    const char* xdg = std::getenv("XDG_CONFIG_HOME");
+    const char* home = std::getenv("HOME");
+    if (xdg && *xdg) c.push_back(fs::path(xdg) / "pulse" / "pulse.toml");
+    else if (home && *home) c.push_back(fs::path(home) / ".config" / "pulse" / "pulse.toml");
+    c.push_back(fs::path(PULSE_SYSCONF_DIR) / "pulse.toml");
+#if defined(PULSE_SOURCE_CONFIG)
+    if (build_tree_plugin_dir()) c.push_back(PULSE_SOURCE_CONFIG);
+#endif
+    return c;
+}
+
 std::optional<fs::path> default_config() {
     if (const char* env = std::getenv("PULSE_CONFIG"); env && *env) return fs::path(env);
-    fs::path p = fs::path(PULSE_SYSCONF_DIR) / "pulse.toml";
-    if (fs::exists(p)) return p;
+    std::error_code ec;
+    for (const auto& p : config_candidates())
+        if (fs::is_regular_file(p, ec)) return p;
     return std::nullopt;
 }
 
@@ -234,8 +254,9 @@ config::Config load_config(const Args& a, bool required) {
     if (path) {
         cfg = config::load_file(*path);
     } else if (required) {
-        throw config::ConfigError("no config file: pass --config FILE or set PULSE_CONFIG (looked for " +
-                                  std::string(PULSE_SYSCONF_DIR) + "/pulse.toml)");
+        std::string looked;
+        for (const auto& p : config_candidates()) looked += (looked.empty() ? "" : ", ") + p.string();
+        throw config::ConfigError("no config file: pass --config FILE or set PULSE_CONFIG (looked for " + looked + ")");
     }
     config::apply_env(cfg, [](const char* n) -> const char* { return std::getenv(n); });
     config::apply_fragments(cfg);
@@ -641,7 +662,11 @@ int main(int argc, char** argv) {
                 config::Config cfg = load_config(a, false);
                 return gateway_client_url(cfg);
             };
-            return cli::cmd_codex(argc, argv, fs::read_symlink("/proc/self/exe").string(), listen_of);
+            auto find_config = [] {
+                auto p = default_config();
+                return p ? p->string() : std::string();
+            };
+            return cli::cmd_codex(argc, argv, fs::read_symlink("/proc/self/exe").string(), listen_of, find_config);
         }
         Args a;
         const char* help = cmd == "serve" ? kServeHelp : cmd == "plugins" ? kPluginsHelp : cmd == "config" ? kConfigHelp : kMainHelp;

@@ -341,6 +341,8 @@ std::string handle_hook(std::string_view input, const fs::path& dir, const Limit
     bool changed = true;
     if (event == "SessionStart") {
         changed = false;
+        // A new run is when old runs' states are let go: none lives forever.
+        prune(dir, limits.max_age, limits.max_sessions);
         if (str(d, "source") == "compact" && !s.empty()) out = session_start_output(render_state(s, limits));
     } else if (event == "UserPromptSubmit") {
         std::string prompt = clip(str(d, "prompt"), 1500);
@@ -395,6 +397,38 @@ bool clear(const fs::path& dir, const std::string& session) {
     bool removed = fs::remove(state_file(dir, session), ec);
     fs::remove(dir / (session + ".lock"), ec);
     return removed;
+}
+
+size_t prune(const fs::path& dir, std::chrono::seconds older_than, size_t keep) {
+    std::error_code ec;
+    std::vector<std::pair<fs::file_time_type, fs::path>> files;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        if (e.path().extension() != ".json") continue;
+        auto t = fs::last_write_time(e.path(), ec);
+        if (!ec) files.emplace_back(t, e.path());
+    }
+    std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.first > b.first; });  // newest first
+    const auto cutoff = fs::file_time_type::clock::now() - older_than;
+    size_t removed = 0;
+    for (size_t i = 0; i < files.size(); ++i) {
+        if (files[i].first >= cutoff && i < keep) continue;
+        const fs::path lock = dir / (files[i].second.stem().string() + ".lock");
+        int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {  // a hook is writing it now
+            ::close(fd);
+            continue;
+        }
+        if (fs::remove(files[i].second, ec)) ++removed;
+        fs::remove(lock, ec);
+        if (fd >= 0) ::close(fd);
+    }
+    return removed;
+}
+
+size_t clear_all(const fs::path& dir) {
+    size_t n = 0;
+    for (const auto& s : list(dir)) n += clear(dir, s.id) ? 1 : 0;
+    return n;
 }
 
 std::vector<SessionInfo> list(const fs::path& dir) {

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstddef>
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <stdexcept>
@@ -31,6 +33,10 @@ struct Limits {
     size_t state_bytes = 64 * 1024;   // the state file, at most
     size_t context_chars = 6000;      // the additionalContext handed back
     size_t goals = 8, files = 64, commands = 24, notes = 12;
+    // Kept sessions, pruned when a session starts: none untouched for longer than max_age, and
+    // at most max_sessions (the least recently updated go first).
+    std::chrono::seconds max_age{std::chrono::hours(24 * 30)};
+    size_t max_sessions = 500;
 };
 
 // $XDG_STATE_HOME/pulse/continuity, else ~/.local/state/pulse/continuity.
@@ -48,6 +54,12 @@ std::optional<std::string> render(const std::filesystem::path& dir, const std::s
 
 // Deletes the state of `session`; false if there was none.
 bool clear(const std::filesystem::path& dir, const std::string& session);
+
+// Deletes every session state not updated within `older_than`, then the least recently updated
+// beyond `keep` sessions. Returns how many were deleted. A session being written is skipped.
+size_t prune(const std::filesystem::path& dir, std::chrono::seconds older_than, size_t keep = SIZE_MAX);
+// Deletes every session's state; returns how many.
+size_t clear_all(const std::filesystem::path& dir);
 
 struct SessionInfo {
     std::string id, cwd, updated;

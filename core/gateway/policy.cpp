@@ -115,7 +115,9 @@ Policy::Outcome Policy::decide(const std::string& summary, const std::string& re
     }
     if (job->rc != PULSE_OK) {
         why = host::call_error(job->call, job->rc, lease_->plugin_id());
-        return Outcome::error;
+        // A plugin that gave up because its time ran out (its own timeout or this call's
+        // deadline) timed out, whatever clock fired first.
+        return job->rc == PULSE_E_DEADLINE ? Outcome::timeout : Outcome::error;
     }
     if (!job->out.complete()) {
         why = "the decision is not a complete JSON value: " + job->out.incomplete_reason();

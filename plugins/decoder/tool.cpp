@@ -391,6 +391,7 @@ int cmd_decode(const std::vector<std::string>& args) {
 
 int cmd_gguf(const std::vector<std::string>& args) {
     if (args.empty() || args[0] == "--help" || args[0] == "-h") return std::fputs(kGgufHelp, args.empty() ? stderr : stdout), args.empty() ? 2 : 0;
+    if (args.size() > 1 && (args[1] == "--help" || args[1] == "-h")) return std::fputs(kGgufHelp, stdout), 0;
     if (args[0] == "make-demo") {
         std::string out = args.size() > 1 ? args[1] : "pulse-demo.gguf";
         try {

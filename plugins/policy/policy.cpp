@@ -3,6 +3,7 @@
 //   http    asks a decision service: POST the request summary as JSON, read the decision back.
 #include <pulse/plugin.hpp>
 
+#include <Poco/Exception.h>
 #include <Poco/Net/HTTPClientSession.h>
 #include <Poco/Net/HTTPRequest.h>
 #include <Poco/Net/HTTPResponse.h>
@@ -156,6 +157,10 @@ pulse_status_t http_decide(void* policy, pulse_call_t* call, const pulse_json_t*
             std::ostringstream buf;
             buf << in.rdbuf();
             answer = buf.str();
+        } catch (const Poco::TimeoutException&) {
+            // Out of time (ours or the host's): the host counts it as a timeout, as documented.
+            throw pulse::Error(PULSE_E_DEADLINE, "http: the decision service at " + p.url.toString() + " did not answer within " +
+                                                     std::to_string(budget_ms) + " ms");
         } catch (const std::exception& e) {
             throw pulse::Error(PULSE_E_UNAVAILABLE, "http: the decision service at " + p.url.toString() + " did not answer: " + e.what());
         }

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <regex>
+#include <sstream>
 
 #include <rapidjson/document.h>
 
@@ -108,7 +110,7 @@ TEST_CASE("scoring tool-calling transcripts: pass, partial, fail, error, and too
         Result r = run(kTwoCalls, {calls({{"c1", "lookup_user", R"({"email":"alice@example.com"})"}}),
                                    calls({{"c2", "set_role", R"({"user_id":"u_1","role":"admin"})"}}), text("done")});
         CHECK(r.outcome == "partial");
-        CHECK(r.detail.find("the answer misses a check") != std::string::npos);
+        CHECK(r.detail.find("the answer misses contains \"admin\"") != std::string::npos);  // which check, by name
     }
     SUBCASE("never answering within max_turns: fail") {
         std::vector<Reply> loop(10, calls({{"c", "lookup_user", R"({"email":"x@y"})"}}));
@@ -148,9 +150,13 @@ TEST_CASE("repository tasks: the tools act on the files for real in the sandbox,
     CHECK(s.seen[2].steps[1].results[0].second.find("return a - b") != std::string::npos);
     CHECK(s.seen[4].steps[3].results[0].second.rfind("exit code 0\nfixed", 0) == 0);
     // Nothing done: the check fails. Partial is the check's own exit 3.
-    CHECK(run(suite, {text("done")}).outcome == "fail");
+    Result untouched = run(suite, {text("done")});
+    CHECK(untouched.outcome == "fail");
+    CHECK(untouched.detail == "the repository was not changed");
     const char* partial = R"({"tasks":[{"id":"p","kind":"repo","user":"x","files":{},"check":"test -f a.txt && exit 0; exit 3"}]})";
-    CHECK(run(partial, {text("nothing")}).outcome == "partial");
+    CHECK(run(partial, {calls({{"c", "write_file", R"({"path":"b.txt","content":"x"})"}}), text("wrote it")}).outcome == "partial");
+    // A repository left as it was fails even where the check would give partial credit.
+    CHECK(run(partial, {text("nothing")}).outcome == "fail");
     // A path out of the repository is refused, not written.
     Script w;
     run(partial, {calls({{"c", "write_file", R"({"path":"../escape.txt","content":"x"})"}}), text("ok")}, &w);
@@ -332,4 +338,108 @@ TEST_CASE("against the in-process demo model: the run completes, its random answ
     REQUIRE(doc.IsObject());
     CHECK(doc["arms"][0]["pass"].GetInt() == 0);
     CHECK(doc["arms"][0]["error"].GetInt() == 0);  // every request answered: a model result, not a failed run
+}
+
+TEST_CASE("parallel calls are matched in any order; wrong calls are named in the detail") {
+    const char* two = R"({"tasks":[{"id":"p","user":"Weather in Lisbon and in Madrid?",
+      "tools":[{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}],
+      "expect":[{"tool":"get_weather","args":{"city":{"equals":"Lisbon"}},"result":{"temp_c":21}},
+                {"tool":"get_weather","args":{"city":{"equals":"Madrid"}},"result":{"temp_c":25}}],
+      "final":[{"contains":"21"},{"contains":"25"}]}]})";
+    Script s;
+    Result r = run(two, {calls({{"c1", "get_weather", R"({"city":"Madrid"})"}, {"c2", "get_weather", R"({"city":"Lisbon"})"}}),
+                         text("Lisbon 21 C, Madrid 25 C")},
+                   &s);
+    CHECK(r.outcome == "pass");
+    CHECK(r.matched == 2);
+    CHECK(r.extra_calls == 0);
+    // Each call got its own city's result back.
+    CHECK(s.seen.at(1).steps.at(0).results.at(0).second == R"({"temp_c":25})");
+    CHECK(s.seen.at(1).steps.at(0).results.at(1).second == R"({"temp_c":21})");
+    // The same call twice is one match and one extra call, named.
+    r = run(two, {calls({{"c1", "get_weather", R"({"city":"Madrid"})"}, {"c2", "get_weather", R"({"city":"Madrid"})"}}), text("25")});
+    CHECK(r.outcome == "partial");
+    CHECK(r.matched == 1);
+    CHECK(r.extra_calls == 1);
+    CHECK(r.detail.find(R"(wrong: get_weather({"city":"Madrid"}))") != std::string::npos);
+    CHECK(r.detail.find("misses contains \"21\"") != std::string::npos);
+}
+
+TEST_CASE("the shipped suite's parallel tasks pass when their calls come in another order") {
+    auto tasks = load_suite(slurp(PULSE_SOURCE_ROOT "/tools/bench/data/agent_tasks.json"), "agent_tasks.json");
+    int tried = 0;
+    for (const auto& t : tasks) {
+        if (t.kind != "tools" || t.expect.size() < 2) continue;
+        // Two expected calls to the same tool with nothing between them: a parallel batch.
+        if (t.expect[0].tool != t.expect[1].tool) continue;
+        CAPTURE(t.id);
+        // Arguments that satisfy each expected call, from its `equals` checks; reversed order.
+        std::vector<Call> cs;
+        bool plain = true;
+        for (auto it = t.expect.rbegin(); it != t.expect.rend(); ++it) {
+            std::string args = "{";
+            for (const auto& [name, chk] : it->args) {
+                plain = plain && chk.op == "equals";
+                args += (args.size() > 1 ? "," : "") + std::string("\"") + name + "\":" + chk.text;
+            }
+            cs.push_back({"c" + std::to_string(cs.size()), it->tool, args + "}"});
+        }
+        if (!plain) continue;
+        Script s;
+        s.replies = {calls(cs)};
+        Result r = run_task(t, s.ask(), SandboxLimits{});
+        CHECK(r.matched == static_cast<int>(t.expect.size()));
+        CHECK(r.extra_calls == 0);
+        ++tried;
+    }
+    CHECK(tried >= 2);  // parallel_weather, weather_two_cities, stock_compare
+}
+
+TEST_CASE("every shipped repository task fails when the model leaves the repository untouched") {
+    auto tasks = load_suite(slurp(PULSE_SOURCE_ROOT "/tools/bench/data/agent_tasks.json"), "agent_tasks.json");
+    int repo = 0;
+    for (const auto& t : tasks) {
+        if (t.kind != "repo") continue;
+        CAPTURE(t.id);
+        Script s;
+        s.replies = {calls({{"c1", "read_file", R"({"path":"README.md"})"}}), text("I looked; all done.")};
+        Result r = run_task(t, s.ask(), SandboxLimits{});
+        CHECK(r.outcome == "fail");
+        ++repo;
+    }
+    CHECK(repo >= 8);
+}
+
+TEST_CASE("a whole run's table counts every tool-call error, extra calls too; the cap is 8192 and answers cut there are warned about") {
+    FakeBackend right(kRight), wrong(kWrong);
+    TempDir d;
+    auto suite = d.write("suite.json", kSuite);
+    AgentRun run({"--arms", "right=" + right.url() + ",wrong=" + wrong.url(), "--suite", suite.string()}, false);
+    REQUIRE_MESSAGE(run.r.code == 0, run.r.err);
+    std::string wrong_row;
+    std::istringstream in(run.r.out);
+    for (std::string line; std::getline(in, line);)
+        if (line.rfind("wrong ", 0) == 0 && wrong_row.empty()) wrong_row = line;  // the arm table comes first
+    CAPTURE(run.r.out);
+    CHECK(wrong_row.size() > 0);
+    CHECK(std::regex_search(wrong_row, std::regex(R"(\s1\s*$)")));  // get_weather(London), an extra call
+    rapidjson::Document q;
+    q.Parse(right.requests().at(0).c_str());
+    CHECK(q["max_tokens"].GetInt() == 8192);
+    CHECK(run.r.out.find("were cut at --max-tokens") == std::string::npos);
+
+    // A cap below what the answers need: every cut answer is counted and the run says so.
+    AgentRun low({"--arms", "right=" + right.url(), "--suite", suite.string(), "--max-tokens", "2"}, false);
+    CAPTURE(low.r.out);
+    CHECK(low.r.out.find("answers of right were cut at --max-tokens 2") != std::string::npos);
+}
+
+TEST_CASE("against a Pulse gateway without --api responses: the error says what to pass") {
+    FakeBackend right(kRight);
+    Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"" + right.url() + "\"\n");
+    TempDir d;
+    auto suite = d.write("suite.json", kSuite);
+    AgentRun run({"--arms", "gw=http://127.0.0.1:" + std::to_string(gw.port) + "/v1#m", "--suite", suite.string(), "--limit", "1"}, false);
+    CHECK(run.r.code == 1);
+    CHECK(run.r.err.find("pass --api responses") != std::string::npos);
 }

@@ -431,6 +431,10 @@ TEST_CASE("bench quality: pass@k with several samples, and a dataset that is mis
     // Mini/0: 2 of 2 pass; Mini/1: the answer defines add, not is_palindrome: 0 of 2.
     CHECK(run.doc["pass_at_k"]["pass@1"].GetDouble() == doctest::Approx(0.5));
     CHECK(run.doc["pass_at_k"]["pass@2"].GetDouble() == doctest::Approx(0.5));
+    // The samples file and the results share the run's name (and no other run has it).
+    auto results = run.files(".json");
+    REQUIRE(results.size() == 1);
+    CHECK(std::string(run.doc["samples_file"].GetString()) == (run.out / (results[0].stem().string() + "-samples.jsonl")).string());
     BenchRun missing({"quality", "--endpoint", be.url()});
     CHECK(missing.r.code == 2);
     CHECK(missing.r.err.find("--dataset") != std::string::npos);

@@ -490,7 +490,7 @@ TEST_CASE("codex: provider, catalog, model and compaction settings go to codex a
     auto r = run({exe(), "codex", "--gateway", gw.url() + "/v1", "--codex", fake_codex(), "--", "exec", "fix the test"},
                  {{"FAKE_CODEX_OUT", out.string()}, {"FAKE_CODEX_EXIT", "7"}, {"PULSE_GATEWAY_API_KEY", ""}});
     CAPTURE(r.err);
-    CHECK(r.code == 7);  // codex's own exit code (the launcher becomes codex)
+    CHECK(r.code == 7);  // codex's own exit code
     auto argv = lines_of(pulse::test::read_file(out));
     auto has_arg = [&](const std::string& a) { return std::find(argv.begin(), argv.end(), a) != argv.end(); };
     CHECK(has_arg("model_provider=\"pulse\""));
@@ -636,7 +636,126 @@ TEST_CASE("codex: --start-gateway starts pulse serve when none is running") {
     REQUIRE(std::regex_search(r.err, m, std::regex(R"(started the gateway \(pid (\d+))")));
     pid_t gw_pid = std::stoi(m[1]);
     CHECK(has(pulse::test::read_file(out), "base_url=\"http://127.0.0.1:" + std::to_string(port) + "/v1\""));
+    // The gateway this run started ended with it (drained on SIGTERM and reaped).
+    CHECK(has(r.err, "stopped the gateway it started (pid " + std::to_string(gw_pid) + ")"));
+    CHECK(::kill(gw_pid, 0) != 0);
+
+    // --keep-gateway leaves it running, and says how to stop it.
+    r = run({exe(), "codex", "--config", site.config.string(), "--start-gateway", "--keep-gateway", "--codex", fake_codex()},
+            {{"FAKE_CODEX_OUT", out.string()}, {"XDG_RUNTIME_DIR", tmp.path().string()}, {"PULSE_PLUGIN_DIRS", ""},
+             {"PULSE_GATEWAY_API_KEY", ""}, {"PULSE_QWEN_BACKENDS", ""}});
+    CHECK(r.code == 0);
+    REQUIRE(std::regex_search(r.err, m, std::regex(R"(started the gateway \(pid (\d+))")));
+    gw_pid = std::stoi(m[1]);
+    CHECK(has(r.err, "keeps running after codex exits"));
+    CHECK(::kill(gw_pid, 0) == 0);
     ::kill(gw_pid, SIGTERM);
     for (int i = 0; i < 200 && ::kill(gw_pid, 0) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     CHECK(::kill(gw_pid, 0) != 0);  // it drained and exited
+}
+
+TEST_CASE("every command and sub-command answers --help with exit 0") {
+    const std::vector<std::vector<std::string>> cmds = {
+        {"serve"}, {"plugins"}, {"config"}, {"config", "check"}, {"model"}, {"codex"}, {"continuity"}, {"continuity", "list"},
+        {"continuity", "show"}, {"continuity", "clear"}, {"continuity", "prune"}, {"continuity", "hooks-json"}, {"bench"},
+        {"bench", "decode"}, {"bench", "accept"}, {"bench", "ttft"}, {"bench", "quality"}, {"bench", "drift"}, {"bench", "agent"},
+        {"decode"}, {"gguf"}, {"gguf", "make-demo"}, {"gguf", "info"}};
+    for (const auto& c : cmds) {
+        std::vector<std::string> argv = {exe()};
+        argv.insert(argv.end(), c.begin(), c.end());
+        argv.push_back("--help");
+        auto r = run(argv, kNoEnvOverrides);
+        CAPTURE(c);
+        CHECK(r.code == 0);
+        CHECK(has(r.out, "usage: pulse " + c[0]));
+    }
+    auto r = run({exe(), "--help"});
+    CHECK(has(r.out, "bench decode|accept|ttft|quality|drift|agent"));
+}
+
+TEST_CASE("continuity: prune by age and count, clear --all; a new session prunes states older than 30 days") {
+    TempDir tmp;
+    std::map<std::string, std::string> env = {{"XDG_STATE_HOME", tmp.path().string()}};
+    auto hook = [&](const std::string& input) { return run({"/bin/sh", "-c", "printf '%s' \"$1\" | \"$2\" continuity hook", "sh", input, exe()}, env); };
+    auto sid = [](int i) { return "0199aaaa-bbbb-7ccc-8ddd-00000000000" + std::to_string(i); };
+    for (int i = 0; i < 4; ++i)
+        REQUIRE(hook(R"({"session_id":")" + sid(i) + R"(","hook_event_name":"UserPromptSubmit","cwd":"/p","prompt":"task )" + std::to_string(i) + "\"}").code == 0);
+    const fs::path dir = tmp / "pulse" / "continuity";
+    auto age = [&](int i, std::chrono::hours h) { fs::last_write_time(dir / (sid(i) + ".json"), fs::file_time_type::clock::now() - h); };
+    age(0, std::chrono::hours(24 * 40));  // untouched for 40 days
+    age(1, std::chrono::hours(24 * 10));
+    age(2, std::chrono::hours(24 * 2));
+    auto sessions = [&] { return lines_of(run({exe(), "continuity", "list"}, env).out).size(); };
+    REQUIRE(sessions() == 4);
+    // A session starting lets go of states past the 30-day bound.
+    REQUIRE(hook(R"({"session_id":")" + sid(3) + R"(","hook_event_name":"SessionStart","cwd":"/p","source":"startup"})").code == 0);
+    CHECK(sessions() == 3);
+    CHECK_FALSE(fs::exists(dir / (sid(0) + ".json")));
+    auto r = run({exe(), "continuity", "prune", "--older-than", "7d"}, env);
+    CHECK(r.code == 0);
+    CHECK(has(r.out, "pruned 1 sessions"));
+    CHECK(sessions() == 2);
+    r = run({exe(), "continuity", "prune", "--older-than", "1000d", "--keep", "1"}, env);
+    CHECK(has(r.out, "pruned 1 sessions"));
+    CHECK(run({exe(), "continuity", "show", sid(3)}, env).code == 0);  // the newest stays
+    CHECK(run({exe(), "continuity", "prune", "--older-than", "soon"}, env).code == 2);
+    CHECK(run({exe(), "continuity", "prune"}, env).code == 2);
+    r = run({exe(), "continuity", "clear", "--all"}, env);
+    CHECK(r.code == 0);
+    CHECK(has(r.out, "cleared 1 sessions"));
+    CHECK(sessions() == 0);
+}
+
+TEST_CASE("codex: without --config it finds the config as pulse serve does (the user's ~/.config/pulse/pulse.toml)") {
+    TempDir tmp;
+    fs::create_directories(tmp / "xdg" / "pulse");
+    std::ofstream(tmp / "xdg" / "pulse" / "pulse.toml") << "[server]\nlisten = \"127.0.0.1:1\"\n";
+    auto r = run({exe(), "codex", "--codex", fake_codex()},
+                 {{"FAKE_CODEX_OUT", (tmp / "argv").string()}, {"PULSE_CONFIG", ""}, {"XDG_CONFIG_HOME", (tmp / "xdg").string()}});
+    CHECK(r.code == 1);
+    CHECK(has(r.err, "no Pulse gateway at http://127.0.0.1:1 "));
+    CHECK(has(r.err, "pulse serve --config " + (tmp / "xdg" / "pulse" / "pulse.toml").string()));
+}
+
+TEST_CASE("codex: an exec run that cannot write is warned about; one with --full-auto or a writable sandbox is not") {
+    EchoGateway gw;
+    TempDir tmp;
+    auto out = tmp / "argv";
+    auto go = [&](std::vector<std::string> extra) {
+        std::vector<std::string> argv = {exe(), "codex", "--gateway", gw.url(), "--codex", fake_codex(), "--no-continuity", "--"};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        return run(argv, {{"FAKE_CODEX_OUT", out.string()}, {"PULSE_GATEWAY_API_KEY", ""}});
+    };
+    CHECK(has(go({"exec", "fix the failing test"}).err, "`codex exec` runs read-only"));
+    CHECK(has(go({"exec", "-m", "x", "fix it"}).err, "runs read-only"));
+    for (const auto& ok : std::vector<std::vector<std::string>>{{"exec", "--full-auto", "fix it"},
+                                                                {"exec", "--sandbox", "workspace-write", "fix it"},
+                                                                {"exec", "-s", "danger-full-access", "fix it"},
+                                                                {"exec", "--dangerously-bypass-approvals-and-sandbox", "fix it"},
+                                                                {"-c", "sandbox_mode=\"workspace-write\"", "exec", "fix it"},
+                                                                {"fix it interactively"}}) {
+        CAPTURE(ok);
+        auto r = go(ok);
+        CHECK(r.code == 0);
+        CHECK_FALSE(has(r.err, "read-only"));
+    }
+}
+
+TEST_CASE("codex: each run has its own catalog file, removed when codex exits") {
+    EchoGateway gw;
+    TempDir tmp;
+    std::vector<std::string> catalogs;
+    for (int i = 0; i < 2; ++i) {
+        auto out = tmp / ("argv" + std::to_string(i));
+        auto r = run({exe(), "codex", "--gateway", gw.url(), "--codex", fake_codex(), "--no-continuity"},
+                     {{"FAKE_CODEX_OUT", out.string()}, {"PULSE_GATEWAY_API_KEY", ""}, {"XDG_RUNTIME_DIR", tmp.path().string()}});
+        REQUIRE(r.code == 0);
+        for (const auto& a : lines_of(pulse::test::read_file(out)))
+            if (a.rfind("model_catalog_json=", 0) == 0) catalogs.push_back(a.substr(20, a.size() - 21));
+        REQUIRE(fs::exists(out.string() + ".catalog"));  // codex saw it
+    }
+    REQUIRE(catalogs.size() == 2);
+    CHECK(catalogs[0] != catalogs[1]);
+    CHECK_FALSE(fs::exists(catalogs[0]));
+    CHECK_FALSE(fs::exists(catalogs[1]));
 }

@@ -206,6 +206,7 @@ struct DecisionService {
         std::vector<std::string> bodies, auth;
         std::string answer = R"({"reasoning_budget":2048})";
         int status = 200;
+        int delay_ms = 0;  // before answering: a slow service
     };
     std::shared_ptr<State> state = std::make_shared<State>();
     std::unique_ptr<Poco::Net::HTTPServer> server;
@@ -218,6 +219,12 @@ struct DecisionService {
             void handleRequest(Poco::Net::HTTPServerRequest& rq, Poco::Net::HTTPServerResponse& rs) override {
                 std::string body((std::istreambuf_iterator<char>(rq.stream())), {});
                 std::string answer;
+                int delay = 0;
+                {
+                    std::lock_guard lock(st->m);
+                    delay = st->delay_ms;
+                }
+                std::this_thread::sleep_for(std::chrono::milliseconds(delay));
                 {
                     std::lock_guard lock(st->m);
                     st->bodies.push_back(body);
@@ -272,4 +279,24 @@ TEST_CASE("http policy: the request summary is POSTed with the API key from the 
     CHECK_FALSE(last_body(b).HasMember("thinking_token_budget"));
     CHECK(gw.log().find("the decision service answered HTTP 503") != std::string::npos);
     CHECK(metric(get(gw.port, "/metrics"), R"(pulse_policy_decisions_total{model="m",policy="http",outcome="error"})") == 1);
+}
+
+TEST_CASE("http policy: a slow decision service is counted as a timeout, whichever timeout fires first") {
+    DecisionService svc;
+    svc.state->delay_ms = 800;
+    FakeBackend b(R"({"reasoning_config":true,"turns":[{"content":"ok"}]})");
+    // The plugin's own timeout_ms (150) first, then the host's (300) first.
+    for (const auto& [host_ms, plugin_ms] : {std::pair{2000, 150}, std::pair{300, 5000}}) {
+        CAPTURE(host_ms);
+        std::string policy = "[models.m.policy]\nname = \"http\"\ntimeout_ms = " + std::to_string(host_ms) +
+                             "\n[models.m.policy.options]\nurl = \"http://127.0.0.1:" + std::to_string(svc.port) +
+                             "/decide\"\ntimeout_ms = " + std::to_string(plugin_ms) + "\n";
+        Gateway gw(model(b.url(), policy));
+        auto r = post(gw.port, "/v1/responses", request(R"(,"reasoning":{"effort":"medium"})"));
+        REQUIRE(r.status == 200);
+        CHECK_FALSE(last_body(b).HasMember("thinking_token_budget"));
+        const std::string m = get(gw.port, "/metrics");
+        CHECK(metric(m, R"(pulse_policy_decisions_total{model="m",policy="http",outcome="timeout"})") == 1);
+        CHECK(metric(m, R"(pulse_policy_decisions_total{model="m",policy="http",outcome="error"})") == 0);
+    }
 }

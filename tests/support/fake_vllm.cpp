@@ -29,7 +29,8 @@
 //                               first, in order; requests matching none use the rule above);
 //                               with "tools_seen": N only when the request carries N tool messages
 // A request with "stream": false gets the turn as one chat.completion object (content, reasoning,
-// tool calls, usage; the streaming faults do not apply).
+// tool calls, usage; the streaming faults do not apply; its "max_tokens" cuts the output as in a
+// stream, finish_reason "length").
 //   "die_after": N, "die": how  fail mid-stream after N output deltas (reasoning, content and
 //                               tool-call deltas; the role chunk is not one): "drop" (default)
 //                               closes the connection, "kill" SIGKILLs this process (kill -9),
@@ -406,10 +407,26 @@ public:
                 }
             std::string content = get_str(turn, "content"), reasoning = get_str(turn, "reasoning");
             int64_t completion = static_cast<int64_t>(words(content).size() + words(reasoning).size()) + n;
+            // max_tokens as the servers apply it to a whole answer: the output stops there
+            // (reasoning first, then content; calls are lost), finish_reason "length".
+            bool cut = false;
+            if (const int64_t cap = get_int(rq, "max_tokens", -1); cap >= 0 && completion > cap) {
+                auto r = words(reasoning), c = words(content);
+                const size_t keep_r = std::min<size_t>(r.size(), static_cast<size_t>(cap));
+                const size_t keep_c = std::min<size_t>(c.size(), static_cast<size_t>(cap) - keep_r);
+                reasoning.clear();
+                for (size_t i = 0; i < keep_r; ++i) reasoning += r[i];
+                content.clear();
+                for (size_t i = 0; i < keep_c; ++i) content += c[i];
+                calls.clear();
+                n = 0;
+                completion = cap;
+                cut = true;
+            }
             std::string b = R"({"id":"chatcmpl-fake)" + std::to_string(served) + R"(","object":"chat.completion","model":)" +
                             quote(rq.IsObject() ? get_str(rq, "model", "fake") : "fake") + R"(,"choices":[{"index":0,"message":{"role":"assistant","content":)" +
                             (content.empty() && n ? "null" : quote(content)) + (reasoning.empty() ? "" : R"(,"reasoning":)" + quote(reasoning)) +
-                            (n ? R"(,"tool_calls":[)" + calls + "]" : "") + R"(},"finish_reason":)" + quote(n ? "tool_calls" : "stop") +
+                            (n ? R"(,"tool_calls":[)" + calls + "]" : "") + R"(},"finish_reason":)" + quote(cut ? "length" : n ? "tool_calls" : "stop") +
                             R"(}],"usage":{"prompt_tokens":)" + std::to_string(prompt_tokens) + R"(,"completion_tokens":)" + std::to_string(completion) +
                             R"(,"total_tokens":)" + std::to_string(prompt_tokens + completion) + "}}";
             resp.setStatus(Poco::Net::HTTPResponse::HTTP_OK);

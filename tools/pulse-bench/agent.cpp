@@ -219,6 +219,10 @@ Reply post_json(const Endpoint& ep, const std::string& path, const rapidjson::Do
     HttpReply h = http_post(ep.base + path, dump(body), timeout_s, ep.api_key);
     if (h.status != 200) {
         r.error = h.status ? "HTTP " + std::to_string(h.status) + ": " + h.body.substr(0, 300) : h.error;
+        // A Pulse gateway serves the Responses API only; a Chat Completions server has no /responses.
+        if (h.status == 404 && path == "/chat/completions")
+            r.error += " (this server has no Chat Completions route: for a Pulse gateway pass --api responses)";
+        if (h.status == 404 && path == "/responses") r.error += " (this server has no Responses route: pass --api chat)";
         return r;
     }
     out.Parse(h.body.c_str());
@@ -278,6 +282,7 @@ Reply ask_chat(const Endpoint& ep, const Conversation& c, const Sampler& sm, dou
     }
     const auto& m = d["choices"][0]["message"];
     r.text = str(m, "content");
+    r.cut = str(d["choices"][0], "finish_reason") == "length";
     if (m.HasMember("tool_calls") && m["tool_calls"].IsArray())
         for (const auto& tc : m["tool_calls"].GetArray()) {
             const Value* f = tc.HasMember("function") ? &tc["function"] : nullptr;
@@ -332,6 +337,8 @@ Reply ask_responses(const Endpoint& ep, const Conversation& c, const Sampler& sm
     rapidjson::Document d;
     Reply r = post_json(ep, "/responses", b, timeout_s, d);
     if (!r.ok) return r;
+    r.cut = str(d, "status") == "incomplete" && d.HasMember("incomplete_details") && d["incomplete_details"].IsObject() &&
+            str(d["incomplete_details"], "reason") == "max_output_tokens";
     if (str(d, "status") == "failed") {
         r.ok = false;
         r.error = "response.failed: " + (d.HasMember("error") && d["error"].IsObject() ? str(d["error"], "message") : std::string());
@@ -366,7 +373,11 @@ Result run_task(const Task& t, const Ask& ask, const SandboxLimits& limits) {
         return false;
     };
     Files files = t.files;
-    size_t next = 0;  // the next expected call
+    // Expected calls are matched in any order (as BFCL scores its parallel categories): a call
+    // takes the first expected call not yet made whose tool and arguments it satisfies. A task
+    // whose calls depend on each other still needs them in order: the later call's arguments
+    // come from the earlier call's result.
+    std::vector<bool> made(t.expect.size(), false);
     std::string final_text;
     bool finished = false;
     for (int turn = 0; turn < t.max_turns; ++turn) {
@@ -380,6 +391,7 @@ Result run_task(const Task& t, const Ask& ask, const SandboxLimits& limits) {
         }
         res.input_tokens += r.input_tokens;
         res.output_tokens += r.output_tokens;
+        res.cut += r.cut ? 1 : 0;
         res.transcript.push_back("model: " + tail(r.text, 300) + (r.calls.empty() ? "" : " [" + std::to_string(r.calls.size()) + " call(s)]"));
         if (r.calls.empty()) {
             final_text = r.text;
@@ -402,17 +414,23 @@ Result run_task(const Task& t, const Ask& ask, const SandboxLimits& limits) {
                 result = "error: the arguments are not a JSON object";
             } else if (t.kind == "repo") {
                 result = repo_tool(call.name, args, files, limits);
-            } else if (next < t.expect.size() && t.expect[next].tool == call.name &&
-                       std::all_of(t.expect[next].args.begin(), t.expect[next].args.end(), [&](const auto& a) {
-                           auto it = args.FindMember(a.first.c_str());
-                           return passes(a.second, it == args.MemberEnd() ? nullptr : &it->value);
-                       })) {
+            } else if (auto e = std::find_if(t.expect.begin(), t.expect.end(),
+                                             [&](const ExpectedCall& x) {
+                                                 return !made[static_cast<size_t>(&x - t.expect.data())] && x.tool == call.name &&
+                                                        std::all_of(x.args.begin(), x.args.end(), [&](const auto& a) {
+                                                            auto it = args.FindMember(a.first.c_str());
+                                                            return passes(a.second, it == args.MemberEnd() ? nullptr : &it->value);
+                                                        });
+                                             });
+                       e != t.expect.end()) {
+                made[static_cast<size_t>(e - t.expect.begin())] = true;
                 ++res.matched;
-                result = t.expect[next++].result;
+                result = e->result;
             } else {
                 ++res.extra_calls;
                 result = "error: this call was not expected here";
             }
+            if (result.rfind("error: ", 0) == 0 && t.kind != "repo") res.wrong.push_back(call.name + "(" + tail(call.args, 80) + ")");
             res.transcript.push_back("  " + call.name + "(" + tail(call.args, 200) + ") -> " + tail(result, 200));
             step.results.emplace_back(call, result);
         }
@@ -424,6 +442,12 @@ Result run_task(const Task& t, const Ask& ask, const SandboxLimits& limits) {
     const bool final_ok = finished && std::all_of(t.final_checks.begin(), t.final_checks.end(), [&](const Check& ch) { return passes(ch, &fv); });
     const bool clean = res.unknown_tools == 0 && res.bad_arguments == 0 && res.extra_calls == 0;
     if (t.kind == "repo") {
+        // A repository the model left as it was is a failure, whatever its check makes of it.
+        if (files == t.files) {
+            res.outcome = "fail";
+            res.detail = "the repository was not changed";
+            return res;
+        }
         SandboxResult chk = run_shell_sandboxed(t.check, files, limits);
         if (chk.outcome == Outcome::error) {
             res.outcome = "error";
@@ -441,15 +465,23 @@ Result run_task(const Task& t, const Ask& ask, const SandboxLimits& limits) {
     if (res.matched == static_cast<int>(t.expect.size()) && clean && final_ok) {
         res.outcome = "pass";
         res.detail = "every expected call, nothing else, and the answer";
-    } else if (res.matched > 0 || (t.expect.empty() && final_ok)) {
-        res.outcome = "partial";
-        res.detail = std::to_string(res.matched) + " of " + std::to_string(t.expect.size()) + " expected calls" +
-                     (clean ? "" : ", " + std::to_string(res.extra_calls + res.unknown_tools + res.bad_arguments) + " wrong") +
-                     (final_ok ? "" : finished ? ", the answer misses a check" : ", no final answer");
     } else {
-        res.outcome = "fail";
-        res.detail = finished ? (final_ok ? "no expected call made" : "the answer misses a check") : "no final answer within " +
-                                                                                                      std::to_string(t.max_turns) + " turns";
+        // Which checks the answer missed, and which calls were wrong, by name.
+        std::string missed;
+        for (const Check& ch : t.final_checks)
+            if (!passes(ch, &fv)) missed += (missed.empty() ? "" : ", ") + ch.op + " " + tail(ch.text, 60);
+        std::string wrong;
+        for (const auto& w : res.wrong) wrong += (wrong.empty() ? "" : "; ") + w;
+        const std::string answer = final_ok ? "" : finished ? "the answer misses " + missed : "no final answer within " + std::to_string(t.max_turns) + " turns";
+        if (res.matched > 0 || (t.expect.empty() && final_ok)) {
+            res.outcome = "partial";
+            res.detail = std::to_string(res.matched) + " of " + std::to_string(t.expect.size()) + " expected calls" +
+                         (clean ? "" : "; wrong: " + wrong) + (answer.empty() ? "" : "; " + answer);
+        } else {
+            res.outcome = "fail";
+            res.detail = (t.expect.empty() ? "" : "no expected call made") + std::string(!t.expect.empty() && !wrong.empty() ? " (wrong: " + wrong + ")" : "") +
+                         (answer.empty() ? "" : std::string(t.expect.empty() ? "" : "; ") + answer);
+        }
     }
     return res;
 }

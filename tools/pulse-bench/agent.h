@@ -60,6 +60,7 @@ struct Reply {
     std::string text;
     std::vector<Call> calls;
     int64_t input_tokens = 0, output_tokens = 0;
+    bool cut = false;  // ended at the request's output cap (finish_reason length, status incomplete)
 };
 
 // The conversation so far, as the tasks' loop keeps it.
@@ -88,8 +89,10 @@ struct Result {
     std::string detail;   // why, in a line
     int turns = 0, calls = 0, matched = 0, extra_calls = 0, unknown_tools = 0, bad_arguments = 0;
     int64_t input_tokens = 0, output_tokens = 0;
+    int cut = 0;  // answers the backend cut at the output cap (max tokens), not the model
     double seconds = 0;
     std::vector<std::string> transcript;  // one line per model turn and tool result
+    std::vector<std::string> wrong;       // the calls that counted as errors, as "name(args)"
 };
 
 using Ask = std::function<Reply(const Conversation&)>;

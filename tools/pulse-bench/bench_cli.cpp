@@ -6,6 +6,8 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/prettywriter.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -59,7 +61,8 @@ const char* const kBenchHelp =
     "quality: --dataset PATH (HumanEval .jsonl[.gz]) --samples N --k 1,10 --limit N --mode chat|completions\n"
     "         --exec-timeout S --cpu-s S\n"
     "agent: --suite FILE (default the shipped suite) --kind tools|repo|all --limit N --seed N --max-turns N\n"
-    "       --api chat|responses --effort E --max-tokens N (512)\n"
+    "       --api chat|responses (responses for a Pulse gateway) --effort E --max-tokens N (8192: per answer,\n"
+    "       reasoning included; answers cut there are counted and warned about)\n"
     "exit codes: 0 ok, 1 some request or run failed, 2 usage\n";
 
 namespace {
@@ -283,10 +286,15 @@ std::vector<BackendInfo> probe_all(Options& o) {
     return infos;
 }
 
+// The name every file of this run starts with: the tool, when the run started, and the process,
+// so one run's files share it (a quality run's samples and its JSON) and two runs never do.
 std::string stem(const Options& o) {
-    std::string t = now_iso();
-    t.erase(std::remove(t.begin(), t.end(), ':'), t.end());
-    return o.tool + "-" + t;
+    static const std::string s = [&] {
+        std::string t = now_iso();
+        t.erase(std::remove(t.begin(), t.end(), ':'), t.end());
+        return o.tool + "-" + t + "-" + std::to_string(::getpid());
+    }();
+    return s;
 }
 
 int finish(const Options& o, rapidjson::Document& doc, const Chart& chart, const std::string& text, bool any_failed) {
@@ -783,6 +791,8 @@ int quality(Options& o) {
 
 // ---- agent -------------------------------------------------------------------------------------------------
 
+constexpr int kAgentMaxTokens = 8192;
+
 int agent_bench(Options& o) {
     if (o.kind != "tools" && o.kind != "repo" && o.kind != "all") throw Usage("--kind must be tools, repo or all");
     const std::string suite_path = o.suite.empty() ? (data_dir() / "agent_tasks.json").string() : o.suite;
@@ -801,7 +811,10 @@ int agent_bench(Options& o) {
     if (tasks.empty()) throw Usage("no task of kind " + o.kind + " in " + suite_path);
     for (auto& t : tasks)
         if (o.max_turns > 0) t.max_turns = o.max_turns;
-    const int max_tokens = o.max_tokens > 0 ? o.max_tokens : 512;
+    // The cap on each answer, reasoning included: high enough that a realistic reasoning budget
+    // (a policy's, the backend's), not the cap, decides how long a model thinks. Answers cut at
+    // the cap are counted per arm and warned about.
+    const int max_tokens = o.max_tokens > 0 ? o.max_tokens : kAgentMaxTokens;
     auto infos = probe_all(o);
     SandboxLimits limits;
     limits.wall_s = o.exec_timeout;
@@ -832,16 +845,16 @@ int agent_bench(Options& o) {
     std::vector<std::vector<std::string>> rows;
     Chart chart{"agent tasks by outcome", "tasks", {"pass", "partial", "fail", "error"}, {}};
     int errors = 0;
-    std::string verdicts;
+    std::string verdicts, cut_warnings;
     for (size_t ai = 0; ai < o.arms.size(); ++ai) {
         std::map<std::string, int> n = {{"pass", 0}, {"partial", 0}, {"fail", 0}, {"error", 0}};
-        int unknown = 0, bad_args = 0, extra = 0;
+        int unknown = 0, bad_args = 0, extra = 0, cut = 0;
         int64_t tin = 0, tout = 0;
         std::vector<double> secs;
         for (size_t ti = 0; ti < tasks.size(); ++ti) {
             const auto& r = results[ai][ti];
             ++n[r.outcome];
-            unknown += r.unknown_tools, bad_args += r.bad_arguments, extra += r.extra_calls;
+            unknown += r.unknown_tools, bad_args += r.bad_arguments, extra += r.extra_calls, cut += r.cut;
             tin += r.input_tokens, tout += r.output_tokens;
             secs.push_back(r.seconds);
             rapidjson::Value x(rapidjson::kObjectType);
@@ -850,6 +863,10 @@ int agent_bench(Options& o) {
             x.AddMember("turns", r.turns, al).AddMember("calls", r.calls, al).AddMember("matched_calls", r.matched, al);
             x.AddMember("extra_calls", r.extra_calls, al).AddMember("unknown_tools", r.unknown_tools, al).AddMember("bad_arguments", r.bad_arguments, al);
             x.AddMember("input_tokens", r.input_tokens, al).AddMember("output_tokens", r.output_tokens, al).AddMember("seconds", r.seconds, al);
+            x.AddMember("answers_cut_at_max_tokens", r.cut, al);
+            rapidjson::Value wr(rapidjson::kArrayType);
+            for (const auto& w : r.wrong) wr.PushBack(sv(w, al), al);
+            x.AddMember("wrong_calls", wr, al);
             rapidjson::Value tr(rapidjson::kArrayType);
             for (const auto& l : r.transcript) tr.PushBack(sv(l, al), al);
             x.AddMember("transcript", tr, al);
@@ -865,10 +882,14 @@ int agent_bench(Options& o) {
         rapidjson::Value te(rapidjson::kObjectType);
         te.AddMember("unknown_tools", unknown, al).AddMember("bad_arguments", bad_args, al).AddMember("extra_calls", extra, al);
         a.AddMember("tool_call_errors", te, al);
+        a.AddMember("answers_cut_at_max_tokens", cut, al);
+        if (cut > 0)
+            cut_warnings += "warning: " + std::to_string(cut) + " answers of " + o.arms[ai].name + " were cut at --max-tokens " +
+                            std::to_string(max_tokens) + ": the cap, not the arm's reasoning budget, decided how long it thought (raise --max-tokens)\n";
         arms.PushBack(a, al);
         rows.push_back({o.arms[ai].name, std::to_string(n["pass"]), std::to_string(n["partial"]), std::to_string(n["fail"]), std::to_string(n["error"]),
                         num(100.0 * n["pass"] / total, 0) + " %", std::to_string(tin), std::to_string(tout), num(summarize(secs).median, 2),
-                        std::to_string(unknown + bad_args)});
+                        std::to_string(unknown + bad_args + extra)});
         chart.series.push_back({o.arms[ai].name, {double(n["pass"]), double(n["partial"]), double(n["fail"]), double(n["error"])}, {}});
         verdicts += o.arms[ai].name + ": " + std::to_string(n["pass"]) + " of " + std::to_string(tasks.size()) + " tasks passed (" +
                     std::to_string(n["partial"]) + " partial, " + std::to_string(n["fail"]) + " failed" +
@@ -876,7 +897,8 @@ int agent_bench(Options& o) {
     }
     doc.AddMember("runs", runs, al).AddMember("arms", arms, al);
     std::string text = table({"ARM", "PASS", "PARTIAL", "FAIL", "ERROR", "PASS RATE", "TOKENS IN", "TOKENS OUT", "SECONDS (median)", "TOOL-CALL ERRORS"}, rows);
-    text += verdicts;
+    text += verdicts + cut_warnings;
+    if (o.json && !cut_warnings.empty()) std::fputs(cut_warnings.c_str(), stderr);
     if (o.arms.size() > 1) {
         // Pair by pair against the first arm: per task, and over all tasks (a run that errored
         // on either arm is left out of the pair).
@@ -985,6 +1007,11 @@ int run_bench(const std::vector<std::string>& args) {
     if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
         std::fputs(kBenchHelp, stdout);
         return args.empty() ? 2 : 0;
+    }
+    // `pulse bench TOOL --help`: the help (every tool's options are in it), exit 0.
+    if (std::find(args.begin(), args.end(), "--help") != args.end() || std::find(args.begin(), args.end(), "-h") != args.end()) {
+        std::fputs(kBenchHelp, stdout);
+        return 0;
     }
     try {
         Options o = parse(args);
