@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -204,12 +205,33 @@ TEST_CASE("suite format: precise errors") {
     CHECK(err(R"({"tasks":[{"id":"a","user":"x","tools":[]},{"id":"a","user":"y","tools":[]}]})").find("id used twice") != std::string::npos);
 }
 
-TEST_CASE("the shipped suite: at least 30 scenarios and 8 repository tasks, all well formed") {
+TEST_CASE("the shipped suite: at least 300 tool-calling tasks in the BFCL categories and 40 repository tasks, all well formed") {
     auto tasks = load_suite(slurp(PULSE_SOURCE_ROOT "/tools/bench/data/agent_tasks.json"), "agent_tasks.json");
     size_t tools = 0, repo = 0;
-    for (const auto& t : tasks) (t.kind == "tools" ? tools : repo) += 1;
-    CHECK(tools >= 30);
-    CHECK(repo >= 8);
+    std::map<std::string, int> by_category, smoke;
+    for (const auto& t : tasks) {
+        (t.kind == "tools" ? tools : repo) += 1;
+        by_category[t.category] += 1;
+        if (t.smoke) smoke[t.category] += 1;
+    }
+    CHECK(tools >= 300);
+    CHECK(repo >= 40);
+    for (const char* c : {"simple", "multiple", "parallel", "parallel_multiple", "irrelevance", "multi_turn", "missing_params", "long_output",
+                          "error_recovery", "repo_hidden_tests"}) {
+        CAPTURE(c);
+        CHECK(by_category[c] >= 10);
+        CHECK(smoke[c] == 1);  // the fast subset has one of each
+    }
+    // "multiple": one tool among at least 20; "long_output": a tool result past 16k tokens (64k characters).
+    for (const auto& t : tasks) {
+        rapidjson::Document tl;
+        tl.Parse(t.tools_json.c_str());
+        if (t.category == "multiple") CHECK(tl.Size() >= 20);
+        if (t.category == "long_output") CHECK(t.expect.at(0).result.size() > 64000);
+    }
+    // The file is what the generator makes (tools/bench/gen_agent_suite.py --check).
+    auto gen = pulse::test::run({"python3", PULSE_SOURCE_ROOT "/tools/bench/gen_agent_suite.py", "--check"}, {}, 60);
+    CHECK_MESSAGE(gen.code == 0, gen.out);
     // No repository task passes untouched (its check fails on the files as given).
     for (const auto& t : tasks) {
         if (t.kind != "repo") continue;
@@ -442,4 +464,64 @@ TEST_CASE("against a Pulse gateway without --api responses: the error says what 
     AgentRun run({"--arms", "gw=http://127.0.0.1:" + std::to_string(gw.port) + "/v1#m", "--suite", suite.string(), "--limit", "1"}, false);
     CHECK(run.r.code == 1);
     CHECK(run.r.err.find("pass --api responses") != std::string::npos);
+}
+
+TEST_CASE("hidden repository checks: each passes the task's reference solution and fails the files as given") {
+    rapidjson::Document d;
+    d.Parse(slurp(PULSE_SOURCE_ROOT "/tools/bench/data/agent_tasks.json").c_str());
+    REQUIRE(d.IsObject());
+    auto tasks = load_suite(slurp(PULSE_SOURCE_ROOT "/tools/bench/data/agent_tasks.json"), "agent_tasks.json");
+    int hidden = 0;
+    for (const auto& v : d["tasks"].GetArray()) {
+        if (!v.HasMember("reference")) continue;
+        const std::string id = v["id"].GetString();
+        CAPTURE(id);
+        const Task& t = *std::find_if(tasks.begin(), tasks.end(), [&](const Task& x) { return x.id == id; });
+        for (const auto& [path, text] : t.files) CHECK(t.check.find(text.substr(0, 40)) == std::string::npos);  // the test is not in the files
+        Files f = t.files;
+        for (const auto& m : v["reference"].GetObject()) f[m.name.GetString()] = m.value.GetString();
+        CHECK(run_shell_sandboxed(t.check, f, SandboxLimits{}).outcome == Outcome::passed);
+        Files as_given = t.files;
+        CHECK(run_shell_sandboxed(t.check, as_given, SandboxLimits{}).outcome == Outcome::failed);
+        ++hidden;
+    }
+    CHECK(hidden >= 30);
+}
+
+TEST_CASE("the suite tells two arms apart: 15 % of tasks answered wrong is detected, two identical arms are not") {
+    TempDir d;
+    auto oracle = [&](const std::string& name, double fraction) {
+        auto path = d / (name + ".json");
+        auto r = pulse::test::run({"python3", PULSE_SOURCE_ROOT "/tools/bench/gen_agent_suite.py", "--oracle", path.string(), "--fail-fraction",
+                                   std::to_string(fraction)},
+                                  {}, 60);
+        REQUIRE_MESSAGE(r.code == 0, r.err);
+        return slurp(path);
+    };
+    FakeBackend right(oracle("right", 0)), twin(oracle("right", 0)), degraded(oracle("degraded", 0.15));
+    AgentRun run({"--arms", "right=" + right.url() + ",twin=" + twin.url() + ",degraded=" + degraded.url(), "--kind", "tools"});
+    REQUIRE_MESSAGE(run.r.code == 0, run.r.err);
+    const auto& arms = run.doc["arms"];
+    CHECK(arms[0]["pass"].GetInt() >= 330);  // every generated task, answered right, passes
+    CHECK(arms[0]["by_category"]["parallel"]["pass"].GetInt() == arms[0]["by_category"]["parallel"]["tasks"].GetInt());
+    const auto& twin_pair = run.doc["pairs"][0];
+    CHECK(std::string(twin_pair["arm"].GetString()) == "twin");
+    CHECK(twin_pair["pass_rate_difference"].GetDouble() == 0);
+    CHECK(twin_pair["mcnemar_p"].GetDouble() == 1);
+    const auto& deg = run.doc["pairs"][1];
+    CHECK(std::string(deg["arm"].GetString()) == "degraded");
+    CHECK(deg["only_baseline"].GetInt() == 50);  // round(0.15 * 330)
+    CHECK(deg["only_arm"].GetInt() == 0);
+    CHECK(deg["mcnemar_p"].GetDouble() < 0.05);
+    CHECK(deg["ci95"][1].GetDouble() < 0);  // the whole interval below zero
+}
+
+TEST_CASE("--kind smoke: one task of each category, fast") {
+    TempDir d;
+    auto path = d / "o.json";
+    REQUIRE(pulse::test::run({"python3", PULSE_SOURCE_ROOT "/tools/bench/gen_agent_suite.py", "--oracle", path.string()}, {}, 60).code == 0);
+    FakeBackend right(slurp(path));
+    AgentRun run({"--arms", "right=" + right.url(), "--kind", "smoke"});
+    REQUIRE_MESSAGE(run.r.code == 0, run.r.err);
+    CHECK(run.doc["conditions"]["tasks"].GetInt() == 12);
 }

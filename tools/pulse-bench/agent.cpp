@@ -123,13 +123,39 @@ std::string repo_tool(const std::string& name, const Value& args, Files& files, 
 
 }  // namespace
 
+namespace {
+// Plausible log lines, the same for a given length every time.
+std::string filler(size_t chars) {
+    static const char* kWords[] = {"worker", "cache", "flush", "queue", "retry", "ok", "shard", "sync", "batch", "index", "disk", "lease"};
+    std::string out;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int line = 0; out.size() < chars; ++line) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        out += "2026-11-30T" + std::to_string(10 + line / 3600 % 14) + ":" + std::to_string(10 + line / 60 % 50) + ":" +
+               std::to_string(10 + line % 50) + " INFO " + kWords[x % 12] + " " + kWords[(x >> 8) % 12] + " id=" + std::to_string(x % 100000) +
+               " took " + std::to_string(x % 997) + " ms\n";
+    }
+    out.resize(chars);
+    return out + "\n";
+}
+}  // namespace
+
 std::vector<Task> load_suite(const std::string& json, const std::string& source) {
     rapidjson::Document d;
     d.Parse(json.c_str());
     if (d.HasParseError() || !d.IsObject() || !d.HasMember("tasks") || !d["tasks"].IsArray())
         throw std::runtime_error(source + ": expected {\"tasks\": [...]}");
+    // Tools the tasks name instead of defining ("tools": ["get_weather", ...]): the suite's library.
+    std::map<std::string, const rapidjson::Value*> library;
+    if (d.HasMember("tool_library")) {
+        if (!d["tool_library"].IsArray()) throw std::runtime_error(source + ": tool_library must be an array of tools");
+        for (const auto& tl : d["tool_library"].GetArray()) {
+            if (str(tl, "name").empty()) throw std::runtime_error(source + ": a tool_library tool has no name");
+            library[str(tl, "name")] = &tl;
+        }
+    }
     std::vector<Task> out;
-    for (const auto& v : d["tasks"].GetArray()) {
+    for (auto& v : d["tasks"].GetArray()) {
         Task t;
         t.id = str(v, "id");
         const std::string where = source + ": task '" + t.id + "'";
@@ -140,6 +166,9 @@ std::vector<Task> load_suite(const std::string& json, const std::string& source)
         if (t.kind != "tools" && t.kind != "repo") throw std::runtime_error(where + ": kind must be \"tools\" or \"repo\"");
         t.system = str(v, "system");
         t.user = str(v, "user");
+        t.category = str(v, "category");
+        if (t.category.empty()) t.category = t.kind;
+        t.smoke = v.HasMember("smoke") && v["smoke"].IsTrue();
         if (t.user.empty()) throw std::runtime_error(where + ": \"user\" (the request) is required");
         if (v.HasMember("max_turns")) {
             if (!v["max_turns"].IsInt() || v["max_turns"].GetInt() < 1 || v["max_turns"].GetInt() > 50)
@@ -150,6 +179,12 @@ std::vector<Task> load_suite(const std::string& json, const std::string& source)
         }
         if (t.kind == "tools") {
             if (!v.HasMember("tools") || !v["tools"].IsArray()) throw std::runtime_error(where + ": \"tools\" (an array) is required");
+            for (auto& tl : v["tools"].GetArray()) {
+                if (!tl.IsString()) continue;
+                auto it = library.find(tl.GetString());
+                if (it == library.end()) throw std::runtime_error(where + ": tool '" + tl.GetString() + "' is not in the suite's tool_library");
+                tl.CopyFrom(*it->second, d.GetAllocator());
+            }
             t.tools_json = dump(v["tools"]);
             if (v.HasMember("expect")) {
                 if (!v["expect"].IsArray()) throw std::runtime_error(where + ": expect must be an array");
@@ -166,6 +201,13 @@ std::vector<Task> load_suite(const std::string& json, const std::string& source)
                             ec.args.emplace_back(a.name.GetString(), parse_check(a.value, where + ", " + ec.tool + "." + a.name.GetString()));
                     }
                     ec.result = e.HasMember("result") ? (e["result"].IsString() ? std::string(e["result"].GetString()) : dump(e["result"])) : "ok";
+                    // A long tool output (a log, a listing) with the result buried at its end:
+                    // result_pad_chars of deterministic filler lines come first.
+                    if (e.HasMember("result_pad_chars")) {
+                        if (!e["result_pad_chars"].IsInt() || e["result_pad_chars"].GetInt() < 0 || e["result_pad_chars"].GetInt() > 4000000)
+                            throw std::runtime_error(where + ": result_pad_chars must be 0-4000000");
+                        ec.result = filler(static_cast<size_t>(e["result_pad_chars"].GetInt())) + ec.result;
+                    }
                     t.expect.push_back(std::move(ec));
                 }
             }

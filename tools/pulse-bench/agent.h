@@ -36,6 +36,8 @@ struct ExpectedCall {
 
 struct Task {
     std::string id, kind;  // kind: "tools" or "repo"
+    std::string category;  // what it measures (simple, multiple, parallel, ...); default: the kind
+    bool smoke = false;    // in the fast subset (--kind smoke)
     std::string system, user;
     std::string tools_json = "[]";  // function tools: [{"name","description","parameters"}]
     std::vector<ExpectedCall> expect;

@@ -60,7 +60,7 @@ const char* const kBenchHelp =
     "ttft: --cases cold,warm,restart --restart-cmd CMD --api chat|responses --prompt-words N\n"
     "quality: --dataset PATH (HumanEval .jsonl[.gz]) --samples N --k 1,10 --limit N --mode chat|completions\n"
     "         --exec-timeout S --cpu-s S\n"
-    "agent: --suite FILE (default the shipped suite) --kind tools|repo|all --limit N --seed N --max-turns N\n"
+    "agent: --suite FILE (default the shipped suite) --kind tools|repo|smoke|all --limit N --seed N --max-turns N\n"
     "       --api chat|responses (responses for a Pulse gateway) --effort E --max-tokens N (8192: per answer,\n"
     "       reasoning included; answers cut there are counted and warned about)\n"
     "exit codes: 0 ok, 1 some request or run failed, 2 usage\n";
@@ -794,7 +794,7 @@ int quality(Options& o) {
 constexpr int kAgentMaxTokens = 8192;
 
 int agent_bench(Options& o) {
-    if (o.kind != "tools" && o.kind != "repo" && o.kind != "all") throw Usage("--kind must be tools, repo or all");
+    if (o.kind != "tools" && o.kind != "repo" && o.kind != "all" && o.kind != "smoke") throw Usage("--kind must be tools, repo, smoke or all");
     const std::string suite_path = o.suite.empty() ? (data_dir() / "agent_tasks.json").string() : o.suite;
     std::vector<agent::Task> tasks;
     {
@@ -806,7 +806,7 @@ int agent_bench(Options& o) {
             throw Usage(e.what());
         }
     }
-    std::erase_if(tasks, [&](const agent::Task& t) { return o.kind != "all" && t.kind != o.kind; });
+    std::erase_if(tasks, [&](const agent::Task& t) { return o.kind == "smoke" ? !t.smoke : o.kind != "all" && t.kind != o.kind; });
     if (o.limit > 0 && static_cast<size_t>(o.limit) < tasks.size()) tasks.resize(static_cast<size_t>(o.limit));
     if (tasks.empty()) throw Usage("no task of kind " + o.kind + " in " + suite_path);
     for (auto& t : tasks)
@@ -849,16 +849,21 @@ int agent_bench(Options& o) {
     for (size_t ai = 0; ai < o.arms.size(); ++ai) {
         std::map<std::string, int> n = {{"pass", 0}, {"partial", 0}, {"fail", 0}, {"error", 0}};
         int unknown = 0, bad_args = 0, extra = 0, cut = 0;
+        std::map<std::string, std::pair<int, int>> by_category;  // tasks, passed
         int64_t tin = 0, tout = 0;
         std::vector<double> secs;
         for (size_t ti = 0; ti < tasks.size(); ++ti) {
             const auto& r = results[ai][ti];
             ++n[r.outcome];
             unknown += r.unknown_tools, bad_args += r.bad_arguments, extra += r.extra_calls, cut += r.cut;
+            auto& cat = by_category[tasks[ti].category];
+            cat.first += 1;
+            cat.second += r.outcome == "pass" ? 1 : 0;
             tin += r.input_tokens, tout += r.output_tokens;
             secs.push_back(r.seconds);
             rapidjson::Value x(rapidjson::kObjectType);
             x.AddMember("arm", sv(o.arms[ai].name, al), al).AddMember("task", sv(tasks[ti].id, al), al).AddMember("kind", sv(tasks[ti].kind, al), al);
+            x.AddMember("category", sv(tasks[ti].category, al), al);
             x.AddMember("outcome", sv(r.outcome, al), al).AddMember("detail", sv(r.detail, al), al);
             x.AddMember("turns", r.turns, al).AddMember("calls", r.calls, al).AddMember("matched_calls", r.matched, al);
             x.AddMember("extra_calls", r.extra_calls, al).AddMember("unknown_tools", r.unknown_tools, al).AddMember("bad_arguments", r.bad_arguments, al);
@@ -883,6 +888,13 @@ int agent_bench(Options& o) {
         te.AddMember("unknown_tools", unknown, al).AddMember("bad_arguments", bad_args, al).AddMember("extra_calls", extra, al);
         a.AddMember("tool_call_errors", te, al);
         a.AddMember("answers_cut_at_max_tokens", cut, al);
+        rapidjson::Value cats(rapidjson::kObjectType);
+        for (const auto& [name, tp] : by_category) {
+            rapidjson::Value c(rapidjson::kObjectType);
+            c.AddMember("tasks", tp.first, al).AddMember("pass", tp.second, al);
+            cats.AddMember(sv(name, al), c, al);
+        }
+        a.AddMember("by_category", cats, al);
         if (cut > 0)
             cut_warnings += "warning: " + std::to_string(cut) + " answers of " + o.arms[ai].name + " were cut at --max-tokens " +
                             std::to_string(max_tokens) + ": the cap, not the arm's reasoning budget, decided how long it thought (raise --max-tokens)\n";
