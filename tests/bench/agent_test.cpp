@@ -525,3 +525,19 @@ TEST_CASE("--kind smoke: one task of each category, fast") {
     REQUIRE_MESSAGE(run.r.code == 0, run.r.err);
     CHECK(run.doc["conditions"]["tasks"].GetInt() == 12);
 }
+
+TEST_CASE("an arm whose reasoning budget exceeds the output cap is warned about") {
+    std::string script = kRight;
+    script.insert(1, R"("reasoning_config":true,)");
+    FakeBackend right(script);
+    Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nurl = \"" + right.url() +
+               "\"\n[models.m.policy]\nname = \"static\"\n[models.m.policy.options]\nbudgets = { medium = 4096 }\n");
+    TempDir d;
+    auto suite = d.write("suite.json", kSuite);
+    const std::string arm = "gw=http://127.0.0.1:" + std::to_string(gw.port) + "/v1#m";
+    AgentRun low({"--arms", arm, "--api", "responses", "--effort", "medium", "--suite", suite.string(), "--max-tokens", "1024"}, false);
+    CAPTURE(low.r.out);
+    CHECK(low.r.out.find("gw's reasoning budget (4096, X-Pulse-Reasoning-Budget) exceeds --max-tokens 1024") != std::string::npos);
+    AgentRun ok({"--arms", arm, "--api", "responses", "--effort", "medium", "--suite", suite.string()}, false);
+    CHECK(ok.r.out.find("exceeds --max-tokens") == std::string::npos);
+}

@@ -259,6 +259,7 @@ Value s(const std::string& v, rapidjson::Document::AllocatorType& a) { return Va
 Reply post_json(const Endpoint& ep, const std::string& path, const rapidjson::Document& body, double timeout_s, rapidjson::Document& out) {
     Reply r;
     HttpReply h = http_post(ep.base + path, dump(body), timeout_s, ep.api_key);
+    if (!h.reasoning_budget.empty()) r.budget = std::atoll(h.reasoning_budget.c_str());
     if (h.status != 200) {
         r.error = h.status ? "HTTP " + std::to_string(h.status) + ": " + h.body.substr(0, 300) : h.error;
         // A Pulse gateway serves the Responses API only; a Chat Completions server has no /responses.
@@ -434,6 +435,7 @@ Result run_task(const Task& t, const Ask& ask, const SandboxLimits& limits) {
         res.input_tokens += r.input_tokens;
         res.output_tokens += r.output_tokens;
         res.cut += r.cut ? 1 : 0;
+        res.budget = std::max(res.budget, r.budget);
         res.transcript.push_back("model: " + tail(r.text, 300) + (r.calls.empty() ? "" : " [" + std::to_string(r.calls.size()) + " call(s)]"));
         if (r.calls.empty()) {
             final_text = r.text;

@@ -63,6 +63,7 @@ struct Reply {
     std::vector<Call> calls;
     int64_t input_tokens = 0, output_tokens = 0;
     bool cut = false;  // ended at the request's output cap (finish_reason length, status incomplete)
+    int64_t budget = -1;  // the reasoning budget a Pulse gateway applied (X-Pulse-Reasoning-Budget), -1 = none
 };
 
 // The conversation so far, as the tasks' loop keeps it.
@@ -92,6 +93,7 @@ struct Result {
     int turns = 0, calls = 0, matched = 0, extra_calls = 0, unknown_tools = 0, bad_arguments = 0;
     int64_t input_tokens = 0, output_tokens = 0;
     int cut = 0;  // answers the backend cut at the output cap (max tokens), not the model
+    int64_t budget = -1;  // the largest reasoning budget a gateway applied to its requests
     double seconds = 0;
     std::vector<std::string> transcript;  // one line per model turn and tool result
     std::vector<std::string> wrong;       // the calls that counted as errors, as "name(args)"

@@ -849,6 +849,7 @@ int agent_bench(Options& o) {
     for (size_t ai = 0; ai < o.arms.size(); ++ai) {
         std::map<std::string, int> n = {{"pass", 0}, {"partial", 0}, {"fail", 0}, {"error", 0}};
         int unknown = 0, bad_args = 0, extra = 0, cut = 0;
+        int64_t budget = -1;
         std::map<std::string, std::pair<int, int>> by_category;  // tasks, passed
         int64_t tin = 0, tout = 0;
         std::vector<double> secs;
@@ -856,6 +857,7 @@ int agent_bench(Options& o) {
             const auto& r = results[ai][ti];
             ++n[r.outcome];
             unknown += r.unknown_tools, bad_args += r.bad_arguments, extra += r.extra_calls, cut += r.cut;
+            budget = std::max(budget, r.budget);
             auto& cat = by_category[tasks[ti].category];
             cat.first += 1;
             cat.second += r.outcome == "pass" ? 1 : 0;
@@ -888,6 +890,10 @@ int agent_bench(Options& o) {
         te.AddMember("unknown_tools", unknown, al).AddMember("bad_arguments", bad_args, al).AddMember("extra_calls", extra, al);
         a.AddMember("tool_call_errors", te, al);
         a.AddMember("answers_cut_at_max_tokens", cut, al);
+        if (budget >= 0) a.AddMember("reasoning_budget", budget, al);
+        if (budget > max_tokens)
+            cut_warnings += "warning: " + o.arms[ai].name + "'s reasoning budget (" + std::to_string(budget) + ", X-Pulse-Reasoning-Budget) exceeds --max-tokens " +
+                            std::to_string(max_tokens) + ": the cap, not the budget, limits how long it thinks (raise --max-tokens)\n";
         rapidjson::Value cats(rapidjson::kObjectType);
         for (const auto& [name, tp] : by_category) {
             rapidjson::Value c(rapidjson::kObjectType);

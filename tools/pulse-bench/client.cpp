@@ -64,6 +64,7 @@ HttpReply request(const std::string& method, const std::string& url, const std::
         Poco::Net::HTTPResponse resp;
         std::istream& in = s->receiveResponse(resp);
         r.status = static_cast<int>(resp.getStatus());
+        r.reasoning_budget = resp.get("X-Pulse-Reasoning-Budget", "");
         r.body.assign(std::istreambuf_iterator<char>(in), {});
     } catch (const std::exception& e) {
         r.error = e.what();

@@ -26,6 +26,7 @@ struct HttpReply {
     int status = 0;       // 0 = no HTTP answer (see error)
     std::string body;
     std::string error;
+    std::string reasoning_budget;  // a Pulse gateway's X-Pulse-Reasoning-Budget ("N; enforced by ...")
 };
 HttpReply http_get(const std::string& url, double timeout_s, const std::string& api_key = "");
 HttpReply http_post(const std::string& url, const std::string& body, double timeout_s, const std::string& api_key = "");
