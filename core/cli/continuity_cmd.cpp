@@ -87,9 +87,8 @@ const std::vector<std::string>& continuity_events() {
 int cmd_continuity(const std::vector<std::string>& args, const std::string& self_exe) {
     const std::string sub = args.empty() ? "" : args[0];
     if (sub == "--help" || sub == "-h" || sub == "help") return std::fputs(kHelp, stdout), 0;
-    if (sub != "hook")  // the hook reads events, never options
-        for (const auto& a : args)
-            if (a == "--help" || a == "-h") return std::fputs(kHelp, stdout), 0;
+    for (const auto& a : args)  // Codex runs the hook with no arguments: an option is a person asking
+        if (a == "--help" || a == "-h") return std::fputs(kHelp, stdout), 0;
     if (sub == "hook") {
         // Whatever happens, Codex goes on: a hook that failed prints why and exits 0.
         try {

@@ -657,7 +657,7 @@ TEST_CASE("codex: --start-gateway starts pulse serve when none is running") {
 TEST_CASE("every command and sub-command answers --help with exit 0") {
     const std::vector<std::vector<std::string>> cmds = {
         {"serve"}, {"plugins"}, {"config"}, {"config", "check"}, {"model"}, {"codex"}, {"continuity"}, {"continuity", "list"},
-        {"continuity", "show"}, {"continuity", "clear"}, {"continuity", "prune"}, {"continuity", "hooks-json"}, {"bench"},
+        {"continuity", "show"}, {"continuity", "clear"}, {"continuity", "prune"}, {"continuity", "hooks-json"}, {"continuity", "hook"}, {"bench"},
         {"bench", "decode"}, {"bench", "accept"}, {"bench", "ttft"}, {"bench", "quality"}, {"bench", "drift"}, {"bench", "agent"},
         {"decode"}, {"gguf"}, {"gguf", "make-demo"}, {"gguf", "info"}};
     for (const auto& c : cmds) {
