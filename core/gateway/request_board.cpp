@@ -243,7 +243,9 @@ void RequestBoard::write(rapidjson::Writer<rapidjson::StringBuffer>& w) const {
     w.Int(kBucketS);
     w.Key("series");
     w.StartArray();
-    for (const auto& [k, s] : rates) {
+    for (const auto& entry : rates) {
+        const Key& k = entry.first;
+        const Series& s = entry.second;  // a plain reference: lambdas below capture it (clang < 16 cannot capture a binding)
         w.StartObject();
         w.Key("model");
         w.String(k.first.c_str());
