@@ -167,7 +167,6 @@ void stream_close(void* stream) {
 pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
     auto& e = *static_cast<Backend*>(backend)->engine;
     const auto st = e.stats();
-    const auto mib = [](uint64_t bytes) { return std::round(static_cast<double>(bytes) / (1 << 20) * 10) / 10; };
     pulse::Writer w(g_host->json, out);
     w.begin_object()
         .kv("status", "ok")
@@ -181,8 +180,8 @@ pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
         .kv("steps", static_cast<int64_t>(st.steps))
         .kv("batch", st.last_batch)
         .kv("peak_batch", st.peak_batch)
-        .key("state_mib").f64(mib(st.sequence_bytes))
-        .key("checkpoint_mib").f64(mib(st.checkpoint_bytes))
+        .kv("state_bytes", static_cast<int64_t>(st.sequence_bytes))
+        .kv("checkpoint_bytes", static_cast<int64_t>(st.checkpoint_bytes))
         .end_object();
     return w.ok() ? PULSE_OK : PULSE_E_INTERNAL;
 }

@@ -36,11 +36,11 @@ async function within(page, ms, fn, ...args) {
 }
 
 // Sends a streamed Responses request and reads it to the end; resolves with the events' text.
-async function respond(input) {
+async function respond(input, model = "qwen3.8-flash-next", extra = {}) {
   const r = await fetch(gateway + "/v1/responses", {
     method: "POST",
     headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ model: "qwen3.8-flash-next", input, stream: true }),
+    body: JSON.stringify({ model, input, stream: true, ...extra }),
     signal: AbortSignal.timeout(30000),
   });
   return { status: r.status, body: await r.text() };
@@ -68,8 +68,19 @@ try {
   check(nav.status() === 200, `GET / answers 200 (${nav.status()})`);
   const csp = nav.headers()["content-security-policy"] || "";
   check(csp.includes("default-src 'none'") && csp.includes("connect-src 'self'"), "the page forbids every other origin (CSP)");
-  let took = await within(page, deadline, () => document.querySelectorAll('tr[data-endpoint][data-state="healthy"]').length === 2);
-  check(took !== null, `both endpoints shown healthy within 2 s of load (${took} ms)`);
+  let took = await within(page, deadline, () => document.querySelectorAll('tr[data-endpoint][data-state="healthy"]').length === 3);
+  check(took !== null, `the three endpoints shown healthy within 2 s of load (${took} ms)`);
+
+  // The in-process decoder's engine report, after it served a request.
+  const demo = await respond(`hello ${secret}`, "demo", { max_output_tokens: 8 });
+  check(demo.status === 200, "the decoder served a request");
+  const demoEnded = Date.now();
+  took = await within(page, deadline, () => {
+    const dts = [...document.querySelectorAll('tr[data-endpoint="local"] dt')];
+    const value = (k) => dts.find((d) => d.textContent === k)?.nextElementSibling?.textContent;
+    return Number(value("peak_batch")) >= 1 && /^\d+(\.\d)? (B|KiB|MiB)$/.test(value("checkpoint") || "") && value("checkpoint") !== "0 B";
+  });
+  check(took !== null && Date.now() - demoEnded <= deadline, `the decoder's engine report (batch, state and checkpoint memory) shown within 2 s (${took} ms)`);
 
   // A stream's phase: the fake holds its first chunk 2.5 s (prefill), then sends a word per 250 ms.
   const slowSent = Date.now();

@@ -49,6 +49,16 @@ url = "http://127.0.0.1:$aport/v1"
 [[models."qwen3.8-flash-next".endpoints]]
 name = "b"
 url = "http://127.0.0.1:$bport/v1"
+# The in-process decoder (random-weight demo model): its engine report is on the page too.
+[models.demo]
+profile = "qwen38"
+[[models.demo.endpoints]]
+name = "local"
+url = "decoder://$work/demo.gguf"
+[models.demo.endpoints.options]
+make_demo = true
+[models.demo.profile_options]
+thinking = "off"
 TOML
 launch_pulse
 mkdir -p "$(dirname "$shot")"

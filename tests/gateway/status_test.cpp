@@ -219,3 +219,21 @@ TEST_CASE("/metrics: endpoint state gauges, and the series alerts count exist at
                              R"(pulse_ttft_seconds_count{model="m"} 0)"})
         CHECK_MESSAGE(m.find(zero) != std::string::npos, zero);
 }
+
+TEST_CASE("/status.json: the in-process decoder's engine report (queue, batch, state and checkpoint memory)") {
+    TempDir d;
+    Gateway gw("[models.demo]\nprofile = \"qwen38\"\n[[models.demo.endpoints]]\nname = \"local\"\nurl = \"decoder://" + (d / "demo.gguf").string() +
+                   "\"\n[models.demo.endpoints.options]\nmake_demo = true\n[models.demo.profile_options]\nthinking = \"off\"\n",
+               "", kFast);
+    auto r = post(gw.port, "/v1/responses", R"({"model":"demo","stream":true,"store":false,"max_output_tokens":8,"input":"hello there"})");
+    REQUIRE(r.status == 200);
+    auto doc = status_until(gw.port, [](const auto& d) {
+        const auto& e = d["models"][0]["endpoints"][0];
+        return e.HasMember("backend") && e["backend"].HasMember("steps") && e["backend"]["steps"].GetInt64() > 0;
+    });
+    const auto& b = doc["models"][0]["endpoints"][0]["backend"];
+    for (const char* k : {"queued", "active", "concurrency", "batch", "peak_batch", "state_bytes", "checkpoint_bytes"}) CHECK_MESSAGE(b.HasMember(k), k);
+    CHECK(b["peak_batch"].GetInt64() >= 1);
+    CHECK(b["checkpoint_bytes"].GetInt64() > 0);  // the prompt's state is kept for prefix reuse
+    CHECK(b["state_bytes"].GetInt64() == 0);      // no request is being served now
+}
