@@ -3,6 +3,8 @@
 // loopback; every wait is bounded.
 #include <doctest/doctest.h>
 
+#include <atomic>
+
 #include <Poco/Net/HTTPRequestHandler.h>
 #include <Poco/Net/HTTPRequestHandlerFactory.h>
 #include <Poco/Net/HTTPServer.h>
@@ -207,6 +209,7 @@ struct DecisionService {
         std::string answer = R"({"reasoning_budget":2048})";
         int status = 200;
         int delay_ms = 0;  // before answering: a slow service
+        std::atomic<int> busy{0};  // handlers running (a slow one outlives its client's timeout)
     };
     std::shared_ptr<State> state = std::make_shared<State>();
     std::unique_ptr<Poco::Net::HTTPServer> server;
@@ -217,6 +220,11 @@ struct DecisionService {
             std::shared_ptr<State> st;
             explicit Handler(std::shared_ptr<State> s) : st(std::move(s)) {}
             void handleRequest(Poco::Net::HTTPServerRequest& rq, Poco::Net::HTTPServerResponse& rs) override {
+                struct Busy {
+                    std::atomic<int>& n;
+                    explicit Busy(std::atomic<int>& b) : n(b) { ++n; }
+                    ~Busy() { --n; }
+                } busy(st->busy);
                 std::string body((std::istreambuf_iterator<char>(rq.stream())), {});
                 std::string answer;
                 int delay = 0;
@@ -233,7 +241,12 @@ struct DecisionService {
                     rs.setStatus(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(st->status));
                 }
                 rs.setContentType("application/json");
-                rs.sendBuffer(answer.data(), answer.size());
+                try {
+                    rs.sendBuffer(answer.data(), answer.size());
+                } catch (const std::exception&) {
+                    // The client gave up (a slow answer): nothing to send, and nothing for POCO's
+                    // error path to write after this object's test has ended.
+                }
             }
         };
         struct Factory : Poco::Net::HTTPRequestHandlerFactory {
@@ -246,7 +259,11 @@ struct DecisionService {
         server = std::make_unique<Poco::Net::HTTPServer>(new Factory(state), sock, new Poco::Net::HTTPServerParams);
         server->start();
     }
-    ~DecisionService() { server->stopAll(true); }
+    ~DecisionService() {
+        // A slow handler still sleeping must finish before the server and its state go (bounded).
+        for (int i = 0; i < 200 && state->busy.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        server->stopAll(true);
+    }
 };
 
 }  // namespace
