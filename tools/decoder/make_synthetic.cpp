@@ -17,9 +17,12 @@
 using namespace pulse::decoder;
 
 int main(int argc, char** argv) {
-    if (argc < 2) {
-        std::fprintf(stderr, "usage: make_synthetic OUT_DIR [SEED] | make_synthetic --tiny FILE\n");
-        return 2;
+    const std::string first = argc > 1 ? argv[1] : "";
+    // An unknown option is not a directory to write into (a --help once left a "--help" tree).
+    const bool known = first == "--tiny" || first == "--scripted" || first == "--bench" || first == "--gpu";
+    if (argc < 2 || (!first.empty() && first[0] == '-' && !known)) {
+        std::fprintf(stderr, "usage: make_synthetic OUT_DIR [SEED] | --tiny FILE | --scripted FILE CALL ANSWER | --bench TYPE FILE | --gpu TYPE FILE [LAYERS]\n");
+        return first == "--help" || first == "-h" ? 0 : 2;
     }
     if (std::string(argv[1]) == "--tiny") {
         if (argc < 3) return 2;
