@@ -386,10 +386,39 @@ std::optional<ResponseBuilder::Partial> ResponseBuilder::resume_point() const {
         if (it.type == Item::message) p.text += it.text;
         else p.reasoning += it.raw_started ? it.raw : it.summary;
     }
+    if (!trail_lost_.empty()) p.no_trail = trail_lost_;
+    else if (attempt_deltas_ > 0 && !attempt_trailed_ && !trail_ids_.empty()) p.no_trail = "an attempt reported no token record";
+    else if (!trail_ids_.empty()) p.trail.emplace(trail_ids_, trail_raw_);
     return p;
 }
 
+pulse_status_t ResponseBuilder::trail(const int32_t* tokens, size_t n, std::string_view raw) {
+    if (ended_) return PULSE_OK;
+    attempt_trailed_ = true;
+    attempt_trail_ids_ += static_cast<int64_t>(n);
+    trail_ids_.insert(trail_ids_.end(), tokens, tokens + n);
+    trail_raw_.append(raw);
+    return PULSE_OK;
+}
+
+pulse_status_t ResponseBuilder::trail_lost(std::string_view why) {
+    if (trail_lost_.empty()) trail_lost_ = why.empty() ? std::string("the backend's token record has a hole") : std::string(why);
+    return PULSE_OK;
+}
+
+void ResponseBuilder::restart_trail() {
+    trail_ids_.clear();
+    trail_raw_.clear();
+    trail_lost_.clear();
+    attempt_trailed_ = false;
+    attempt_trail_ids_ = 0;
+}
+
 void ResponseBuilder::begin_resume() {
+    // An attempt that showed output without a record leaves a hole no later record can fill.
+    if (attempt_deltas_ > 0 && !attempt_trailed_ && !trail_ids_.empty() && trail_lost_.empty())
+        trail_lost_ = "an attempt reported no token record";
+    attempt_trailed_ = false;
     failure_.reset();
     finish_.reset();
     Usage spent = attempt_usage();
@@ -401,13 +430,17 @@ void ResponseBuilder::begin_resume() {
     carried_.reported = true;
     usage_ = Usage{};
     attempt_deltas_ = 0;
+    attempt_trail_ids_ = 0;
     reasoning_deltas_ = 0;
 }
 
 ResponseBuilder::Usage ResponseBuilder::attempt_usage() const {
     // A backend that reported no usage (it failed, or the client left, before its last chunk):
     // its output deltas stand for its output tokens, the input is unknown.
-    return usage_.reported ? usage_ : Usage{0, 0, attempt_deltas_, std::min(reasoning_deltas_, attempt_deltas_), false};
+    // A token record counts its tokens exactly (deltas miss the tokens that make none).
+    if (usage_.reported) return usage_;
+    const int64_t out = attempt_trail_ids_ > 0 ? attempt_trail_ids_ : attempt_deltas_;
+    return Usage{0, 0, out, std::min(reasoning_deltas_, out), false};
 }
 
 ResponseBuilder::Usage ResponseBuilder::spent() const {

@@ -42,6 +42,8 @@ public:
     pulse_status_t finish(pulse_finish_t reason) override;
     pulse_status_t usage(const pulse_usage_t& u) override;
     pulse_status_t error(pulse_status_t status, std::string_view message) override;
+    pulse_status_t trail(const int32_t* tokens, size_t n, std::string_view raw) override;
+    pulse_status_t trail_lost(std::string_view why) override;
 
     // Ends the response with exactly one terminal event. `how` says how the upstream ended;
     // an error recorded earlier (error()) wins. Returns the terminal status name.
@@ -54,6 +56,10 @@ public:
     // and no backend continues one from inside its arguments).
     struct Partial {
         std::string text, reasoning;
+        // The backends' token record of the whole answer so far (delta->trail), when every
+        // attempt reported one without a hole; else why not (empty: no backend reported one).
+        std::optional<std::pair<std::vector<int32_t>, std::string>> trail;
+        std::string no_trail;
     };
     std::optional<Partial> resume_point() const;
     bool can_resume() const;  // resume_point() would have a value (no copy of the output)
@@ -63,6 +69,8 @@ public:
     void begin_resume();
     // True once the current backend attempt added output (all of them: has_output()).
     bool attempt_has_output() const { return attempt_deltas_ > 0; }
+    // A stream that starts the answer afresh (not a continuation): the token record restarts.
+    void restart_trail();
 
     bool started() const { return started_; }
     bool ended() const { return ended_; }
@@ -126,6 +134,12 @@ private:
     bool started_ = false, ended_ = false, has_output_ = false;
     uint32_t call_counter_ = 0;
     int64_t reasoning_deltas_ = 0;
+    // The token record (trail()): ids and raw text over every attempt of this answer.
+    std::vector<int32_t> trail_ids_;
+    std::string trail_raw_;
+    std::string trail_lost_;         // why the record has a hole ("" = whole)
+    bool attempt_trailed_ = false;   // the current attempt reported a trail
+    int64_t attempt_trail_ids_ = 0;  // ids the current attempt reported: its output tokens
 };
 
 }  // namespace pulse::gateway

@@ -396,6 +396,48 @@ private:
         // front, rather than growing by half again each time it fills (a large body then peaked
         // at its own size plus two copies of the upstream request while one was moved).
         upreq_.body.buffer.Reserve(ex_.body().size() + 4096);
+        if (!ask_prepare() || (!prep_req_ && !build_upstream())) return false;
+        builder_ = std::make_unique<ResponseBuilder>(id_, model_id_, rt_->reasoning, [this](std::string_view type, std::string_view json) {
+            if (!streaming_) return;
+            last_event_ = steady_clock::now();
+            writer_.event(type, json);
+        });
+        keepalive_ = milliseconds(static_cast<int64_t>(cfg_.upstream.keepalive_s * 1000));
+        return true;
+    }
+
+    // Fails the request as the profile said (`rc`, with call_'s message).
+    bool refused_by_profile(pulse_status_t rc) {
+        last_status_ = rc;
+        last_error_ = host::call_error(call_, rc, rt_->profile->plugin_id());
+        if (http_error_for(rc).status >= 500) log::error("responses", id_ + ": " + last_error_);
+        outcome_ = Outcome::rejected;
+        return false;
+    }
+
+    // SDK 1.3: the profile may need an answer from the backend before it can write the request
+    // (llama-server's rendered prompt, for a token-exact resume). Then the request is built at
+    // the first attempt on an HTTP endpoint, once that answer is in (prepare_on).
+    bool ask_prepare() {
+        if (!PULSE_HAS_FIELD(vt_, pulse_translation_vt_t, prepare) || !vt_->prepare) return true;
+        auto req = std::make_unique<pulse_upstream_req>();
+        call_.reset();
+        req->body.call = &call_;
+        pulse_status_t rc = vt_->prepare(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), req.get());
+        req->body.call = nullptr;
+        if (rc == PULSE_OK && req->path_set && !req->body.complete()) {
+            rc = PULSE_E_INTERNAL;
+            call_.message = "profile '" + rt_->profile->registration.name + "' wrote an unusable preparatory request: " + req->body.incomplete_reason();
+            call_.has_message = true;
+        }
+        if (rc != PULSE_OK) return refused_by_profile(rc);
+        if (req->path_set) prep_req_ = std::move(req);
+        return true;
+    }
+
+    // The upstream request (build_request) and the stream that reads its answer.
+    bool build_upstream() {
+        call_.reset();
         upreq_.body.call = &call_;
         pulse_status_t rc = vt_->build_request(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), &upreq_);
         upreq_.body.call = nullptr;
@@ -405,20 +447,35 @@ private:
             call_.has_message = true;
         }
         if (rc == PULSE_OK) rc = open_profile_stream();
-        if (rc != PULSE_OK) {
-            last_status_ = rc;
-            last_error_ = host::call_error(call_, rc, rt_->profile->plugin_id());
-            if (http_error_for(rc).status >= 500) log::error("responses", id_ + ": " + last_error_);
-            outcome_ = Outcome::rejected;
-            return false;
-        }
-        builder_ = std::make_unique<ResponseBuilder>(id_, model_id_, rt_->reasoning, [this](std::string_view type, std::string_view json) {
-            if (!streaming_) return;
-            last_event_ = steady_clock::now();
-            writer_.event(type, json);
-        });
-        keepalive_ = milliseconds(static_cast<int64_t>(cfg_.upstream.keepalive_s * 1000));
+        if (rc != PULSE_OK) return refused_by_profile(rc);
+        built_ = true;
         return true;
+    }
+
+    // Sends the profile's preparatory request to `ep` (once per response) and builds the request
+    // with its answer; an in-process backend is not asked (the profile builds without one). A
+    // value when the attempt is over: `ep` failed (another endpoint may serve), or the profile
+    // refused to build the request.
+    std::optional<Attempt> prepare_on(const EndpointRef& ep) {
+        if (!ep.backend) {
+            std::string answer;
+            const int status = post_prepared(*ep.cfg, *prep_req_, cfg_.upstream, &answer);
+            if (status < 200 || status > 299) {
+                UpEvent e;
+                e.kind = status ? UpEvent::Kind::rejected : UpEvent::Kind::failed;
+                e.http_status = status;
+                e.status = PULSE_E_UNAVAILABLE;
+                e.text = status ? answer : "the preparatory request " + prep_req_->path + " failed: " + answer;
+                return on_event(std::move(e), ep).value_or(Attempt::retry);
+            }
+            if (prepared_.Parse(answer.c_str(), answer.size()).HasParseError()) {
+                prepared_.SetNull();
+                return endpoint_failure(ep, PULSE_E_UNAVAILABLE, "the answer to the preparatory request " + prep_req_->path + " is not JSON");
+            }
+            upreq_.prepared = host::view(&prepared_);
+        }
+        if (!build_upstream()) return Attempt::final;
+        return std::nullopt;
     }
 
     // A fresh profile stream for the next attempt: the request's own, or while resuming, one
@@ -431,6 +488,7 @@ private:
         if (rc != PULSE_OK) return rc;
         if (stream_) vt_->stream_close(stream_);
         stream_ = fresh;
+        if (!resuming_ && builder_) builder_->restart_trail();
         return rc;
     }
 
@@ -452,7 +510,18 @@ private:
         const auto spent = builder_->spent();
         partial.AddMember("output_tokens", rapidjson::Value(spent.output), a);
         partial.AddMember("reasoning_tokens", rapidjson::Value(spent.reasoning), a);
+        // The token record, so that the backend continues from the very tokens (not the text).
+        resumed_by_ = point->trail ? "by tokens" : "by text (" + (point->no_trail.empty() ? "the backend reports no token ids" : point->no_trail) + ")";
+        if (point->trail) {
+            rapidjson::Value ids(rapidjson::kArrayType), trail(rapidjson::kObjectType);
+            ids.Reserve(static_cast<rapidjson::SizeType>(point->trail->first.size()), a);
+            for (int32_t id : point->trail->first) ids.PushBack(id, a);
+            trail.AddMember("tokens", ids, a);
+            trail.AddMember("raw", rapidjson::Value(point->trail->second.c_str(), static_cast<rapidjson::SizeType>(point->trail->second.size()), a), a);
+            partial.AddMember("trail", trail, a);
+        }
         auto req = std::make_unique<pulse_upstream_req>();
+        req->prepared = upreq_.prepared;
         req->body.call = &call_;
         pulse_status_t rc = vt_->resume(rt_->instance, &call_, host::view(&doc_), host::view(&rt_->view), host::view(&partial), req.get(), fresh);
         req->body.call = nullptr;
@@ -466,6 +535,9 @@ private:
             *fresh = nullptr;
             return rc;
         }
+        // The profile says how it continued (it may go by text even with a record).
+        if (auto n = req->notes.find("resume"); n != req->notes.end()) resumed_by_ = n->second;
+        if (resumed_by_.rfind("by text", 0) == 0) resumed_by_ += ": re-tokenized there, a greedy answer may differ after the seam";
         resume_req_ = std::move(req);
         return PULSE_OK;
     }
@@ -511,7 +583,7 @@ private:
             .add();
         log::warn("responses", id_ + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + "); resuming the response after " +
                                    std::to_string(resumed_from_.first) + " bytes of text and " + std::to_string(resumed_from_.second) +
-                                   " of reasoning on the next endpoint (by text: re-tokenized there, a greedy answer may differ after the seam)");
+                                   " of reasoning on the next endpoint, " + resumed_by_);
         return Attempt::retry;
     }
 
@@ -556,6 +628,8 @@ private:
         InFlight in_flight(*ep.health);
         entry_->attempt(ep.cfg->name);
         fed_ = false;
+        if (!built_)
+            if (auto a = prepare_on(ep)) return *a;
         if (!ep.backend) {
             for (bool fresh = false, resent = false;;) {
                 UpEvent error;
@@ -965,6 +1039,10 @@ private:
     bool resuming_ = false;                           // the response continues an earlier attempt
     std::unique_ptr<pulse_upstream_req> resume_req_;  // the request that continues it (resuming_)
     std::pair<size_t, size_t> resumed_from_;  // the last resume request: bytes of text and of reasoning it continued
+    std::string resumed_by_;                  // "by tokens", or "by text (why)"
+    std::unique_ptr<pulse_upstream_req> prep_req_;  // the profile's preparatory request (SDK 1.3 prepare), if any
+    rapidjson::Document prepared_;                  // its answer, once an endpoint gave it
+    bool built_ = false;                            // upreq_ is written (at once, or after the preparation)
     int resumes_ = 0;
     std::optional<int64_t> budget_;  // the request's reasoning budget, if it has one
     bool budget_enforced_ = false;

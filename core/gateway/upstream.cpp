@@ -135,7 +135,7 @@ struct RequestTarget {
         key = uri.getHost() + ":" + std::to_string(uri.getPort());
         std::string base = uri.getPath();
         while (!base.empty() && base.back() == '/') base.pop_back();
-        path = base + req.path;
+        path = req.root_path ? req.path : base + req.path;
     }
     Poco::URI uri;
     std::string key, path;
@@ -623,6 +623,31 @@ std::string BackendInstance::health(std::string* detail) {
     pulse_status_t rc = vt.health(backend_, &call, &w);
     if (detail) *detail = w.complete() && !w.text().empty() && w.text().front() == '{' ? std::string(w.text()) : std::string();
     return rc == PULSE_OK ? std::string() : host::call_error(call, rc, lease_->plugin_id());
+}
+
+int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts, std::string* answer) {
+    RequestTarget t(ep, req, timeouts);
+    try {
+        Session s(t.uri.getHost(), t.uri.getPort());
+        s.setTimeout(span(timeouts.connect_timeout_s), span(30), span(timeouts.head_timeout_s));
+        Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, t.path, Poco::Net::HTTPMessage::HTTP_1_1);
+        request.setContentType("application/json");
+        request.setContentLength(static_cast<std::streamsize>(t.body.size()));
+        for (const auto& [k, v] : t.headers) request.set(k, v);
+        s.sendRequest(request).write(t.body.data(), static_cast<std::streamsize>(t.body.size()));
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        answer->clear();
+        char buf[16384];
+        // A rendered prompt is about the size of the request: bounded by 64 MiB like a body.
+        while (answer->size() < (64u << 20) && in.read(buf, sizeof buf).gcount() > 0) answer->append(buf, static_cast<size_t>(in.gcount()));
+        return static_cast<int>(resp.getStatus());
+    } catch (const Poco::Exception& e) {
+        *answer = e.displayText();
+    } catch (const std::exception& e) {
+        *answer = e.what();
+    }
+    return 0;
 }
 
 std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,

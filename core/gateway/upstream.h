@@ -73,6 +73,11 @@ public:
     virtual void cancel() = 0;
 };
 
+// A profile's preparatory request (SDK 1.3 prepare): POSTs `req` on a fresh connection,
+// bounded by the connect timeout and upstream.head_timeout_s, and returns the HTTP status (0
+// when the endpoint could not be reached) with the answer's body (or the error) in `answer`.
+int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts, std::string* answer);
+
 // Sends `req` to the endpoint the blocking way (an idle pooled connection unless `fresh`;
 // bounded by the connect timeout) and returns the connection for the stream loop to read the
 // response from. On failure: nullptr and a `failed` (before acceptance) event in `error`.

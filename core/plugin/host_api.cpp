@@ -384,6 +384,13 @@ pulse_status_t d_usage(pulse_delta_sink_t* s, const pulse_usage_t* u) {
     });
 }
 pulse_status_t d_error(pulse_delta_sink_t* s, pulse_status_t st, pulse_str_t m) { return fwd([&] { return s->error(st, sv(m)); }); }
+pulse_status_t d_trail(pulse_delta_sink_t* s, const int32_t* tokens, size_t n, pulse_str_t raw) {
+    return fwd([&] {
+        if (n && !tokens) return PULSE_E_INVALID_ARGUMENT;
+        return s->trail(tokens, n, sv(raw));
+    });
+}
+pulse_status_t d_trail_lost(pulse_delta_sink_t* s, pulse_str_t why) { return fwd([&] { return s->trail_lost(sv(why)); }); }
 
 pulse_status_t c_data(pulse_chunk_sink_t* s, pulse_str_t payload) { return fwd([&] { return s->data(sv(payload)); }); }
 pulse_json_writer_t* c_begin(pulse_chunk_sink_t* s) {
@@ -405,6 +412,8 @@ pulse_status_t r_set_path(pulse_upstream_req_t* r, pulse_str_t p) {
         std::string_view path = sv(p);
         if (path.empty() || path.front() != '/') return PULSE_E_INVALID_ARGUMENT;
         r->path.assign(path);
+        r->path_set = true;
+        r->root_path = false;
         return PULSE_OK;
     });
 }
@@ -417,6 +426,12 @@ pulse_status_t r_add_header(pulse_upstream_req_t* r, pulse_str_t n, pulse_str_t 
         return PULSE_OK;
     });
 }
+pulse_status_t r_set_root_path(pulse_upstream_req_t* r, pulse_str_t p) {
+    pulse_status_t rc = r_set_path(r, p);
+    if (rc == PULSE_OK) r->root_path = true;
+    return rc;
+}
+const pulse_json_t* r_prepared(pulse_upstream_req_t* r) { return r ? r->prepared : nullptr; }
 pulse_json_writer_t* r_body(pulse_upstream_req_t* r) { return &r->body; }
 pulse_status_t r_annotate(pulse_upstream_req_t* r, pulse_str_t k, pulse_str_t v) {
     return fwd([&] {
@@ -467,9 +482,10 @@ const pulse_json_api_t kJson = {
 };
 const pulse_delta_api_t kDelta = {
     sizeof(pulse_delta_api_t), d_text, d_reasoning, d_tool_begin, d_tool_args, d_tool_end, d_finish, d_usage, d_error,
+    d_trail, d_trail_lost,
 };
 const pulse_chunk_api_t kChunk = {sizeof(pulse_chunk_api_t), c_data, c_begin, c_end};
-const pulse_request_api_t kRequest = {sizeof(pulse_request_api_t), r_set_path, r_add_header, r_body, r_annotate};
+const pulse_request_api_t kRequest = {sizeof(pulse_request_api_t), r_set_path, r_add_header, r_body, r_annotate, r_set_root_path, r_prepared};
 
 const pulse_host_api_t kHost = {
     sizeof(pulse_host_api_t),

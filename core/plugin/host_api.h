@@ -100,6 +100,10 @@ struct pulse_delta_sink {
     virtual pulse_status_t finish(pulse_finish_t reason) = 0;
     virtual pulse_status_t usage(const pulse_usage_t& u) = 0;
     virtual pulse_status_t error(pulse_status_t status, std::string_view message) = 0;
+    // 1.3: the backend's token record (delta->trail, delta->trail_lost). A sink that resumes
+    // nothing may ignore it.
+    virtual pulse_status_t trail(const int32_t*, size_t, std::string_view) { return PULSE_OK; }
+    virtual pulse_status_t trail_lost(std::string_view) { return PULSE_OK; }
 };
 
 struct pulse_chunk_sink {
@@ -113,14 +117,18 @@ struct pulse_upstream_req {
     std::vector<std::pair<std::string, std::string>> headers;
     pulse_json_writer body;
     std::map<std::string, std::string> notes;  // request->annotate (1.1)
+    bool path_set = false;                     // the profile set the path (a prepare that sets none asks nothing)
+    bool root_path = false;                    // request->set_root_path (1.3): `path` is from the server's root
+    const pulse_json_t* prepared = nullptr;    // request->prepared (1.3); the session owns the answer
 
     // Empty again, for a request built once more (the body writer points into this object:
-    // it is reset in place, never copied).
+    // it is reset in place, never copied). What was prepared stays.
     void reset() {
         path = "/chat/completions";
         headers.clear();
         body.reset();
         notes.clear();
+        path_set = root_path = false;
     }
 };
 

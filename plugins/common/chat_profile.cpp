@@ -53,12 +53,40 @@ pulse_status_t profile_create(void* dialect, pulse_call_t* call, const pulse_jso
 
 void profile_destroy(void* instance) { delete static_cast<Profile*>(instance); }
 
+// The server's rendered prompt for this request (prepare's answer), when the request goes out as
+// a raw completion (Options::token_resume); else nullopt and the request is a chat one.
+std::optional<std::string_view> rendered_prompt(const Profile& p, const Json& req, const RequestInfo& info, pulse_upstream_req_t* out) {
+    if (!raw_eligible(p.options, req, info) || !PULSE_HAS_FIELD(g_host->request, pulse_request_api_t, prepared)) return std::nullopt;
+    return Json(g_host->json, g_host->request->prepared(out))["prompt"].string();
+}
+
+pulse_status_t profile_prepare(void* instance, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
+                               pulse_upstream_req_t* out) {
+    return guard(g_host, call, [&] {
+        auto& p = *static_cast<Profile*>(instance);
+        Json req(g_host->json, request);
+        auto info = request_info(p.options, req);
+        if (!raw_eligible(p.options, req, info)) return PULSE_OK;  // a chat request: nothing to ask first
+        // llama-server renders the chat request it would have served, at its root.
+        Writer w(g_host->json, g_host->request->body(out));
+        write_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log);
+        g_host->request->set_root_path(out, str("/apply-template"));
+        return PULSE_OK;
+    });
+}
+
 pulse_status_t profile_build_request(void* instance, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
                                      pulse_upstream_req_t* out) {
     return guard(g_host, call, [&] {
         auto& p = *static_cast<Profile*>(instance);
         Json req(g_host->json, request);
         auto info = request_info(p.options, req);
+        if (auto prompt = rendered_prompt(p, req, info, out)) {
+            Writer w(g_host->json, g_host->request->body(out));
+            write_raw_request(p.options, req, Json(g_host->json, model), *prompt, nullptr, w);
+            g_host->request->set_path(out, str("/completions"));
+            return PULSE_OK;
+        }
         for (const auto& t : info.dropped_tools) {
             p.log(PULSE_LOG_INFO, "dropped tool of type '" + t + "': the backend cannot run hosted tools", call);
             if (g_metrics) g_metrics->counter_add(g_ctx, str("pulse_tools_dropped_total"), str("type"), str(t), 1);
@@ -86,8 +114,28 @@ pulse_status_t profile_resume(void* instance, pulse_call_t* call, const pulse_js
         Json req(g_host->json, request);
         Json part(g_host->json, partial);
         Partial resume{std::string(part["text"].string_or("")), std::string(part["reasoning"].string_or("")),
-                       part["output_tokens"].i64().value_or(0), part["reasoning_tokens"].i64().value_or(0)};
+                       part["output_tokens"].i64().value_or(0), part["reasoning_tokens"].i64().value_or(0), {}, {}};
         auto info = request_info(p.options, req);
+        Json trail = part["trail"];
+        if (auto prompt = rendered_prompt(p, req, info, out); prompt && trail["tokens"].size() > 0) {
+            // By tokens: the rendered prompt and every id generated so far; the stream's parser
+            // resumes where the failed one stood.
+            for (size_t i = 0; i < trail["tokens"].size(); ++i) resume.tokens.push_back(static_cast<int32_t>(trail["tokens"].at(i).i64().value_or(-1)));
+            resume.raw = std::string(trail["raw"].string_or(""));
+            Writer w(g_host->json, g_host->request->body(out));
+            write_raw_request(p.options, req, Json(g_host->json, model), *prompt, &resume, w);
+            g_host->request->set_path(out, str("/completions"));
+            g_host->request->annotate(out, str("resume"), str("by tokens (" + std::to_string(resume.tokens.size()) + " generated ids after the rendered prompt)"));
+            auto stream = std::make_unique<Stream>(Stream{ChunkTranslator(g_host, std::move(info))});
+            stream->translator.continue_raw(resume);
+            *out_stream = stream.release();
+            return PULSE_OK;
+        }
+        // With no record the host says why; with one, why it is not used.
+        if (trail["tokens"].size() > 0 && PULSE_HAS_FIELD(g_host->request, pulse_request_api_t, annotate))
+            g_host->request->annotate(out, str("resume"), str(!raw_eligible(p.options, req, info)
+                                                                  ? "by text (this request needs the server's chat handling: a forced tool, a JSON schema, an image or a reasoning budget)"
+                                                                  : "by text (the server's rendered prompt is missing)"));
         Writer w(g_host->json, g_host->request->body(out));
         write_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log, &resume);
         g_host->request->set_path(out, str("/chat/completions"));

@@ -29,6 +29,8 @@ pulse_status_t profile_stream_feed(void* stream, pulse_call_t* call, pulse_str_t
 pulse_status_t profile_stream_finish(void* stream, pulse_call_t* call, pulse_stream_end_t how, pulse_delta_sink_t* sink);
 void profile_stream_close(void* stream);
 pulse_status_t profile_map_error(void* instance, pulse_call_t* call, int32_t status, pulse_str_t body);
+pulse_status_t profile_prepare(void* instance, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
+                               pulse_upstream_req_t* out);
 
 }  // namespace pulse::chat
 
@@ -37,7 +39,7 @@ pulse_status_t profile_map_error(void* instance, pulse_call_t* call, int32_t sta
     {sizeof(pulse_translation_vt_t), NAME, pulse::chat::profile_create, pulse::chat::profile_destroy,             \
      pulse::chat::profile_build_request, pulse::chat::profile_stream_open, pulse::chat::profile_stream_feed,      \
      pulse::chat::profile_stream_finish, pulse::chat::profile_stream_close, pulse::chat::profile_map_error,        \
-     pulse::chat::profile_resume}
+     pulse::chat::profile_resume, pulse::chat::profile_prepare}
 
 // Defines a whole translation-profile plugin around a Dialect: the vtable, init (which binds
 // the host and registers the profile with `user` = &DIALECT), deinit, the info struct and the

@@ -4,11 +4,19 @@
 #include <cstdio>
 
 namespace pulse::chat {
-namespace {
 
-std::string excerpt(std::string_view s, size_t n = 200) {
+std::string excerpt(std::string_view s, size_t n) {
     return s.size() <= n ? std::string(s) : std::string(s.substr(0, n)) + "...";
 }
+
+pulse_finish_t finish_from(std::string_view r) {
+    if (r == "length") return PULSE_FINISH_LENGTH;
+    if (r == "tool_calls" || r == "function_call") return PULSE_FINISH_TOOL_CALLS;
+    if (r == "content_filter") return PULSE_FINISH_CONTENT_FILTER;
+    return PULSE_FINISH_STOP;
+}
+
+namespace {
 
 // The text of a Responses content array (input_text, output_text, summary_text,
 // reasoning_text, refusal parts), or of a plain string.
@@ -144,13 +152,6 @@ void write_function_tool(Writer& w, std::string_view name, std::string_view desc
     w.end_object().end_object();
 }
 
-pulse_finish_t finish_from(std::string_view r) {
-    if (r == "length") return PULSE_FINISH_LENGTH;
-    if (r == "tool_calls" || r == "function_call") return PULSE_FINISH_TOOL_CALLS;
-    if (r == "content_filter") return PULSE_FINISH_CONTENT_FILTER;
-    return PULSE_FINISH_STOP;
-}
-
 bool is_context_error(std::string_view msg) {
     return msg.find("maximum context length") != std::string_view::npos ||
            msg.find("exceed_context_size_error") != std::string_view::npos ||
@@ -216,6 +217,11 @@ Options Options::parse(const Json& cfg, std::string_view profile) {
             auto n = v.i64();
             if (!n || *n < 0 || *n > 1024) bad(key, "an integer 0-1024");
             o.slots = *n;
+        } else if (key == "resume") {
+            auto s = v.string_or("");
+            if (s == "tokens") o.token_resume = true;
+            else if (s == "text") o.token_resume = false;
+            else bad(key, "\"tokens\" or \"text\"");
         } else if (key == "budget_field") {
             auto s = v.string();
             if (!s) bad(key, "a string (\"\" when the backend has no per-request reasoning budget)");
@@ -224,7 +230,7 @@ Options Options::parse(const Json& cfg, std::string_view profile) {
             throw Error(PULSE_E_INVALID_ARGUMENT,
                         std::string(profile) + ": unknown profile option '" + std::string(key) +
                             "' (allowed: thinking, force_tool_choice, namespace_separator, images, chat_template_kwargs, "
-                            "cache_prompt, slots, budget_field)");
+                            "cache_prompt, slots, budget_field, resume)");
         }
     }
     return o;
@@ -259,11 +265,11 @@ RequestInfo request_info(const Options& opt, const Json& req) {
         if (type == "function") {
             std::string name(t["name"].string_or(""));
             if (name.empty()) throw Error(PULSE_E_INVALID_ARGUMENT, "tools[" + std::to_string(i) + "]: function tool without a name");
-            info.tools[name] = {name, "", false};
+            info.tools[name] = {name, "", false, t["parameters"].is_object() ? t["parameters"].dump() : std::string()};
         } else if (type == "custom") {
             std::string name(t["name"].string_or(""));
             if (name.empty()) throw Error(PULSE_E_INVALID_ARGUMENT, "tools[" + std::to_string(i) + "]: custom tool without a name");
-            info.tools[name] = {name, "", true};
+            info.tools[name] = {name, "", true, std::string(kCustomParams)};
         } else if (type == "namespace") {
             std::string ns(t["name"].string_or(""));
             Json members = t["tools"];
@@ -272,7 +278,8 @@ RequestInfo request_info(const Options& opt, const Json& req) {
                 std::string name(m["name"].string_or(""));
                 if (name.empty()) continue;
                 bool custom = m["type"].string_or("function") == "custom";
-                info.tools[flat_name(opt, ns, name)] = {name, ns, custom};
+                info.tools[flat_name(opt, ns, name)] = {name, ns, custom,
+                                                        custom ? std::string(kCustomParams) : m["parameters"].is_object() ? m["parameters"].dump() : std::string()};
             }
         } else {
             info.dropped_tools.push_back(type.empty() ? std::string("(untyped)") : std::string(type));
@@ -466,6 +473,29 @@ std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* 
 
 }  // namespace
 
+void write_sampling(const Options& opt, const Json& req, const Json& model, const Partial* resume, Writer& w) {
+    // sampling: the model's configured defaults, then what the request says
+    Json sampling = model["sampling"];
+    for (std::string_view k : {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty"}) {
+        Json v = req[k].is_number() ? req[k] : sampling[k];
+        if (v.is_number()) w.key(k).copy(v);
+    }
+    Json max_tokens = req["max_output_tokens"].is_number() ? req["max_output_tokens"] : sampling["max_output_tokens"];
+    // A continuation asks for what is left of the limit: the client's budget covers every
+    // attempt together (the host ends the response itself when nothing is left).
+    if (max_tokens.is_number() && resume) w.key("max_tokens").i64(std::max<int64_t>(1, max_tokens.i64().value_or(0) - resume->output_tokens));
+    else if (max_tokens.is_number()) w.key("max_tokens").copy(max_tokens);
+
+    if (opt.cache_prompt) w.key("cache_prompt").boolean(true);
+    if (opt.slots > 0) {
+        if (auto key = req["prompt_cache_key"].string(); key && !key->empty()) {
+            uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across restarts
+            for (unsigned char c : *key) h = (h ^ c) * 1099511628211ull;
+            w.key("id_slot").i64(static_cast<int64_t>(h % static_cast<uint64_t>(opt.slots)));
+        }
+    }
+}
+
 void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
                    const Json& model, const RequestInfo& info, Writer& w, const Log& log, const Partial* resume) {
     w.begin_object();
@@ -601,17 +631,7 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
         w.end_object().end_object();
     }
 
-    // sampling: the model's configured defaults, then what the request says
-    Json sampling = model["sampling"];
-    for (std::string_view k : {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty"}) {
-        Json v = req[k].is_number() ? req[k] : sampling[k];
-        if (v.is_number()) w.key(k).copy(v);
-    }
-    Json max_tokens = req["max_output_tokens"].is_number() ? req["max_output_tokens"] : sampling["max_output_tokens"];
-    // A continuation asks for what is left of the limit: the client's budget covers every
-    // attempt together (the host ends the response itself when nothing is left).
-    if (max_tokens.is_number() && resume) w.key("max_tokens").i64(std::max<int64_t>(1, max_tokens.i64().value_or(0) - resume->output_tokens));
-    else if (max_tokens.is_number()) w.key("max_tokens").copy(max_tokens);
+    write_sampling(opt, req, model, resume, w);
 
     // thinking switch, from the reasoning effort unless the profile pins it
     const bool thinking = thinking_on(opt, req);
@@ -621,16 +641,7 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
     if (!opt.template_kwargs_json.empty()) kwargs += "," + opt.template_kwargs_json;
     w.key("chat_template_kwargs").raw(kwargs + "}");
 
-    if (opt.cache_prompt) w.key("cache_prompt").boolean(true);
     if (opt.token_timings) w.key("timings_per_token").boolean(true);
-    if (opt.slots > 0) {
-        if (auto key = req["prompt_cache_key"].string(); key && !key->empty()) {
-            uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across restarts
-            for (unsigned char c : *key) h = (h ^ c) * 1099511628211ull;
-            w.key("id_slot").i64(static_cast<int64_t>(h % static_cast<uint64_t>(opt.slots)));
-        }
-    }
-
     if (resume) w.key("continue_final_message").boolean(true).key("add_generation_prompt").boolean(false);
     w.key("stream").boolean(true);
     w.key("stream_options").begin_object().key("include_usage").boolean(true).end_object();
@@ -655,6 +666,7 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         if (is_context_error(msg)) return d->error(sink, PULSE_E_CONTEXT_LENGTH, str(msg));
         return host_->set_error(call, PULSE_E_UNAVAILABLE, str("the backend reported an error: " + msg));
     }
+    if (raw_ || chunk["object"].string_or("") == "text_completion") return feed_raw(call, chunk, sink);
     Json timings = chunk["timings"];
     Json choices = chunk["choices"];
     if (auto n = timings["predicted_n"].i64()) {
@@ -755,7 +767,7 @@ std::string ChunkTranslator::Echo::take(std::string_view d) {
 pulse_status_t ChunkTranslator::emit_call(pulse_call_t* call, pulse_delta_sink_t* sink, uint32_t index,
                                           const std::string& backend_name, const std::string& args) {
     const pulse_delta_api_t* d = host_->delta;
-    ToolInfo tool{backend_name, "", false};
+    ToolInfo tool{backend_name, "", false, ""};
     if (auto it = info_.tools.find(backend_name); it != info_.tools.end()) tool = it->second;
     std::string body = args.empty() ? "{}" : args;
     Json parsed(host_->json, host_->json->parse(call, str(body)));
@@ -805,6 +817,7 @@ pulse_status_t ChunkTranslator::finish(pulse_call_t* call, pulse_stream_end_t ho
     if (how != PULSE_STREAM_CLEAN) return PULSE_OK;
     const pulse_delta_api_t* d = host_->delta;
     pulse_status_t s;
+    if (raw_ && (s = finish_raw(call, sink)) != PULSE_OK) return s;
     if (!forced_content_.empty()) {
         Json v(host_->json, host_->json->parse(call, str(forced_content_)));
         std::string name(v["name"].string_or(""));

@@ -9,6 +9,8 @@
 
 #include <pulse/plugin.hpp>
 
+#include "qwen_format.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -44,6 +46,10 @@ struct Options {
     // reasoning.budget_tokens goes there); "" = the backend has none. Unset: the dialect's.
     std::optional<std::string> budget_field;
     std::string budget_requires;  // what the backend needs for the field to work, for the report
+    // profile_options.resume = "tokens" (llama-server): a request the model's own parser can read
+    // (Qwen3.5's output format) goes out as a raw completion of the server's rendered prompt, so
+    // that a resume continues from the very tokens generated, not from re-tokenized text.
+    bool token_resume = false;
 
     // Parses [models.X.profile_options]; throws pulse::Error(INVALID_ARGUMENT) naming the key.
     // `allowed_extra` lists dialect-specific keys the caller handles itself.
@@ -55,6 +61,7 @@ struct ToolInfo {
     std::string name;       // as Codex knows it
     std::string ns;         // namespace ("" for none)
     bool custom = false;    // a `custom` (freeform) tool: call carries raw `input`
+    std::string params;     // its parameters' JSON schema, for typing a raw completion's call values
 };
 using ToolMap = std::map<std::string, ToolInfo>;  // keyed by the backend-side (flattened) name
 
@@ -88,7 +95,22 @@ struct Partial {
     // Tokens the earlier attempts already spent (the partial's output_tokens and
     // .reasoning_tokens): the continuation may spend only what is left of the request's limits.
     int64_t output_tokens = 0, reasoning_tokens = 0;
+    // The backends' token record (partial.trail, SDK 1.3): the ids generated so far and their
+    // raw text. Empty when the host had none: the resume then goes by text.
+    std::vector<int32_t> tokens;
+    std::string raw;
 };
+
+// Whether a request can be served as a raw completion (Options::token_resume): one whose
+// output Pulse parses itself (no tool choice forced through a schema, no JSON-schema answer,
+// no image, no reasoning budget: those need the server's chat handling).
+bool raw_eligible(const Options& opt, const Json& req, const RequestInfo& info);
+
+// Writes the raw completion body (OpenAI /v1/completions, as llama-server serves it): the
+// server's rendered prompt `prompt`, followed by `resume`'s token ids when it continues one, with
+// the request's sampling and limits; `verbose` makes llama-server report each token's id.
+void write_raw_request(const Options& opt, const Json& req, const Json& model, std::string_view prompt, const Partial* resume,
+                       Writer& w);
 
 // Writes the Chat Completions body for a Responses request. `model` is the host's model view
 // ({id, upstream_model, sampling{...}, context_window}). Throws pulse::Error.
@@ -114,8 +136,16 @@ public:
     // assistant message, but repeats it at the start of the stream: a repeat of the whole
     // partial text (or reasoning) in the first deltas is dropped, anything else passes.
     void expect_echo(const Partial& p);
+    // This stream reads a raw completion that continues `p`'s token record: the record's raw
+    // text is parsed again (nothing of it re-emitted but a tool call not yet sent), so the
+    // parser stands where the failed stream's stood.
+    void continue_raw(const Partial& p);
 
 private:
+    pulse_status_t feed_raw(pulse_call_t* call, const Json& chunk, pulse_delta_sink_t* sink);
+    pulse_status_t finish_raw(pulse_call_t* call, pulse_delta_sink_t* sink);
+    pulse_status_t raw_events(pulse_call_t* call, const std::vector<qwen::OutputParser::Event>& events, pulse_delta_sink_t* sink);
+
     // An expected repeat of what the client already has, on one channel.
     struct Echo {
         std::string left;  // not yet matched
@@ -143,7 +173,20 @@ private:
     int64_t generated_ = -1;
     bool per_token_ = false;
     std::optional<int64_t> thought_;
+    // A raw completion (text_completion chunks): Pulse's own parser reads the model's text.
+    std::optional<qwen::OutputParser> raw_;
+    int64_t raw_tokens_ = 0, raw_thought_ = 0;  // this stream's ids, and how many were thinking
+    uint32_t raw_calls_ = 0;
+    bool trail_lost_ = false;
 };
+
+// The request's sampling fields, token limit (what is left of it for a continuation) and
+// llama-server's cache_prompt / id_slot: the same in a chat and a raw completion request.
+void write_sampling(const Options& opt, const Json& req, const Json& model, const Partial* resume, Writer& w);
+
+// A chunk's finish_reason as the SDK says it; the start of a long text, for messages.
+pulse_finish_t finish_from(std::string_view reason);
+std::string excerpt(std::string_view s, size_t n = 200);
 
 // Classifies an upstream HTTP error body (vLLM and llama-server shapes).
 pulse_status_t map_http_error(const pulse_host_api_t* host, pulse_call_t* call, int32_t status, std::string_view body);

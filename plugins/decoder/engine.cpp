@@ -14,9 +14,11 @@
 #include <omp.h>
 #endif
 
-#include "chat_format.h"
+#include "qwen_format.h"
 
 namespace pulse::decoder {
+using qwen::OutputParser;
+using qwen::render_chat;
 
 int32_t Sampler::sample(const float* logits, int64_t n) {
     if (p_.temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);

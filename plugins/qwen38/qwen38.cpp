@@ -15,6 +15,8 @@ namespace {
 void adjust(pulse::chat::Options& o, const pulse::Json&) {
     if (o.cache_prompt || o.slots)
         throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "qwen38: cache_prompt and slots are llama-server options (profile llamacpp)");
+    if (o.token_resume)
+        throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "qwen38: resume = \"tokens\" is a llama-server option (profile llamacpp); vLLM answers are resumed by text");
     o.history_reasoning_field = "reasoning_content";
     // vLLM caps reasoning per request with thinking_token_budget once it knows the model's
     // reasoning markers: --reasoning-config, or (newer vLLM) derived from --reasoning-parser. A

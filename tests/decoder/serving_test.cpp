@@ -12,13 +12,14 @@
 
 #include <rapidjson/document.h>
 
-#include "chat_format.h"
+#include "qwen_format.h"
 #include "engine.h"
 #include "support/forwarding_device.h"
 #include "support/gateway_harness.h"
 #include "synthetic.h"
 
 using namespace pulse::decoder;
+using namespace pulse::qwen;
 using namespace pulse::test;
 namespace fs = std::filesystem;
 

@@ -260,3 +260,98 @@ TEST_CASE("a profile whose resume fails: the response ends failed, never complet
         CHECK(gw.log().find("resume refused on purpose") != std::string::npos);
     }
 }
+
+// profile_options.resume = "tokens" (llamacpp): the request goes out as a raw completion of the
+// prompt llama-server renders (/apply-template, asked first at the server's root), the stream's
+// token ids are kept, and a resume sends the rendered prompt followed by exactly those ids. The
+// fake checks that the ids it is given are the ones it generated (else it answers 400).
+namespace {
+rapidjson::Document request_json(const FakeBackend& b, size_t n) {
+    auto reqs = b.requests();
+    REQUIRE(reqs.size() > n);
+    rapidjson::Document d;
+    d.Parse(reqs[n].c_str());
+    return d;
+}
+}  // namespace
+
+TEST_CASE("resume = \"tokens\": the continuation is the rendered prompt and the very ids generated, in text and in reasoning") {
+    const std::string thinking = "First I look at the file then I decide what to change.";
+    const std::string tokens_toml = "profile_options = { resume = \"tokens\" }\n";
+    SUBCASE("in the text") {
+        FakeBackend a(script(R"("die_after":4,"content":")" + kAnswer + "\""), "llamacpp"), b(script(R"("content":")" + kAnswer + "\""), "llamacpp");
+        Gateway gw(model_toml({a.url(), b.url()}, "llamacpp", tokens_toml), "", kUpstream, "[warmup]\nenabled = false\n");
+        std::string body = std::regex_replace(kRequest, std::regex(R"("store":false)"), R"("store":false,"reasoning":{"effort":"none"})");
+        Stream st = check_stream(post(gw.port, "/v1/responses", body).body);
+        CHECK(st.terminal == "response.completed");
+        REQUIRE(st.items.size() == 1);
+        CHECK(message_text(st, 0) == kAnswer);
+        // a: the template call, then the raw completion of what it rendered.
+        auto prep = request_json(a, 0);
+        CHECK(prep.HasMember("messages"));
+        auto first = request_json(a, 1);
+        REQUIRE(first["prompt"].IsString());
+        CHECK(std::string(first["prompt"].GetString()).find("<|im_start|>assistant\n<think>\n\n</think>\n\n") != std::string::npos);
+        CHECK(first["verbose"].IsTrue());
+        // b: no template call (the rendered prompt is reused), the prompt and a's four ids.
+        auto cont = request_json(b, 0);
+        REQUIRE(cont["prompt"].IsArray());
+        REQUIRE(cont["prompt"].Size() == 5);
+        CHECK(std::string(cont["prompt"][0].GetString()) == first["prompt"].GetString());
+        for (rapidjson::SizeType i = 1; i < 5; ++i) CHECK(cont["prompt"][i].GetInt() == static_cast<int>(999 + i));
+        CHECK((*st.response)["usage"]["output_tokens"].GetInt64() == 13);  // 4 from a, 9 from b
+        CHECK(gw.log().find("by tokens (4 generated ids") != std::string::npos);
+    }
+    SUBCASE("in the reasoning, and past its end") {
+        const std::string turn = R"("reasoning":")" + thinking + R"(","content":"Done.")";
+        FakeBackend a(script(R"("die_after":3,)" + turn), "llamacpp"), b(script(turn), "llamacpp");
+        Gateway gw(model_toml({a.url(), b.url()}, "llamacpp", tokens_toml), "", kUpstream, "[warmup]\nenabled = false\n");
+        Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+        CHECK(st.terminal == "response.completed");
+        REQUIRE(st.items.size() == 2);
+        CHECK(reasoning_summary(st, 0) == thinking);
+        CHECK(message_text(st, 1) == "Done.");
+        const auto& u = (*st.response)["usage"];
+        CHECK(u["output_tokens"].GetInt64() == 13 + 1);                               // 12 words, the end of the block, "Done."
+        CHECK(u["output_tokens_details"]["reasoning_tokens"].GetInt64() == 12 + 1);  // counted token by token
+    }
+    SUBCASE("a token sent without its id (a character split across tokens): the resume goes by text, and says why") {
+        FakeBackend a(script(R"("die_after":6,"hole_at":2,"content":")" + kAnswer + "\""), "llamacpp"),
+            b(script(R"("content":")" + kAnswer + "\""), "llamacpp");
+        Gateway gw(model_toml({a.url(), b.url()}, "llamacpp", tokens_toml), "", kUpstream, "[warmup]\nenabled = false\n");
+        std::string body = std::regex_replace(kRequest, std::regex(R"("store":false)"), R"("store":false,"reasoning":{"effort":"none"})");
+        Stream st = check_stream(post(gw.port, "/v1/responses", body).body);
+        CHECK(st.terminal == "response.completed");
+        REQUIRE(st.items.size() == 1);
+        CHECK(message_text(st, 0) == kAnswer);
+        auto cont = request_json(b, 0);
+        CHECK(cont.HasMember("messages"));  // a chat continuation of the text
+        CHECK(cont["continue_final_message"].IsTrue());
+        CHECK(gw.log().find("by text (the backend generated 4 tokens and reported the ids of 3)") != std::string::npos);
+    }
+    SUBCASE("a request that needs the server's chat handling (a forced tool) is a chat request, resumed by text") {
+        FakeBackend a(script(R"("die_after":2,"content":")" + kAnswer + "\""), "llamacpp"), b(script(R"("content":")" + kAnswer + "\""), "llamacpp");
+        Gateway gw(model_toml({a.url(), b.url()}, "llamacpp", tokens_toml), "", kUpstream, "[warmup]\nenabled = false\n");
+        auto first = [&] {
+            std::string body = R"({"model":"m","stream":true,"store":false,"input":"x","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":"required"})";
+            post(gw.port, "/v1/responses", body);
+            return request_json(a, 0);
+        }();
+        CHECK(first.HasMember("messages"));  // no template call first
+        CHECK(!first.HasMember("prompt"));
+    }
+}
+
+TEST_CASE("resume = \"tokens\": a server that cannot render the prompt fails over like any failed request") {
+    // b answers the template call with a 404 (an older llama-server, or another server behind
+    // the URL): the request is served by a, which renders it.
+    FakeBackend a(script(R"("content":")" + kAnswer + "\""), "llamacpp"), b(script(R"("content":")" + kAnswer + "\""));  // b: vLLM flavor, no /apply-template
+    Gateway gw(model_toml({b.url(), a.url()}, "llamacpp", "profile_options = { resume = \"tokens\" }\n"), "", kUpstream,
+               "[warmup]\nenabled = false\n");
+    Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+    CHECK(st.terminal == "response.completed");
+    REQUIRE(st.items.size() == 1);
+    CHECK(message_text(st, 0) == kAnswer);
+    CHECK(request_json(a, 1)["prompt"].IsString());
+    CHECK(gw.log().find("endpoint a refused the request") != std::string::npos);
+}

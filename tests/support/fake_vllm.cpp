@@ -231,6 +231,95 @@ std::chrono::steady_clock::time_point next_step(int64_t step_ms) {
 
 class Handler : public Poco::Net::HTTPRequestHandler {
 public:
+    // llama-server's /apply-template: the chat request rendered as the prompt it would complete
+    // (here a stand-in: the messages' text and the generation prompt the thinking switch picks).
+    static std::string rendered(const rapidjson::Value& rq) {
+        std::string p;
+        if (rq.IsObject() && rq.HasMember("messages") && rq["messages"].IsArray())
+            for (const auto& m : rq["messages"].GetArray())
+                if (m.IsObject() && m.HasMember("content") && m["content"].IsString())
+                    p += "<|im_start|>" + get_str(m, "role") + "\n" + m["content"].GetString() + "<|im_end|>\n";
+        const bool thinking = !(rq.IsObject() && rq.HasMember("chat_template_kwargs") && rq["chat_template_kwargs"].IsObject() &&
+                                rq["chat_template_kwargs"].HasMember("enable_thinking") && rq["chat_template_kwargs"]["enable_thinking"].IsFalse());
+        return p + "<|im_start|>assistant\n" + (thinking ? "<think>\n" : "<think>\n\n</think>\n\n");
+    }
+    void apply_template(const rapidjson::Value& rq, Poco::Net::HTTPServerResponse& resp) {
+        std::string b = R"({"prompt":)" + quote(rendered(rq)) + "}";
+        resp.setContentType("application/json");
+        resp.sendBuffer(b.data(), b.size());
+    }
+
+    // llama-server's /v1/completions, as a raw completion for a token-exact resume reads it: the
+    // model's whole output is the turn's reasoning, "\n</think>\n\n" and its content (or the
+    // content alone when the prompt closed the thinking block), one word a token, token i having
+    // id 1000 + i. A prompt array [text, ids...] continues after those ids, which must be the
+    // script's own (else a 400 naming the first wrong one). With "verbose" each chunk carries
+    // __verbose {tokens, tokens_predicted}. Turn options: die_after (on a plain prompt only, as a
+    // drop), "hole_at": N (the chunk of token N is not sent, as llama-server sends none for a token
+    // that ends inside a UTF-8 character: the next chunk carries its text, not its id).
+    void raw_completion(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp, const rapidjson::Value& rq,
+                        const rapidjson::Value& turn) {
+        const auto& prompt = rq["prompt"];
+        std::string text = prompt.IsString() ? prompt.GetString() : prompt.IsArray() && prompt.Size() && prompt[0].IsString() ? prompt[0].GetString() : "";
+        std::vector<std::string> toks;
+        const std::string closed = "</think>\n\n";  // the thinking block the template closed itself
+        if (text.size() < closed.size() || text.compare(text.size() - closed.size(), closed.size(), closed) != 0) {
+            for (auto& w : words(get_str(turn, "reasoning"))) toks.push_back(w);
+            toks.push_back("\n</think>\n\n");
+        }
+        for (auto& w : words(get_str(turn, "content"))) toks.push_back(w);
+        size_t from = 0;
+        if (prompt.IsArray())
+            for (rapidjson::SizeType i = 1; i < prompt.Size(); ++i, ++from)
+                if (!prompt[i].IsInt() || prompt[i].GetInt() != static_cast<int>(1000 + from)) {
+                    std::string b = R"({"error":{"code":400,"message":"fake: the continuation's token )" + std::to_string(from) +
+                                    R"( is not the script's","type":"invalid_request_error"}})";
+                    resp.setStatus(Poco::Net::HTTPResponse::HTTP_BAD_REQUEST);
+                    resp.setContentType("application/json");
+                    resp.sendBuffer(b.data(), b.size());
+                    return;
+                }
+        const bool verbose = rq.HasMember("verbose") && rq["verbose"].IsTrue();
+        const int64_t max_tokens = get_int(rq, "max_tokens", -1);
+        const int64_t die_after = prompt.IsString() ? get_int(turn, "die_after", -1) : -1;
+        const int64_t hole = prompt.IsString() ? get_int(turn, "hole_at", -1) : -1;
+        const int64_t step = get_int(g_script, "step_ms", 0);
+        resp.setContentType("text/event-stream");
+        resp.setChunkedTransferEncoding(true);
+        std::ostream& out = resp.send();
+        auto chunk = [&](const std::string& t, const std::string& finish, const std::string& tail) {
+            out << R"(data: {"object":"text_completion","choices":[{"text":)" << quote(t) << R"(,"index":0,"logprobs":null,"finish_reason":)"
+                << finish << "}]" << tail << "}\n\n";
+            out.flush();
+        };
+        int64_t n = 0;
+        std::string pending;
+        for (size_t i = from; i < toks.size(); ++i) {
+            if (max_tokens >= 0 && n >= max_tokens) break;
+            if (n == die_after) {
+                ::shutdown(static_cast<Poco::Net::HTTPServerRequestImpl&>(req).socket().impl()->sockfd(), SHUT_RDWR);
+                resp.setKeepAlive(false);
+                return;
+            }
+            ++n;
+            if (step) std::this_thread::sleep_until(next_step(step));
+            if (static_cast<int64_t>(i) == hole) {
+                pending += toks[i];
+                continue;
+            }
+            chunk(pending + toks[i], "null",
+                  verbose ? R"(,"__verbose":{"tokens":[)" + std::to_string(1000 + i) + R"(],"tokens_predicted":)" + std::to_string(n) + "}" : "");
+            pending.clear();
+        }
+        const bool cut = from + static_cast<size_t>(n) < toks.size();
+        const int64_t ptok = static_cast<int64_t>(words(text).size() + from);
+        chunk("", cut ? R"("length")" : R"("stop")",
+              R"(,"usage":{"completion_tokens":)" + std::to_string(n) + R"(,"prompt_tokens":)" + std::to_string(ptok) +
+                  R"(,"total_tokens":)" + std::to_string(n + ptok) + R"(,"prompt_tokens_details":{"cached_tokens":0}})");
+        out << "data: [DONE]\n\n";
+        out.flush();
+    }
+
     void handleRequest(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp) override {
         std::string path = req.getURI();
         if (still_loading()) {
@@ -295,6 +384,17 @@ public:
                 picked = &t;
         const auto& turn = picked ? *picked
                                   : turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
+        if (g_flavor == "llamacpp" && path == "/apply-template") return apply_template(rq, resp);
+        if (path == "/apply-template") {  // vLLM has no such route
+            std::string b = R"({"detail":"Not Found"})";
+            resp.setStatus(Poco::Net::HTTPResponse::HTTP_NOT_FOUND);
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            return;
+        }
+        if (g_flavor == "llamacpp" && rq.IsObject() && rq.HasMember("prompt") && path.size() >= 12 &&
+            path.compare(path.size() - 12, 12, "/completions") == 0)
+            return raw_completion(req, resp, rq, turn);
         // llama-server started without a vision projector (--mmproj): an image is a 500, every time.
         auto has_image = [&] {
             if (!rq.IsObject() || !rq.HasMember("messages") || !rq["messages"].IsArray()) return false;

@@ -35,6 +35,12 @@
  *                    that an in-process backend enforces, so the host does not report a budget
  *                    as enforced by a field the backend ignores; annotate key
  *                    "reasoning_budget_field" names the field a profile wrote.
+ *   1.3  2026-12-04  Token-exact resume. pulse_translation_vt_t.prepare: a preparatory request
+ *                    the host sends before the request itself (e.g. llama-server's
+ *                    /apply-template), its answer read back with request->prepared.
+ *                    request->set_root_path: a path from the server's root, not the base URL.
+ *                    delta->trail / delta->trail_lost: the generated token ids and the
+ *                    backend's raw text, handed to resume as partial.trail.
  */
 #ifndef PULSE_PLUGIN_H
 #define PULSE_PLUGIN_H
@@ -48,7 +54,7 @@ extern "C" {
 #endif
 
 #define PULSE_ABI_MAJOR 1
-#define PULSE_ABI_MINOR 2
+#define PULSE_ABI_MINOR 3
 
 /* A plugin may define PULSE_TARGET_ABI_MINOR before including this header to declare the
  * oldest host minor it runs on; it then must not use fields newer than that minor without
@@ -263,6 +269,18 @@ typedef struct pulse_delta_api {
     pulse_status_t (*usage)(pulse_delta_sink_t* s, const pulse_usage_t* u);
     /* The upstream reported an error inside the stream. */
     pulse_status_t (*error)(pulse_delta_sink_t* s, pulse_status_t status, pulse_str_t message);
+
+    /* ---- 1.3 ---- */
+
+    /* The backend's own record of this stream's output, for a token-exact resume: the token ids
+     * it generated (`n` of them, in order) and its raw text for them (tags and text the
+     * profile holds back included), appended to what earlier calls reported. The host keeps the
+     * record of every attempt that reached the client and hands it to resume as
+     * partial.trail = {"tokens": [...], "raw": "..."}. Report a chunk's trail after its deltas. */
+    pulse_status_t (*trail)(pulse_delta_sink_t* s, const int32_t* tokens, size_t n, pulse_str_t raw);
+    /* The record has a hole (the backend generated a token it did not report): the response
+     * can then only be resumed by text; `why` is logged with the resume. */
+    pulse_status_t (*trail_lost)(pulse_delta_sink_t* s, pulse_str_t why);
 } pulse_delta_api_t;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -299,6 +317,15 @@ typedef struct pulse_request_api {
      * itself, so that an in-process backend that does not list it in budget_fields is reported
      * as not enforcing it. Copies both; last value per key wins. */
     pulse_status_t (*annotate)(pulse_upstream_req_t* r, pulse_str_t key, pulse_str_t value);
+
+    /* ---- 1.3 ---- */
+
+    /* A path from the server's root, whatever path the endpoint's base URL has (llama-server
+     * serves /completion and /apply-template only there). Replaces set_path's. */
+    pulse_status_t (*set_root_path)(pulse_upstream_req_t* r, pulse_str_t path);
+    /* In build_request and resume: the JSON answer to the request `prepare` wrote (NULL when
+     * the profile asked for none). Borrowed for the call. */
+    const pulse_json_t* (*prepared)(pulse_upstream_req_t* r);
 } pulse_request_api_t;
 
 /* ---------------------------------------------------------------------------------------- */
@@ -345,7 +372,9 @@ typedef struct pulse_translation_vt {
      * another endpoint. `partial` is what the client has received of the answer so far, a JSON
      * object {"text": string, "reasoning": string} (the output text and the reasoning text,
      * each in the order it was sent; either may be empty; never a tool call: a response that
-     * showed one is not resumed). Write into `out`, as build_request does, a request that makes
+     * showed one is not resumed; the host also gives "output_tokens" and "reasoning_tokens",
+     * what the earlier attempts spent, and from 1.3 "trail" when every attempt reported a whole
+     * one: see delta->trail). Write into `out`, as build_request does, a request that makes
      * a backend continue right after that output (for Chat Completions backends: the partial
      * answer as a trailing assistant message the server continues), and open in `*out_stream`
      * the stream that reads the answer (fed, finished and closed like one from stream_open; it
@@ -354,6 +383,18 @@ typedef struct pulse_translation_vt {
     pulse_status_t (*resume)(void* instance, pulse_call_t* call, const pulse_json_t* request,
                              const pulse_json_t* model, const pulse_json_t* partial,
                              pulse_upstream_req_t* out, void** out_stream);
+
+    /* ---- 1.3 ---- */
+
+    /* [any-thread] Optional. Called before build_request: write into `out` a request (path and
+     * JSON body, POSTed) whose answer build_request needs, or leave its path unset when this
+     * request needs none. The host sends it, once per response, to the endpoint about to serve
+     * the request (HTTP endpoints only: an in-process backend is not asked), fails over like
+     * any request when that endpoint fails or answers a non-2xx, and hands the JSON answer to
+     * build_request and resume through request->prepared. A resume on another endpoint reuses
+     * it: it must depend on the model, not on the endpoint. NULL: never. */
+    pulse_status_t (*prepare)(void* instance, pulse_call_t* call, const pulse_json_t* request,
+                              const pulse_json_t* model, pulse_upstream_req_t* out);
 } pulse_translation_vt_t;
 
 /* Backend: an in-process engine speaking the upstream dialect (Chat Completions request in,

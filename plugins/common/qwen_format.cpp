@@ -1,4 +1,4 @@
-#include "chat_format.h"
+#include "qwen_format.h"
 
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace pulse::decoder {
+namespace pulse::qwen {
 
 namespace {
 
@@ -308,4 +308,4 @@ std::vector<OutputParser::Event> OutputParser::finish() {
     return out;
 }
 
-}  // namespace pulse::decoder
+}  // namespace pulse::qwen

@@ -9,7 +9,7 @@
 
 #include <rapidjson/document.h>
 
-namespace pulse::decoder {
+namespace pulse::qwen {
 
 // `request` is a Chat Completions body: messages (system/developer, user, assistant with
 // content, reasoning_content and tool_calls, tool), tools, chat_template_kwargs.enable_thinking
@@ -53,4 +53,4 @@ private:
     bool strip_newlines_ = false;
 };
 
-}  // namespace pulse::decoder
+}  // namespace pulse::qwen
