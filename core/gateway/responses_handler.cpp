@@ -797,7 +797,9 @@ private:
                 outcome_ = builder_->ended() ? (builder_->failure() ? Outcome::failed : Outcome::completed)
                                              : outcome_of(builder_->end(PULSE_STREAM_CLEAN));
                 if (outcome_ == Outcome::completed || outcome_ == Outcome::incomplete) {
-                    gw_.prefixes_->remember(model_id_, conversation_, upreq_.body.text());
+                    // Replays go to the chat path: a raw completion (resume = "tokens") is not kept.
+                    if (upreq_.path == "/chat/completions" && !upreq_.root_path)
+                        gw_.prefixes_->remember(model_id_, conversation_, upreq_.body.text());
                     if (gw_.warmer_ && !ep.backend) {
                         gw_.warmer_->served(*ep.cfg, ep.health);
                         if (auto u = builder_->usage_totals(); u.reported) gw_.warmer_->first_turn(*ep.cfg, *ep.health, u.input, u.cached);

@@ -55,9 +55,11 @@ void profile_destroy(void* instance) { delete static_cast<Profile*>(instance); }
 
 // The server's rendered prompt for this request (prepare's answer), when the request goes out as
 // a raw completion (Options::token_resume); else nullopt and the request is a chat one.
-std::optional<std::string_view> rendered_prompt(const Profile& p, const Json& req, const RequestInfo& info, pulse_upstream_req_t* out) {
+std::optional<Json> rendered_prompt(const Profile& p, const Json& req, const RequestInfo& info, pulse_upstream_req_t* out) {
     if (!raw_eligible(p.options, req, info) || !PULSE_HAS_FIELD(g_host->request, pulse_request_api_t, prepared)) return std::nullopt;
-    return Json(g_host->json, g_host->request->prepared(out))["prompt"].string();
+    Json prepared(g_host->json, g_host->request->prepared(out));
+    if (!has_rendered_prompt(p.options, prepared)) return std::nullopt;
+    return prepared;
 }
 
 pulse_status_t profile_prepare(void* instance, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
@@ -66,11 +68,12 @@ pulse_status_t profile_prepare(void* instance, pulse_call_t* call, const pulse_j
         auto& p = *static_cast<Profile*>(instance);
         Json req(g_host->json, request);
         auto info = request_info(p.options, req);
-        if (!raw_eligible(p.options, req, info)) return PULSE_OK;  // a chat request: nothing to ask first
-        // llama-server renders the chat request it would have served, at its root.
+        if (!raw_eligible(p.options, req, info) || !PULSE_HAS_FIELD(g_host->request, pulse_request_api_t, set_root_path))
+            return PULSE_OK;  // a chat request: nothing to ask first
+        // The server renders the chat request it would have served.
         Writer w(g_host->json, g_host->request->body(out));
-        write_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log);
-        g_host->request->set_root_path(out, str("/apply-template"));
+        write_render_request(g_host, call, p.options, req, Json(g_host->json, model), info, w, p.log);
+        g_host->request->set_root_path(out, str(render_path(p.options)));
         return PULSE_OK;
     });
 }

@@ -497,7 +497,7 @@ void write_sampling(const Options& opt, const Json& req, const Json& model, cons
 }
 
 void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
-                   const Json& model, const RequestInfo& info, Writer& w, const Log& log, const Partial* resume) {
+                   const Json& model, const RequestInfo& info, Writer& w, const Log& log, const Partial* resume, bool render_only) {
     w.begin_object();
     w.kv("model", model["upstream_model"].string_or(model["id"].string_or("")));
 
@@ -621,6 +621,19 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
         if (auto p = req["parallel_tool_calls"].boolean()) w.key("parallel_tool_calls").boolean(*p);
     }
 
+    // thinking switch, from the reasoning effort unless the profile pins it
+    const bool thinking = thinking_on(opt, req);
+    std::string kwargs = "{\"enable_thinking\":" + std::string(thinking ? "true" : "false");
+    if (!opt.template_kwargs_json.empty()) kwargs += "," + opt.template_kwargs_json;
+    kwargs += "}";
+    if (render_only) {  // what the chat template needs, nothing else (vLLM's /tokenize)
+        w.key("chat_template_kwargs").raw(kwargs);
+        w.key("add_generation_prompt").boolean(true);
+        w.end_object();
+        if (!w.ok()) throw Error(PULSE_E_INTERNAL, "writing the upstream request failed");
+        return;
+    }
+
     // Codex --output-schema: a JSON-schema constrained final answer.
     Json format = req["text"]["format"];
     if (!forced_schema && format["type"].string_or("") == "json_schema") {
@@ -633,13 +646,9 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
 
     write_sampling(opt, req, model, resume, w);
 
-    // thinking switch, from the reasoning effort unless the profile pins it
-    const bool thinking = thinking_on(opt, req);
     if (auto budget = req["reasoning"]["budget_tokens"].i64(); budget && thinking && opt.budget_field && !opt.budget_field->empty())
         w.key(*opt.budget_field).i64(resume ? std::max<int64_t>(0, *budget - resume->reasoning_tokens) : *budget);
-    std::string kwargs = "{\"enable_thinking\":" + std::string(thinking ? "true" : "false");
-    if (!opt.template_kwargs_json.empty()) kwargs += "," + opt.template_kwargs_json;
-    w.key("chat_template_kwargs").raw(kwargs + "}");
+    w.key("chat_template_kwargs").raw(kwargs);
 
     if (opt.token_timings) w.key("timings_per_token").boolean(true);
     if (resume) w.key("continue_final_message").boolean(true).key("add_generation_prompt").boolean(false);

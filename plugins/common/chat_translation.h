@@ -50,6 +50,10 @@ struct Options {
     // (Qwen3.5's output format) goes out as a raw completion of the server's rendered prompt, so
     // that a resume continues from the very tokens generated, not from re-tokenized text.
     bool token_resume = false;
+    // How the server renders a prompt and reports token ids (set by the dialect): llama-server
+    // (/apply-template gives the prompt text; `verbose` gives each chunk's id) or vLLM (/tokenize
+    // gives the prompt's ids; `return_token_ids` each chunk's ids).
+    enum class Server { llama_server, vllm } server = Server::llama_server;
 
     // Parses [models.X.profile_options]; throws pulse::Error(INVALID_ARGUMENT) naming the key.
     // `allowed_extra` lists dialect-specific keys the caller handles itself.
@@ -106,11 +110,20 @@ struct Partial {
 // no image, no reasoning budget: those need the server's chat handling).
 bool raw_eligible(const Options& opt, const Json& req, const RequestInfo& info);
 
-// Writes the raw completion body (OpenAI /v1/completions, as llama-server serves it): the
-// server's rendered prompt `prompt`, followed by `resume`'s token ids when it continues one, with
-// the request's sampling and limits; `verbose` makes llama-server report each token's id.
-void write_raw_request(const Options& opt, const Json& req, const Json& model, std::string_view prompt, const Partial* resume,
+// Writes the raw completion body (OpenAI /v1/completions): the server's rendered prompt (from
+// `prepared`), followed by `resume`'s token ids when it continues one, with the request's
+// sampling and limits, and the switch that makes the server report each token's id.
+void write_raw_request(const Options& opt, const Json& req, const Json& model, const Json& prepared, const Partial* resume,
                        Writer& w);
+
+// The server's rendered prompt in `prepared` (prepare's answer): llama-server's {"prompt": text},
+// vLLM's {"tokens": [ids]}. False when it has neither.
+bool has_rendered_prompt(const Options& opt, const Json& prepared);
+
+// The preparatory request that renders a request's prompt on the server (prepare).
+void write_render_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req, const Json& model,
+                          const RequestInfo& info, Writer& w, const Log& log);
+std::string_view render_path(const Options& opt);
 
 // Writes the Chat Completions body for a Responses request. `model` is the host's model view
 // ({id, upstream_model, sampling{...}, context_window}). Throws pulse::Error.
@@ -118,9 +131,11 @@ void write_raw_request(const Options& opt, const Json& req, const Json& model, s
 // With `resume`, the body asks the backend to continue that partial answer: it is the last
 // message, an assistant message the server continues instead of closing (vLLM and llama-server
 // both read `continue_final_message: true` with `add_generation_prompt: false`).
+// With `render_only`, only what the chat template reads (model, messages, tools,
+// chat_template_kwargs, add_generation_prompt): the body of vLLM's /tokenize.
 void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
                    const Json& model, const RequestInfo& info, Writer& w, const Log& log,
-                   const Partial* resume = nullptr);
+                   const Partial* resume = nullptr, bool render_only = false);
 
 // Streaming side: one upstream payload at a time -> deltas.
 class ChunkTranslator {

@@ -53,22 +53,51 @@ bool raw_eligible(const Options& opt, const Json& req, const RequestInfo& info) 
     return !has_image(req["input"]);
 }
 
-void write_raw_request(const Options& opt, const Json& req, const Json& model, std::string_view prompt, const Partial* resume,
+bool has_rendered_prompt(const Options& opt, const Json& prepared) {
+    return opt.server == Options::Server::llama_server ? prepared["prompt"].is_string() : prepared["tokens"].size() > 0;
+}
+
+std::string_view render_path(const Options& opt) {
+    // Both at the server's root, whatever prefix its OpenAI routes have.
+    return opt.server == Options::Server::llama_server ? "/apply-template" : "/tokenize";
+}
+
+void write_render_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req, const Json& model,
+                          const RequestInfo& info, Writer& w, const Log& log) {
+    // llama-server's /apply-template takes the chat request itself; vLLM's /tokenize the parts
+    // its chat template reads (it logs every other field as ignored).
+    write_request(host, call, opt, req, model, info, w, log, nullptr, opt.server == Options::Server::vllm);
+}
+
+void write_raw_request(const Options& opt, const Json& req, const Json& model, const Json& prepared, const Partial* resume,
                        Writer& w) {
     w.begin_object();
     w.kv("model", model["upstream_model"].string_or(model["id"].string_or("")));
-    // The rendered prompt is tokenized by the server exactly as its chat endpoint would (special
-    // tokens parsed); a continuation's ids follow it unchanged (a mixed prompt array).
     w.key("prompt");
-    if (resume && !resume->tokens.empty()) {
-        w.begin_array().string(prompt);
-        for (int32_t id : resume->tokens) w.i64(id);
-        w.end_array();
+    if (opt.server == Options::Server::llama_server) {
+        // The rendered text is tokenized by the server exactly as its chat endpoint would (special
+        // tokens parsed); a continuation's ids follow it unchanged (a mixed prompt array).
+        std::string_view text = prepared["prompt"].string_or("");
+        if (resume && !resume->tokens.empty()) {
+            w.begin_array().string(text);
+            for (int32_t id : resume->tokens) w.i64(id);
+            w.end_array();
+        } else {
+            w.string(text);
+        }
     } else {
-        w.string(prompt);
+        // vLLM: the prompt's ids as its chat endpoint tokenized them, then the continuation's.
+        Json ids = prepared["tokens"];
+        w.begin_array();
+        for (size_t i = 0; i < ids.size(); ++i) w.copy(ids.at(i));
+        if (resume)
+            for (int32_t id : resume->tokens) w.i64(id);
+        w.end_array();
     }
     write_sampling(opt, req, model, resume, w);
-    w.key("verbose").boolean(true);  // llama-server: every chunk carries its token id
+    // Every chunk carries its token ids: llama-server's `verbose` (__verbose.tokens), vLLM's
+    // return_token_ids (choices[0].token_ids).
+    w.key(opt.server == Options::Server::llama_server ? "verbose" : "return_token_ids").boolean(true);
     w.key("stream").boolean(true);
     w.key("stream_options").begin_object().key("include_usage").boolean(true).end_object();
     w.end_object();
@@ -131,7 +160,12 @@ pulse_status_t ChunkTranslator::feed_raw(pulse_call_t* call, const Json& chunk, 
         }
         if (auto f = choice["finish_reason"].string()) finish_ = finish_from(*f);
     }
-    if (Json u = chunk["usage"]; u.is_object()) {
+    if (Json u = chunk["usage"]; !u.is_object() && choice.present()) {
+        // The counts so far, exact at any point: a stream that breaks before its usage has its
+        // output and reasoning tokens counted from the ids, not guessed from its deltas.
+        pulse_usage_t usage{sizeof(pulse_usage_t), -1, -1, raw_tokens_, raw_thought_};
+        if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;
+    } else if (u.is_object()) {
         pulse_usage_t usage{sizeof(pulse_usage_t), -1, -1, -1, -1};
         usage.input_tokens = u["prompt_tokens"].i64().value_or(-1);
         usage.output_tokens = u["completion_tokens"].i64().value_or(raw_tokens_);

@@ -14,7 +14,9 @@
 //     mapped to clear 400s (not retryable as they are);
 //   - while loading, llama-server answers 503 "Loading model": the gateway treats that
 //     endpoint as loading (not ready), not as failed;
-//   - a reasoning budget goes out as reasoning_budget_tokens.
+//   - a reasoning budget goes out as reasoning_budget_tokens;
+//   - with profile option resume = "tokens", a request is a raw /v1/completions of the prompt
+//     /apply-template rendered, every token id reported (`verbose`), for a token-exact resume.
 #include "chat_profile.h"
 
 namespace {
@@ -22,6 +24,7 @@ namespace {
 void adjust(pulse::chat::Options& o, const pulse::Json& cfg) {
     if (!cfg["cache_prompt"].present()) o.cache_prompt = true;  // llama-server's prefix reuse
     o.history_reasoning_field = "reasoning_content";
+    o.server = pulse::chat::Options::Server::llama_server;  // resume = "tokens": /apply-template, verbose
     o.token_timings = true;  // exact output and reasoning counts (it reports no reasoning count)
     // llama-server caps reasoning per request with reasoning_budget_tokens (for templates with
     // reasoning tags).

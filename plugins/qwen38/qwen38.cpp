@@ -7,7 +7,9 @@
 //     constrained with a JSON schema (profile option force_tool_choice = "schema", default);
 //   - context overflow is a 400 whose message says "maximum context length";
 //   - a reasoning budget goes out as thinking_token_budget (enforced by a vLLM with a reasoning
-//     parser or --reasoning-config; one that refuses the field gets the request without it).
+//     parser or --reasoning-config; one that refuses the field gets the request without it);
+//   - with profile option resume = "tokens", a request is a raw /v1/completions of the prompt
+//     ids /tokenize rendered, every token id reported (return_token_ids), for a token-exact resume.
 #include "chat_profile.h"
 
 namespace {
@@ -15,8 +17,7 @@ namespace {
 void adjust(pulse::chat::Options& o, const pulse::Json&) {
     if (o.cache_prompt || o.slots)
         throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "qwen38: cache_prompt and slots are llama-server options (profile llamacpp)");
-    if (o.token_resume)
-        throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "qwen38: resume = \"tokens\" is a llama-server option (profile llamacpp); vLLM answers are resumed by text");
+    o.server = pulse::chat::Options::Server::vllm;  // resume = "tokens": /tokenize, return_token_ids
     o.history_reasoning_field = "reasoning_content";
     // vLLM caps reasoning per request with thinking_token_budget once it knows the model's
     // reasoning markers: --reasoning-config, or (newer vLLM) derived from --reasoning-parser. A

@@ -342,6 +342,38 @@ TEST_CASE("resume = \"tokens\": the continuation is the rendered prompt and the 
     }
 }
 
+TEST_CASE("resume = \"tokens\" on vLLM (qwen38): the prompt's ids from /tokenize, each chunk's token_ids, the continuation all ids") {
+    // vLLM's own fields (vllm/entrypoints/openai: TokenizeChatRequest {model, messages, tools,
+    // add_generation_prompt, chat_template_kwargs} -> {count, max_model_len, tokens}; a
+    // completion's prompt may be a list of ids; return_token_ids puts token_ids on each choice).
+    const std::string thinking = "First I look at the file then I decide what to change.";
+    const std::string turn = R"("reasoning":")" + thinking + R"(","content":")" + kAnswer + "\"";
+    FakeBackend a(script(R"("die_after":16,)" + turn)), b(script(turn));
+    Gateway gw(model_toml({a.url(), b.url()}, "qwen38", "profile_options = { resume = \"tokens\" }\n"), "", kUpstream,
+               "[warmup]\nenabled = false\n");
+    Stream st = check_stream(post(gw.port, "/v1/responses", kRequest).body);
+    CHECK(st.terminal == "response.completed");
+    REQUIRE(st.items.size() == 2);
+    CHECK(reasoning_summary(st, 0) == thinking);
+    CHECK(message_text(st, 1) == kAnswer);  // killed 3 words into the answer, past the reasoning's end
+    auto prep = request_json(a, 0);
+    CHECK(prep.HasMember("messages"));
+    CHECK(prep["add_generation_prompt"].IsTrue());
+    CHECK(!prep.HasMember("stream"));      // only what the template reads
+    CHECK(!prep.HasMember("max_tokens"));
+    auto first = request_json(a, 1);
+    REQUIRE(first["prompt"].IsArray());
+    CHECK(first["return_token_ids"].IsTrue());
+    const rapidjson::SizeType prompt_ids = first["prompt"].Size();
+    auto cont = request_json(b, 0);
+    REQUIRE(cont["prompt"].Size() == prompt_ids + 16);
+    for (rapidjson::SizeType i = 0; i < 16; ++i) CHECK(cont["prompt"][prompt_ids + i].GetInt() == static_cast<int>(1000 + i));
+    const auto& u = (*st.response)["usage"];
+    CHECK(u["output_tokens"].GetInt64() == 12 + 1 + 13);
+    CHECK(u["output_tokens_details"]["reasoning_tokens"].GetInt64() == 12 + 1);
+    CHECK(gw.log().find("by tokens (16 generated ids") != std::string::npos);
+}
+
 TEST_CASE("resume = \"tokens\": a server that cannot render the prompt fails over like any failed request") {
     // b answers the template call with a 404 (an older llama-server, or another server behind
     // the URL): the request is served by a, which renders it.

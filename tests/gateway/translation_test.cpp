@@ -447,7 +447,8 @@ TEST_CASE("unknown profile options are rejected naming the key") {
     for (auto [opts, expect] : std::vector<std::pair<std::string, std::string>>{
              {R"({"thinkng":"on"})", "unknown profile option 'thinkng'"},
              {R"({"thinking":"maybe"})", "profile_options.thinking: expected \"effort\", \"on\" or \"off\""},
-             {R"({"slots":4})", "llama-server options"}}) {
+             {R"({"slots":4})", "llama-server options"},
+             {R"({"resume":"always"})", "profile_options.resume: expected \"tokens\" or \"text\""}}) {
         rapidjson::Document d;
         d.Parse(opts.c_str());
         pulse_call call;
@@ -496,6 +497,45 @@ TEST_CASE("older vLLM `reasoning_content`, raw reasoning mode") {
     CHECK(run.has("response.reasoning_text.delta"));
     // Usage is always present, always integers, even when the backend sent none.
     CHECK((*run.response)["response"]["usage"]["total_tokens"].GetInt() == 0);
+}
+
+// A raw completion chunk as llama-server's /v1/completions sends it with "verbose": one token.
+std::string raw_chunk(const std::string& text, int id, int predicted, const std::string& finish = "null") {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.String(text.c_str(), static_cast<rapidjson::SizeType>(text.size()));
+    return R"({"object":"text_completion","choices":[{"text":)" + std::string(b.GetString()) + R"(,"index":0,"finish_reason":)" + finish +
+           R"(}],"__verbose":{"tokens":[)" + std::to_string(id) + R"(],"tokens_predicted":)" + std::to_string(predicted) + "}}";
+}
+
+TEST_CASE("a raw completion (resume = \"tokens\") is parsed by Pulse: reasoning, text, a Qwen XML call typed by its schema, tokens counted") {
+    Profile p;
+    auto req = json(R"({"model":"m","input":"hi","tools":[{"type":"function","name":"exec_command","parameters":{"type":"object",
+        "properties":{"cmd":{"type":"array"},"timeout":{"type":"integer"},"note":{"type":"string"}}}},
+        {"type":"namespace","name":"multi_agent_v1","tools":[{"type":"function","name":"close_agent"}]}]})");
+    const std::string call = "\n<tool_call>\n<function=exec_command>\n<parameter=cmd>\n[\"ls\"]\n</parameter>\n<parameter=timeout>\n5\n"
+                             "</parameter>\n<parameter=note>\n42\n</parameter>\n</function>\n</tool_call>";
+    auto run = p.stream(req, {raw_chunk("Let me", 11, 1), raw_chunk(" think.", 12, 2), raw_chunk("\n</think>\n\n", 13, 3),
+                              raw_chunk("Hello", 14, 4), raw_chunk(call, 15, 5),
+                              raw_chunk("\n<tool_call>\n<function=multi_agent_v1__close_agent>\n<parameter=id>\na1\n</parameter>\n</function>\n</tool_call>", 16, 6),
+                              R"({"object":"text_completion","choices":[{"text":"","index":0,"finish_reason":"stop"}],)"
+                              R"("usage":{"prompt_tokens":30,"completion_tokens":6,"total_tokens":36,"prompt_tokens_details":{"cached_tokens":10}}})"});
+    CHECK(run.terminal == "response.completed");
+    auto items = run.done_items();
+    REQUIRE(items.size() == 4);
+    CHECK(str((*items[0])["summary"][0], "text") == "Let me think.");
+    CHECK(str((*items[1])["content"][0], "text") == "Hello");
+    CHECK(str(*items[2], "name") == "exec_command");
+    auto args = json(str(*items[2], "arguments"));
+    CHECK(args["cmd"][0] == "ls");    // typed by the schema: an array
+    CHECK(args["timeout"].GetInt() == 5);
+    CHECK(args["note"] == "42");      // a string stays a string
+    CHECK(str(*items[3], "name") == "close_agent");
+    CHECK(str(*items[3], "namespace") == "multi_agent_v1");
+    const auto& u = (*run.response)["response"]["usage"];
+    CHECK(u["output_tokens"].GetInt() == 6);
+    CHECK(u["input_tokens_details"]["cached_tokens"].GetInt() == 10);
+    CHECK(u["output_tokens_details"]["reasoning_tokens"].GetInt() == 3);  // the thinking's tokens and its end
 }
 
 TEST_CASE("tool calls: split arguments, parallel calls, namespace split back, unique call ids") {

@@ -249,6 +249,21 @@ public:
         resp.sendBuffer(b.data(), b.size());
     }
 
+    // vLLM's /tokenize of a chat request: the prompt's ids as its chat endpoint would have them
+    // (here: 7 for each word of the stand-in rendering, then 3 when the template closed the
+    // thinking block, else 2).
+    void tokenize(const rapidjson::Value& rq, Poco::Net::HTTPServerResponse& resp) {
+        const std::string text = rendered(rq), closed = "</think>\n\n";
+        std::string ids;
+        for (size_t i = 0; i < words(text).size(); ++i) ids += "7,";
+        const bool is_closed = text.size() >= closed.size() && text.compare(text.size() - closed.size(), closed.size(), closed) == 0;
+        ids += is_closed ? "3" : "2";
+        std::string b = R"({"count":)" + std::to_string(words(text).size() + 1) + R"(,"max_model_len":)" + g_max_model_len +
+                        R"(,"tokens":[)" + ids + R"(],"token_strs":null})";
+        resp.setContentType("application/json");
+        resp.sendBuffer(b.data(), b.size());
+    }
+
     // llama-server's /v1/completions, as a raw completion for a token-exact resume reads it: the
     // model's whole output is the turn's reasoning, "\n</think>\n\n" and its content (or the
     // content alone when the prompt closed the thinking block), one word a token, token i having
@@ -257,20 +272,33 @@ public:
     // __verbose {tokens, tokens_predicted}. Turn options: die_after (on a plain prompt only, as a
     // drop), "hole_at": N (the chunk of token N is not sent, as llama-server sends none for a token
     // that ends inside a UTF-8 character: the next chunk carries its text, not its id).
+    // vLLM flavor: the prompt is ids (/tokenize's, then the continuation's), and with
+    // return_token_ids each choice carries token_ids (the first chunk prompt_token_ids too).
     void raw_completion(Poco::Net::HTTPServerRequest& req, Poco::Net::HTTPServerResponse& resp, const rapidjson::Value& rq,
                         const rapidjson::Value& turn) {
         const auto& prompt = rq["prompt"];
+        const bool vllm = g_flavor == "vllm";
         std::string text = prompt.IsString() ? prompt.GetString() : prompt.IsArray() && prompt.Size() && prompt[0].IsString() ? prompt[0].GetString() : "";
+        // Where the rendered prompt ends and the continuation's ids begin.
+        rapidjson::SizeType cont = prompt.IsArray() ? 1 : 0;
+        bool closed_by_template = false;
+        if (vllm) {
+            while (cont < prompt.Size() && prompt[cont].IsInt() && prompt[cont].GetInt() < 1000) ++cont;
+            closed_by_template = cont > 0 && prompt[cont - 1].IsInt() && prompt[cont - 1].GetInt() == 3;
+        } else {
+            const std::string closed = "</think>\n\n";  // the thinking block the template closed itself
+            closed_by_template = text.size() >= closed.size() && text.compare(text.size() - closed.size(), closed.size(), closed) == 0;
+        }
         std::vector<std::string> toks;
-        const std::string closed = "</think>\n\n";  // the thinking block the template closed itself
-        if (text.size() < closed.size() || text.compare(text.size() - closed.size(), closed.size(), closed) != 0) {
+        if (!closed_by_template) {
             for (auto& w : words(get_str(turn, "reasoning"))) toks.push_back(w);
             toks.push_back("\n</think>\n\n");
         }
         for (auto& w : words(get_str(turn, "content"))) toks.push_back(w);
         size_t from = 0;
+        const bool plain = prompt.IsString() || (prompt.IsArray() && cont == prompt.Size());
         if (prompt.IsArray())
-            for (rapidjson::SizeType i = 1; i < prompt.Size(); ++i, ++from)
+            for (rapidjson::SizeType i = cont; i < prompt.Size(); ++i, ++from)
                 if (!prompt[i].IsInt() || prompt[i].GetInt() != static_cast<int>(1000 + from)) {
                     std::string b = R"({"error":{"code":400,"message":"fake: the continuation's token )" + std::to_string(from) +
                                     R"( is not the script's","type":"invalid_request_error"}})";
@@ -279,14 +307,20 @@ public:
                     resp.sendBuffer(b.data(), b.size());
                     return;
                 }
-        const bool verbose = rq.HasMember("verbose") && rq["verbose"].IsTrue();
+        const bool verbose = !vllm && rq.HasMember("verbose") && rq["verbose"].IsTrue();
+        const bool ids = vllm && rq.HasMember("return_token_ids") && rq["return_token_ids"].IsTrue();
         const int64_t max_tokens = get_int(rq, "max_tokens", -1);
-        const int64_t die_after = prompt.IsString() ? get_int(turn, "die_after", -1) : -1;
-        const int64_t hole = prompt.IsString() ? get_int(turn, "hole_at", -1) : -1;
+        const int64_t die_after = plain ? get_int(turn, "die_after", -1) : -1;
+        const int64_t hole = plain && !vllm ? get_int(turn, "hole_at", -1) : -1;
         const int64_t step = get_int(g_script, "step_ms", 0);
         resp.setContentType("text/event-stream");
         resp.setChunkedTransferEncoding(true);
         std::ostream& out = resp.send();
+        auto chunk_vllm = [&](const std::string& t, const std::string& finish, const std::string& choice_tail) {
+            out << R"(data: {"id":"cmpl-fake","object":"text_completion","created":1790000000,"model":"m","choices":[{"index":0,"text":)" << quote(t)
+                << R"(,"logprobs":null,"finish_reason":)" << finish << R"(,"stop_reason":null)" << choice_tail << "}]}\n\n";
+            out.flush();
+        };
         auto chunk = [&](const std::string& t, const std::string& finish, const std::string& tail) {
             out << R"(data: {"object":"text_completion","choices":[{"text":)" << quote(t) << R"(,"index":0,"logprobs":null,"finish_reason":)"
                 << finish << "}]" << tail << "}\n\n";
@@ -307,15 +341,23 @@ public:
                 pending += toks[i];
                 continue;
             }
-            chunk(pending + toks[i], "null",
-                  verbose ? R"(,"__verbose":{"tokens":[)" + std::to_string(1000 + i) + R"(],"tokens_predicted":)" + std::to_string(n) + "}" : "");
+            if (vllm)
+                chunk_vllm(pending + toks[i], "null", ids ? R"(,"token_ids":[)" + std::to_string(1000 + i) + "]" : "");
+            else
+                chunk(pending + toks[i], "null",
+                      verbose ? R"(,"__verbose":{"tokens":[)" + std::to_string(1000 + i) + R"(],"tokens_predicted":)" + std::to_string(n) + "}" : "");
             pending.clear();
         }
         const bool cut = from + static_cast<size_t>(n) < toks.size();
-        const int64_t ptok = static_cast<int64_t>(words(text).size() + from);
-        chunk("", cut ? R"("length")" : R"("stop")",
-              R"(,"usage":{"completion_tokens":)" + std::to_string(n) + R"(,"prompt_tokens":)" + std::to_string(ptok) +
-                  R"(,"total_tokens":)" + std::to_string(n + ptok) + R"(,"prompt_tokens_details":{"cached_tokens":0}})");
+        const int64_t ptok = static_cast<int64_t>(vllm ? prompt.Size() : words(text).size() + from);
+        const std::string usage = R"("usage":{"completion_tokens":)" + std::to_string(n) + R"(,"prompt_tokens":)" + std::to_string(ptok) +
+                                  R"(,"total_tokens":)" + std::to_string(n + ptok) + R"(,"prompt_tokens_details":{"cached_tokens":0}})";
+        if (vllm) {  // the finish, then usage alone (stream_options.include_usage)
+            chunk_vllm("", cut ? R"("length")" : R"("stop")", ids ? R"(,"token_ids":[])" : "");
+            out << R"(data: {"id":"cmpl-fake","object":"text_completion","created":1790000000,"model":"m","choices":[],)" << usage << "}\n\n";
+        } else {
+            chunk("", cut ? R"("length")" : R"("stop")", "," + usage);
+        }
         out << "data: [DONE]\n\n";
         out.flush();
     }
@@ -385,6 +427,7 @@ public:
         const auto& turn = picked ? *picked
                                   : turns[static_cast<rapidjson::SizeType>(std::min<int>(tools_seen, static_cast<int>(turns.Size()) - 1))];
         if (g_flavor == "llamacpp" && path == "/apply-template") return apply_template(rq, resp);
+        if (g_flavor == "vllm" && path == "/tokenize") return tokenize(rq, resp);
         if (path == "/apply-template") {  // vLLM has no such route
             std::string b = R"({"detail":"Not Found"})";
             resp.setStatus(Poco::Net::HTTPResponse::HTTP_NOT_FOUND);
@@ -392,7 +435,7 @@ public:
             resp.sendBuffer(b.data(), b.size());
             return;
         }
-        if (g_flavor == "llamacpp" && rq.IsObject() && rq.HasMember("prompt") && path.size() >= 12 &&
+        if (rq.IsObject() && rq.HasMember("prompt") && path.size() >= 12 &&
             path.compare(path.size() - 12, 12, "/completions") == 0)
             return raw_completion(req, resp, rq, turn);
         // llama-server started without a vision projector (--mmproj): an image is a 500, every time.
