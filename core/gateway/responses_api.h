@@ -17,11 +17,10 @@ struct RequestError {
     std::string code;   // e.g. "unsupported_parameter"
 };
 
-// Parses a request body. Rejects invalid JSON, invalid UTF-8 and nesting deeper than
-// `max_depth` (iterative parser: a hostile body cannot overflow the stack).
-std::optional<RequestError> parse_body(std::string_view body, rapidjson::Document& doc, int max_depth = 128);
-// The same, parsing in place: the document's strings point into `body` (which must outlive it
-// and is overwritten), so a large request costs its body and the tree, not two copies.
+// Parses a request body in place: the document's strings point into `body` (which must outlive
+// it and is overwritten), so a large request costs its body and the tree, not two copies.
+// Rejects invalid JSON, invalid UTF-8, a NUL byte and nesting deeper than `max_depth`
+// (iterative parser: a hostile body cannot overflow the stack).
 std::optional<RequestError> parse_body_in_place(std::string& body, rapidjson::Document& doc, int max_depth = 128);
 
 // Checks the shape of a Responses request: statelessness rules, types, item types.

@@ -460,6 +460,10 @@ private:
         if (!ep.backend) {
             std::string answer;
             const int status = post_prepared(*ep.cfg, *prep_req_, cfg_.upstream, &answer);
+            metrics::global()
+                .counter("pulse_prepared_requests_total", "preparatory requests a profile asked for (SDK 1.3 prepare: a rendered prompt)",
+                         {{"model", model_id_}, {"endpoint", ep.cfg->name}, {"outcome", status >= 200 && status <= 299 ? "ok" : "failed"}})
+                .add();
             if (status < 200 || status > 299) {
                 UpEvent e;
                 e.kind = status ? UpEvent::Kind::rejected : UpEvent::Kind::failed;

@@ -37,6 +37,9 @@ cat >> "$work/pulse.toml" <<TOML
 [models."qwen3.8-flash-next".profile_options]
 thinking = "off"
 TOML
+# PULSE_TOKEN_RESUME=1: the same turn with resume = "tokens", where the server renders the prompt
+# (/apply-template) and Pulse parses the raw completion's tool call itself.
+[ "${PULSE_TOKEN_RESUME:-0}" = 1 ] && echo 'resume = "tokens"' >> "$work/pulse.toml"
 launch_pulse
 
 mkdir -p "$work/home" "$work/codex-home" "$work/project"
@@ -48,4 +51,8 @@ codex_exec 1 "Create hello.txt saying hello from pulse."
 grep -qF "$answer" "$work/codex.out" || fail "the answer was not printed"
 completed=$(grep -c 'outcome=completed' "$work/pulse.log" || true)
 [ "$completed" -ge 2 ] || fail "expected at least 2 completed responses (the call, the answer), saw $completed"
+if [ "${PULSE_TOKEN_RESUME:-0}" = 1 ]; then
+  prepared=$(curl -s "http://127.0.0.1:$gport/metrics" | sed -n 's/^pulse_prepared_requests_total{.*outcome="ok"} \([0-9]*\)$/\1/p')
+  [ "${prepared:-0}" -ge 2 ] || fail "the requests did not go out as raw completions (prepared: '${prepared:-none}')"
+fi
 echo "codex through llama-server ($("$codex" --version 2>/dev/null | head -n1)): ok — codex exit 0, exec_command ran, hello.txt written, answer printed ($completed responses)"

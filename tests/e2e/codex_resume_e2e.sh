@@ -29,7 +29,9 @@ JSON
 supervise() {
   ( for _ in $(seq 1 50); do
       [ -f "$work/stop" ] && break
-      "$fake" --script "$work/script.json" --port "$2" --record "$work/$1.jsonl" > "$work/$1.out" 2>&1 || true
+      "$fake" --script "$work/script.json" --port "$2" --record "$work/$1.jsonl" > "$work/$1.out" 2>&1 &
+      echo $! > "$work/$1.pid"  # the fake itself, which cleanup stops after this loop
+      wait $! || true
     done ) &
   pids+=($!)
 }

@@ -40,8 +40,9 @@ work=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  # A gateway started by a supervisor loop (kill9 mode) is not in pids: its pid is in a file.
-  if [ -f "$work/pulse.pid" ]; then kill "$(cat "$work/pulse.pid")" 2>/dev/null || true; fi
+  # What a supervisor loop started (the gateway in kill9 mode, restarted fakes) is not in pids:
+  # each writes its current pid to a file, read once the loops above are stopped.
+  for f in "$work"/*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
 }

@@ -116,10 +116,10 @@ def stream(model, body, kill_after=None):
                 a.send_signal(signal.SIGKILL); a.wait()
     return text, reasoning, final, deltas
 
-limit = 160
+limit = 120
 cases = [("text", {"input": "write a long answer", "reasoning": {"effort": "none"}}),
          ("reasoning", {"input": "think it through at length", "reasoning": {"effort": "high"}})]
-kill_points = [3, 40, 110]
+kill_points = [3, 30, 80]
 results = {"tokens": 0, "text": 0}
 differ = {"tokens": [], "text": []}
 start_a()

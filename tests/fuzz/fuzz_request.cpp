@@ -1,4 +1,5 @@
-// libFuzzer: an arbitrary request body through parse_body, validate_request and, when it
+// libFuzzer: an arbitrary request body through parse_body_in_place (the parser the gateway
+// runs), validate_request and, when it
 // passes, the qwen38 profile's build_request and stream_open. Nothing may crash, leak or hang.
 #include <cstddef>
 #include <cstdint>
@@ -10,8 +11,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace pulse;
     auto& p = fuzz::Profile::get();
     rapidjson::Document doc;
-    std::string_view body(reinterpret_cast<const char*>(data), size);
-    if (gateway::parse_body(body, doc)) return 0;
+    std::string body(reinterpret_cast<const char*>(data), size);  // parsed in place: the string is the document's storage
+    if (gateway::parse_body_in_place(body, doc)) return 0;
     if (gateway::validate_request(doc)) return 0;
     pulse_call call;
     pulse_upstream_req out;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "gateway/responses_api.h"
 #include "support/gateway_harness.h"
 
 using namespace pulse::test;
@@ -409,4 +410,21 @@ TEST_CASE("trace file: whole requests and responses, one JSON line each, created
         if (str(d, "what") == "response") CHECK(str(d["body"]["output"][0]["content"][0], "text") == "traced answer");
     }
     CHECK(whats == std::vector<std::string>{"request", "response"});
+}
+
+// The request parser the gateway runs (parse_body_in_place), called directly so that the body's
+// allocation is exactly its size: under ASan a read past it is an error. A body ending in a UTF-8
+// lead byte inside an unterminated string was read up to 3 bytes past its end (found by
+// tests/fuzz/fuzz_request).
+TEST_CASE("a body that ends in a UTF-8 lead byte is refused without reading past its end") {
+    for (const char* text : {"\"|||||||||||||||||\xF2", "{\"model\":\"m\",\"input\":\"abcdefghij\xF0", "\"0123456789abcdefghij\xE2\x82"}) {
+        CAPTURE(text);
+        std::string body(text);
+        body.shrink_to_fit();
+        rapidjson::Document doc;
+        auto e = pulse::gateway::parse_body_in_place(body, doc);
+        REQUIRE(e);
+        CHECK(e->http_status == 400);
+        CHECK(e->code == "invalid_encoding");  // the lead byte without its continuation
+    }
 }
