@@ -629,7 +629,9 @@ int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, con
     RequestTarget t(ep, req, timeouts);
     try {
         Session s(t.uri.getHost(), t.uri.getPort());
-        s.setTimeout(span(timeouts.connect_timeout_s), span(30), span(timeouts.head_timeout_s));
+        // Rendering a prompt takes no inference: a server that has not answered in 30 s (or
+        // head_timeout_s, if shorter) is frozen or overloaded, and the next endpoint is tried.
+        s.setTimeout(span(timeouts.connect_timeout_s), span(30), span(std::min(timeouts.head_timeout_s, 30.0)));
         Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, t.path, Poco::Net::HTTPMessage::HTTP_1_1);
         request.setContentType("application/json");
         request.setContentLength(static_cast<std::streamsize>(t.body.size()));

@@ -74,7 +74,7 @@ public:
 };
 
 // A profile's preparatory request (SDK 1.3 prepare): POSTs `req` on a fresh connection,
-// bounded by the connect timeout and upstream.head_timeout_s, and returns the HTTP status (0
+// bounded by the connect timeout and 30 s (or upstream.head_timeout_s), and returns the HTTP status (0
 // when the endpoint could not be reached) with the answer's body (or the error) in `answer`.
 int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts, std::string* answer);
 
