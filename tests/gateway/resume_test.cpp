@@ -343,9 +343,13 @@ TEST_CASE("resume = \"tokens\": the continuation is the rendered prompt and the 
 }
 
 TEST_CASE("resume = \"tokens\" on vLLM (qwen38): the prompt's ids from /tokenize, each chunk's token_ids, the continuation all ids") {
-    // vLLM's own fields (vllm/entrypoints/openai: TokenizeChatRequest {model, messages, tools,
-    // add_generation_prompt, chat_template_kwargs} -> {count, max_model_len, tokens}; a
-    // completion's prompt may be a list of ids; return_token_ids puts token_ids on each choice).
+    // vLLM's own fields, from its OpenAI entrypoints (vllm/entrypoints/openai): the route
+    // POST /tokenize at the server's root; protocol: TokenizeChatRequest {model, messages, tools,
+    // add_generation_prompt (default true), chat_template_kwargs, add_special_tokens (default
+    // false, as the chat endpoint)} -> TokenizeResponse {count, max_model_len, tokens};
+    // CompletionRequest.prompt may be a list of ids; CompletionRequest.return_token_ids: "in
+    // streaming mode, prompt_token_ids is included only in the first chunk, and token_ids contains
+    // the delta tokens for each chunk" (serving_completion: CompletionResponseStreamChoice.token_ids).
     const std::string thinking = "First I look at the file then I decide what to change.";
     const std::string turn = R"("reasoning":")" + thinking + R"(","content":")" + kAnswer + "\"";
     FakeBackend a(script(R"("die_after":16,)" + turn)), b(script(turn));
