@@ -8,6 +8,10 @@
 
 namespace pulse::gateway {
 
+namespace {
+constexpr const char* kNoRecord = "an attempt reported no token record";
+}  // namespace
+
 // A small wrapper so event bodies read as what they are.
 class JsonOut {
 public:
@@ -387,10 +391,14 @@ std::optional<ResponseBuilder::Partial> ResponseBuilder::resume_point() const {
         else p.reasoning += it.raw_started ? it.raw : it.summary;
     }
     if (!trail_lost_.empty()) p.no_trail = trail_lost_;
-    else if (attempt_deltas_ > 0 && !attempt_trailed_ && !trail_ids_.empty()) p.no_trail = "an attempt reported no token record";
+    else if (attempt_left_hole()) p.no_trail = kNoRecord;
     else if (!trail_ids_.empty()) p.trail.emplace(trail_ids_, trail_raw_);
     return p;
 }
+
+// An attempt that showed output and reported no record, after one that did: the record has a
+// hole there that no later report can fill.
+bool ResponseBuilder::attempt_left_hole() const { return attempt_deltas_ > 0 && !attempt_trailed_ && !trail_ids_.empty(); }
 
 pulse_status_t ResponseBuilder::trail(const int32_t* tokens, size_t n, std::string_view raw) {
     if (ended_) return PULSE_OK;
@@ -415,9 +423,7 @@ void ResponseBuilder::restart_trail() {
 }
 
 void ResponseBuilder::begin_resume() {
-    // An attempt that showed output without a record leaves a hole no later record can fill.
-    if (attempt_deltas_ > 0 && !attempt_trailed_ && !trail_ids_.empty() && trail_lost_.empty())
-        trail_lost_ = "an attempt reported no token record";
+    if (attempt_left_hole() && trail_lost_.empty()) trail_lost_ = kNoRecord;
     attempt_trailed_ = false;
     failure_.reset();
     finish_.reset();

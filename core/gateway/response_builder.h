@@ -115,6 +115,7 @@ private:
     void event(std::string_view type, const std::function<void(class JsonOut&)>& body);
     std::string new_call_id();
     Usage attempt_usage() const;  // the current attempt's: reported, else counted from its deltas
+    bool attempt_left_hole() const;
 
     std::string id_, model_;
     ReasoningOutput reasoning_mode_;

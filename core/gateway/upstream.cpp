@@ -520,6 +520,33 @@ private:
     bool announced_ = false, got_output_ = false;
 };
 
+// One JSON POST the blocking way on a fresh connection: the HTTP status (0 when the endpoint
+// could not be reached or the exchange broke) and at most `max_answer` bytes of the answer (or
+// the error) in `answer`.
+int blocking_post(const Poco::URI& uri, const std::string& path, const std::vector<std::pair<std::string, std::string>>& headers,
+                  std::string_view body, double connect_s, double receive_s, size_t max_answer, std::string* answer) {
+    answer->clear();
+    try {
+        Session s(uri.getHost(), uri.getPort());
+        s.setTimeout(span(connect_s), span(30), span(receive_s));
+        Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, path, Poco::Net::HTTPMessage::HTTP_1_1);
+        request.setContentType("application/json");
+        request.setContentLength(static_cast<std::streamsize>(body.size()));
+        for (const auto& [k, v] : headers) request.set(k, v);
+        s.sendRequest(request).write(body.data(), static_cast<std::streamsize>(body.size()));
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        char buf[16384];
+        while (answer->size() < max_answer && in.read(buf, sizeof buf).gcount() > 0) answer->append(buf, static_cast<size_t>(in.gcount()));
+        return static_cast<int>(resp.getStatus());
+    } catch (const Poco::Exception& e) {
+        *answer = e.displayText();
+    } catch (const std::exception& e) {
+        *answer = e.what();
+    }
+    return 0;
+}
+
 // A stream that only reports that the backend refused to start.
 class RejectedStream : public UpstreamStream {
 public:
@@ -569,26 +596,8 @@ std::string probe_http(const config::Endpoint& ep, double timeout_s) {
 }
 
 int post_root_json(const config::Endpoint& ep, const std::string& path, const std::string& body, double timeout_s, std::string* answer) {
-    try {
-        Poco::URI uri(ep.url);
-        Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
-        Poco::Timespan t(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6));
-        s.setTimeout(t, t, t);
-        Poco::Net::HTTPRequest req(Poco::Net::HTTPRequest::HTTP_POST, path, Poco::Net::HTTPMessage::HTTP_1_1);
-        req.setContentType("application/json");
-        req.setContentLength(static_cast<std::streamsize>(body.size()));
-        s.sendRequest(req) << body;
-        Poco::Net::HTTPResponse resp;
-        std::istream& in = s.receiveResponse(resp);
-        std::string text;
-        char buf[4096];
-        while (text.size() < 65536 && in.read(buf, sizeof buf).gcount() > 0) text.append(buf, static_cast<size_t>(in.gcount()));
-        if (answer) *answer = std::move(text);
-        return static_cast<int>(resp.getStatus());
-    } catch (const std::exception& e) {
-        if (answer) *answer = e.what();
-        return 0;
-    }
+    std::string ignored;
+    return blocking_post(Poco::URI(ep.url), path, {}, body, timeout_s, timeout_s, 65536, answer ? answer : &ignored);
 }
 
 int backend_slots(const config::Endpoint& ep, double timeout_s) {
@@ -627,29 +636,11 @@ std::string BackendInstance::health(std::string* detail) {
 
 int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts, std::string* answer) {
     RequestTarget t(ep, req, timeouts);
-    try {
-        Session s(t.uri.getHost(), t.uri.getPort());
-        // Rendering a prompt takes no inference: a server that has not answered in 30 s (or
-        // head_timeout_s, if shorter) is frozen or overloaded, and the next endpoint is tried.
-        s.setTimeout(span(timeouts.connect_timeout_s), span(30), span(std::min(timeouts.head_timeout_s, 30.0)));
-        Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, t.path, Poco::Net::HTTPMessage::HTTP_1_1);
-        request.setContentType("application/json");
-        request.setContentLength(static_cast<std::streamsize>(t.body.size()));
-        for (const auto& [k, v] : t.headers) request.set(k, v);
-        s.sendRequest(request).write(t.body.data(), static_cast<std::streamsize>(t.body.size()));
-        Poco::Net::HTTPResponse resp;
-        std::istream& in = s.receiveResponse(resp);
-        answer->clear();
-        char buf[16384];
-        // A rendered prompt is about the size of the request: bounded by 64 MiB like a body.
-        while (answer->size() < (64u << 20) && in.read(buf, sizeof buf).gcount() > 0) answer->append(buf, static_cast<size_t>(in.gcount()));
-        return static_cast<int>(resp.getStatus());
-    } catch (const Poco::Exception& e) {
-        *answer = e.displayText();
-    } catch (const std::exception& e) {
-        *answer = e.what();
-    }
-    return 0;
+    // Rendering a prompt takes no inference: a server that has not answered in 30 s (or
+    // head_timeout_s, if shorter) is frozen or overloaded, and the next endpoint is tried. A
+    // rendered prompt is about the size of the request: bounded by 64 MiB like a body.
+    return blocking_post(t.uri, t.path, t.headers, t.body, timeouts.connect_timeout_s, std::min(timeouts.head_timeout_s, 30.0), 64u << 20,
+                         answer);
 }
 
 std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,
