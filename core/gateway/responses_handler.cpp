@@ -830,7 +830,7 @@ private:
     }
 
 public:  // RelayJob: called on the stream loop's thread while relay() waits
-    int client_fd() const override { return ex_.fd(); }
+    server::Exchange& client() override { return ex_; }
     bool on_upstream(UpEvent e) override {
         relay_result_ = on_event(std::move(e), *relay_ep_);
         return relay_result_.has_value();
@@ -849,7 +849,6 @@ public:  // RelayJob: called on the stream loop's thread while relay() waits
         relay_result_ = cancel_stream();
     }
     void take_output(std::string& wire) override { writer_.take(wire); }
-    steady_clock::duration send_timeout() const override { return ex_.send_timeout(); }
 
 private:
     // Waits before the next round, keeping the client alive and noticing if it leaves.

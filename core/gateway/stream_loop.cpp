@@ -33,6 +33,7 @@ struct Slot {
     RelayJob* job;
     std::unique_ptr<DetachedBody> body;
     std::string* unsent;
+    server::Exchange* client;
     int cfd;
     std::string out;  // framed bytes the client socket has not taken yet
     size_t off = 0;
@@ -96,10 +97,12 @@ public:
         s.job = &job;
         s.body = std::move(body);
         s.unsent = &unsent;
-        s.cfd = job.client_fd();
+        s.client = &job.client();
+        s.cfd = s.client->fd();
         {
             std::lock_guard lock(inbox_m_);
             if (stopping_) {
+                s.client->give_up();
                 job.on_client_lost();
                 return;
             }
@@ -226,7 +229,7 @@ private:
             if (!s.blocked || s.off != before) {
                 s.blocked = true;
                 s.blocked_since = Clock::now();
-                next_scan_ = std::min(next_scan_, s.blocked_since + s.job->send_timeout());
+                next_scan_ = std::min(next_scan_, s.blocked_since + s.client->send_timeout());
             }
             if (!s.want_out) watch_out(s, true);
             if (s.off > (1u << 16) && s.off * 2 > s.out.size()) {  // keep the queue from growing at its front
@@ -256,19 +259,8 @@ private:
 
     // Returns false when the client socket failed.
     bool send_some(Slot& s) {
-        while (s.off < s.out.size()) {
-            ssize_t n = ::send(s.cfd, s.out.data() + s.off, s.out.size() - s.off, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (n > 0) {
-                s.off += static_cast<size_t>(n);
-            } else if (n < 0 && errno == EINTR) {
-                continue;
-            } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                return true;
-            } else {
-                return false;
-            }
-        }
-        return true;
+        s.off += s.client->send_now(std::string_view(s.out).substr(s.off));
+        return !s.client->lost();
     }
 
     void watch_out(Slot& s, bool on) {
@@ -282,6 +274,7 @@ private:
     void lose(Slot& s) {
         if (s.over) return;
         s.lost = true;
+        s.client->give_up();
         s.job->on_client_lost();
         end(s);
     }
@@ -338,7 +331,7 @@ private:
         for (size_t i = 0; i < active_.size(); ++i) {
             Slot& s = *active_[i];
             if (s.over) continue;
-            if (s.blocked && now - s.blocked_since >= s.job->send_timeout()) {
+            if (s.blocked && now - s.blocked_since >= s.client->send_timeout()) {
                 lose(s);
                 continue;
             }
@@ -357,7 +350,7 @@ private:
                 if (s.over) continue;
             }
             next_scan_ = std::min({next_scan_, s.job->next_timer(), s.body->idle_deadline()});
-            if (s.blocked) next_scan_ = std::min(next_scan_, s.blocked_since + s.job->send_timeout());
+            if (s.blocked) next_scan_ = std::min(next_scan_, s.blocked_since + s.client->send_timeout());
         }
         for (auto& l : lingers_) {
             if (l.dead) continue;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gateway/upstream.h"
+#include "server/http_server.h"
 
 namespace pulse::gateway {
 
@@ -26,7 +27,9 @@ namespace pulse::gateway {
 class RelayJob {
 public:
     virtual ~RelayJob() = default;
-    virtual int client_fd() const = 0;
+    // The client's exchange: the loop writes through it (the one client writer) and marks it
+    // lost when the client goes away or stops reading.
+    virtual server::Exchange& client() = 0;
     // One upstream event (data, done, failed). Returns true when the job is over.
     virtual bool on_upstream(UpEvent e) = 0;
     // Periodic duties (keepalive events) when next_timer() has passed. Returns true when over.
@@ -39,8 +42,6 @@ public:
     virtual void on_cut() = 0;
     // Appends the bytes produced for the client since the last call, ready for the wire.
     virtual void take_output(std::string& wire) = 0;
-    // How long the client may leave its socket full before it counts as gone.
-    virtual std::chrono::steady_clock::duration send_timeout() const = 0;
 };
 
 class StreamLoop {

@@ -138,22 +138,26 @@ void Exchange::stream_end(std::string& wire) const {
     if (!http10_) wire += "0\r\n\r\n";
 }
 
-bool Exchange::write(std::string_view bytes) {
+size_t Exchange::send_now(std::string_view bytes) {
     size_t off = 0;
     while (off < bytes.size() && !lost_) {
         ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
+        if (n > 0)
             off += static_cast<size_t>(n);
-        } else if (n < 0 && errno == EINTR) {
-            continue;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            // The send timeout counts from the last byte the client took.
-            pollfd p{fd_, POLLOUT, 0};
-            int ms = static_cast<int>(std::max<int64_t>(1, duration_cast<milliseconds>(send_timeout_).count()));
-            if (::poll(&p, 1, ms) <= 0 || (p.revents & (POLLERR | POLLHUP))) lost_ = true;
-        } else {
+        else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        else if (!(n < 0 && errno == EINTR))
             lost_ = true;
-        }
+    }
+    return off;
+}
+
+bool Exchange::write(std::string_view bytes) {
+    for (size_t off = send_now(bytes); off < bytes.size() && !lost_; off += send_now(bytes.substr(off))) {
+        // The send timeout counts from the last byte the client took.
+        pollfd p{fd_, POLLOUT, 0};
+        int ms = static_cast<int>(std::max<int64_t>(1, duration_cast<milliseconds>(send_timeout_).count()));
+        if (::poll(&p, 1, ms) <= 0 || (p.revents & (POLLERR | POLLHUP))) lost_ = true;
     }
     return !lost_;
 }

@@ -31,8 +31,11 @@ namespace pulse::server {
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
 // One request and the response to it. A handler answers with respond() (a whole response), or
-// with stream_head() / frame() / stream_end() and write() (a streamed one). Writes block at most
-// server.send_timeout_s while the client takes nothing; after a failed write, lost() is true.
+// with stream_head() / frame() / stream_end() and write() (a streamed one). Every byte to the
+// client goes through it (write(), or send_now() from the stream loop), so it alone knows
+// whether the client is lost: writes block at most server.send_timeout_s while the client takes
+// nothing; after a failed write, lost() is true and the connection is closed, never kept alive
+// with a response half sent.
 class Exchange {
 public:
     Exchange(int fd, Poco::Net::SocketAddress peer, Poco::Net::HTTPRequest head, std::string body, double send_timeout_s, bool draining);
@@ -54,6 +57,12 @@ public:
 
     // Sends all of `bytes`; false when the client is gone or took nothing for the send timeout.
     bool write(std::string_view bytes);
+    // Sends what the socket takes now without waiting: the bytes taken (a failed socket makes
+    // the exchange lost). For a caller that waits for the socket itself (the stream loop).
+    size_t send_now(std::string_view bytes);
+    // The caller's own wait ran out (the client took nothing for the send timeout, or hung up):
+    // the exchange is lost, so its connection is closed instead of kept alive.
+    void give_up() { lost_ = true; }
     // The client closed its end or the socket failed (checked without blocking).
     bool client_gone() const;
     bool lost() const { return lost_; }

@@ -634,6 +634,30 @@ TEST_CASE("a client that stops reading a large response: bounded memory, cut aft
     CHECK(eventually([&] { return big.log().find(R"("client_gone":true)") != std::string::npos; }, 30000));
 }
 
+TEST_CASE("a client lost mid-stream by the stream loop: its connection is closed, never handed back to keep-alive") {
+    // Regression: the stream loop noticed the stuck client, but the exchange did not, so the
+    // connection went back to keep-alive with its chunked body unfinished: a client that
+    // resumed reading waited for an end that never came (until server.idle_timeout_s).
+    std::string words;
+    for (int i = 0; i < 16; ++i) words += std::string(1 << 20, 'b') + " ";
+    FakeBackend big(R"({"turns":[{"content":")" + words + R"("}]})");
+    words.clear();
+    Gateway gw(model_toml({big.url()}), "send_timeout_s = 1\nidle_timeout_s = 60\n", kFast);
+    Raw stuck(gw.port);
+    int small = 4096;
+    ::setsockopt(stuck.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    const std::string body = request();
+    REQUIRE(stuck.send("POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body));  // keep-alive, and not read for now
+    REQUIRE(eventually([&] { return gw.log().find("outcome=") != std::string::npos; }, 30000));
+    // Closed by the gateway: the only connection left is the one asking. (Reading the socket
+    // to its end would not tell in time: a 4 KiB receive window drains at zero-window-probe pace.)
+    CHECK(eventually([&] { return get(gw.port, "/metrics").find("\npulse_http_connections 1\n") != std::string::npos; }, 5000));
+    std::string got = stuck.read_all(200);
+    CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+    CHECK(got.find("\r\n0\r\n\r\n") == std::string::npos);  // no chunked end was faked
+}
+
 // 7. HTTP/1.0.
 TEST_CASE("an HTTP/1.0 client gets a streamed body without chunked framing, ended by closing the connection") {
     FakeBackend be(R"({"turns":[{"content":"old but fine"}]})");
