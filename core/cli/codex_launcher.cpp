@@ -4,11 +4,8 @@
 // auto-compaction settings as -c flags.
 #include "cli/codex_launcher.h"
 #include "cli/continuity_cmd.h"
+#include "http/client.h"
 
-#include <Poco/Net/HTTPClientSession.h>
-#include <Poco/Net/HTTPRequest.h>
-#include <Poco/Net/HTTPResponse.h>
-#include <Poco/URI.h>
 #include <fcntl.h>
 #include <rapidjson/document.h>
 #include <rapidjson/stringbuffer.h>
@@ -65,24 +62,11 @@ struct Http {
 };
 
 Http get(const std::string& base, const std::string& path, double timeout_s = 3) {
-    Http r;
-    try {
-        Poco::URI uri(base);
-        Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
-        s.setTimeout(Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6)));
-        Poco::Net::HTTPRequest req("GET", path, Poco::Net::HTTPMessage::HTTP_1_1);
-        if (const char* key = std::getenv("PULSE_GATEWAY_API_KEY"); key && *key) req.set("Authorization", std::string("Bearer ") + key);
-        s.sendRequest(req);
-        Poco::Net::HTTPResponse resp;
-        std::istream& in = s.receiveResponse(resp);
-        r.body.assign(std::istreambuf_iterator<char>(in), {});
-        r.status = static_cast<int>(resp.getStatus());
-    } catch (const Poco::Exception& e) {
-        r.error = e.displayText();
-    } catch (const std::exception& e) {
-        r.error = e.what();
-    }
-    return r;
+    http::Request req;
+    req.target = path;
+    if (const char* key = std::getenv("PULSE_GATEWAY_API_KEY"); key && *key) req.fields.emplace_back("Authorization", std::string("Bearer ") + key);
+    http::Answer a = http::fetch(base, req, http::Timeouts::all(timeout_s), 16u << 20);
+    return {a.status, std::move(a.body), std::move(a.error)};
 }
 
 std::string quote_toml(const std::string& s) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "http/error_body.h"
 #include "server/http_server.h"
 
 namespace pulse::gateway {
@@ -17,6 +18,6 @@ void send_json(server::Exchange& ex, int status, std::string_view body, const se
 void send_error(server::Exchange& ex, int status, std::string_view type, std::string_view message, std::string_view param = {},
                 std::string_view code = {}, int retry_after_s = 0);
 
-std::string error_body(std::string_view type, std::string_view message, std::string_view param = {}, std::string_view code = {});
+using http::error_body;
 
 }  // namespace pulse::gateway

@@ -24,7 +24,8 @@
 #include <stdexcept>
 
 #include "common/log.h"
-#include "common/http_body.h"
+#include "http/body.h"
+#include "http/client.h"
 #include "gateway/liveness.h"
 #include "gateway/sse.h"
 
@@ -34,6 +35,9 @@ namespace {
 using namespace std::chrono;
 
 using Session = Poco::Net::HTTPClientSession;
+using http::BodyDecoder;
+using http::ResponseHead;
+using http::parse_response_head;
 
 // Idle keep-alive connections per backend (host:port), so a request does not pay a TCP connect
 // and the backend's per-connection set-up. A connection goes back only after a clean stream
@@ -151,7 +155,6 @@ std::string seconds_text(double s) {
     return b;
 }
 
-Poco::Timespan span(double s) { return Poco::Timespan(static_cast<Poco::Timespan::TimeDiff>(s * 1e6)); }
 
 void send_request(Session& s, const RequestTarget& t) {
     Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, t.path, Poco::Net::HTTPMessage::HTTP_1_1);
@@ -180,9 +183,8 @@ std::unique_ptr<Session> connect_and_send(const RequestTarget& t, bool from_pool
             }
         }
     }
-    auto s = std::make_unique<Session>(t.uri.getHost(), t.uri.getPort());
     // The receive timeout only bounds reads that poll() said would not block.
-    s->setTimeout(span(t.timeouts.connect_timeout_s), span(30), span(t.timeouts.idle_timeout_s));
+    auto s = http::session(t.uri, http::Timeouts{t.timeouts.connect_timeout_s, 30, t.timeouts.idle_timeout_s});
     s->setKeepAlive(true);
     // Idle time is the pool's to judge (SessionPool); POCO's timer would run from the request.
     s->setKeepAliveTimeout(Poco::Timespan(365LL * 24 * 3600, 0));
@@ -373,7 +375,7 @@ private:
     Phase phase_ = Phase::head;
     int status_ = 0;
     std::string head_, body_, text_;
-    BodyDecoder framing_{BodyDecoder::Framing::until_close};
+    BodyDecoder framing_{http::Framing::until_close};
     SseParser parser_;
     steady_clock::duration idle_;
     double idle_timeout_s_;
@@ -523,28 +525,16 @@ private:
 // One JSON POST the blocking way on a fresh connection: the HTTP status (0 when the endpoint
 // could not be reached or the exchange broke) and at most `max_answer` bytes of the answer (or
 // the error) in `answer`.
-int blocking_post(const Poco::URI& uri, const std::string& path, const std::vector<std::pair<std::string, std::string>>& headers,
-                  std::string_view body, double connect_s, double receive_s, size_t max_answer, std::string* answer) {
-    answer->clear();
-    try {
-        Session s(uri.getHost(), uri.getPort());
-        s.setTimeout(span(connect_s), span(30), span(receive_s));
-        Poco::Net::HTTPRequest request(Poco::Net::HTTPRequest::HTTP_POST, path, Poco::Net::HTTPMessage::HTTP_1_1);
-        request.setContentType("application/json");
-        request.setContentLength(static_cast<std::streamsize>(body.size()));
-        for (const auto& [k, v] : headers) request.set(k, v);
-        s.sendRequest(request).write(body.data(), static_cast<std::streamsize>(body.size()));
-        Poco::Net::HTTPResponse resp;
-        std::istream& in = s.receiveResponse(resp);
-        char buf[16384];
-        while (answer->size() < max_answer && in.read(buf, sizeof buf).gcount() > 0) answer->append(buf, static_cast<size_t>(in.gcount()));
-        return static_cast<int>(resp.getStatus());
-    } catch (const Poco::Exception& e) {
-        *answer = e.displayText();
-    } catch (const std::exception& e) {
-        *answer = e.what();
-    }
-    return 0;
+int blocking_post(const std::string& origin, const std::string& target, const http::Fields& fields, std::string_view body,
+                  http::Timeouts t, size_t max_answer, std::string* answer) {
+    http::Request req;
+    req.method = "POST";
+    req.target = target;
+    req.body = body;
+    req.fields = fields;
+    http::Answer a = http::fetch(origin, req, t, max_answer);
+    *answer = a.status ? std::move(a.body) : std::move(a.error);
+    return a.status;
 }
 
 // A stream that only reports that the backend refused to start.
@@ -562,64 +552,39 @@ private:
 
 ProbeAnswer get_models(const config::Endpoint& ep, double timeout_s) {
     ProbeAnswer a;
-    try {
-        Poco::URI uri(ep.url);
-        std::string base = uri.getPath();
-        while (!base.empty() && base.back() == '/') base.pop_back();
-        a.path = base + "/models";
-        Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
-        Poco::Timespan t(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6));
-        s.setTimeout(t, t, t);
-        Poco::Net::HTTPRequest req(Poco::Net::HTTPRequest::HTTP_GET, a.path, Poco::Net::HTTPMessage::HTTP_1_1);
-        s.sendRequest(req);
-        Poco::Net::HTTPResponse resp;
-        std::istream& in = s.receiveResponse(resp);
-        a.answered = true;
-        a.status = static_cast<int>(resp.getStatus());
-        char buf[4096];
-        while (a.body.size() < 65536 && in.read(buf, sizeof buf).gcount() > 0) a.body.append(buf, static_cast<size_t>(in.gcount()));
-    } catch (const Poco::Exception& e) {
-        a.error = e.displayText();
-    } catch (const std::exception& e) {
-        a.error = e.what();
-    }
+    a.path = http::under(ep.url, "/models");
+    http::Request req;
+    req.target = a.path;
+    http::Answer got = http::fetch(ep.url, req, http::Timeouts::all(timeout_s), 65536);
+    a.answered = got.status != 0;
+    a.status = got.status;
+    a.body = std::move(got.body);
+    a.error = std::move(got.error);
     return a;
 }
 
 std::string probe_http(const config::Endpoint& ep, double timeout_s) {
     ProbeAnswer a = get_models(ep, timeout_s);
     if (!a.answered) return "probe failed: " + a.error;
-    if (a.status == Poco::Net::HTTPResponse::HTTP_SERVICE_UNAVAILABLE && a.body.find("Loading model") != std::string::npos)
+    if (a.status == 503 && a.body.find("Loading model") != std::string::npos)
         return "loading: the backend is still loading its model";  // llama-server: not ready, not failed
-    if (a.status != Poco::Net::HTTPResponse::HTTP_OK) return "probe GET " + a.path + " answered HTTP " + std::to_string(a.status);
+    if (a.status != 200) return "probe GET " + a.path + " answered HTTP " + std::to_string(a.status);
     return {};
 }
 
 int post_root_json(const config::Endpoint& ep, const std::string& path, const std::string& body, double timeout_s, std::string* answer) {
     std::string ignored;
-    return blocking_post(Poco::URI(ep.url), path, {}, body, timeout_s, timeout_s, 65536, answer ? answer : &ignored);
+    return blocking_post(ep.url, path, {}, body, http::Timeouts{timeout_s, 30, timeout_s}, 65536, answer ? answer : &ignored);
 }
 
 int backend_slots(const config::Endpoint& ep, double timeout_s) {
-    try {
-        Poco::URI uri(ep.url);
-        Poco::Net::HTTPClientSession s(uri.getHost(), uri.getPort());
-        Poco::Timespan t(static_cast<Poco::Timespan::TimeDiff>(timeout_s * 1e6));
-        s.setTimeout(t, t, t);
-        // llama-server serves /props at its root, whatever prefix the OpenAI routes have.
-        Poco::Net::HTTPRequest req(Poco::Net::HTTPRequest::HTTP_GET, "/props", Poco::Net::HTTPMessage::HTTP_1_1);
-        s.sendRequest(req);
-        Poco::Net::HTTPResponse resp;
-        std::istream& in = s.receiveResponse(resp);
-        std::string body;
-        char buf[4096];
-        while (body.size() < 1 << 20 && in.read(buf, sizeof buf).gcount() > 0) body.append(buf, static_cast<size_t>(in.gcount()));
-        if (resp.getStatus() != Poco::Net::HTTPResponse::HTTP_OK) return -1;
-        rapidjson::Document d;
-        d.Parse(body.c_str(), body.size());
-        if (d.IsObject() && d.HasMember("total_slots") && d["total_slots"].IsInt()) return d["total_slots"].GetInt();
-    } catch (const std::exception&) {
-    }
+    http::Request req;
+    req.target = "/props";  // llama-server serves /props at its root, whatever prefix the OpenAI routes have
+    http::Answer a = http::fetch(ep.url, req, http::Timeouts::all(timeout_s));
+    if (a.status != 200) return -1;
+    rapidjson::Document d;
+    d.Parse(a.body.c_str(), a.body.size());
+    if (d.IsObject() && d.HasMember("total_slots") && d["total_slots"].IsInt()) return d["total_slots"].GetInt();
     return -1;
 }
 
@@ -639,8 +604,8 @@ int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, con
     // Rendering a prompt takes no inference: a server that has not answered in 30 s (or
     // head_timeout_s, if shorter) is frozen or overloaded, and the next endpoint is tried. A
     // rendered prompt is about the size of the request: bounded by 64 MiB like a body.
-    return blocking_post(t.uri, t.path, t.headers, t.body, timeouts.connect_timeout_s, std::min(timeouts.head_timeout_s, 30.0), 64u << 20,
-                         answer);
+    return blocking_post(ep.url, t.path, t.headers, t.body, http::Timeouts{timeouts.connect_timeout_s, 30, std::min(timeouts.head_timeout_s, 30.0)},
+                         64u << 20, answer);
 }
 
 std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,

@@ -26,15 +26,20 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/http_body.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "server/request_head.h"
+#include "http/body.h"
+#include "http/error_body.h"
+#include "http/request_head.h"
 
 namespace pulse::server {
 
 using namespace std::chrono;
 using Clock = steady_clock;
+using http::HeadScan;
+using http::RequestHead;
+using http::parse_request_head;
+using http::scan_request_head;
 
 namespace {
 
@@ -48,20 +53,9 @@ constexpr double kBodyGrace = 5;  // seconds a body may take before server.body_
 
 Clock::duration secs(double s) { return duration_cast<Clock::duration>(duration<double>(s)); }
 
-std::string json_escape(std::string_view s) {
-    std::string out;
-    for (char c : s) {
-        if (c == '"' || c == '\\') out += '\\';
-        if (static_cast<unsigned char>(c) >= 0x20) out += c;
-    }
-    return out;
-}
-
 // A whole error response in the OpenAI error shape, for answers the loop gives by itself.
 std::string error_response(int status, std::string_view code, std::string_view message, int retry_after_s) {
-    std::string body = "{\"error\":{\"message\":\"" + json_escape(message) + "\",\"type\":\"" +
-                       (status >= 500 ? "server_error" : "invalid_request_error") + "\",\"param\":null,\"code\":\"" + std::string(code) +
-                       "\"}}";
+    std::string body = http::error_body(status >= 500 ? "server_error" : "invalid_request_error", message, {}, code);
     std::string r = "HTTP/1.1 " + std::to_string(status) + " " +
                     Poco::Net::HTTPResponse::getReasonForStatus(static_cast<Poco::Net::HTTPResponse::HTTPStatus>(status)) +
                     "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
@@ -226,7 +220,7 @@ private:
         std::string in;       // received, not yet consumed (a head being read, or pipelined bytes)
         size_t scanned = 0;   // how far `in` was searched for the head's end
         std::optional<Poco::Net::HTTPRequest> req;
-        gateway::BodyDecoder framing{gateway::BodyDecoder::Framing::length, 0};
+        http::BodyDecoder framing{http::Framing::length, 0};
         std::string body;
         int64_t reserved = 0;  // body bytes counted against server.max_body_memory_bytes
         bool chunked = false;
@@ -432,9 +426,9 @@ private:
         c.chunked = chunked;
         if (!chunked && length == 0) return dispatch(c);
         if (chunked) {
-            c.framing = gateway::BodyDecoder(gateway::BodyDecoder::Framing::chunked, 0, /*strict=*/true);
+            c.framing = http::BodyDecoder(http::Framing::chunked, 0, /*strict=*/true);
         } else {
-            c.framing = gateway::BodyDecoder(gateway::BodyDecoder::Framing::length, length);
+            c.framing = http::BodyDecoder(http::Framing::length, length);
             // One allocation of exactly the body's size, not yet touched: pages become resident,
             // and count against the budget, as bytes arrive. Address space is not unlimited
             // (thousands of senders each declaring 32 MiB): when it runs out, a 503 as for memory.

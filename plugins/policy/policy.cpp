@@ -3,10 +3,6 @@
 //   http    asks a decision service: POST the request summary as JSON, read the decision back.
 #include <pulse/plugin.hpp>
 
-#include <Poco/Exception.h>
-#include <Poco/Net/HTTPClientSession.h>
-#include <Poco/Net/HTTPRequest.h>
-#include <Poco/Net/HTTPResponse.h>
 #include <Poco/URI.h>
 #include <time.h>
 
@@ -14,6 +10,8 @@
 #include <map>
 #include <memory>
 #include <sstream>
+
+#include "http/client.h"
 
 namespace {
 
@@ -140,30 +138,19 @@ pulse_status_t http_decide(void* policy, pulse_call_t* call, const pulse_json_t*
             budget_ms = std::min(budget_ms, std::max<int64_t>(left, 1));
         }
         const std::string body = pulse::Json(g_host->json, request).dump();
-        std::string answer;
-        int status = 0;
-        try {
-            Poco::Net::HTTPClientSession s(p.url.getHost(), p.url.getPort());
-            s.setTimeout(Poco::Timespan(budget_ms * 1000));
-            std::string path = p.url.getPathAndQuery();
-            Poco::Net::HTTPRequest rq(Poco::Net::HTTPRequest::HTTP_POST, path.empty() ? "/" : path, Poco::Net::HTTPMessage::HTTP_1_1);
-            rq.setContentType("application/json");
-            rq.setContentLength(static_cast<std::streamsize>(body.size()));
-            if (!p.api_key.empty()) rq.set("Authorization", "Bearer " + p.api_key);
-            s.sendRequest(rq) << body;
-            Poco::Net::HTTPResponse rs;
-            std::istream& in = s.receiveResponse(rs);
-            status = static_cast<int>(rs.getStatus());
-            std::ostringstream buf;
-            buf << in.rdbuf();
-            answer = buf.str();
-        } catch (const Poco::TimeoutException&) {
-            // Out of time (ours or the host's): the host counts it as a timeout, as documented.
+        pulse::http::Request rq;
+        rq.method = "POST";
+        rq.target = p.url.getPathAndQuery();
+        rq.body = body;
+        if (!p.api_key.empty()) rq.fields.emplace_back("Authorization", "Bearer " + p.api_key);
+        pulse::http::Answer got = pulse::http::fetch(p.url.toString(), rq, pulse::http::Timeouts::all(static_cast<double>(budget_ms) / 1000));
+        if (got.timed_out)  // out of time (ours or the host's): the host counts it as a timeout, as documented
             throw pulse::Error(PULSE_E_DEADLINE, "http: the decision service at " + p.url.toString() + " did not answer within " +
                                                      std::to_string(budget_ms) + " ms");
-        } catch (const std::exception& e) {
-            throw pulse::Error(PULSE_E_UNAVAILABLE, "http: the decision service at " + p.url.toString() + " did not answer: " + e.what());
-        }
+        if (got.status == 0)
+            throw pulse::Error(PULSE_E_UNAVAILABLE, "http: the decision service at " + p.url.toString() + " did not answer: " + got.error);
+        const int status = got.status;
+        const std::string& answer = got.body;
         if (status != 200)
             throw pulse::Error(PULSE_E_UNAVAILABLE, "http: the decision service answered HTTP " + std::to_string(status) + ": " +
                                                         answer.substr(0, 200));

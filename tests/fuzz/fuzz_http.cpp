@@ -14,8 +14,8 @@
 #include <string>
 #include <string_view>
 
-#include "common/http_body.h"
-#include "server/request_head.h"
+#include "http/body.h"
+#include "http/request_head.h"
 
 namespace {
 
@@ -27,7 +27,7 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 void fuzz_request(std::string_view in, size_t step) {
-    using namespace pulse::server;
+    using namespace pulse::http;
     HeadScan scan = scan_request_head(in, 0);
     if (scan.state != HeadScan::State::complete) return;
     if (scan.end <= scan.start || scan.end > in.size()) std::abort();
@@ -44,10 +44,10 @@ void fuzz_request(std::string_view in, size_t step) {
     }
     if (head.body == RequestHead::Body::chunked && (has_length || head.version == "HTTP/1.0")) std::abort();
     if (has_te && head.body != RequestHead::Body::chunked) std::abort();
-    using pulse::gateway::BodyDecoder;
+    using pulse::http::BodyDecoder;
     if (head.body == RequestHead::Body::none) return;
-    BodyDecoder d = head.body == RequestHead::Body::chunked ? BodyDecoder(BodyDecoder::Framing::chunked, 0, true)
-                                                            : BodyDecoder(BodyDecoder::Framing::length, head.length, true);
+    BodyDecoder d = head.body == RequestHead::Body::chunked ? BodyDecoder(pulse::http::Framing::chunked, 0, true)
+                                                            : BodyDecoder(pulse::http::Framing::length, head.length, true);
     std::string body;
     std::string_view rest = in.substr(scan.end);
     for (size_t off = 0; off < rest.size(); off += step) {
@@ -74,7 +74,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!parse_response_head(in.substr(0, end), head)) return 0;
         rest = in.substr(end + 4);
     } else {
-        head.framing = static_cast<ResponseHead::Framing>(data[0] % 3);
+        head.framing = static_cast<pulse::http::Framing>(data[0] % 3);
         head.length = data[0];
     }
     for (bool with_used : {false, true}) {
@@ -87,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             if (with_used && used > piece.size()) std::abort();
             if (!ok || d.complete()) break;
         }
-        if (d.complete() && head.framing == ResponseHead::Framing::length && static_cast<int64_t>(body.size()) != head.length) std::abort();
+        if (d.complete() && head.framing == pulse::http::Framing::length && static_cast<int64_t>(body.size()) != head.length) std::abort();
         d.at_eof();
     }
     return 0;

@@ -1,8 +1,5 @@
 #include "pulse-bench/client.h"
 
-#include <Poco/Net/HTTPClientSession.h>
-#include <Poco/Net/HTTPRequest.h>
-#include <Poco/Net/HTTPResponse.h>
 #include <Poco/URI.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
@@ -12,6 +9,7 @@
 #include <stdexcept>
 
 #include "gateway/sse.h"
+#include "http/client.h"
 
 namespace pulse::bench {
 namespace {
@@ -41,32 +39,25 @@ const rapidjson::Value* member(const rapidjson::Value& v, const char* k) {
     return it == v.MemberEnd() ? nullptr : &it->value;
 }
 
-std::unique_ptr<Poco::Net::HTTPClientSession> session(const Poco::URI& uri, double timeout_s) {
-    auto s = std::make_unique<Poco::Net::HTTPClientSession>(uri.getHost(), uri.getPort());
-    s->setTimeout(Poco::Timespan(static_cast<long>(timeout_s), static_cast<long>((timeout_s - static_cast<long>(timeout_s)) * 1e6)));
-    return s;
+http::Request request_for(const std::string& method, const std::string& url, const std::string& key) {
+    http::Request req;
+    req.method = method;
+    req.target = Poco::URI(url).getPathAndQuery();
+    if (!key.empty()) req.fields.emplace_back("Authorization", "Bearer " + key);
+    return req;
 }
 
 HttpReply request(const std::string& method, const std::string& url, const std::string* body, double timeout_s, const std::string& key) {
     HttpReply r;
     try {
-        Poco::URI uri(url);
-        auto s = session(uri, timeout_s);
-        Poco::Net::HTTPRequest req(method, uri.getPathAndQuery(), Poco::Net::HTTPMessage::HTTP_1_1);
-        if (!key.empty()) req.set("Authorization", "Bearer " + key);
-        if (body) {
-            req.setContentType("application/json");
-            req.setContentLength(static_cast<std::streamsize>(body->size()));
-            s->sendRequest(req) << *body;
-        } else {
-            s->sendRequest(req);
-        }
-        Poco::Net::HTTPResponse resp;
-        std::istream& in = s->receiveResponse(resp);
-        r.status = static_cast<int>(resp.getStatus());
-        r.reasoning_budget = resp.get("X-Pulse-Reasoning-Budget", "");
-        r.body.assign(std::istreambuf_iterator<char>(in), {});
-    } catch (const std::exception& e) {
+        http::Request req = request_for(method, url, key);
+        if (body) req.body = *body;
+        http::Answer a = http::fetch(url, req, http::Timeouts::all(timeout_s), 64u << 20);
+        r.status = a.status;
+        r.reasoning_budget = a.field("X-Pulse-Reasoning-Budget");
+        r.body = std::move(a.body);
+        r.error = std::move(a.error);
+    } catch (const std::exception& e) {  // a malformed URL
         r.error = e.what();
     }
     return r;
@@ -79,18 +70,18 @@ StreamResult stream(const std::string& url, const rapidjson::Document& body, dou
     const auto t0 = Clock::now();
     auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     try {
-        Poco::URI uri(url);
-        auto s = session(uri, timeout_s);
         std::string text = dump(body);
-        Poco::Net::HTTPRequest req("POST", uri.getPathAndQuery(), Poco::Net::HTTPMessage::HTTP_1_1);
-        req.setContentType("application/json");
-        req.set("Accept", "text/event-stream");
-        if (!key.empty()) req.set("Authorization", "Bearer " + key);
-        req.setContentLength(static_cast<std::streamsize>(text.size()));
-        s->sendRequest(req) << text;
-        Poco::Net::HTTPResponse resp;
-        std::istream& in = s->receiveResponse(resp);
-        r.status = static_cast<int>(resp.getStatus());
+        http::Request req = request_for("POST", url, key);
+        req.body = text;
+        req.fields.emplace_back("Accept", "text/event-stream");
+        std::string error;
+        auto st = http::open(url, req, http::Timeouts::all(timeout_s), &error);
+        if (!st) {
+            r.error = error;
+            return r;
+        }
+        std::istream& in = st->body();
+        r.status = st->status();
         if (r.status != 200) {
             std::string b(std::istreambuf_iterator<char>(in), {});
             r.error = "HTTP " + std::to_string(r.status) + ": " + b.substr(0, 300);

@@ -1,9 +1,9 @@
-#include "common/http_body.h"
+#include "http/body.h"
 
 #include <algorithm>
 #include <cctype>
 
-namespace pulse::gateway {
+namespace pulse::http {
 namespace {
 
 int hex_value(char c) {
@@ -17,11 +17,11 @@ int hex_value(char c) {
 
 BodyDecoder ResponseHead::decoder() const {
     switch (framing) {
-        case Framing::chunked: return BodyDecoder(BodyDecoder::Framing::chunked);
-        case Framing::length: return BodyDecoder(BodyDecoder::Framing::length, length);
+        case Framing::chunked: return BodyDecoder(Framing::chunked);
+        case Framing::length: return BodyDecoder(Framing::length, length);
         case Framing::until_close: break;
     }
-    return BodyDecoder(BodyDecoder::Framing::until_close);
+    return BodyDecoder(Framing::until_close);
 }
 
 bool parse_response_head(std::string_view h, ResponseHead& out) {
@@ -65,7 +65,7 @@ bool parse_response_head(std::string_view h, ResponseHead& out) {
             out.retry_after_s = std::min(v, 86400);
         }
     }
-    out.framing = chunked ? ResponseHead::Framing::chunked : has_length ? ResponseHead::Framing::length : ResponseHead::Framing::until_close;
+    out.framing = chunked ? Framing::chunked : has_length ? Framing::length : Framing::until_close;
     if (!chunked && !has_length) out.close = true;
     return true;
 }
@@ -197,4 +197,4 @@ bool BodyDecoder::at_eof() {
     return state_ == State::done;
 }
 
-}  // namespace pulse::gateway
+}  // namespace pulse::http

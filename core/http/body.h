@@ -8,15 +8,19 @@
 #include <string>
 #include <string_view>
 
-namespace pulse::gateway {
+namespace pulse::http {
 
 class BodyDecoder;
+
+// How a message's body ends: after the last chunk, after Content-Length bytes, or when the
+// connection closes (a response without either).
+enum class Framing { chunked, length, until_close };
 
 // What an upstream response head says (RFC 9112 §4, §6.3): the status, how the body is framed,
 // whether the connection closes after it, and a Retry-After in seconds (0 = none).
 struct ResponseHead {
     int status = 0;
-    enum class Framing { chunked, length, until_close } framing = Framing::until_close;
+    Framing framing = Framing::until_close;
     int64_t length = 0;
     bool close = false;
     int retry_after_s = 0;
@@ -29,8 +33,6 @@ bool parse_response_head(std::string_view head, ResponseHead& out);
 
 class BodyDecoder {
 public:
-    enum class Framing { chunked, length, until_close };
-
     // `strict`: a chunked body's lines must end in CRLF and a chunk size be followed by nothing
     // but CRLF or an extension (RFC 9112 §7.1) — for requests from clients, where a reading
     // that differs from a front proxy's is request smuggling. Upstream responses are read
@@ -62,4 +64,4 @@ private:
     std::string error_;
 };
 
-}  // namespace pulse::gateway
+}  // namespace pulse::http

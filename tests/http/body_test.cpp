@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "common/http_body.h"
+#include "http/body.h"
 
-using pulse::gateway::BodyDecoder;
+using pulse::http::BodyDecoder;
 
 namespace {
 
@@ -26,7 +26,7 @@ Outcome decode(BodyDecoder d, const std::string& raw, size_t piece = 0) {
     return o;
 }
 
-BodyDecoder chunked() { return BodyDecoder(BodyDecoder::Framing::chunked); }
+BodyDecoder chunked() { return BodyDecoder(pulse::http::Framing::chunked); }
 
 }  // namespace
 
@@ -66,7 +66,7 @@ TEST_CASE("chunked: malformed framing is an error that names the problem") {
 }
 
 TEST_CASE("chunked, strict (client requests): CRLF only, nothing after a size but an extension") {
-    auto strict = [] { return BodyDecoder(BodyDecoder::Framing::chunked, 0, /*strict=*/true); };
+    auto strict = [] { return BodyDecoder(pulse::http::Framing::chunked, 0, /*strict=*/true); };
     for (size_t piece : {size_t(0), size_t(1), size_t(3)}) {
         CAPTURE(piece);
         auto ok = decode(strict(), "5;name=value\r\nhello\r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n", piece);
@@ -98,22 +98,22 @@ TEST_CASE("chunked: EOF is a clean end only after the last chunk") {
 }
 
 TEST_CASE("Content-Length: exactly that many bytes; more is an error") {
-    Outcome o = decode(BodyDecoder(BodyDecoder::Framing::length, 5), "hello", 2);
+    Outcome o = decode(BodyDecoder(pulse::http::Framing::length, 5), "hello", 2);
     CHECK(o.ok);
     CHECK(o.complete);
     CHECK(o.body == "hello");
-    CHECK(decode(BodyDecoder(BodyDecoder::Framing::length, 0), "").complete);
-    Outcome over = decode(BodyDecoder(BodyDecoder::Framing::length, 3), "hello");
+    CHECK(decode(BodyDecoder(pulse::http::Framing::length, 0), "").complete);
+    Outcome over = decode(BodyDecoder(pulse::http::Framing::length, 3), "hello");
     CHECK_FALSE(over.ok);
     CHECK(over.error == "more bytes than the Content-Length");
-    BodyDecoder short_body(BodyDecoder::Framing::length, 10);
+    BodyDecoder short_body(pulse::http::Framing::length, 10);
     std::string out;
     CHECK(short_body.feed("abc", out));
     CHECK_FALSE(short_body.at_eof());  // closed before Content-Length bytes: not a clean end
 }
 
 TEST_CASE("no framing header: the body runs to the connection's close") {
-    BodyDecoder d(BodyDecoder::Framing::until_close);
+    BodyDecoder d(pulse::http::Framing::until_close);
     std::string out;
     CHECK(d.feed("data: x\n\n", out));
     CHECK_FALSE(d.complete());

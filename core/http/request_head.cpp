@@ -1,8 +1,8 @@
-#include "server/request_head.h"
+#include "http/request_head.h"
 
 #include <algorithm>
 
-namespace pulse::server {
+namespace pulse::http {
 namespace {
 
 // tchar (RFC 9110 §5.6.2): what a method and a field name are made of.
@@ -157,4 +157,4 @@ std::optional<HeadError> parse_request_head(std::string_view head, RequestHead& 
     return std::nullopt;
 }
 
-}  // namespace pulse::server
+}  // namespace pulse::http

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-namespace pulse::server {
+namespace pulse::http {
 
 struct RequestHead {
     std::string method, target, version;  // version: "HTTP/1.0" or "HTTP/1.1"
@@ -46,4 +46,4 @@ constexpr size_t kMaxHeaderFields = 100;
 // Parses a complete head, its final CRLF CRLF included. On success `out` holds it.
 std::optional<HeadError> parse_request_head(std::string_view head, RequestHead& out);
 
-}  // namespace pulse::server
+}  // namespace pulse::http

@@ -1,10 +1,10 @@
-// The strict request-head parser (core/server/request_head.h): every framing a front proxy
+// The strict request-head parser (core/http/request_head.h): every framing a front proxy
 // could read another way is refused, and what real clients send is read exactly.
 #include <doctest/doctest.h>
 
-#include "server/request_head.h"
+#include "http/request_head.h"
 
-using namespace pulse::server;
+using namespace pulse::http;
 
 namespace {
 
