@@ -476,29 +476,28 @@ void ResponseBuilder::fail(pulse_status_t status, std::string_view message) {
     end(PULSE_STREAM_TRUNCATED);
 }
 
-std::string ResponseBuilder::end(pulse_stream_end_t how, std::string_view truncation_reason) {
-    if (ended_) return "";
+ResponseBuilder::Ending ResponseBuilder::end(pulse_stream_end_t how, std::string_view truncation_reason) {
+    if (ended_) return Ending::none;
     start();
-    std::string status;
+    Ending ending = Ending::failed;
     if (!failure_ && how == PULSE_STREAM_TRUNCATED)
         failure_ = std::make_pair(PULSE_E_UNAVAILABLE, truncation_reason.empty()
                                                           ? std::string("the backend stream ended before it finished")
                                                           : std::string(truncation_reason));
-    if (failure_ || how != PULSE_STREAM_CLEAN) {
-        // Items still open are not certain: no output_item.done for them (Codex keeps every
-        // item it got a done for, even when the response then fails).
-        status = "failed";
-    } else {
+    if (!failure_ && how == PULSE_STREAM_CLEAN) {
+        // (A failed response keeps no item still open: Codex keeps every item it got a done
+        // for, even when the response then fails, and an open item is not certain.)
         if (finish_ == PULSE_FINISH_LENGTH) incomplete_reason_ = "max_output_tokens";
         else if (finish_ == PULSE_FINISH_CONTENT_FILTER) incomplete_reason_ = "content_filter";
         if (incomplete_reason_ && current_) items_[*current_].incomplete = true;  // the item that was cut off
         close_current();
-        status = incomplete_reason_ ? "incomplete" : "completed";
+        ending = incomplete_reason_ ? Ending::incomplete : Ending::completed;
     }
+    const char* status = ending == Ending::completed ? "completed" : ending == Ending::incomplete ? "incomplete" : "failed";
     ended_ = true;
     final_ = response_json(status, true);
-    event("response." + status, [&](JsonOut& o) { o.key("response").raw(final_); });
-    return status;
+    event(std::string("response.") + status, [&](JsonOut& o) { o.key("response").raw(final_); });
+    return ending;
 }
 
 }  // namespace pulse::gateway

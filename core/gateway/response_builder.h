@@ -45,9 +45,11 @@ public:
     pulse_status_t trail(const int32_t* tokens, size_t n, std::string_view raw) override;
     pulse_status_t trail_lost(std::string_view why) override;
 
+    // How a response ended: its terminal event (response.completed, .incomplete, .failed).
+    enum class Ending { none, completed, incomplete, failed };
     // Ends the response with exactly one terminal event. `how` says how the upstream ended;
-    // an error recorded earlier (error()) wins. Returns the terminal status name.
-    std::string end(pulse_stream_end_t how, std::string_view truncation_reason = {});
+    // an error recorded earlier (error()) wins. Returns how it ended (none: it had already).
+    Ending end(pulse_stream_end_t how, std::string_view truncation_reason = {});
     // Fails the response with a message (profile error, backend failure after acceptance).
     void fail(pulse_status_t status, std::string_view message);
 

@@ -23,41 +23,6 @@ namespace pulse::gateway {
 
 using namespace std::chrono;
 
-std::string conversation_key(const rapidjson::Value& request) {
-    if (!request.IsObject()) return "h:0";
-    if (auto k = request.FindMember("prompt_cache_key"); k != request.MemberEnd() && k->value.IsString() && k->value.GetStringLength() > 0)
-        return "k:" + std::string(k->value.GetString(), k->value.GetStringLength());
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    auto mix = [&h](std::string_view s) {
-        for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-        h = (h ^ 0xff) * 1099511628211ull;  // a separator no UTF-8 text contains
-    };
-    auto text = [](const rapidjson::Value& v) {
-        rapidjson::StringBuffer b;
-        rapidjson::Writer<rapidjson::StringBuffer> w(b);
-        v.Accept(w);
-        return std::string(b.GetString(), b.GetSize());
-    };
-    if (auto i = request.FindMember("instructions"); i != request.MemberEnd() && i->value.IsString())
-        mix({i->value.GetString(), i->value.GetStringLength()});
-    if (auto in = request.FindMember("input"); in != request.MemberEnd()) {
-        if (in->value.IsString()) {
-            mix({in->value.GetString(), in->value.GetStringLength()});
-        } else if (in->value.IsArray()) {
-            for (const auto& item : in->value.GetArray()) {
-                auto role = item.IsObject() ? item.FindMember("role") : rapidjson::Value::ConstMemberIterator();
-                if (item.IsObject() && role != item.MemberEnd() && role->value.IsString() && std::string_view(role->value.GetString()) == "user") {
-                    mix(text(item));
-                    break;
-                }
-            }
-        }
-    }
-    char out[24];
-    std::snprintf(out, sizeof out, "h:%016llx", static_cast<unsigned long long>(h));
-    return out;
-}
-
 std::string warm_body(const std::string& upstream_body, bool llama_server) {
     rapidjson::Document d;
     d.Parse(upstream_body.c_str(), upstream_body.size());

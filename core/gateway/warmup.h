@@ -127,13 +127,6 @@ private:
     std::thread thread_;
 };
 
-// The key a request's prefix is remembered under: its prompt_cache_key, else a hash of the
-// first messages of the upstream body.
-// A conversation's key, the same for every turn of it: Codex's prompt_cache_key ("k:..."), else
-// a hash of what a conversation starts with and never changes: its instructions and its first
-// user message ("h:..."). Keys warmup's store and sticky routing.
-std::string conversation_key(const rapidjson::Value& request);
-
 // The warm version of an upstream body: same prompt, max_tokens 1. For llama-server also
 // "return_progress": true: it then sends a chunk after every prompt batch, and so sees a closed
 // connection (a cancelled replay) at the next batch, not at its once-a-second check.
