@@ -1,4 +1,5 @@
 #include "gateway/gateway.h"
+#include "gateway/response_session.h"
 
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
@@ -607,6 +608,35 @@ void Gateway::models(server::Exchange& ex) {
     w.EndArray();
     w.EndObject();
     send_json(ex, 200, {b.GetString(), b.GetSize()});
+}
+
+void Gateway::responses(server::Exchange& ex) {
+    struct Active {
+        std::atomic<int>& n;
+        metrics::Gauge& g = metrics::global().gauge("pulse_active_requests", "Responses requests in flight");
+        explicit Active(std::atomic<int>& a) : n(a) {
+            n.fetch_add(1);
+            g.add(1);
+        }
+        ~Active() {
+            n.fetch_sub(1);
+            g.add(-1);
+        }
+    } active(active_);
+    auto snap = snapshot();
+    if (draining_) {
+        ex.close_after();
+        return send_error(ex, 503, "server_error", "the gateway is shutting down; retry shortly", {}, "draining", 1);
+    }
+    if (active_.load() > snap->cfg.server.max_streams) {
+        // The server keeps spare workers so an over-capacity request still gets a clear answer.
+        metrics::global().counter(metrics::kCapacityRejections.name, metrics::kCapacityRejections.help).add();
+        return send_error(ex, 503, "server_error",
+                          "the gateway is at capacity (" + std::to_string(snap->cfg.server.max_streams) +
+                              " requests in flight, server.max_streams); retry shortly",
+                          {}, "at_capacity", 1);
+    }
+    serve_response(*this, ex);
 }
 
 }  // namespace pulse::gateway

@@ -80,7 +80,26 @@ struct Snapshot {
     const ModelRuntime* find(std::string_view id) const;
 };
 
-class Gateway {
+// What one request may use of the gateway, and nothing more: its configuration snapshot, the
+// shared services, and the two calls that report what a request learned about an endpoint.
+class RequestContext {
+public:
+    virtual std::shared_ptr<const Snapshot> snapshot() const = 0;
+    // The drain deadline passed: responses in flight end now.
+    virtual bool cutting() const = 0;
+    virtual RequestBoard& board() = 0;
+    virtual PrefixStore& prefixes() = 0;
+    virtual Warmer* warmer() = 0;  // null when warmup is off
+    virtual Liveness* liveness() = 0;
+    virtual StreamLoop& relay() = 0;
+    virtual void endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request) = 0;
+    virtual void endpoint_failed(const EndpointRef& ep, const std::string& why, bool real_request) = 0;
+
+protected:
+    ~RequestContext() = default;
+};
+
+class Gateway : private RequestContext {
 public:
     Gateway(config::Config cfg, plugin::PluginManager& plugins);
     ~Gateway();
@@ -115,12 +134,17 @@ public:
     // At the drain deadline: every response still in flight ends now with response.failed
     // (streaming) or a 503 (not yet answered), instead of a cut connection.
     void cut_streams();
-    bool cutting() const { return cutting_.load(); }
+    bool cutting() const override { return cutting_.load(); }
     int active_requests() const { return active_.load(); }
-    std::shared_ptr<const Snapshot> snapshot() const;
+    std::shared_ptr<const Snapshot> snapshot() const override;
 
 private:
-    friend class ResponseSession;
+    // RequestContext, for the requests this gateway serves.
+    RequestBoard& board() override { return board_; }
+    PrefixStore& prefixes() override { return *prefixes_; }
+    Warmer* warmer() override { return warmer_.get(); }
+    Liveness* liveness() override { return liveness_.get(); }
+    StreamLoop& relay() override { return *relay_; }
     std::unique_ptr<Snapshot> build(config::Config cfg);
     void health(server::Exchange& ex);
     void status_json(server::Exchange& ex);
@@ -134,8 +158,8 @@ private:
     void probe_loop();
     void probe_once(const Snapshot& snap);
     // Record an endpoint's state change (from a probe or a request); starts a warmup on recovery.
-    void endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request);
-    void endpoint_failed(const EndpointRef& ep, const std::string& why, bool real_request);
+    void endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request) override;
+    void endpoint_failed(const EndpointRef& ep, const std::string& why, bool real_request) override;
 
     plugin::PluginManager& plugins_;
     config::Config initial_;

@@ -1,0 +1,354 @@
+#include "gateway/attempt.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "common/metric_defs.h"
+#include "common/metrics.h"
+
+namespace pulse::gateway {
+
+using namespace std::chrono;
+
+// A backend that refuses the request because of its reasoning budget field (vLLM without a
+// reasoning config, or on a model runner without budgets, answers 400 naming the field): the
+// request is sent again without the budget, reported as not enforced. A policy never costs
+// the request.
+bool AttemptDriver::drop_refused_budget(const EndpointRef& ep, const std::string& body) {
+    const std::string field = st_.budget->field;
+    if (field.empty() || body.find(field) == std::string::npos) return false;
+    st_.req.doc["reasoning"].RemoveMember("budget_tokens");
+    if (st_.profile->build(st_.builder.get()) != PULSE_OK) return false;
+    const std::string why = "not enforced: endpoint " + ep.cfg->name + " refused " + field + " (" + body.substr(0, 160) + ")";
+    log::warn("policy", st_.id + ": reasoning budget " + std::to_string(st_.budget->budget) + " " + why + "; sent again without it");
+    st_.budget->how = why;
+    st_.budget->field.clear();
+    metrics::global()
+        .counter("pulse_reasoning_budget_refused_total", "requests sent again without their reasoning budget because the backend refused it",
+                 {{"model", st_.req.model_id}, {"endpoint", ep.cfg->name}})
+        .add();
+    st_.budget->enforced = false;
+    st_.sink.header("X-Pulse-Reasoning-Budget", st_.budget->header());
+    return true;
+}
+
+// Sends the profile's preparatory request to `ep` (once per response) and builds the request
+// with its answer; an in-process backend is not asked (the profile builds without one). A
+// value when the attempt is over: `ep` failed (another endpoint may serve), or the profile
+// refused to build the request.
+std::optional<AttemptDriver::Step> AttemptDriver::prepare_on(const EndpointRef& ep) {
+    if (!ep.backend) {
+        std::string answer;
+        const pulse_upstream_req& prep = *st_.profile->preparatory();
+        const int status = post_prepared(*ep.cfg, prep, st_.cfg.upstream, &answer);
+        metrics::global()
+            .counter("pulse_prepared_requests_total", "preparatory requests a profile asked for (SDK 1.3 prepare: a rendered prompt)",
+                     {{"model", st_.req.model_id}, {"endpoint", ep.cfg->name}, {"outcome", status >= 200 && status <= 299 ? "ok" : "failed"}})
+            .add();
+        if (status < 200 || status > 299) {
+            UpEvent e;
+            e.kind = status ? UpEvent::Kind::rejected : UpEvent::Kind::failed;
+            e.http_status = status;
+            e.status = PULSE_E_UNAVAILABLE;
+            e.text = status ? answer : "the preparatory request " + prep.path + " failed: " + answer;
+            return on_event(std::move(e), ep).value_or(Step::retry);
+        }
+        if (!st_.profile->set_prepared(answer))
+            return endpoint_failure(ep, PULSE_E_UNAVAILABLE, "the answer to the preparatory request " + prep.path + " is not JSON");
+    }
+    if (pulse_status_t rc = st_.profile->build(st_.builder.get()); rc != PULSE_OK) {
+        st_.refused_by_profile(rc);
+        return Step::final;
+    }
+    return std::nullopt;
+}
+
+// Mid-stream resume: endpoint `ep` failed (`why`) after this response's output began. When
+// the model allows it and the profile can, the response continues on the next endpoint the
+// failover loop tries (Step::retry), from exactly what the client has; otherwise nullopt
+// and the caller ends the response as failed, as it would have without resume.
+std::optional<AttemptDriver::Step> AttemptDriver::resume_elsewhere(const EndpointRef& ep, const std::string& why) {
+    // Bounded like any failover: the loop in serve() ends its rounds with the retry window.
+    if (!st_.req.rt->cfg->resume || !st_.profile->can_resume() || st_.gw.cutting() || st_.sink.lost() || !st_.builder->can_resume()) return std::nullopt;
+    // The answer already has every token the client allowed: it ends as an uninterrupted one
+    // cut at that limit would, not with a continuation that would go past it.
+    if (auto limit = st_.req.output_limit(); limit && st_.builder->spent().output >= *limit) {
+        st_.profile->finish(PULSE_STREAM_TRUNCATED, *st_.builder);
+        st_.builder->begin_resume();  // drops the attempt's failure; its tokens count in the usage
+        st_.builder->finish(PULSE_FINISH_LENGTH);
+        st_.outcome = outcome_of(st_.builder->end(PULSE_STREAM_CLEAN));
+        log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + ") after the answer reached max_output_tokens (" +
+                                   std::to_string(*limit) + "): it ends incomplete, as it would have there");
+        return Step::served;
+    }
+    if (pulse_status_t rc = st_.profile->resume(*st_.builder); rc != PULSE_OK) {
+        log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why +
+                                   "); the response cannot be resumed: " + st_.profile->error(rc));
+        return std::nullopt;
+    }
+    st_.gw.endpoint_failed(ep, why, /*real_request=*/true);
+    st_.builder->begin_resume();
+    ++st_.resumes;
+    st_.entry->resumed();
+    metrics::global()
+        .counter(metrics::kResumed.name, metrics::kResumed.help,
+                 {{"model", st_.req.model_id}, {"endpoint", ep.cfg->name}})
+        .add();
+    log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + "); resuming the response after " +
+                               std::to_string(st_.profile->resumed_from().first) + " bytes of text and " +
+                               std::to_string(st_.profile->resumed_from().second) + " of reasoning on the next endpoint, " + st_.profile->resumed_by());
+    return Step::retry;
+}
+
+// The failure an attempt sees when the gateway cuts its streams at the drain deadline.
+UpEvent AttemptDriver::cut_event() const {
+    UpEvent e;
+    e.kind = UpEvent::Kind::failed;
+    e.status = PULSE_E_UNAVAILABLE;
+    e.text = "the gateway is shutting down (server.drain_timeout_s passed); retry the request";
+    return e;
+}
+
+// Sends the request to endpoint `i` and follows it to the end, or to the point where
+// another endpoint should be tried. An HTTP endpoint's response is read by the stream loop
+// (relay()) once the request is sent; a backend plugin's stream is followed on this thread.
+AttemptDriver::Result AttemptDriver::run(size_t i) {
+    const EndpointRef& ep = st_.req.rt->endpoints[i];
+    InFlight in_flight(*ep.health);
+    st_.entry->attempt(ep.cfg->name);
+    fed_ = false;
+    std::optional<Step> step;
+    if (!st_.profile->built()) step = prepare_on(ep);
+    if (!step) step = ep.backend ? run_plugin(ep) : run_http(ep);
+    switch (*step) {
+        case Step::served: return Result::served;
+        case Step::retry:
+        case Step::again: return Result::retry;  // a stale connection twice: the endpoint failed
+        case Step::final:
+        case Step::resend: return Result::final;  // refused even without the budget
+    }
+    return Result::final;
+}
+
+// An HTTP endpoint: the request is sent here, its answer relayed by the stream loop.
+AttemptDriver::Step AttemptDriver::run_http(const EndpointRef& ep) {
+    for (bool fresh = false, resent = false;;) {
+        UpEvent error;
+        std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, st_.profile->active(), st_.cfg.upstream, fresh, error, st_.gw.liveness());
+        Step a = body ? relay(std::move(body), ep) : on_event(std::move(error), ep).value_or(Step::retry);
+        if (a == Step::resend && !resent) {
+            resent = true;
+            continue;
+        }
+        if (a != Step::again || fresh) return a;
+        fresh = true;
+        // A race the pool's look cannot see (the backend closed as the request left): rare.
+        log::info("upstream", "the backend had closed the pooled connection to " + ep.cfg->name + "; sending again on a fresh one");
+    }
+}
+
+// A backend plugin's stream, followed on this thread.
+AttemptDriver::Step AttemptDriver::run_plugin(const EndpointRef& ep) {
+    std::unique_ptr<UpstreamStream> up = ep.backend->open(st_.profile->active().body.text(), st_.id, st_.cfg.upstream);
+    // Short waits, so a client that left or the drain deadline are noticed promptly; a
+    // backend's stream_next returns as soon as it has a chunk, so they cost nothing when busy.
+    const milliseconds wait = std::min(st_.keepalive, milliseconds(200));
+    for (;;) {
+        // Drain what is already queued before flushing: under load many tokens go out in
+        // one write instead of one syscall each.
+        UpEvent e = up->next(milliseconds(0));
+        if (e.kind == UpEvent::Kind::timeout) {
+            st_.flush();
+            e = up->next(wait);
+        }
+        if (steady_clock::now() - last_gone_check_ > milliseconds(100)) {
+            last_gone_check_ = steady_clock::now();
+            st_.sink.check_gone();
+        }
+        if (st_.sink.lost()) {
+            up->cancel();
+            return cancel_stream();
+        }
+        if (st_.gw.cutting()) {
+            up->cancel();
+            e = cut_event();
+        }
+        if (auto a = on_event(std::move(e), ep)) return *a;
+    }
+}
+
+AttemptDriver::Step AttemptDriver::cancel_stream() {
+    st_.profile->finish(PULSE_STREAM_CANCELLED, *st_.builder);
+    st_.outcome = Outcome::cancelled;
+    return Step::final;
+}
+
+// Endpoint `ep` failed during this attempt (dropped, timed out, or sent what cannot be read):
+// before any output another endpoint, or this one later, serves the request; after output
+// the response is resumed elsewhere when it can be, else it ends here.
+AttemptDriver::Step AttemptDriver::endpoint_failure(const EndpointRef& ep, pulse_status_t status, const std::string& why) {
+    st_.last_status = status;
+    st_.last_error = why;
+    if (st_.gw.cutting() || !retryable(st_.last_status)) {
+        // No other endpoint is tried: the gateway is stopping, or the backend plugin
+        // failed in a way that says it would fail again (a bug, not an outage).
+        log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed: " + why);
+        if (st_.builder->has_output()) {
+            st_.profile->finish(PULSE_STREAM_TRUNCATED, *st_.builder);
+            st_.builder->fail(st_.last_status, why);
+            st_.outcome = Outcome::failed;
+            return Step::served;
+        }
+        return Step::final;
+    }
+    if (!st_.builder->attempt_has_output()) {
+        // Nothing of this attempt reached the client (at most the role chunk, which
+        // carries no output): another endpoint, or this one later, may serve it.
+        log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed: " + why);
+        st_.gw.endpoint_failed(ep, why, /*real_request=*/true);
+        if (fed_ && st_.profile->restart(st_.builder.get()) != PULSE_OK) return Step::final;  // the profile starts afresh
+        return Step::retry;
+    }
+    if (auto a = resume_elsewhere(ep, why)) return *a;
+    st_.profile->finish(PULSE_STREAM_TRUNCATED, *st_.builder);
+    st_.outcome = outcome_of(st_.builder->end(PULSE_STREAM_TRUNCATED, why));
+    return Step::served;
+}
+
+// One event from endpoint `ep`; a value when the attempt is over. Runs on the request's
+// thread (backend plugins) or on the stream loop's (HTTP), never on both at once.
+std::optional<AttemptDriver::Step> AttemptDriver::on_event(UpEvent e, const EndpointRef& ep) {
+    switch (e.kind) {
+        case UpEvent::Kind::timeout:
+            st_.keepalive_if_due();
+            return std::nullopt;
+        case UpEvent::Kind::accepted:
+            st_.served_by = ep.cfg->name;
+            st_.gw.endpoint_ok(st_.req.model_id, ep, /*real_request=*/true);
+            st_.builder->start();
+            st_.entry->accepted();
+            return std::nullopt;
+        case UpEvent::Kind::rejected: return on_rejected(e, ep);
+        case UpEvent::Kind::failed:
+            if (e.stale) return Step::again;
+            return endpoint_failure(ep, e.status ? e.status : PULSE_E_UNAVAILABLE, e.text);
+        case UpEvent::Kind::data: return on_data(e, ep);
+        case UpEvent::Kind::done: return on_done(ep);
+    }
+    return std::nullopt;
+}
+
+// The endpoint answered the request with an error status (or refused it before any stream).
+AttemptDriver::Step AttemptDriver::on_rejected(const UpEvent& e, const EndpointRef& ep) {
+    if (e.http_status == 400 && st_.budget && !st_.profile->resuming() && drop_refused_budget(ep, e.text)) return Step::resend;
+    pulse_status_t s = e.status;
+    if (e.http_status) {
+        std::optional<std::string> said;
+        s = st_.profile->map_error(e.http_status, e.text, &said);
+        st_.last_error = said ? *said : "backend answered HTTP " + std::to_string(e.http_status) + ": " + e.text.substr(0, 300);
+    } else {
+        st_.last_error = e.text;
+    }
+    st_.last_status = s;
+    if (e.retry_after_s > 0) st_.retry_after_s = e.retry_after_s;
+    log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " refused the request: " + st_.last_error);
+    if (!retryable(s)) return Step::final;
+    if (e.http_status == 500) {
+        // A server that answers 500 is up; one that answers this request with the
+        // same 500 twice will answer it so every time (an input it cannot take):
+        // it is not asked again, and not marked down for it. Other endpoints may
+        // still serve the request; when none is left, the answer is this error.
+        plan_.refused_500(static_cast<size_t>(&ep - st_.req.rt->endpoints.data()), e.text, st_.last_error);
+        return Step::retry;
+    }
+    st_.gw.endpoint_failed(ep, st_.last_error, /*real_request=*/true);
+    return Step::retry;
+}
+
+// Output from the endpoint, through the profile into the response.
+std::optional<AttemptDriver::Step> AttemptDriver::on_data(const UpEvent& e, const EndpointRef& ep) {
+    if (!st_.ttft) st_.ttft = duration_cast<milliseconds>(steady_clock::now() - st_.t0);
+    fed_ = true;
+    pulse_status_t s = st_.profile->feed(e.text, *st_.builder);
+    // A profile's feed answering UNAVAILABLE says the upstream's stream failed at
+    // this chunk (an engine error event, a chunk that is not JSON): the endpoint
+    // failed as if it had dropped here — another endpoint before any output, resume
+    // after (docs/SDK.md, "Status codes").
+    if (s < 0 && retryable(s))
+        return endpoint_failure(ep, s, "the backend's stream failed: " + st_.profile->error(s));
+    if (s < 0) {
+        st_.builder->fail(s, st_.profile->error(s));
+        st_.outcome = Outcome::failed;
+        return Step::served;
+    }
+    // The model's output could not be delivered (a broken tool call, reported through
+    // the sink) after output began: another endpoint continues the response.
+    if (auto f = st_.builder->failure(); f && retryable(f->first) && st_.builder->attempt_has_output()) {
+        st_.last_status = f->first;
+        st_.last_error = f->second;
+        if (auto a = resume_elsewhere(ep, "the backend's output could not be used mid-stream: " + f->second)) return *a;
+    }
+    st_.entry->output(st_.builder->spent().output);
+    st_.keepalive_if_due();
+    return std::nullopt;
+}
+
+// The endpoint ended its stream.
+AttemptDriver::Step AttemptDriver::on_done(const EndpointRef& ep) {
+    pulse_status_t s = st_.profile->finish(PULSE_STREAM_CLEAN, *st_.builder);
+    if (s < 0) st_.builder->fail(s, st_.profile->error(s));
+    st_.outcome = st_.builder->ended() ? (st_.builder->failure() ? Outcome::failed : Outcome::completed)
+                                 : outcome_of(st_.builder->end(PULSE_STREAM_CLEAN));
+    if (st_.outcome == Outcome::completed || st_.outcome == Outcome::incomplete) {
+        // Replays go to the chat path: a raw completion (resume = "tokens") is not kept.
+        if (const auto& r = st_.profile->request(); r.path == "/chat/completions" && !r.root_path)
+            st_.gw.prefixes().remember(st_.req.model_id, st_.req.conversation, r.body.text());
+        if (st_.gw.warmer() && !ep.backend) {
+            st_.gw.warmer()->served(*ep.cfg, ep.health);
+            if (auto u = st_.builder->usage_totals(); u.reported) st_.gw.warmer()->first_turn(*ep.cfg, *ep.health, u.input, u.cached);
+        }
+    }
+    return Step::served;
+}
+
+// A sent HTTP request's response, followed by the stream loop while this thread sleeps.
+AttemptDriver::Step AttemptDriver::relay(std::unique_ptr<DetachedBody> body, const EndpointRef& ep) {
+    st_.flush();
+    if (st_.sink.lost()) return cancel_stream();  // `body` closes the connection
+    relay_ep_ = &ep;
+    relay_result_.reset();
+    st_.relaying = true;
+    std::string unsent;
+    st_.gw.relay().run(*this, std::move(body), unsent);
+    st_.relaying = false;
+    st_.sink.put_back(std::move(unsent));
+    return relay_result_.value_or(Step::final);
+}
+
+
+// RelayJob
+
+bool AttemptDriver::on_upstream(UpEvent e) {
+    relay_result_ = on_event(std::move(e), *relay_ep_);
+    return relay_result_.has_value();
+}
+
+bool AttemptDriver::on_timer() {
+    st_.keepalive_if_due();
+    return false;
+}
+
+void AttemptDriver::on_cut() {
+    relay_result_ = on_event(cut_event(), *relay_ep_);
+    if (!relay_result_) relay_result_ = Step::final;
+}
+
+steady_clock::time_point AttemptDriver::next_timer() const {
+    return st_.req.streaming ? st_.last_event + st_.keepalive : steady_clock::time_point::max();
+}
+
+void AttemptDriver::on_client_lost() {  // the loop has marked the exchange lost
+    relay_result_ = cancel_stream();
+}
+
+}  // namespace pulse::gateway

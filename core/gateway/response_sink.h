@@ -1,0 +1,74 @@
+// The client's side of one /v1/responses response — the last hop of the request path: the SSE
+// events the response builder produces, framed for the client's HTTP version behind the
+// response head; the headers Pulse adds (X-Pulse-Fallback, X-Pulse-Reasoning-Budget); the
+// response's end: the stream's last chunk, or a whole JSON answer (a client that does not
+// stream, or an error before any event). Every byte goes out through the exchange, which alone
+// knows whether the client is lost.
+//
+// While the stream loop relays a response it takes the framed bytes (take()) and sends them
+// itself; otherwise flush() sends them from the request's thread.
+#pragma once
+
+#include <pulse/plugin.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "server/http_server.h"
+
+namespace pulse::gateway {
+
+// How a status reaches an HTTP client that has not seen any event yet (docs/SDK.md, "Status
+// codes"): the HTTP status, the OpenAI error type and code, and a Retry-After (0 = none).
+struct HttpError {
+    int status;
+    const char* type;
+    const char* code;
+    int retry_after;
+};
+HttpError http_error_for(pulse_status_t s);
+
+class ResponseSink {
+public:
+    explicit ResponseSink(server::Exchange& ex) : ex_(ex) {}
+
+    // One SSE event (the response builder's output).
+    void event(std::string_view type, std::string_view json);
+    // A header for the response: in the stream's head if it has not gone out yet, and in a
+    // whole answer. The latest value for a name wins.
+    void header(std::string name, std::string value);
+
+    // The framed bytes produced since the last take, the head first (the stream loop's side).
+    void take(std::string& wire);
+    // Bytes the stream loop could not send before its job ended: they go first.
+    void put_back(std::string unsent) { wire_.insert(0, unsent); }
+    // Sends what is queued (blocking, bounded by the send timeout). False once the client is lost.
+    bool flush();
+
+    // The response as one JSON document instead of a stream.
+    void answer(int status, std::string body);
+    // An error answer in the OpenAI shape for `s` (`code` overrides the status's own code);
+    // a Retry-After of at least `retry_after_s` when the status has one.
+    void error(pulse_status_t s, const std::string& message, const char* code = nullptr, int retry_after_s = 0);
+    bool has_answer() const { return answer_.has_value(); }
+    // The end: the whole answer, or the stream's last chunk. False when the client did not take it.
+    bool end();
+
+    // The client is gone (a failed write, a hang-up, the stream loop gave up on it).
+    bool lost() const { return ex_.lost(); }
+    void lose() { ex_.give_up(); }
+    // Checks without blocking whether the client hung up; true when it is lost.
+    bool check_gone();
+
+private:
+    server::Exchange& ex_;
+    std::string events_;  // SSE text not yet framed
+    std::string wire_;    // framed bytes not yet sent
+    server::Headers headers_;
+    bool head_sent_ = false;
+    std::optional<std::string> answer_;
+    int answer_status_ = 200;
+};
+
+}  // namespace pulse::gateway
