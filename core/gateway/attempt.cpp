@@ -147,34 +147,11 @@ AttemptDriver::Step AttemptDriver::run_http(const EndpointRef& ep) {
     }
 }
 
-// A backend plugin's stream, followed on this thread.
+// A backend plugin: its stream, started here, is relayed by the stream loop like an HTTP response.
 AttemptDriver::Step AttemptDriver::run_plugin(const EndpointRef& ep) {
-    std::unique_ptr<UpstreamStream> up = ep.backend->open(st_.profile->active().body.text(), st_.id, st_.cfg.upstream);
-    // Short waits, so a client that left or the drain deadline are noticed promptly; a
-    // backend's stream_next returns as soon as it has a chunk, so they cost nothing when busy.
-    const milliseconds wait = std::min(st_.keepalive, milliseconds(200));
-    for (;;) {
-        // Drain what is already queued before flushing: under load many tokens go out in
-        // one write instead of one syscall each.
-        UpEvent e = up->next(milliseconds(0));
-        if (e.kind == UpEvent::Kind::timeout) {
-            st_.flush();
-            e = up->next(wait);
-        }
-        if (steady_clock::now() - last_gone_check_ > milliseconds(100)) {
-            last_gone_check_ = steady_clock::now();
-            st_.sink.check_gone();
-        }
-        if (st_.sink.lost()) {
-            up->cancel();
-            return cancel_stream();
-        }
-        if (st_.gw.cutting()) {
-            up->cancel();
-            e = cut_event();
-        }
-        if (auto a = on_event(std::move(e), ep)) return *a;
-    }
+    UpEvent error;
+    std::unique_ptr<DetachedBody> body = ep.backend->open(st_.profile->active().body.text(), st_.id, st_.cfg.upstream, error);
+    return body ? relay(std::move(body), ep) : on_event(std::move(error), ep).value_or(Step::retry);
 }
 
 AttemptDriver::Step AttemptDriver::cancel_stream() {

@@ -1,6 +1,6 @@
 // One attempt of a response on one endpoint — the middle of the request path. The driver sends
-// the request (an HTTP endpoint's answer is then relayed by the stream loop while this thread
-// sleeps; a backend plugin's stream is followed on this thread) and turns each upstream event
+// the request to an HTTP endpoint, or starts a backend plugin's stream, and the stream loop
+// relays the answer either way while this thread sleeps; the driver turns each upstream event
 // into what it does to the response: output for the client, a failure another endpoint may
 // repair (failover before any output, resume after), or the end.
 #pragma once
@@ -61,7 +61,6 @@ private:
     bool fed_ = false;  // the current attempt produced data
     const EndpointRef* relay_ep_ = nullptr;
     std::optional<Step> relay_result_;
-    std::chrono::steady_clock::time_point last_gone_check_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace pulse::gateway

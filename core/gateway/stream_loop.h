@@ -1,12 +1,14 @@
-// The streaming phase of HTTP upstreams, driven by a few epoll threads instead of one thread
-// per stream (docs/ARCHITECTURE.md, "Threads").
+// The streaming phase of every upstream, driven by a few epoll threads instead of one thread
+// per stream (docs/ARCHITECTURE.md, "Threading").
 //
-// A request thread does everything up to the backend's acceptance (parsing, translation,
-// connect, failover, waiting for the response headers) the blocking way, then hands the
-// accepted body and the client socket to a loop and sleeps until the loop is done with them.
-// The loop reads every backend that has data, runs the translation for it, and writes what it
-// produced to the clients; tokens that arrive together (one decode step of a batched backend)
-// cost one wake-up, not one per stream. Backend plugins keep the thread-per-stream path.
+// A request thread does everything up to the attempt (parsing, translation, failover, sending
+// an HTTP request or starting a backend plugin's stream) the blocking way, then hands the
+// backend's answer (a DetachedBody: an HTTP connection, or a plugin stream's eventfd) and the
+// client to a loop and sleeps until the loop is done with them. The loop reads every backend
+// that has data, runs the attempt's event handler for it, and writes what it produced to the
+// clients; tokens that arrive together (one decode step of a batched backend) cost one
+// wake-up, not one per stream. Keepalives, the backends' head and idle deadlines, the client's
+// send timeout, a client that leaves and the drain cut are handled here, the same for both kinds.
 #pragma once
 
 #include <chrono>

@@ -5,6 +5,8 @@
 #include <Poco/Net/HTTPResponse.h>
 #include <Poco/Net/NetException.h>
 #include <Poco/URI.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -112,7 +114,6 @@ UpEvent upstream_failure(bool accepted, const std::string& what) {
     UpEvent e;
     e.kind = UpEvent::Kind::failed;
     e.status = PULSE_E_UNAVAILABLE;
-    e.before_accept = !accepted;
     e.text = (accepted ? "the backend connection broke mid-stream: " : "cannot reach the backend: ") + what;
     return e;
 }
@@ -386,88 +387,110 @@ private:
     bool done_ = false, broken_ = false, exhausted_ = false, close_ = false, got_bytes_ = false;
 };
 
-// Collects the chunks one stream_next call emits.
-// What a backend's stream_next emits, handed to the request thread as it is emitted.
+// What a backend's stream_next emits, queued for the stream loop, which an eventfd wakes.
 struct ChunkCollector : pulse_chunk_sink {
     std::mutex m;
-    std::condition_variable cv;
     std::deque<std::string> chunks;  // under m
+    int wake_fd = -1;
+    void wake() {
+        uint64_t one = 1;
+        ssize_t n = ::write(wake_fd, &one, sizeof one);
+        (void)n;  // a full counter still wakes the loop
+    }
     pulse_status_t data(std::string_view payload) override {
         {
             std::lock_guard lock(m);
             chunks.emplace_back(payload);
         }
-        cv.notify_one();
+        wake();
         return PULSE_OK;
     }
 };
 
-// An in-process backend's stream. Its stream_next calls run on a thread of their own: a call
-// that does real work, or waits past its timeout_ms, must not hold the request thread, which
-// sends each chunk as soon as the call emits it and keeps the client alive (keepalives, the
-// response head) while the call is out.
-class PluginStream : public UpstreamStream {
+// An in-process backend's stream, read by the stream loop like an HTTP response: its
+// stream_next calls run on a thread of their own (a call that does real work, or waits past its
+// timeout_ms, holds no request thread and no loop), each emitted chunk is queued and the loop
+// woken through an eventfd; the loop turns the queue into the same events an HTTP body gives,
+// and judges the backend's silence by the same head and idle timeouts.
+class PluginBody : public DetachedBody {
 public:
-    PluginStream(plugin::ComponentLease lease, void* stream, std::string request_id, const config::Upstream& t,
-                 steady_clock::time_point head_deadline)
+    PluginBody(plugin::ComponentLease lease, void* stream, std::string request_id, const config::Upstream& t,
+               steady_clock::time_point head_deadline)
         : lease_(std::move(lease)), stream_(stream), request_id_(std::move(request_id)),
           idle_(duration_cast<steady_clock::duration>(duration<double>(t.idle_timeout_s))), idle_timeout_s_(t.idle_timeout_s),
-          head_timeout_s_(t.head_timeout_s), deadline_(head_deadline), call_deadline_ms_(monotonic_ms(head_deadline)) {}
-    ~PluginStream() override {
-        if (worker_.joinable()) {
-            {
-                std::lock_guard lock(sink_.m);
-                if (!over_) cancel();  // a stream abandoned mid-way (client gone, failover)
-            }
-            worker_.join();  // [stream-serial]: stream_close after the last stream_next returned
+          head_timeout_s_(t.head_timeout_s), deadline_(head_deadline), call_deadline_ms_(monotonic_ms(head_deadline)) {
+        sink_.wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (sink_.wake_fd < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+        worker_ = std::thread([this] { run(); });
+    }
+    ~PluginBody() override {
+        {
+            std::lock_guard lock(sink_.m);
+            if (!over_) cancel();  // a stream abandoned mid-way (client gone, failover, drain)
         }
+        worker_.join();  // [stream-serial]: stream_close after the last stream_next returned
         vt().stream_close(stream_);
+        ::close(sink_.wake_fd);
     }
 
-    UpEvent next(milliseconds wait) override {
+    int fd() const override { return sink_.wake_fd; }
+
+    void read(std::vector<UpEvent>& out) override {
+        uint64_t n;
+        ssize_t r = ::read(sink_.wake_fd, &n, sizeof n);
+        (void)r;
+        if (reported_end_) return;
         if (!announced_) {
             announced_ = true;
-            worker_ = std::thread([this] { run(); });
-            return UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false};
+            out.push_back(UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false});
         }
-        std::unique_lock lock(sink_.m);
-        sink_.cv.wait_for(lock, wait, [&] { return !sink_.chunks.empty() || over_; });
+        std::lock_guard lock(sink_.m);
         if (!sink_.chunks.empty()) {
             got_output_ = true;
             deadline_ = steady_clock::now() + idle_;
             call_deadline_ms_ = monotonic_ms(deadline_);
-            UpEvent e{UpEvent::Kind::data, 0, PULSE_OK, std::move(sink_.chunks.front()), false};
-            sink_.chunks.pop_front();
-            return e;
         }
-        if (over_) {
-            if (failure_) return *failure_;
+        for (auto& c : sink_.chunks) out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::move(c), false});
+        sink_.chunks.clear();
+        if (!over_) return;
+        reported_end_ = true;
+        if (failure_) {
+            out.push_back(std::move(*failure_));
+        } else if (!got_output_) {
             // The end before any chunk: nothing was answered, not even a finish reason (an HTTP
             // backend that closes its stream so is retried too).
-            if (!got_output_) {
-                UpEvent e{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE, "backend '" + lease_->registration.name + "' ended its stream without a chunk", false};
-                return e;
-            }
-            return UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false};
+            out.push_back(UpEvent{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE,
+                                  "backend '" + lease_->registration.name + "' ended its stream without a chunk", false});
+        } else {
+            out.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
         }
-        if (steady_clock::now() >= deadline_) {
-            cancel();  // the plugin's own work stops too; stream_close follows
-            return upstream_failure(
-                got_output_, got_output_ ? "no chunk from backend '" + lease_->registration.name + "' for " + seconds_text(idle_timeout_s_) +
-                                               " s (upstream.idle_timeout_s)"
-                                         : "no output from backend '" + lease_->registration.name + "' within " +
-                                               seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
-        }
-        return UpEvent{};
     }
 
-    void cancel() override {
-        cancelled_ = true;
-        vt().stream_cancel(stream_);
+    steady_clock::time_point idle_deadline() const override { return reported_end_ ? steady_clock::time_point::max() : deadline_; }
+
+    std::optional<UpEvent> silence(steady_clock::time_point now) override {
+        if (reported_end_ || now < deadline_) return std::nullopt;
+        cancel();  // the plugin's own work stops too; stream_close follows
+        reported_end_ = true;
+        return upstream_failure(got_output_, got_output_ ? "no chunk from backend '" + lease_->registration.name + "' for " +
+                                                               seconds_text(idle_timeout_s_) + " s (upstream.idle_timeout_s)"
+                                                         : "no output from backend '" + lease_->registration.name + "' within " +
+                                                               seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
     }
+
+    // Nothing to keep: a stream serves one request, and ends with its terminal event.
+    bool reusable() const override { return false; }
+    bool ended() const override { return reported_end_; }
+    bool exhausted() const override { return reported_end_; }
+    void recycle() override {}
 
 private:
     const pulse_backend_vt_t& vt() const { return lease_->registration.backend; }
+
+    void cancel() {
+        cancelled_ = true;
+        vt().stream_cancel(stream_);
+    }
 
     // The worker: stream_next until the stream ends, fails or is cancelled.
     void run() {
@@ -497,7 +520,7 @@ private:
                     failure_ = UpEvent{UpEvent::Kind::failed, 0, rc, host::call_error(call, rc, lease_->plugin_id()), false};
                 over_ = true;
             }
-            sink_.cv.notify_one();
+            sink_.wake();
             return;
         }
     }
@@ -514,12 +537,12 @@ private:
     std::atomic<bool> cancelled_{false};
     steady_clock::duration idle_;
     double idle_timeout_s_, head_timeout_s_;
-    steady_clock::time_point deadline_;  // no chunk by then: the stream has failed (request thread)
+    steady_clock::time_point deadline_;       // no chunk by then: the stream has failed (loop thread)
     std::atomic<uint64_t> call_deadline_ms_;  // the same, for the calls
     std::thread worker_;
     bool over_ = false;                   // under sink_.m: the worker returned
     std::optional<UpEvent> failure_;      // under sink_.m: how, if it failed
-    bool announced_ = false, got_output_ = false;
+    bool announced_ = false, got_output_ = false, reported_end_ = false;  // loop thread
 };
 
 // One JSON POST the blocking way on a fresh connection: the HTTP status (0 when the endpoint
@@ -536,17 +559,6 @@ int blocking_post(const std::string& origin, const std::string& target, const ht
     *answer = a.status ? std::move(a.body) : std::move(a.error);
     return a.status;
 }
-
-// A stream that only reports that the backend refused to start.
-class RejectedStream : public UpstreamStream {
-public:
-    explicit RejectedStream(UpEvent e) : e_(std::move(e)) {}
-    UpEvent next(milliseconds) override { return e_; }
-    void cancel() override {}
-
-private:
-    UpEvent e_;
-};
 
 }  // namespace
 
@@ -646,8 +658,8 @@ BackendInstance::~BackendInstance() {
     if (backend_ && lease_->registration.backend.destroy) lease_->registration.backend.destroy(backend_);
 }
 
-std::unique_ptr<UpstreamStream> BackendInstance::open(std::string_view request_json, const std::string& request_id,
-                                                      const config::Upstream& timeouts) {
+std::unique_ptr<DetachedBody> BackendInstance::open(std::string_view request_json, const std::string& request_id, const config::Upstream& timeouts,
+                                                     UpEvent& error) {
     rapidjson::Document doc;
     doc.Parse(request_json.data(), request_json.size());
     const auto head_deadline = steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(timeouts.head_timeout_s));
@@ -666,13 +678,13 @@ std::unique_ptr<UpstreamStream> BackendInstance::open(std::string_view request_j
         log::error("plugins", call.message);
     }
     if (rc != PULSE_OK) {
-        UpEvent e;
-        e.kind = UpEvent::Kind::rejected;
-        e.status = rc;
-        e.text = host::call_error(call, rc, lease_->plugin_id());
-        return std::make_unique<RejectedStream>(std::move(e));
+        error = UpEvent{};
+        error.kind = UpEvent::Kind::rejected;
+        error.status = rc;
+        error.text = host::call_error(call, rc, lease_->plugin_id());
+        return nullptr;
     }
-    return std::make_unique<PluginStream>(lease_, stream, request_id, timeouts, head_deadline);
+    return std::make_unique<PluginBody>(lease_, stream, request_id, timeouts, head_deadline);
 }
 
 }  // namespace pulse::gateway

@@ -1,7 +1,8 @@
 // How the gateway talks to a backend: an HTTP endpoint (vLLM, llama-server) is sent the
-// request (send_http) and its response read by the stream loop (DetachedBody); an in-process
-// backend plugin is followed through UpstreamStream. Both produce the same UpEvents, so
-// failover, retry and keepalive are one piece of code (ResponseSession::on_event).
+// request (send_http); an in-process backend plugin is started (BackendInstance::open). Either
+// way the answer is a DetachedBody that the stream loop reads without blocking, producing the
+// same UpEvents, so keepalive, deadlines, cancellation, failover and resume are one piece of
+// code (the stream loop, and AttemptDriver::on_event).
 #pragma once
 
 #include <pulse/plugin.h>
@@ -28,20 +29,20 @@ struct UpEvent {
         rejected,  // the backend refused it: `http_status` + `text` (body) or `status` + `text`
         data,      // one SSE data payload (a Chat Completions chunk)
         done,      // the terminal marker ([DONE] / PULSE_END)
-        failed,    // transport failure: before acceptance (`before_accept`) or mid-stream
+        failed,    // transport failure, before acceptance or mid-stream
     };
     Kind kind = Kind::timeout;
     int http_status = 0;
     pulse_status_t status = PULSE_OK;
     std::string text;
-    bool before_accept = false;
     bool stale = false;     // failed: a pooled connection had been closed by the backend; nothing was processed
     int retry_after_s = 0;  // rejected: the backend's Retry-After (seconds), 0 = none
 };
 
-// The response to a sent HTTP request, read by the stream loop (stream_loop.h) without
-// blocking: accepted or rejected, then the body's events. Destroying it closes the connection
-// unless recycle() gave it back to the pool.
+// A backend's answer, read by the stream loop (stream_loop.h) without blocking: accepted or
+// rejected, then the body's events. For an HTTP request, fd() is the connection and destroying
+// the body closes it unless recycle() gave it back to the pool; for a backend plugin, fd() is an
+// eventfd its stream's thread signals, and destroying the body cancels and closes the stream.
 class DetachedBody {
 public:
     virtual ~DetachedBody() = default;
@@ -64,14 +65,6 @@ public:
     virtual void recycle() = 0;
 };
 
-class UpstreamStream {
-public:
-    virtual ~UpstreamStream() = default;
-    // Waits up to `wait` for the next event.
-    virtual UpEvent next(std::chrono::milliseconds wait) = 0;
-    // Makes the backend stop work for this request promptly (closes the connection).
-    virtual void cancel() = 0;
-};
 
 // A profile's preparatory request (SDK 1.3 prepare): POSTs `req` on a fresh connection,
 // bounded by the connect timeout and 30 s (or upstream.head_timeout_s), and returns the HTTP status (0
@@ -114,8 +107,10 @@ public:
     // `timeouts.idle_timeout_s`, as for an HTTP backend; the plugin sees that moment as its
     // calls' deadline (host->call_deadline_ms). Past it the stream fails (before any output:
     // the next endpoint may serve the request).
-    std::unique_ptr<UpstreamStream> open(std::string_view request_json, const std::string& request_id,
-                                         const config::Upstream& timeouts);
+    // The stream loop reads the result like an HTTP response (the same events). On refusal:
+    // nullptr and a `rejected` event in `error`.
+    std::unique_ptr<DetachedBody> open(std::string_view request_json, const std::string& request_id, const config::Upstream& timeouts,
+                                       UpEvent& error);
     const std::string& name() const { return lease_->registration.name; }
     // Whether the backend enforces the reasoning cap in request field `field` (ABI 1.2
     // budget_fields; a 1.0/1.1 backend declares none).

@@ -284,6 +284,27 @@ TEST_CASE("a backend plugin that blocks in stream_next still streams: each chunk
     CHECK(t.completed >= 1.9);
 }
 
+TEST_CASE("a client that leaves a backend plugin's stream: the stream is cancelled and the worker freed, nothing counted as completed") {
+    Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"busy\"\nurl = \"plugin://test-faulty\"\noptions = { fail = \"blocking\" }\n",
+               "", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
+    steady_clock::time_point left;
+    {
+        Raw c(gw.port);
+        REQUIRE(c.send(post_head(request())));
+        std::string got;
+        auto t0 = steady_clock::now();
+        while (got.find("response.output_text.delta") == std::string::npos && steady_clock::now() - t0 < seconds(10)) got += c.read_all(20);
+        REQUIRE(got.find("response.output_text.delta") != std::string::npos);
+        left = steady_clock::now();
+    }  // closed after the first delta of 20 (2 s of output)
+    // (This engine finishes the stream_next call it is in before it looks at the cancellation,
+    // as an engine inside a decode step would: the request ends when that call returns.)
+    REQUIRE(eventually([&] { return gw.log().find("outcome=cancelled") != std::string::npos; }, 5000));
+    CHECK(duration<double>(steady_clock::now() - left).count() < 4.0);
+    CHECK(eventually([&] { return get(gw.port, "/health").find(R"("active_requests":0)") != std::string::npos; }, 3000));
+    CHECK(gw.log().find("outcome=completed") == std::string::npos);
+}
+
 TEST_CASE("a backend plugin that sleeps before its first chunk: the client gets the head and keepalives meanwhile") {
     Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"sleepy\"\nurl = \"plugin://test-faulty\"\noptions = { fail = \"sleepy\" }\n",
                "", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
