@@ -426,6 +426,40 @@ void Gateway::admin_reload(server::Exchange& ex) {
 
 // The state /health and /status.json share: models with their endpoints, plugins, status.
 // Returns the overall status ("ok", "degraded", "draining").
+namespace {
+
+// One endpoint of /health and /status.json; true when it is healthy.
+bool write_endpoint(JsonWriter& w, const EndpointRef& e, bool live) {
+    const bool ok = e.health->healthy();
+    w.StartObject();
+    w.Key("name");
+    w.String(e.cfg->name.c_str());
+    w.Key("url");
+    w.String(e.cfg->url.c_str());
+    w.Key("state");
+    w.String(ok ? "healthy" : e.health->last_error().rfind("loading", 0) == 0 ? "loading" : "down");
+    w.Key("for_s");
+    w.Double(static_cast<double>(static_cast<int64_t>(e.health->seconds_in_state() * 10)) / 10);
+    w.Key("in_flight");
+    w.Int(e.health->in_flight.load());
+    if (live && e.cfg->last_resort) {
+        w.Key("last_resort");
+        w.Bool(true);
+    }
+    if (!ok) {
+        w.Key("last_error");
+        w.String(e.health->last_error().c_str());
+    }
+    if (std::string d = e.health->detail(); !d.empty()) {  // an in-process backend's own report
+        w.Key("backend");
+        w.RawValue(d.c_str(), d.size(), rapidjson::kObjectType);
+    }
+    w.EndObject();
+    return ok;
+}
+
+}  // namespace
+
 const char* Gateway::write_state(JsonWriter& w, const Snapshot& snap, bool live) const {
     bool draining = draining_.load();
     bool all_models_served = true;
@@ -446,33 +480,8 @@ const char* Gateway::write_state(JsonWriter& w, const Snapshot& snap, bool live)
         w.Key("endpoints");
         w.StartArray();
         for (const auto& e : m->endpoints) {
-            bool ok = e.health->healthy();
-            any = any || ok;
+            any = write_endpoint(w, e, live) || any;
             in_flight += e.health->in_flight.load();
-            w.StartObject();
-            w.Key("name");
-            w.String(e.cfg->name.c_str());
-            w.Key("url");
-            w.String(e.cfg->url.c_str());
-            w.Key("state");
-            w.String(ok ? "healthy" : e.health->last_error().rfind("loading", 0) == 0 ? "loading" : "down");
-            w.Key("for_s");
-            w.Double(static_cast<double>(static_cast<int64_t>(e.health->seconds_in_state() * 10)) / 10);
-            w.Key("in_flight");
-            w.Int(e.health->in_flight.load());
-            if (live && e.cfg->last_resort) {
-                w.Key("last_resort");
-                w.Bool(true);
-            }
-            if (!ok) {
-                w.Key("last_error");
-                w.String(e.health->last_error().c_str());
-            }
-            if (std::string d = e.health->detail(); !d.empty()) {  // an in-process backend's own report
-                w.Key("backend");
-                w.RawValue(d.c_str(), d.size(), rapidjson::kObjectType);
-            }
-            w.EndObject();
         }
         w.EndArray();
         if (live) {

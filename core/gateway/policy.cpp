@@ -1,7 +1,10 @@
 #include "gateway/policy.h"
 
 #include <chrono>
+#include <pthread.h>
+
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -13,16 +16,6 @@
 namespace pulse::gateway {
 
 using namespace std::chrono;
-
-// What a decide thread needs, kept alive by the thread itself: a request that stopped waiting
-// does not take it away.
-struct Policy::Shared {
-    pulse_policy_vt_t vt{};
-    void* instance = nullptr;
-    std::mutex m;
-    std::condition_variable cv;
-    int in_flight = 0;
-};
 
 namespace {
 
@@ -39,7 +32,56 @@ struct Job {
 
 const char* const kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
 
+// How long a pool thread with nothing to do stays for the next decision.
+constexpr auto kIdleWorker = seconds(30);
+
 }  // namespace
+
+// The policy's instance and its worker pool, kept alive by the workers themselves: a request
+// that stopped waiting, or a policy being destroyed, does not take it from under a call.
+// Workers start on demand (one per decision waiting with no idle worker, at most kMaxInFlight)
+// and leave after kIdleWorker without work, so a steady load reuses the same few threads.
+struct Policy::Shared {
+    pulse_policy_vt_t vt{};
+    void* instance = nullptr;
+    std::mutex m;
+    std::condition_variable cv;       // in_flight went down (the destructor waits on it)
+    std::condition_variable work_cv;  // a job was queued, or the pool stops
+    std::deque<std::shared_ptr<Job>> queue;
+    int in_flight = 0;  // queued or running
+    int workers = 0, idle = 0;
+    bool stopping = false;
+
+    static void work(std::shared_ptr<Shared> s) {
+        ::pthread_setname_np(::pthread_self(), "pulse-policy");
+        std::unique_lock lock(s->m);
+        for (;;) {
+            while (s->queue.empty()) {
+                ++s->idle;
+                const bool woke = s->work_cv.wait_for(lock, kIdleWorker, [&] { return !s->queue.empty() || s->stopping; });
+                --s->idle;
+                if (!woke || s->queue.empty()) {
+                    --s->workers;
+                    return;
+                }
+            }
+            std::shared_ptr<Job> job = std::move(s->queue.front());
+            s->queue.pop_front();
+            lock.unlock();
+            // A request that stopped waiting before its turn came is not asked about.
+            pulse_status_t rc = job->cancelled ? PULSE_E_DEADLINE : s->vt.decide(s->instance, &job->call, host::view(&job->summary), &job->out);
+            {
+                std::lock_guard jl(job->m);
+                job->rc = rc;
+                job->done = true;
+            }
+            job->cv.notify_one();
+            lock.lock();
+            --s->in_flight;
+            s->cv.notify_all();
+        }
+    }
+};
 
 const char* Policy::name(Outcome o) {
     switch (o) {
@@ -67,6 +109,8 @@ Policy::Policy(plugin::ComponentLease lease, const config::ModelPolicy& cfg, con
 
 Policy::~Policy() {
     std::unique_lock lock(shared_->m);
+    shared_->stopping = true;  // idle workers leave now
+    shared_->work_cv.notify_all();
     // A decide still running past its request's deadline: give it a moment to notice the
     // cancellation, else leave the instance to it (a leak beats a use after free).
     if (!shared_->cv.wait_for(lock, seconds(2), [&] { return shared_->in_flight == 0; })) {
@@ -79,14 +123,6 @@ Policy::~Policy() {
 }
 
 Policy::Outcome Policy::decide(const std::string& summary, const std::string& request_id, Decision& out, std::string& why) const {
-    {
-        std::lock_guard lock(shared_->m);
-        if (shared_->in_flight >= kMaxInFlight) {
-            why = std::to_string(kMaxInFlight) + " decide calls already running (the policy is stuck or overloaded)";
-            return Outcome::busy;
-        }
-        ++shared_->in_flight;
-    }
     auto job = std::make_shared<Job>();
     job->summary.Parse(summary.c_str());
     job->call.cancelled = &job->cancelled;
@@ -94,18 +130,22 @@ Policy::Outcome Policy::decide(const std::string& summary, const std::string& re
     const auto deadline = steady_clock::now() + milliseconds(timeout_ms_);
     job->call.deadline_ms = static_cast<uint64_t>(duration_cast<milliseconds>(deadline.time_since_epoch()).count());
     job->out.call = &job->call;
-    std::thread([job, shared = shared_] {
-        pulse_status_t rc = shared->vt.decide(shared->instance, &job->call, host::view(&job->summary), &job->out);
-        {
-            std::lock_guard lock(job->m);
-            job->rc = rc;
-            job->done = true;
+    {
+        std::lock_guard lock(shared_->m);
+        if (shared_->in_flight >= kMaxInFlight) {
+            why = std::to_string(kMaxInFlight) + " decide calls already running (the policy is stuck or overloaded)";
+            return Outcome::busy;
         }
-        job->cv.notify_one();
-        std::lock_guard lock(shared->m);
-        --shared->in_flight;
-        shared->cv.notify_all();
-    }).detach();
+        ++shared_->in_flight;
+        shared_->queue.push_back(job);
+        // Every queued job needs an idle worker of its own, or a new one.
+        if (static_cast<size_t>(shared_->idle) < shared_->queue.size() && shared_->workers < kMaxInFlight) {
+            ++shared_->workers;
+            std::thread(Shared::work, shared_).detach();
+        } else {
+            shared_->work_cv.notify_one();
+        }
+    }
 
     std::unique_lock lock(job->m);
     if (!job->cv.wait_until(lock, deadline, [&] { return job->done; })) {

@@ -3,8 +3,9 @@
 // budget, reasoning effort and sampling.
 //
 // The request never waits longer than the model's policy timeout and never fails because of
-// its policy: decide() runs on a thread of its own, and a decision that comes late, an error,
-// or an answer the host cannot use leave the request as the client sent it.
+// its policy: decide() runs on a thread of the policy's bounded worker pool while the request
+// waits at most the timeout, and a decision that comes late, an error, or an answer the host
+// cannot use leave the request as the client sent it.
 #pragma once
 
 #include <atomic>
@@ -46,7 +47,8 @@ public:
     const std::string& component() const { return component_; }
     const std::string& plugin_id() const { return lease_->plugin_id(); }
 
-    // Decide calls that may run at once; beyond it a request goes on without asking.
+    // Decide calls that may be queued or running at once (and so pool threads at most); beyond
+    // it a request goes on without asking.
     static constexpr int kMaxInFlight = 64;
 
 private:

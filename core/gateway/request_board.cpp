@@ -144,8 +144,6 @@ void RequestBoard::end(const std::shared_ptr<Entry>& e, const Ended& how) {
 }
 
 void RequestBoard::write(rapidjson::Writer<rapidjson::StringBuffer>& w) const {
-    const auto now = steady_clock::now();
-    const auto ms = [](steady_clock::duration d) { return duration_cast<milliseconds>(d).count(); };
     std::vector<std::shared_ptr<Entry>> live;
     std::deque<Recent> recent;
     std::map<Key, Series> rates;
@@ -160,6 +158,14 @@ void RequestBoard::write(rapidjson::Writer<rapidjson::StringBuffer>& w) const {
     }
     std::sort(live.begin(), live.end(), [](const auto& a, const auto& b) { return a->t0_ < b->t0_; });
 
+    write_live(w, live);
+    write_recent(w, recent);
+    write_rates(w, rates);
+}
+
+void RequestBoard::write_live(Json& w, const std::vector<std::shared_ptr<Entry>>& live) {
+    const auto now = steady_clock::now();
+    const auto ms = [](steady_clock::duration d) { return duration_cast<milliseconds>(d).count(); };
     w.Key("requests");
     w.StartArray();
     for (const auto& e : live) {
@@ -198,6 +204,9 @@ void RequestBoard::write(rapidjson::Writer<rapidjson::StringBuffer>& w) const {
     }
     w.EndArray();
 
+}
+
+void RequestBoard::write_recent(Json& w, const std::deque<Recent>& recent) {
     w.Key("recent");
     w.StartArray();
     for (const auto& r : recent) {
@@ -237,6 +246,9 @@ void RequestBoard::write(rapidjson::Writer<rapidjson::StringBuffer>& w) const {
     }
     w.EndArray();
 
+}
+
+void RequestBoard::write_rates(Json& w, const std::map<Key, Series>& rates) {
     w.Key("rates");
     w.StartObject();
     w.Key("bucket_s");

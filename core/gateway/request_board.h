@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace pulse::gateway {
 
@@ -87,6 +88,10 @@ private:
     using Key = std::pair<std::string, std::string>;  // model, endpoint
     Series& series(const Key& k, int64_t now_bucket) const;  // m_ held; moves the ring to now
     static int64_t bucket_now();
+    using Json = rapidjson::Writer<rapidjson::StringBuffer>;
+    static void write_live(Json& w, const std::vector<std::shared_ptr<Entry>>& live);
+    static void write_recent(Json& w, const std::deque<Recent>& recent);
+    static void write_rates(Json& w, const std::map<Key, Series>& rates);
     void add_tokens(const std::string& model, const std::string& endpoint, int64_t n);
 
     mutable std::mutex m_;

@@ -126,7 +126,6 @@ public:
     ReloadReport reload();
     // deinit of retired generations that no lease holds any more (control thread).
     void collect_retired();
-    size_t retired_count() const { return retired_.size(); }
 
     // deinit every plugin in reverse load order (control thread). Code stays mapped. Every
     // instance must be destroyed first (the gateway releases its models: Gateway::stop): a

@@ -44,7 +44,6 @@ public:
     std::string& body() { return body_; }  // the whole (de-chunked) body; the handler may parse it in place
     const Poco::Net::SocketAddress& peer() const { return peer_; }
     int fd() const { return fd_; }
-    bool http10() const { return http10_; }
     std::chrono::steady_clock::duration send_timeout() const { return send_timeout_; }
 
     // A whole response with Content-Length.

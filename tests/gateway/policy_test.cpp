@@ -11,6 +11,9 @@
 #include <Poco/Net/HTTPServerRequest.h>
 #include <Poco/Net/HTTPServerResponse.h>
 
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <mutex>
 #include <regex>
 
@@ -267,6 +270,40 @@ struct DecisionService {
 };
 
 }  // namespace
+
+// Threads of process `pid` named `name` (/proc/PID/task/*/comm).
+int threads_named(pid_t pid, const std::string& name) {
+    int n = 0;
+    for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+        std::ifstream comm(t.path() / "comm");
+        std::string c;
+        std::getline(comm, c);
+        n += c == name;
+    }
+    return n;
+}
+
+TEST_CASE("decisions run on a bounded pool of reused threads, not a thread per request") {
+    FakeBackend b(R"({"turns":[{"content":"ok"}]})");
+    {
+        Gateway gw(model(b.url(), kStatic));
+        for (int i = 0; i < 20; ++i) REQUIRE(post(gw.port, "/v1/responses", request(R"(,"reasoning":{"effort":"low"})")).status == 200);
+        CHECK(threads_named(gw.child->pid(), "pulse-policy") == 1);  // one after another: one thread, kept
+    }
+    // A slow policy and 6 requests at once: as many threads as decisions overlap, kept for the next ones.
+    const std::string policy = "[models.m.policy]\nname = \"test-policy\"\ntimeout_ms = 3000\n[models.m.policy.options]\nmode = \"sleep\"\nsleep_ms = 300\n";
+    Gateway gw(model(b.url(), policy), "", Gateway::kUpstream, "", {{"faulty_policy", "faulty_policy"}});
+    for (int round = 0; round < 2; ++round) {
+        std::vector<std::future<HttpResult>> replies;
+        for (int i = 0; i < 6; ++i) replies.push_back(std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request()); }));
+        for (auto& r : replies) CHECK(r.get().status == 200);
+        const int n = threads_named(gw.child->pid(), "pulse-policy");
+        CAPTURE(round);
+        CHECK(n >= 2);
+        CHECK(n <= 6);
+    }
+    CHECK(metric(get(gw.port, "/metrics"), R"(pulse_policy_decisions_total{model="m",policy="test-policy",outcome="unchanged"})") == 12);
+}
 
 TEST_CASE("http policy: the request summary is POSTed with the API key from the environment; a service that is down changes nothing") {
     DecisionService svc;

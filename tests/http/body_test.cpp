@@ -1,4 +1,4 @@
-// HTTP/1.1 body framing read in arbitrary pieces (core/common/http_body): upstream responses and client requests.
+// HTTP/1.1 body framing read in arbitrary pieces (core/http/body): upstream responses and client requests.
 #include <doctest/doctest.h>
 
 #include <string>

@@ -490,9 +490,10 @@ typedef struct pulse_host_api {
     uint16_t abi_major; /* the host's version */
     uint16_t abi_minor;
 
-    /* memory [any-thread]: the host's allocator (aligned_alloc / free). No 1.0 call hands a
-     * buffer across the boundary (every host writer and sink copies at once), so a 1.0 plugin
-     * never needs them; they are here for hand-over calls a later minor may add. */
+    /* memory [any-thread]: the host's allocator (aligned_alloc / free). Unused: no call up to
+     * 1.3 hands a buffer across the boundary (every host writer and sink copies at once), so
+     * no plugin needs them. They stay in the layout, and working, for any plugin that calls
+     * them. */
     void* (*alloc)(size_t size, size_t align);
     void (*free)(void* p);
 
