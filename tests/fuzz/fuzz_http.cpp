@@ -62,7 +62,7 @@ void fuzz_request(std::string_view in, size_t step) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    using namespace pulse::gateway;
+    using namespace pulse::http;
     if (size < 2) return 0;
     const size_t step = 1 + data[0] % 64;
     std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
