@@ -14,13 +14,7 @@ FailoverPlan::Step FailoverPlan::next(const Now& now) {
         switch (phase_) {
             case Phase::round_start:
                 phase_ = Phase::round_order;
-                if (!tried_last_resort_ && !now.regular_healthy && !last_resorts_.empty()) {
-                    tried_last_resort_ = true;
-                    last_resort_reason_ = "all_down";
-                    last_resort_pos_ = 0;
-                    after_last_resort_ = Phase::round_order;
-                    phase_ = Phase::last_resort;
-                }
+                if (!now.regular_healthy) to_last_resort("all_down", Phase::round_order);
                 break;
             case Phase::round_order:
                 order_ = order_of_round_();
@@ -61,13 +55,7 @@ FailoverPlan::Step FailoverPlan::next(const Now& now) {
             }
             case Phase::rounds_over:
                 phase_ = Phase::done;
-                if (!tried_last_resort_ && now.error_retryable && !last_resorts_.empty()) {
-                    tried_last_resort_ = true;
-                    last_resort_reason_ = "window_spent";
-                    last_resort_pos_ = 0;
-                    after_last_resort_ = Phase::done;
-                    phase_ = Phase::last_resort;
-                }
+                if (now.error_retryable) to_last_resort("window_spent", Phase::done);
                 break;
             case Phase::last_resort:
                 if (last_resort_pos_ < last_resorts_.size()) return last_resort_step();
@@ -76,6 +64,16 @@ FailoverPlan::Step FailoverPlan::next(const Now& now) {
             case Phase::done: return Step{};
         }
     }
+}
+
+// The last-resort endpoints are tried next (once per request), then the plan goes on at `then`.
+void FailoverPlan::to_last_resort(const char* reason, Phase then) {
+    if (tried_last_resort_ || last_resorts_.empty()) return;
+    tried_last_resort_ = true;
+    last_resort_reason_ = reason;
+    last_resort_pos_ = 0;
+    after_last_resort_ = then;
+    phase_ = Phase::last_resort;
 }
 
 FailoverPlan::Step FailoverPlan::last_resort_step() {

@@ -66,6 +66,7 @@ public:
 private:
     enum class Phase { round_start, round_order, in_round, rounds_over, last_resort, done };
     Step last_resort_step();
+    void to_last_resort(const char* reason, Phase then);
 
     const size_t regular_;
     const std::vector<size_t> last_resorts_;

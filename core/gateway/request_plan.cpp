@@ -143,20 +143,18 @@ std::optional<BudgetReport> budget_report(const RequestPlan& plan, const std::ma
     r.budget = *budget;
     auto it = notes.find("reasoning_budget");
     r.how = it != notes.end() ? it->second : "not enforced: profile '" + plan.rt->profile->registration.name + "' does not apply reasoning budgets";
-    r.enforced = r.how.rfind("enforced", 0) == 0;
-    if (r.enforced) {
-        // The field is named by itself since SDK 1.2; a 1.1 profile names it only in its note,
-        // whose documented form is "enforced by FIELD".
-        if (auto f = notes.find("reasoning_budget_field"); f != notes.end()) {
-            r.field = f->second;
-        } else if (r.how.rfind("enforced by ", 0) == 0) {
-            r.field = r.how.substr(12);
-            r.field = r.field.substr(0, r.field.find(' '));
-        }
+    // The field is named by itself since SDK 1.2; a 1.1 profile names it only in its note,
+    // whose documented form is "enforced by FIELD".
+    const auto f = notes.find("reasoning_budget_field");
+    if (f != notes.end()) {
+        r.field = f->second;
+    } else if (r.how.rfind("enforced by ", 0) == 0) {
+        r.field = r.how.substr(12);
+        r.field = r.field.substr(0, r.field.find(' '));
     }
     // The profile wrote the budget into a field; an in-process backend says itself whether it
     // reads that field (an HTTP backend refuses a field it cannot apply: the driver resends).
-    if (auto f = notes.find("reasoning_budget_field"); f != notes.end()) {
+    if (f != notes.end()) {
         std::string ignoring;
         size_t plugins = 0;
         for (const auto& ep : plan.rt->endpoints) {

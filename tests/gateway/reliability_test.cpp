@@ -37,27 +37,6 @@ std::string request(const std::string& input = "\"hello\"", const std::string& m
     return R"({"model":")" + model + R"(","stream":true,"store":false,"input":)" + input + extra + "}";
 }
 
-// A port that refuses connections but stays ours (bound, not listening) until release(), so a
-// test running in parallel cannot take it.
-struct DeadPort {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // children must not inherit it
-    uint16_t port = 0;
-    DeadPort() {
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-        socklen_t len = sizeof a;
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-        port = ntohs(a.sin_port);
-    }
-    void release() {
-        if (fd >= 0) ::close(fd);
-        fd = -1;
-    }
-    ~DeadPort() { release(); }
-};
-
 const char* kFast = "keepalive_s = 0.3\nconnect_timeout_s = 5\nhealth_interval_s = 0.2\n";
 
 }  // namespace

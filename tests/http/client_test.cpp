@@ -1,11 +1,7 @@
 // core/http: the blocking client every non-relay caller uses, and the OpenAI error body.
 #include <doctest/doctest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <rapidjson/document.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -13,6 +9,7 @@
 #include "http/client.h"
 #include "http/error_body.h"
 #include "server/http_server.h"
+#include "support/gateway_harness.h"
 
 using namespace pulse;
 using namespace std::chrono;
@@ -49,27 +46,9 @@ struct EchoServer {
 };
 
 // A listening socket nobody accepts from: connects succeed (the backlog), nothing answers.
-struct SilentServer {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    uint16_t port = 0;
-    SilentServer() {
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-        REQUIRE(::listen(fd, 8) == 0);
-        socklen_t len = sizeof a;
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-        port = ntohs(a.sin_port);
-    }
-    ~SilentServer() { ::close(fd); }
+struct SilentServer : test::DeadPort {
+    SilentServer() { REQUIRE(::listen(fd, 8) == 0); }
 };
-
-// A loopback port with nothing listening on it.
-uint16_t closed_port() {
-    SilentServer s;
-    return s.port;  // closed when `s` goes
-}
 
 }  // namespace
 
@@ -110,7 +89,7 @@ TEST_CASE("fetch: the answer is cut at max_body") {
 TEST_CASE("fetch: no server, a server that never answers, a bad URL — status 0 and why, within the timeout") {
     http::Request r;
     r.target = "/models";
-    http::Answer refused = http::fetch("http://127.0.0.1:" + std::to_string(closed_port()), r, http::Timeouts::all(5));
+    http::Answer refused = http::fetch("http://127.0.0.1:" + std::to_string(test::DeadPort().port), r, http::Timeouts::all(5));
     CHECK(refused.status == 0);
     CHECK(!refused.timed_out);
     CHECK(refused.error.find("refused") != std::string::npos);
@@ -143,7 +122,7 @@ TEST_CASE("open: a streamed answer read at the caller's pace") {
     std::string all(std::istreambuf_iterator<char>(st->body()), {});
     CHECK(all == "data: one\n\ndata: two\n\n");  // de-chunked
 
-    auto none = http::open("http://127.0.0.1:" + std::to_string(closed_port()), r, http::Timeouts::all(5), &error);
+    auto none = http::open("http://127.0.0.1:" + std::to_string(test::DeadPort().port), r, http::Timeouts::all(5), &error);
     CHECK(!none);
     CHECK(!error.empty());
 }

@@ -187,6 +187,27 @@ inline HttpResult post(uint16_t port, const std::string& path, const std::string
     return r;
 }
 
+// A port that refuses connections but stays ours (bound, not listening) until release(), so a
+// test running in parallel cannot take it.
+struct DeadPort {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // children must not inherit it
+    uint16_t port = 0;
+    DeadPort() {
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        socklen_t len = sizeof a;
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+        port = ntohs(a.sin_port);
+    }
+    void release() {
+        if (fd >= 0) ::close(fd);
+        fd = -1;
+    }
+    ~DeadPort() { release(); }
+};
+
 // A raw loopback connection, for what HTTP client libraries will not send.
 struct Raw {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
