@@ -277,11 +277,10 @@ AttemptDriver::Step AttemptDriver::on_done(const EndpointRef& ep) {
     st_.outcome = st_.builder->ended() ? (st_.builder->failure() ? Outcome::failed : Outcome::completed)
                                  : outcome_of(st_.builder->end(PULSE_STREAM_CLEAN));
     if (st_.outcome == Outcome::completed || st_.outcome == Outcome::incomplete) {
-        // Replays go to the chat path: a raw completion (resume = "tokens") is not kept.
-        if (const auto& r = st_.profile->request(); r.path == "/chat/completions" && !r.root_path)
-            st_.gw.prefixes().remember(st_.req.model_id, st_.req.conversation, r.body.text());
+        // What the profile turns into a replay (warm_request) when the endpoint comes back.
+        if (!ep.backend) st_.gw.prefixes().remember(st_.req.model_id, st_.req.conversation, st_.profile->request());
         if (st_.gw.warmer() && !ep.backend) {
-            st_.gw.warmer()->served(*ep.cfg, ep.health);
+            st_.gw.warmer()->served(*ep.cfg, ep.health, BackendDialect(*st_.req.rt, st_.snap));
             if (auto u = st_.builder->usage_totals(); u.reported) st_.gw.warmer()->first_turn(*ep.cfg, *ep.health, u.input, u.cached);
         }
     }

@@ -322,11 +322,13 @@ void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep, bool 
     // home, or their next choice while their home is down); the others are warm elsewhere.
     std::function<bool(const std::string&)> wanted;
     auto snap = snapshot();
-    if (const ModelRuntime* rt = snap ? snap->find(model) : nullptr; rt && rt->cfg->routing == config::Model::Routing::sticky)
+    const ModelRuntime* rt = snap ? snap->find(model) : nullptr;
+    if (!rt) return;  // a model a reload just removed
+    if (rt->cfg->routing == config::Model::Routing::sticky)
         for (size_t i = 0; i < rt->endpoints.size(); ++i)
             if (rt->endpoints[i].health == ep.health)
                 wanted = [snap, rt, i](const std::string& key) { return rt->order(key).front() == i; };
-    warmer_->recovered(model, *ep.cfg, ep.health, std::move(wanted));
+    warmer_->recovered(model, *ep.cfg, ep.health, BackendDialect(*rt, snap), std::move(wanted));
 }
 
 void Gateway::endpoint_failed(const EndpointRef& ep, const std::string& why, bool real_request) {
@@ -345,8 +347,10 @@ void Gateway::probe_once(const Snapshot& snap) {
             auto it = result.find(ep.health->key());
             if (it == result.end()) {
                 std::string detail;
+                // An endpoint several models share is probed once, its answer read by the first
+                // model's profile.
                 it = result.emplace(ep.health->key(), ep.backend ? ep.backend->health(&detail)
-                                                                 : probe_http(*ep.cfg, snap.cfg.upstream.connect_timeout_s))
+                                                                 : probe_http(*ep.cfg, snap.cfg.upstream.connect_timeout_s, BackendDialect(*m, nullptr)))
                          .first;
                 if (ep.backend) ep.health->set_detail(std::move(detail));
             }

@@ -545,21 +545,6 @@ private:
     bool announced_ = false, got_output_ = false, reported_end_ = false;  // loop thread
 };
 
-// One JSON POST the blocking way on a fresh connection: the HTTP status (0 when the endpoint
-// could not be reached or the exchange broke) and at most `max_answer` bytes of the answer (or
-// the error) in `answer`.
-int blocking_post(const std::string& origin, const std::string& target, const http::Fields& fields, std::string_view body,
-                  http::Timeouts t, size_t max_answer, std::string* answer) {
-    http::Request req;
-    req.method = "POST";
-    req.target = target;
-    req.body = body;
-    req.fields = fields;
-    http::Answer a = http::fetch(origin, req, t, max_answer);
-    *answer = a.status ? std::move(a.body) : std::move(a.error);
-    return a.status;
-}
-
 }  // namespace
 
 ProbeAnswer get_models(const config::Endpoint& ep, double timeout_s) {
@@ -575,29 +560,22 @@ ProbeAnswer get_models(const config::Endpoint& ep, double timeout_s) {
     return a;
 }
 
-std::string probe_http(const config::Endpoint& ep, double timeout_s) {
+std::string probe_http(const config::Endpoint& ep, double timeout_s, const BackendDialect& dialect) {
     ProbeAnswer a = get_models(ep, timeout_s);
     if (!a.answered) return "probe failed: " + a.error;
-    if (a.status == 503 && a.body.find("Loading model") != std::string::npos)
-        return "loading: the backend is still loading its model";  // llama-server: not ready, not failed
-    if (a.status != 200) return "probe GET " + a.path + " answered HTTP " + std::to_string(a.status);
-    return {};
+    return dialect.probe(a.status, a.body, a.path);
 }
 
-int post_root_json(const config::Endpoint& ep, const std::string& path, const std::string& body, double timeout_s, std::string* answer) {
-    std::string ignored;
-    return blocking_post(ep.url, path, {}, body, http::Timeouts{timeout_s, 30, timeout_s}, 65536, answer ? answer : &ignored);
-}
-
-int backend_slots(const config::Endpoint& ep, double timeout_s) {
-    http::Request req;
-    req.target = "/props";  // llama-server serves /props at its root, whatever prefix the OpenAI routes have
-    http::Answer a = http::fetch(ep.url, req, http::Timeouts::all(timeout_s));
-    if (a.status != 200) return -1;
-    rapidjson::Document d;
-    d.Parse(a.body.c_str(), a.body.size());
-    if (d.IsObject() && d.HasMember("total_slots") && d["total_slots"].IsInt()) return d["total_slots"].GetInt();
-    return -1;
+int exchange_blocking(const config::Endpoint& ep, const pulse_upstream_req& req, http::Timeouts t, size_t max_answer, std::string* answer) {
+    RequestTarget target(ep, req, config::Upstream{});
+    http::Request r;
+    r.method = req.method;
+    r.target = target.path;
+    if (req.method != "GET") r.body = target.body;
+    r.fields = target.headers;
+    http::Answer a = http::fetch(ep.url, r, t, max_answer);
+    *answer = a.status ? std::move(a.body) : std::move(a.error);
+    return a.status;
 }
 
 std::string BackendInstance::health(std::string* detail) {
@@ -612,12 +590,10 @@ std::string BackendInstance::health(std::string* detail) {
 }
 
 int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts, std::string* answer) {
-    RequestTarget t(ep, req, timeouts);
     // Rendering a prompt takes no inference: a server that has not answered in 30 s (or
     // head_timeout_s, if shorter) is frozen or overloaded, and the next endpoint is tried. A
     // rendered prompt is about the size of the request: bounded by 64 MiB like a body.
-    return blocking_post(ep.url, t.path, t.headers, t.body, http::Timeouts{timeouts.connect_timeout_s, 30, std::min(timeouts.head_timeout_s, 30.0)},
-                         64u << 20, answer);
+    return exchange_blocking(ep, req, http::Timeouts{timeouts.connect_timeout_s, 30, std::min(timeouts.head_timeout_s, 30.0)}, 64u << 20, answer);
 }
 
 std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "config/config.h"
+#include "gateway/backend_dialect.h"
+#include "http/client.h"
 #include "plugin/host_api.h"
 #include "plugin/plugin_manager.h"
 
@@ -66,9 +68,8 @@ public:
 };
 
 
-// A profile's preparatory request (SDK 1.3 prepare): POSTs `req` on a fresh connection,
-// bounded by the connect timeout and 30 s (or upstream.head_timeout_s), and returns the HTTP status (0
-// when the endpoint could not be reached) with the answer's body (or the error) in `answer`.
+// A profile's preparatory request (SDK 1.3 prepare): exchange_blocking bounded by the connect
+// timeout and 30 s (or upstream.head_timeout_s).
 int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts, std::string* answer);
 
 // Sends `req` to the endpoint the blocking way (an idle pooled connection unless `fresh`;
@@ -86,17 +87,15 @@ struct ProbeAnswer {
 };
 ProbeAnswer get_models(const config::Endpoint& ep, double timeout_s);
 
-// Active health probe of an HTTP endpoint: GET {base}/models must answer 200 within the
-// connect timeout. Returns "" when healthy, else why not.
-std::string probe_http(const config::Endpoint& ep, double timeout_s);
+// Active health probe of an HTTP endpoint: GET {base}/models within `timeout_s`, its answer
+// read by the model's profile (`dialect`). Returns "" when ready, "loading: ..." while the
+// server starts, else why it is down.
+std::string probe_http(const config::Endpoint& ep, double timeout_s, const BackendDialect& dialect);
 
-// How many requests the backend serves at once, where it says (llama-server's GET /props
-// `total_slots`); -1 when it does not say (vLLM batches continuously: no fixed slots).
-int backend_slots(const config::Endpoint& ep, double timeout_s);
-
-// POSTs a JSON body to `path` at the endpoint's root (llama-server's /slots/N?action=...).
-// Returns the HTTP status (0 when there was no answer) and puts the body in `answer`.
-int post_root_json(const config::Endpoint& ep, const std::string& path, const std::string& body, double timeout_s, std::string* answer);
+// Sends `req` (its method, path and body) on a fresh connection the blocking way and returns
+// the HTTP status (0 when the endpoint could not be reached or the exchange broke), with at most
+// `max_answer` bytes of the answer's body (or the error) in `answer`.
+int exchange_blocking(const config::Endpoint& ep, const pulse_upstream_req& req, http::Timeouts t, size_t max_answer, std::string* answer);
 
 // A backend plugin instance (one per endpoint that names it).
 class BackendInstance {

@@ -432,6 +432,13 @@ pulse_status_t r_set_root_path(pulse_upstream_req_t* r, pulse_str_t p) {
     return rc;
 }
 const pulse_json_t* r_prepared(pulse_upstream_req_t* r) { return r ? r->prepared : nullptr; }
+pulse_status_t r_set_method(pulse_upstream_req_t* r, pulse_str_t m) {
+    return fwd([&] {
+        if (!r || (sv(m) != "GET" && sv(m) != "POST")) return PULSE_E_INVALID_ARGUMENT;
+        r->method.assign(sv(m));
+        return PULSE_OK;
+    });
+}
 pulse_json_writer_t* r_body(pulse_upstream_req_t* r) { return &r->body; }
 pulse_status_t r_annotate(pulse_upstream_req_t* r, pulse_str_t k, pulse_str_t v) {
     return fwd([&] {
@@ -485,7 +492,8 @@ const pulse_delta_api_t kDelta = {
     d_trail, d_trail_lost,
 };
 const pulse_chunk_api_t kChunk = {sizeof(pulse_chunk_api_t), c_data, c_begin, c_end};
-const pulse_request_api_t kRequest = {sizeof(pulse_request_api_t), r_set_path, r_add_header, r_body, r_annotate, r_set_root_path, r_prepared};
+const pulse_request_api_t kRequest = {sizeof(pulse_request_api_t), r_set_path, r_add_header, r_body, r_annotate, r_set_root_path, r_prepared,
+                                     r_set_method};
 
 const pulse_host_api_t kHost = {
     sizeof(pulse_host_api_t),

@@ -113,7 +113,9 @@ struct pulse_chunk_sink {
 };
 
 struct pulse_upstream_req {
+    // A 1.0 profile that never called set_path gets the path 1.0 documented as the default.
     std::string path = "/chat/completions";
+    std::string method = "POST";               // request->set_method (1.4): cache_request's requests only
     std::vector<std::pair<std::string, std::string>> headers;
     pulse_json_writer body;
     std::map<std::string, std::string> notes;  // request->annotate (1.1)
@@ -125,6 +127,7 @@ struct pulse_upstream_req {
     // it is reset in place, never copied). What was prepared stays.
     void reset() {
         path = "/chat/completions";
+        method = "POST";
         headers.clear();
         body.reset();
         notes.clear();

@@ -164,4 +164,85 @@ pulse_status_t profile_map_error(void*, pulse_call_t* call, int32_t status, puls
     return guard(g_host, call, [&] { return map_http_error(g_host, call, status, view(body)); });
 }
 
+// ---- What the host's warmup and health checks need from the server (SDK 1.4) ----
+
+pulse_status_t profile_warm_request(void* instance, pulse_call_t* call, const pulse_json_t* sent, pulse_upstream_req_t* out) {
+    return guard(g_host, call, [&] {
+        const auto& p = *static_cast<Profile*>(instance);
+        Json s(g_host->json, sent);
+        Json body = s["body"];
+        std::string_view path = s["path"].string_or("");
+        if (!body.is_object() || path.empty()) return PULSE_OK;  // nothing to replay
+        // The same prompt, one output token: the server reads (and caches) the whole prompt.
+        Writer w(g_host->json, g_host->request->body(out));
+        w.begin_object();
+        for (size_t i = 0; i < body.size(); ++i) {
+            auto [k, v] = body.member_at(i);
+            if (k != "max_tokens" && k != "max_completion_tokens" && k != "return_progress") w.key(k).copy(v);
+        }
+        w.kv("max_tokens", int64_t{1});
+        // llama-server then sends a chunk after every prompt batch, and so notices a closed
+        // connection (a replay cancelled for real traffic) at the next batch, not at its
+        // once-a-second check.
+        if (p.options.server == Options::Server::llama_server) w.key("return_progress").boolean(true);
+        w.end_object();
+        if (s["root_path"].boolean().value_or(false)) g_host->request->set_root_path(out, str(path));
+        else g_host->request->set_path(out, str(path));
+        return PULSE_OK;
+    });
+}
+
+// llama-server keeps its prompt cache in slots (-np) and can write them to files and read them
+// back when started with --slot-save-path; it lists them at its root, whatever prefix its
+// OpenAI routes have. vLLM has nothing of the kind.
+pulse_status_t profile_cache_request(void* instance, pulse_call_t* call, pulse_cache_op_t op, int32_t slot, pulse_str_t name,
+                                     pulse_upstream_req_t* out) {
+    return guard(g_host, call, [&] {
+        const auto& p = *static_cast<Profile*>(instance);
+        if (p.options.server != Options::Server::llama_server)
+            return g_host->set_error(call, PULSE_E_UNSUPPORTED, str("vLLM has no cache slots to save"));
+        if (op == PULSE_CACHE_COUNT) {
+            g_host->request->set_root_path(out, str("/props"));
+            g_host->request->set_method(out, str("GET"));
+            return PULSE_OK;
+        }
+        if (op != PULSE_CACHE_SAVE && op != PULSE_CACHE_RESTORE) return PULSE_E_UNSUPPORTED;
+        Writer w(g_host->json, g_host->request->body(out));
+        w.begin_object().kv("filename", view(name)).end_object();
+        const std::string path = "/slots/" + std::to_string(slot) + (op == PULSE_CACHE_SAVE ? "?action=save" : "?action=restore");
+        g_host->request->set_root_path(out, str(path));
+        return PULSE_OK;
+    });
+}
+
+pulse_status_t profile_cache_answer(void*, pulse_call_t* call, pulse_cache_op_t op, int32_t status, pulse_str_t body, int32_t* out_count) {
+    return guard(g_host, call, [&] {
+        if (op == PULSE_CACHE_COUNT) {
+            Json props(g_host->json, status == 200 ? g_host->json->parse(call, body) : nullptr);
+            const int64_t n = props["total_slots"].i64().value_or(0);
+            if (n <= 0) return g_host->set_error(call, PULSE_E_UNSUPPORTED, str("GET /props gave no total_slots (HTTP " + std::to_string(status) + ")"));
+            *out_count = static_cast<int32_t>(std::min<int64_t>(n, 1024));
+            return PULSE_OK;
+        }
+        if (status == 200) return PULSE_OK;
+        // 501 "This server does not support slots action", or a server without the route.
+        if (status == 501 || status == 404)
+            return g_host->set_error(call, PULSE_E_UNSUPPORTED,
+                                     str("start llama-server with --slot-save-path to keep its cache across restarts"));
+        std::string_view b = view(body);
+        return g_host->set_error(call, PULSE_E_UNAVAILABLE, str("HTTP " + std::to_string(status) + ": " + std::string(b.substr(0, 200))));
+    });
+}
+
+pulse_status_t profile_probe_answer(void* instance, pulse_call_t* call, int32_t status, pulse_str_t body) {
+    return guard(g_host, call, [&] {
+        const auto& p = *static_cast<Profile*>(instance);
+        if (status == 200) return PULSE_OK;
+        // While it loads its model llama-server answers 503 "Loading model": starting, not failed.
+        if (p.options.server == Options::Server::llama_server && status == 503 && view(body).find("Loading model") != std::string_view::npos)
+            return g_host->set_error(call, PULSE_NOT_READY, str("the backend is still loading its model"));
+        return g_host->set_error(call, PULSE_E_UNAVAILABLE, str("not ready"));
+    });
+}
+
 }  // namespace pulse::chat

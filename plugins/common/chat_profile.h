@@ -31,6 +31,12 @@ void profile_stream_close(void* stream);
 pulse_status_t profile_map_error(void* instance, pulse_call_t* call, int32_t status, pulse_str_t body);
 pulse_status_t profile_prepare(void* instance, pulse_call_t* call, const pulse_json_t* request, const pulse_json_t* model,
                                pulse_upstream_req_t* out);
+pulse_status_t profile_warm_request(void* instance, pulse_call_t* call, const pulse_json_t* sent, pulse_upstream_req_t* out);
+pulse_status_t profile_cache_request(void* instance, pulse_call_t* call, pulse_cache_op_t op, int32_t slot, pulse_str_t name,
+                                     pulse_upstream_req_t* out);
+pulse_status_t profile_cache_answer(void* instance, pulse_call_t* call, pulse_cache_op_t op, int32_t status, pulse_str_t body,
+                                    int32_t* out_count);
+pulse_status_t profile_probe_answer(void* instance, pulse_call_t* call, int32_t status, pulse_str_t body);
 
 }  // namespace pulse::chat
 
@@ -39,7 +45,8 @@ pulse_status_t profile_prepare(void* instance, pulse_call_t* call, const pulse_j
     {sizeof(pulse_translation_vt_t), NAME, pulse::chat::profile_create, pulse::chat::profile_destroy,             \
      pulse::chat::profile_build_request, pulse::chat::profile_stream_open, pulse::chat::profile_stream_feed,      \
      pulse::chat::profile_stream_finish, pulse::chat::profile_stream_close, pulse::chat::profile_map_error,        \
-     pulse::chat::profile_resume, pulse::chat::profile_prepare}
+     pulse::chat::profile_resume, pulse::chat::profile_prepare, pulse::chat::profile_warm_request,                \
+     pulse::chat::profile_cache_request, pulse::chat::profile_cache_answer, pulse::chat::profile_probe_answer}
 
 // Defines a whole translation-profile plugin around a Dialect: the vtable, init (which binds
 // the host and registers the profile with `user` = &DIALECT), deinit, the info struct and the

@@ -12,8 +12,11 @@
 //     some templates: forced choices are enforced with a JSON schema (response_format);
 //   - HTTP 500 "Failed to parse tool call arguments as JSON" and exceed_context_size_error are
 //     mapped to clear 400s (not retryable as they are);
-//   - while loading, llama-server answers 503 "Loading model": the gateway treats that
-//     endpoint as loading (not ready), not as failed;
+//   - what warmup and health need (plugins/common/chat_profile.cpp, SDK 1.4): while loading,
+//     llama-server answers the probe with 503 "Loading model", read as starting, not failed; a
+//     warmup replay asks for `return_progress` so a cancelled one stops at the next prompt
+//     batch; its slots are counted (/props) and saved and restored (/slots/N?action=...,
+//     with --slot-save-path) across restarts;
 //   - a reasoning budget goes out as reasoning_budget_tokens;
 //   - with profile option resume = "tokens", a request is a raw /v1/completions of the prompt
 //     /apply-template rendered, every token id reported (`verbose`), for a token-exact resume.

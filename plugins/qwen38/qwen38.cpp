@@ -6,6 +6,8 @@
 //   - tool_choice "required"/named is accepted but not always applied: a forced choice is
 //     constrained with a JSON schema (profile option force_tool_choice = "schema", default);
 //   - context overflow is a 400 whose message says "maximum context length";
+//   - warmup replays the served request with max_tokens 1; vLLM has no cache to save, and its
+//     probe is ready on HTTP 200 only;
 //   - a reasoning budget goes out as thinking_token_budget (enforced by a vLLM with a reasoning
 //     parser or --reasoning-config; one that refuses the field gets the request without it);
 //   - with profile option resume = "tokens", a request is a raw /v1/completions of the prompt

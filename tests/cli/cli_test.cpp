@@ -51,7 +51,7 @@ const std::map<std::string, std::string> kNoEnvOverrides = {
 TEST_CASE("version and help") {
     auto r = run({exe(), "version"});
     CHECK(r.code == 0);
-    CHECK(std::regex_search(r.out, std::regex(R"(^pulse \d+\.\d+\.\d+ \(plugin ABI 1\.3\)\n$)")));
+    CHECK(std::regex_search(r.out, std::regex(R"(^pulse \d+\.\d+\.\d+ \(plugin ABI 1\.4\)\n$)")));
 
     r = run({exe(), "--help"});
     CHECK(r.code == 0);
@@ -120,12 +120,12 @@ TEST_CASE("plugins: a table row per file, rejections in one line each") {
         for (const auto& r2 : rows) if (has(r2, key)) return r2;
         return std::string();
     };
-    CHECK(std::regex_search(row("test.good-cpp"), std::regex(R"(test\.good-cpp\s+translation\s+0\.4\.0\s+1\.3\s+loaded)")));
+    CHECK(std::regex_search(row("test.good-cpp"), std::regex(R"(test\.good-cpp\s+translation\s+0\.4\.0\s+1\.4\s+loaded)")));
     CHECK(has(row("test.good-cpp"), "translation test-profile"));
-    CHECK(std::regex_search(row("test.good-minimal"), std::regex(R"(controller\s+1\.2\.3\s+1\.3\s+loaded)")));
+    CHECK(std::regex_search(row("test.good-minimal"), std::regex(R"(controller\s+1\.2\.3\s+1\.4\s+loaded)")));
     CHECK(has(row("entry_v2_only.so"), "rejected: "));
     CHECK(has(row("entry_v2_only.so"), "built for Pulse plugin ABI v2, this host speaks v1"));
-    CHECK(has(row("test.needs-newer-minor"), "requires host plugin ABI >= 1.99, this host is 1.3"));
+    CHECK(has(row("test.needs-newer-minor"), "requires host plugin ABI >= 1.99, this host is 1.4"));
     CHECK(has(row("test.init-fails-with-message"), "failed: "));
     CHECK(has(row("test.init-fails-with-message"), "init failed: model directory /nonexistent is missing"));
 }

@@ -163,8 +163,8 @@ TEST_CASE("a plugin requiring a newer minor is rejected with the remedy") {
     const auto& s = only(pm);
     CHECK(s.state == State::rejected);
     CHECK(s.id == "test.needs-newer-minor");
-    CHECK(s.reason == "requires host plugin ABI >= 1.99, this host is 1.3 (fix: upgrade Pulse, or rebuild the plugin "
-                      "with PULSE_TARGET_ABI_MINOR=3)");
+    CHECK(s.reason == "requires host plugin ABI >= 1.99, this host is 1.4 (fix: upgrade Pulse, or rebuild the plugin "
+                      "with PULSE_TARGET_ABI_MINOR=4)");
     CHECK(contains(s.describe(), "(test.needs-newer-minor 0.0.1): rejected: requires host plugin ABI >= 1.99"));
 }
 

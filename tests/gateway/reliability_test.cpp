@@ -255,6 +255,48 @@ TEST_CASE("warmup state persists across a gateway restart") {
     CHECK(eventually([&] { return again.log().find("loaded 1 prompt prefixes from " + state.string()) != std::string::npos; }));
 }
 
+TEST_CASE("warmup state written by an older Pulse (version 1: bodies only) is still replayed") {
+    DeadPort dead;
+    const uint16_t port = dead.port;
+    TempDir tmp;
+    auto state = tmp.write("state.json", R"({"version":1,"models":{"m":[{"key":"t-old","body":)"
+                                         R"("{\"model\":\"m\",\"stream\":true,\"max_tokens\":500,\"messages\":[{\"role\":\"user\",\"content\":\"kept from before\"}]}"}]}})");
+    Gateway gw(model_toml({"http://127.0.0.1:" + std::to_string(port) + "/v1"}), "", std::string(kFast),
+               "[warmup]\nquiet_s = 0\nstate_file = \"" + state.string() + "\"\n");
+    REQUIRE(eventually([&] { return gw.log().find("loaded 1 prompt prefixes") != std::string::npos; }));
+    dead.release();
+    FakeBackend be(R"({"turns":[{"content":"ok"}]})", "vllm", port);  // the endpoint comes up: a recovery
+    REQUIRE_MESSAGE(eventually([&] { return gw.log().find("1 warm requests completed") != std::string::npos; }), gw.log());
+    auto got = be.requests();
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].find("kept from before") != std::string::npos);
+    CHECK(got[0].find("\"max_tokens\":1") != std::string::npos);
+}
+
+TEST_CASE("a profile built before SDK 1.4 (no warm_request, no probe_answer): no replays, said once; a probe is read by its status alone") {
+    // The host itself knows no server's dialect: llama-server's 503 "Loading model" is "loading"
+    // only through a profile that says so (llamacpp does: the test above), not through this one.
+    {
+        FakeBackend be(R"({"loading_ms":60000,"flavor":"llamacpp","turns":[{"content":"x"}]})", "llamacpp");
+        Gateway gw(model_toml({be.url()}, "m", "reloadable"), "", kFast, "", {{"reloadable_v1", "reloadable"}});
+        REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }, 8000));
+        CHECK(get(gw.port, "/health").find(R"("state":"loading")") == std::string::npos);
+        CHECK(gw.log().find("probe GET /v1/models answered HTTP 503") != std::string::npos);
+    }
+    uint16_t port = free_port();
+    auto backend = std::make_unique<FakeBackend>(R"({"turns":[{"content":"ok"}]})", "vllm", port);
+    Gateway gw(model_toml({backend->url()}, "m", "reloadable"), "", std::string(kFast) + "retry_window_s = 5\n", "[warmup]\nquiet_s = 0\n",
+               {{"reloadable_v1", "reloadable"}});
+    CHECK(check_stream(post(gw.port, "/v1/responses", request("\"hello\"", "m", R"(,"prompt_cache_key":"t1")")).body).terminal ==
+          "response.completed");
+    backend.reset();
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }));
+    backend = std::make_unique<FakeBackend>(R"({"turns":[{"content":"ok"}]})", "vllm", port);
+    REQUIRE(eventually([&] { return gw.log().find("has no warm_request (SDK < 1.4): no prompts are replayed") != std::string::npos; }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(backend->requests().empty());  // nothing replayed
+}
+
 TEST_CASE("hot reload of a translation profile with 20 streams in flight") {
     Gateway gw("[models.r]\nprofile = \"reloadable\"\n[[models.r.endpoints]]\nurl = \"plugin://example-echo\"\n"
                "options = { delay_ms = 400 }\n",

@@ -817,3 +817,118 @@ TEST_CASE("llamacpp: reasoning tokens are counted from llama-server's per-token 
                          R"({"id":"c","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}})"});
     CHECK((*off.response)["response"]["usage"]["output_tokens_details"]["reasoning_tokens"].GetInt() == 0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// SDK 1.4: what warmup and health need from the server, answered by the profile
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("warm_request: the served request again with one output token; llama-server also asked for progress chunks") {
+    for (std::string name : {"llamacpp", "qwen38"}) {
+        CAPTURE(name);
+        Profile p("null", name);
+        REQUIRE(static_cast<bool>(p.vt().warm_request));
+        auto warm = [&](const std::string& sent, pulse_upstream_req& out) {
+            auto doc = json(sent);
+            pulse_call call;
+            out.body.call = &call;
+            REQUIRE_MESSAGE(p.vt().warm_request(p.instance, &call, host::view(&doc), &out) == PULSE_OK, call.message);
+            out.body.call = nullptr;
+        };
+        pulse_upstream_req chat;
+        warm(R"({"path":"/chat/completions","root_path":false,"body":{"model":"m","messages":[{"role":"user","content":"hi"}],)"
+             R"("stream":true,"max_tokens":4096,"max_completion_tokens":9,"return_progress":false}})", chat);
+        CHECK(chat.path_set);
+        CHECK(chat.path == "/chat/completions");
+        CHECK_FALSE(chat.root_path);
+        CHECK(chat.method == "POST");
+        rapidjson::Document b;
+        b.Parse(chat.body.text().data(), chat.body.text().size());
+        REQUIRE(b.IsObject());
+        CHECK(b["max_tokens"].GetInt() == 1);
+        CHECK_FALSE(b.HasMember("max_completion_tokens"));
+        CHECK(b["messages"][0]["content"] == "hi");  // the same prompt
+        CHECK(b["stream"].IsTrue());
+        CHECK(b.HasMember("return_progress") == (name == "llamacpp"));
+        if (name == "llamacpp") CHECK(b["return_progress"].IsTrue());
+
+        pulse_upstream_req raw;  // a raw completion at the server's root stays there
+        warm(R"({"path":"/completions","root_path":true,"body":{"prompt":"<|im_start|>user","max_tokens":100}})", raw);
+        CHECK(raw.path == "/completions");
+        CHECK(raw.root_path);
+
+        pulse_upstream_req none;  // nothing usable: not replayed
+        warm(R"({"path":"/chat/completions","root_path":false})", none);
+        CHECK_FALSE(none.path_set);
+    }
+}
+
+TEST_CASE("cache persistence: llama-server's slots (count, save, restore); vLLM has none") {
+    Profile p("null", "llamacpp");
+    auto request = [&](pulse_cache_op_t op, int slot, std::string_view file, pulse_upstream_req& out) {
+        pulse_call call;
+        out.body.call = &call;
+        pulse_status_t rc = p.vt().cache_request(p.instance, &call, op, slot, {file.data(), file.size()}, &out);
+        out.body.call = nullptr;
+        return rc;
+    };
+    pulse_upstream_req count;
+    REQUIRE(request(PULSE_CACHE_COUNT, 0, "", count) == PULSE_OK);
+    CHECK(count.method == "GET");
+    CHECK(count.path == "/props");
+    CHECK(count.root_path);
+    pulse_upstream_req save;
+    REQUIRE(request(PULSE_CACHE_SAVE, 2, "pulse-ep0-slot2.bin", save) == PULSE_OK);
+    CHECK(save.method == "POST");
+    CHECK(save.path == "/slots/2?action=save");
+    CHECK(save.root_path);
+    CHECK(save.body.text() == R"({"filename":"pulse-ep0-slot2.bin"})");
+    pulse_upstream_req restore;
+    REQUIRE(request(PULSE_CACHE_RESTORE, 0, "pulse-ep0-slot0.bin", restore) == PULSE_OK);
+    CHECK(restore.path == "/slots/0?action=restore");
+
+    auto answer = [&](pulse_cache_op_t op, int status, std::string_view body, int32_t* n, std::string* msg) {
+        pulse_call call;
+        pulse_status_t rc = p.vt().cache_answer(p.instance, &call, op, status, {body.data(), body.size()}, n);
+        *msg = call.message;
+        return rc;
+    };
+    int32_t n = 0;
+    std::string msg;
+    CHECK(answer(PULSE_CACHE_COUNT, 200, R"({"total_slots":3,"model_path":"x.gguf"})", &n, &msg) == PULSE_OK);
+    CHECK(n == 3);
+    CHECK(answer(PULSE_CACHE_COUNT, 404, "", &n, &msg) == PULSE_E_UNSUPPORTED);
+    CHECK(answer(PULSE_CACHE_COUNT, 200, "{}", &n, &msg) == PULSE_E_UNSUPPORTED);
+    CHECK(answer(PULSE_CACHE_SAVE, 200, R"({"id_slot":0,"n_saved":12})", &n, &msg) == PULSE_OK);
+    // What llama-server answers when it was started without --slot-save-path.
+    CHECK(answer(PULSE_CACHE_SAVE, 501, R"({"error":{"code":501,"message":"This server does not support slots action."}})", &n, &msg) ==
+          PULSE_E_UNSUPPORTED);
+    CHECK(msg.find("--slot-save-path") != std::string::npos);
+    CHECK(answer(PULSE_CACHE_RESTORE, 400, R"({"error":{"message":"failed to load"}})", &n, &msg) == PULSE_E_UNAVAILABLE);
+    CHECK(msg.find("HTTP 400") != std::string::npos);
+
+    Profile vllm("null", "qwen38");
+    pulse_upstream_req out;
+    pulse_call call;
+    CHECK(vllm.vt().cache_request(vllm.instance, &call, PULSE_CACHE_COUNT, 0, {"", 0}, &out) == PULSE_E_UNSUPPORTED);
+    CHECK_FALSE(out.path_set);
+}
+
+TEST_CASE("probe_answer: llama-server loading its model is starting, not down; vLLM's answers are ready or down") {
+    auto probe = [](Profile& p, int status, std::string_view body, std::string* msg = nullptr) {
+        pulse_call call;
+        pulse_status_t rc = p.vt().probe_answer(p.instance, &call, status, {body.data(), body.size()});
+        if (msg) *msg = call.message;
+        return rc;
+    };
+    const std::string loading = R"({"error":{"code":503,"message":"Loading model","type":"unavailable_error"}})";
+    Profile llama("null", "llamacpp");
+    std::string msg;
+    CHECK(probe(llama, 200, R"({"data":[]})") == PULSE_OK);
+    CHECK(probe(llama, 503, loading, &msg) == PULSE_NOT_READY);
+    CHECK(msg.find("loading") != std::string::npos);
+    CHECK(probe(llama, 503, "busy") < 0);
+    CHECK(probe(llama, 500, loading) < 0);
+    Profile vllm("null", "qwen38");
+    CHECK(probe(vllm, 200, "{}") == PULSE_OK);
+    CHECK(probe(vllm, 503, loading) < 0);  // not vLLM's way of saying it is starting
+}

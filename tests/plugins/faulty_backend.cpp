@@ -200,7 +200,7 @@ pulse_status_t p_finish(void* stream, pulse_call_t* call, pulse_stream_end_t, pu
 void p_close(void*) { check_alive("profile stream close"); }
 
 const pulse_translation_vt_t kProfile = {
-    sizeof(pulse_translation_vt_t), "test-faulty-profile", p_create, p_destroy, p_build, p_open, p_feed, p_finish, p_close, nullptr, nullptr, nullptr,
+    sizeof(pulse_translation_vt_t), "test-faulty-profile", p_create, p_destroy, p_build, p_open, p_feed, p_finish, p_close, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
 };
 
 const pulse_backend_vt_t kBackend = {

@@ -41,7 +41,7 @@ void stream_close(void*) {}
 
 const pulse_translation_vt_t kProfile = {
     sizeof(pulse_translation_vt_t), "test-profile", create, destroy, build_request, stream_open,
-    stream_feed, stream_finish, stream_close, nullptr, nullptr, nullptr,
+    stream_feed, stream_finish, stream_close, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
 };
 
 pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_call_t* call, void** state) {

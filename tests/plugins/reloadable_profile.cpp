@@ -55,6 +55,7 @@ constexpr auto resume = nullptr;
 const pulse_translation_vt_t kProfile = {
     sizeof(pulse_translation_vt_t), "reloadable", pulse::chat::profile_create, pulse::chat::profile_destroy,
     pulse::chat::profile_build_request, stream_open, stream_feed, stream_finish, stream_close, nullptr, resume, nullptr,
+    nullptr, nullptr, nullptr, nullptr,  // no 1.4 hooks: warmup and probes as for a profile built before them
 };
 #ifdef SDK_1_0
 // What a plugin built against the 1.0 header hands the host: the vtable without the 1.1 tail.

@@ -41,6 +41,14 @@
  *                    request->set_root_path: a path from the server's root, not the base URL.
  *                    delta->trail / delta->trail_lost: the generated token ids and the
  *                    backend's raw text, handed to resume as partial.trail.
+ *   1.4  2026-12-05  A server's own dialect moves out of the host. pulse_translation_vt_t:
+ *                    warm_request (the cheap replay of a served request that rebuilds the
+ *                    server's prefix cache after a restart), cache_request / cache_answer (the
+ *                    server's cache persistence: slot count, save, restore) and probe_answer
+ *                    (what a health probe's answer means: ready, starting, down). PULSE_NOT_READY.
+ *                    request->set_method (a GET for a server's status routes). A profile built
+ *                    against 1.0-1.3 gets no warmup replays, no cache persistence and the
+ *                    status-only probe (HTTP 200 = ready).
  */
 #ifndef PULSE_PLUGIN_H
 #define PULSE_PLUGIN_H
@@ -54,7 +62,7 @@ extern "C" {
 #endif
 
 #define PULSE_ABI_MAJOR 1
-#define PULSE_ABI_MINOR 3
+#define PULSE_ABI_MINOR 4
 
 /* A plugin may define PULSE_TARGET_ABI_MINOR before including this header to declare the
  * oldest host minor it runs on; it then must not use fields newer than that minor without
@@ -90,6 +98,7 @@ typedef int32_t pulse_status_t;
 #define PULSE_OK 0
 #define PULSE_END 1     /* stream finished normally */
 #define PULSE_TIMEOUT 2 /* nothing yet within the timeout; call again */
+#define PULSE_NOT_READY 3 /* 1.4 probe_answer: the server is starting (loading its model): not ready, not failed */
 /* What the client gets before any output (docs/SDK.md, "Status codes", is the whole table;
  * the test suite checks every row): */
 #define PULSE_E_INVALID_ARGUMENT (-1)   /* the client's request is wrong          -> 400 invalid_request */
@@ -326,7 +335,19 @@ typedef struct pulse_request_api {
     /* In build_request and resume: the JSON answer to the request `prepare` wrote (NULL when
      * the profile asked for none). Borrowed for the call. */
     const pulse_json_t* (*prepared)(pulse_upstream_req_t* r);
+
+    /* ---- 1.4 ---- */
+
+    /* The HTTP method, "POST" (the default) or "GET" (then no body is sent: write none). Only
+     * for the requests of cache_request; a Responses request always goes out as a POST. */
+    pulse_status_t (*set_method)(pulse_upstream_req_t* r, pulse_str_t method);
 } pulse_request_api_t;
+
+/* What cache_request asks a server to do with its prompt cache (1.4). */
+typedef int32_t pulse_cache_op_t;
+#define PULSE_CACHE_COUNT 0   /* how many cache slots it has (cache_answer's *out_count) */
+#define PULSE_CACHE_SAVE 1    /* write slot `slot` to its file `name` */
+#define PULSE_CACHE_RESTORE 2 /* load slot `slot` from its file `name` */
 
 /* ---------------------------------------------------------------------------------------- */
 /* Component vtables (plugin -> host, registered during init)                               */
@@ -395,6 +416,46 @@ typedef struct pulse_translation_vt {
      * it: it must depend on the model, not on the endpoint. NULL: never. */
     pulse_status_t (*prepare)(void* instance, pulse_call_t* call, const pulse_json_t* request,
                               const pulse_json_t* model, pulse_upstream_req_t* out);
+
+    /* ---- 1.4 ---- */
+
+    /* [any-thread] Optional. Prefix warmup. `sent` is a request this profile wrote that a
+     * backend served: {"path": string, "root_path": bool, "body": object}, as the host sent it
+     * (its set_path or set_root_path and its body). The host keeps the latest one of each
+     * conversation, and when an endpoint comes back after being down it replays them, so that
+     * the server's prefix cache holds each conversation before its next turn. Write into `out`
+     * the request that makes the server read the same prompt at little cost (for example the
+     * same body with max_tokens 1), or set no path: not replayed. The host reads the replay's
+     * answer through stream_open (with an empty request object), stream_feed and
+     * stream_finish, and uses only the usage it reports (input and cached tokens); it closes
+     * the connection to cancel a replay when real traffic arrives, so a server that notices a
+     * closed connection only between output chunks should be asked for progress chunks.
+     * NULL: no replays. */
+    pulse_status_t (*warm_request)(void* instance, pulse_call_t* call, const pulse_json_t* sent,
+                                   pulse_upstream_req_t* out);
+    /* [any-thread] Optional, with cache_answer. The server's own prompt-cache persistence,
+     * which the host uses to keep an endpoint's cache across its restarts: it counts the slots
+     * (PULSE_CACHE_COUNT) when the endpoint comes back, saves every slot (PULSE_CACHE_SAVE) at
+     * most every warmup.slot_save_interval_s while the endpoint serves nothing, and restores
+     * them (PULSE_CACHE_RESTORE) after a restart, before the replays. `name` is a plain file
+     * name the host chose (letters, digits, '-', '_', '.'); `slot` counts from 0. Write into
+     * `out` the request (path, method, body) or return PULSE_E_UNSUPPORTED: this server has no
+     * such thing. NULL: no cache persistence. */
+    pulse_status_t (*cache_request)(void* instance, pulse_call_t* call, pulse_cache_op_t op, int32_t slot,
+                                    pulse_str_t name, pulse_upstream_req_t* out);
+    /* [any-thread] Reads the answer (HTTP status and body) to a cache_request: PULSE_OK when the
+     * server did it (PULSE_CACHE_COUNT: the number of slots in *out_count), PULSE_E_UNSUPPORTED
+     * when this server cannot (e.g. it was started without the option that enables it: the host
+     * stops asking this endpoint and logs set_error's message once), another error when it
+     * failed this time (set_error says why). */
+    pulse_status_t (*cache_answer)(void* instance, pulse_call_t* call, pulse_cache_op_t op, int32_t http_status,
+                                   pulse_str_t body, int32_t* out_count);
+    /* [any-thread] Optional. What the answer to the host's health probe (GET {base}/models) means:
+     * PULSE_OK ready, PULSE_NOT_READY starting (e.g. still loading its model: requests wait for
+     * it in the retry window instead of counting it as failed), an error status down; set_error
+     * says why for either of the last two. Called for every answer, whatever its status; not
+     * called when nothing answered. NULL: HTTP 200 is ready, anything else down. */
+    pulse_status_t (*probe_answer)(void* instance, pulse_call_t* call, int32_t http_status, pulse_str_t body);
 } pulse_translation_vt_t;
 
 /* Backend: an in-process engine speaking the upstream dialect (Chat Completions request in,
