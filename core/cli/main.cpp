@@ -344,7 +344,7 @@ int cmd_plugins(const Args& a) {
     // The config's needs, as `serve` would check them: a model whose profile or plugin://
     // backend no plugin provides cannot start.
     auto fatal = pm.fatal_problems();
-    auto missing = gateway::Gateway::check_components(cfg, pm);
+    auto missing = gateway::SnapshotBuilder::check_components(cfg, pm);
     fatal.insert(fatal.end(), missing.begin(), missing.end());
     for (const auto& f : fatal) std::fprintf(stderr, "pulse: %s\n", f.c_str());
     if (!fatal.empty()) return kExitPlugin;
@@ -527,7 +527,7 @@ int cmd_serve(const Args& a) {
     pm.load_all();
     auto fatal = pm.fatal_problems();
     gateway::Gateway gw(cfg, pm);
-    auto missing = gateway::Gateway::check_components(cfg, pm);
+    auto missing = gateway::SnapshotBuilder::check_components(cfg, pm);
     fatal.insert(fatal.end(), missing.begin(), missing.end());
     if (!fatal.empty()) {
         for (const auto& f : fatal) log::error("serve", f);

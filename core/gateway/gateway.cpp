@@ -14,82 +14,10 @@
 #include "common/metric_defs.h"
 #include "common/metrics.h"
 #include "gateway/http_util.h"
-#include "status_page.h"  // kStatusPage: status_page.html, generated at build time
 
 namespace pulse::gateway {
 
 using JsonWriter = rapidjson::Writer<rapidjson::StringBuffer>;
-
-ModelRuntime::~ModelRuntime() {
-    if (instance && profile && profile->registration.translation.destroy) profile->registration.translation.destroy(instance);
-}
-
-namespace {
-
-// Weighted rendezvous ("highest random weight") score of endpoint `name` for `key`: every
-// gateway computes the same ranking with no shared state, an endpoint's weight is its expected
-// share of keys, and removing an endpoint moves only the keys it ranked first.
-double rendezvous_score(std::string_view key, std::string_view name, double weight) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over key, a separator, name
-    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
-    h = (h ^ 0xff) * 1099511628211ull;
-    for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-    h ^= h >> 30;  // splitmix64's finalizer: FNV's low bits alone are not uniform enough
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 27;
-    h *= 0x94d049bb133111ebull;
-    h ^= h >> 31;
-    const double u = (static_cast<double>(h >> 11) + 0.5) / 9007199254740992.0;  // (0, 1)
-    return weight / -std::log(u);
-}
-
-}  // namespace
-
-std::vector<size_t> ModelRuntime::order(std::string_view key) const {
-    std::vector<size_t> all;
-    for (size_t i = 0; i < endpoints.size(); ++i)
-        if (!endpoints[i].cfg->last_resort) all.push_back(i);
-    if (cfg->routing == config::Model::Routing::sticky) {
-        std::vector<double> score(all.size());
-        for (size_t i = 0; i < all.size(); ++i) score[i] = rendezvous_score(key, endpoints[i].cfg->name, endpoints[i].cfg->weight);
-        std::stable_sort(all.begin(), all.end(), [&](size_t a, size_t b) { return score[a] > score[b]; });
-    } else if (cfg->routing == config::Model::Routing::round_robin && !all.empty()) {
-        std::rotate(all.begin(), all.begin() + static_cast<ptrdiff_t>(rotation.fetch_add(1) % all.size()), all.end());
-    }
-    std::stable_partition(all.begin(), all.end(), [&](size_t i) { return endpoints[i].health->healthy(); });
-    return all;
-}
-
-std::vector<size_t> ModelRuntime::last_resorts() const {
-    std::vector<size_t> out;
-    for (size_t i = 0; i < endpoints.size(); ++i)
-        if (endpoints[i].cfg->last_resort) out.push_back(i);
-    std::stable_partition(out.begin(), out.end(), [&](size_t i) { return endpoints[i].health->healthy(); });
-    return out;
-}
-
-bool ModelRuntime::regular_healthy() const {
-    return std::any_of(endpoints.begin(), endpoints.end(), [](const EndpointRef& e) { return !e.cfg->last_resort && e.health->healthy(); });
-}
-
-size_t ModelRuntime::home(std::string_view key) const {
-    size_t best = 0;
-    double top = -1;
-    for (size_t i = 0; i < endpoints.size(); ++i) {
-        if (endpoints[i].cfg->last_resort) continue;
-        if (double s = rendezvous_score(key, endpoints[i].cfg->name, endpoints[i].cfg->weight); s > top) {
-            top = s;
-            best = i;
-        }
-    }
-    return best;
-}
-
-const ModelRuntime* Snapshot::find(std::string_view id) const {
-    for (const auto& m : models)
-        if (m->cfg->id == id) return m.get();
-    return nullptr;
-}
 
 Gateway::Gateway(config::Config cfg, plugin::PluginManager& plugins) : plugins_(plugins), initial_(std::move(cfg)) {}
 
@@ -100,140 +28,9 @@ std::shared_ptr<const Snapshot> Gateway::snapshot() const {
     return current_;
 }
 
-std::vector<std::string> Gateway::check_components(const config::Config& cfg, const plugin::PluginManager& plugins_) {
-    std::vector<std::string> out;
-    auto list = [](const std::vector<std::string>& v) {
-        std::string s;
-        for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-        return s.empty() ? std::string("none") : s;
-    };
-    for (const auto& m : cfg.models) {
-        if (!plugins_.translation(m.profile))
-            out.push_back("model '" + m.id + "': translation profile '" + m.profile +
-                          "' is not provided by any loaded plugin (loaded profiles: " +
-                          list(plugins_.component_names(PULSE_KIND_TRANSLATION)) + ")");
-        if (m.policy && !plugins_.policy(m.policy->name))
-            out.push_back("model '" + m.id + "': policy '" + m.policy->name + "' is not provided by any loaded plugin (loaded policies: " +
-                          list(plugins_.component_names(PULSE_KIND_POLICY)) + ")");
-        for (const auto& e : m.endpoints)
-            if (e.is_plugin() && !plugins_.backend(e.plugin_name()))
-                out.push_back("model '" + m.id + "', endpoint '" + e.name + "': backend '" + e.plugin_name() +
-                              "' is not provided by any loaded plugin (loaded backends: " +
-                              list(plugins_.component_names(PULSE_KIND_BACKEND)) + ")");
-    }
-    return out;
-}
-
-std::unique_ptr<Snapshot> Gateway::build(config::Config cfg) {
-    auto snap = std::make_unique<Snapshot>();
-    snap->cfg = std::move(cfg);
-    const std::string file = snap->cfg.source.empty() ? std::string("config") : snap->cfg.source.string();
-    for (const auto& m : snap->cfg.models) {
-        auto rt = std::make_unique<ModelRuntime>();
-        rt->cfg = &m;
-        rt->profile = plugins_.translation(m.profile);
-        if (!rt->profile) throw config::ConfigError(file + ": model '" + m.id + "': translation profile '" + m.profile + "' is not loaded");
-        rt->reasoning = m.reasoning_output == "raw"    ? ReasoningOutput::raw
-                        : m.reasoning_output == "both" ? ReasoningOutput::both
-                                                       : ReasoningOutput::summary;
-        // The model as the profile sees it.
-        auto& v = rt->view;
-        auto& a = v.GetAllocator();
-        v.SetObject();
-        v.AddMember("id", rapidjson::Value(m.id.c_str(), a), a);
-        v.AddMember("upstream_model", rapidjson::Value(m.upstream_model.c_str(), a), a);
-        v.AddMember("context_window", m.context_window, a);
-        rapidjson::Value sampling(rapidjson::kObjectType);
-        auto num = [&](const char* k, const auto& opt) {
-            if (opt) sampling.AddMember(rapidjson::StringRef(k), rapidjson::Value(*opt), a);
-        };
-        num("temperature", m.sampling.temperature);
-        num("top_p", m.sampling.top_p);
-        num("min_p", m.sampling.min_p);
-        num("presence_penalty", m.sampling.presence_penalty);
-        num("repetition_penalty", m.sampling.repetition_penalty);
-        num("top_k", m.sampling.top_k);
-        num("max_output_tokens", m.sampling.max_output_tokens);
-        v.AddMember("sampling", sampling, a);
-
-        rapidjson::Document opts;
-        opts.Parse(m.profile_options_json.c_str());
-        pulse_call call;
-        const auto& vt = rt->profile->registration.translation;
-        pulse_status_t rc = vt.create(rt->profile->registration.user, &call, opts.IsNull() ? nullptr : host::view(&opts), &rt->instance);
-        if (rc != PULSE_OK)
-            throw config::ConfigError(file + ": models." + m.id + ".profile_options: " + host::call_error(call, rc, rt->profile->plugin_id()));
-        if (m.policy) {
-            auto lease = plugins_.policy(m.policy->name);
-            if (!lease) throw config::ConfigError(file + ": model '" + m.id + "': policy '" + m.policy->name + "' is not loaded");
-            rt->policy = std::make_unique<Policy>(lease, *m.policy, file + ": models." + m.id + ".policy");
-        }
-
-        std::lock_guard lock(registry_mutex_);
-        for (const auto& e : m.endpoints) {
-            EndpointRef ref;
-            ref.cfg = &e;
-            std::string key = e.is_plugin() ? e.url + "#" + e.options_json : e.url;
-            auto& h = health_[key];
-            if (!h) h = std::make_shared<EndpointHealth>(key);
-            ref.health = h;
-            if (e.is_plugin()) {
-                auto& b = backends_[key];
-                if (!b) {
-                    auto lease = plugins_.backend(e.plugin_name());
-                    if (!lease) throw config::ConfigError(file + ": model '" + m.id + "': backend '" + e.plugin_name() + "' is not loaded");
-                    try {
-                        b = std::make_unique<BackendInstance>(lease, e.options_json);
-                    } catch (const std::exception& ex) {
-                        throw config::ConfigError(file + ": models." + m.id + " endpoint '" + e.name + "': " + ex.what());
-                    }
-                }
-                ref.backend = b.get();
-            }
-            rt->endpoints.push_back(std::move(ref));
-        }
-        snap->models.push_back(std::move(rt));
-    }
-    snap->generation = ++generations_;
-    return snap;
-}
-
-// Zero series for what the shipped alerts count (common/metric_defs.h), for every model and
-// endpoint of `snap`: a counter that appeared at its first event would hide that event from
-// increase(), and the alert on it would never fire.
-static void seed_alert_series(const Snapshot& snap) {
-    auto& reg = metrics::global();
-    reg.counter(metrics::kCapacityRejections.name, metrics::kCapacityRejections.help);
-    reg.counter(metrics::kConfigReloadFailures.name, metrics::kConfigReloadFailures.help);
-    reg.counter(metrics::kPluginReloadFailures.name, metrics::kPluginReloadFailures.help);
-    for (const auto& m : snap.models) {
-        const std::string& id = m->cfg->id;
-        reg.counter(metrics::kRequests.name, metrics::kRequests.help, {{"model", id}, {"endpoint", "-"}, {"outcome", "unavailable"}});
-        reg.counter(metrics::kFailovers.name, metrics::kFailovers.help, {{"model", id}});
-        reg.counter(metrics::kRetries.name, metrics::kRetries.help, {{"model", id}});
-        reg.histogram(metrics::kTtft.name, metrics::kTtft.help, {{"model", id}});
-        for (const auto& e : m->endpoints) reg.counter(metrics::kResumed.name, metrics::kResumed.help, {{"model", id}, {"endpoint", e.cfg->name}});
-        if (m->policy)
-            for (const char* outcome : {"error", "timeout", "invalid"})
-                reg.counter(metrics::kPolicyDecisions.name, metrics::kPolicyDecisions.help,
-                            {{"model", id}, {"policy", m->policy->component()}, {"outcome", outcome}});
-    }
-}
-
-// Endpoint state as gauges, read at each scrape: always what /health says now.
-static void publish_endpoint_gauges(const Snapshot& snap) {
-    auto& reg = metrics::global();
-    for (const auto& m : snap.models)
-        for (const auto& e : m->endpoints) {
-            const metrics::Labels l = {{"model", m->cfg->id}, {"endpoint", e.cfg->name}};
-            reg.gauge(metrics::kEndpointUp.name, metrics::kEndpointUp.help, l).set(e.health->healthy() ? 1 : 0);
-            reg.gauge(metrics::kEndpointInFlight.name, metrics::kEndpointInFlight.help, l).set(e.health->in_flight.load());
-        }
-}
-
 void Gateway::start() {
-    std::shared_ptr<const Snapshot> snap = build(initial_);
-    seed_alert_series(*snap);
+    std::shared_ptr<const Snapshot> snap = builder_.build(initial_);
+    StatusReport::seed_alert_series(*snap);
     {
         std::lock_guard lock(snap_mutex_);
         current_ = snap;
@@ -247,7 +44,7 @@ void Gateway::start() {
 }
 
 void Gateway::reload(config::Config cfg) {
-    auto problems = check_components(cfg, plugins_);
+    auto problems = SnapshotBuilder::check_components(cfg, plugins_);
     if (!problems.empty()) {
         std::string all;
         for (const auto& p : problems) all += (all.empty() ? "" : "; ") + p;
@@ -257,8 +54,8 @@ void Gateway::reload(config::Config cfg) {
     if (cfg.server.listen.host != old->cfg.server.listen.host || cfg.server.listen.port != old->cfg.server.listen.port ||
         cfg.server.max_streams != old->cfg.server.max_streams || cfg.server.stream_threads != old->cfg.server.stream_threads)
         log::warn("reload", "server.listen, server.max_streams and server.stream_threads take effect only after a restart");
-    std::shared_ptr<const Snapshot> next = build(std::move(cfg));  // throws: the old snapshot keeps serving
-    seed_alert_series(*next);
+    std::shared_ptr<const Snapshot> next = builder_.build(std::move(cfg));  // throws: the old snapshot keeps serving
+    StatusReport::seed_alert_series(*next);
     std::lock_guard lock(snap_mutex_);
     retired_.push_back(current_);
     current_ = next;
@@ -307,11 +104,7 @@ void Gateway::stop() {
     last.reset();
     retired.clear();
     // Then the backend instances the models pointed at (shared by every snapshot).
-    std::map<std::string, std::unique_ptr<BackendInstance>> backends;
-    {
-        std::lock_guard lock(registry_mutex_);
-        backends.swap(backends_);
-    }
+    builder_.release_backends();
 }
 
 void Gateway::endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request) {
@@ -393,16 +186,16 @@ void Gateway::handle(server::Exchange& ex) {
     auto snap = snapshot();
     // The page itself holds no data (what it shows comes from /status.json): served to anyone, so
     // that a browser, which cannot send an API key on navigation, can open it and ask for one.
-    if ((path == "/" || path == "/status") && (method == "GET" || method == "HEAD")) return status_page(ex);
+    if ((path == "/" || path == "/status") && (method == "GET" || method == "HEAD")) return StatusReport::status_page(ex);
     bool status_path = path == "/health" || path == "/metrics" || path == "/status.json";
     if ((!status_path || snap->cfg.server.protect_status) && !authorized(ex, snap->cfg)) {
         metrics::global().counter("pulse_unauthorized_total", "requests refused with 401 (missing or wrong API key)").add();
         return send_error(ex, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)", {}, "invalid_api_key");
     }
-    if (path == "/health" && (method == "GET" || method == "HEAD")) return health(ex);
-    if (path == "/status.json" && method == "GET") return status_json(ex);
+    if (path == "/health" && (method == "GET" || method == "HEAD")) return status_.health(ex, *snap, draining_.load(), active_.load());
+    if (path == "/status.json" && method == "GET") return status_.status_json(ex, *snap, draining_.load(), active_.load());
     if (path == "/metrics" && method == "GET") {
-        publish_endpoint_gauges(*snap);
+        StatusReport::publish_endpoint_gauges(*snap);
         if (req.get("Accept", "").find("application/json") != std::string::npos) return send_json(ex, 200, metrics::global().json());
         return ex.respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics::global().prometheus());
     }
@@ -426,171 +219,6 @@ void Gateway::admin_reload(server::Exchange& ex) {
     if (!reload_hook_) return send_error(ex, 501, "server_error", "reload is not available in this process", {}, "not_implemented");
     reload_hook_();
     send_json(ex, 202, R"({"status":"reload requested"})");
-}
-
-// The state /health and /status.json share: models with their endpoints, plugins, status.
-// Returns the overall status ("ok", "degraded", "draining").
-namespace {
-
-// One endpoint of /health and /status.json; true when it is healthy.
-bool write_endpoint(JsonWriter& w, const EndpointRef& e, bool live) {
-    const bool ok = e.health->healthy();
-    w.StartObject();
-    w.Key("name");
-    w.String(e.cfg->name.c_str());
-    w.Key("url");
-    w.String(e.cfg->url.c_str());
-    w.Key("state");
-    w.String(ok ? "healthy" : e.health->last_error().rfind("loading", 0) == 0 ? "loading" : "down");
-    w.Key("for_s");
-    w.Double(static_cast<double>(static_cast<int64_t>(e.health->seconds_in_state() * 10)) / 10);
-    w.Key("in_flight");
-    w.Int(e.health->in_flight.load());
-    if (live && e.cfg->last_resort) {
-        w.Key("last_resort");
-        w.Bool(true);
-    }
-    if (!ok) {
-        w.Key("last_error");
-        w.String(e.health->last_error().c_str());
-    }
-    if (std::string d = e.health->detail(); !d.empty()) {  // an in-process backend's own report
-        w.Key("backend");
-        w.RawValue(d.c_str(), d.size(), rapidjson::kObjectType);
-    }
-    w.EndObject();
-    return ok;
-}
-
-}  // namespace
-
-const char* Gateway::write_state(JsonWriter& w, const Snapshot& snap, bool live) const {
-    bool draining = draining_.load();
-    bool all_models_served = true;
-    w.Key("models");
-    w.StartArray();
-    for (const auto& m : snap.models) {
-        bool any = false;
-        int in_flight = 0;
-        w.StartObject();
-        w.Key("id");
-        w.String(m->cfg->id.c_str());
-        w.Key("profile");
-        w.String(m->cfg->profile.c_str());
-        w.Key("profile_plugin");
-        w.String(m->profile->plugin_id().c_str());
-        w.Key("profile_generation");
-        w.Uint64(m->profile->generation->ctx.generation);
-        w.Key("endpoints");
-        w.StartArray();
-        for (const auto& e : m->endpoints) {
-            any = write_endpoint(w, e, live) || any;
-            in_flight += e.health->in_flight.load();
-        }
-        w.EndArray();
-        if (live) {
-            w.Key("in_flight");
-            w.Int(in_flight);
-        }
-        w.Key("status");
-        w.String(any ? "ok" : "degraded");
-        w.EndObject();
-        all_models_served = all_models_served && any;
-    }
-    w.EndArray();
-    w.Key("plugins");
-    w.StartArray();
-    for (const auto& s : plugins_.status_snapshot()) {
-        w.StartObject();
-        w.Key("path");
-        w.String(s.path.c_str());
-        w.Key("id");
-        w.String(s.id.c_str());
-        w.Key("version");
-        w.String(s.version.c_str());
-        w.Key("state");
-        w.String(plugin::state_name(s.state));
-        if (!s.reason.empty()) {
-            w.Key("reason");
-            w.String(s.reason.c_str());
-        }
-        if (!s.reload_refused.empty()) {  // `version` above is the one still serving
-            w.Key("reload_refused");
-            w.String(s.reload_refused.c_str());
-        }
-        w.EndObject();
-    }
-    w.EndArray();
-    const char* status = draining ? "draining" : all_models_served ? "ok" : "degraded";
-    w.Key("status");
-    w.String(status);
-    w.Key("active_requests");
-    w.Int(active_.load());
-    w.Key("config_generation");
-    w.Uint64(snap.generation);
-    return status;
-}
-
-void Gateway::health(server::Exchange& ex) {
-    auto snap = snapshot();
-    rapidjson::StringBuffer b;
-    JsonWriter w(b);
-    w.StartObject();
-    const char* status = write_state(w, *snap, /*live=*/false);
-    w.EndObject();
-    send_json(ex, std::string_view(status) == "ok" ? 200 : 503, {b.GetString(), b.GetSize()});
-}
-
-// What the status page polls: the /health state plus requests in flight and recent, rates and
-// the last reload. Always 200 (the page shows a degraded gateway; /health is the probe).
-void Gateway::status_json(server::Exchange& ex) {
-    auto snap = snapshot();
-    rapidjson::StringBuffer b;
-    JsonWriter w(b);
-    w.StartObject();
-    w.Key("version");
-    w.String(PULSE_VERSION);
-    w.Key("now_ms");
-    w.Int64(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-    w.Key("uptime_s");
-    w.Int64(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started_).count());
-    write_state(w, *snap, /*live=*/true);
-    {
-        std::lock_guard lock(reload_mutex_);
-        w.Key("last_reload");
-        if (!last_reload_) {
-            w.Null();
-        } else {
-            w.StartObject();
-            w.Key("at_ms");
-            w.Int64(last_reload_->at_ms);
-            w.Key("ok");
-            w.Bool(last_reload_->ok);
-            w.Key("message");
-            w.String(last_reload_->message.c_str());
-            w.EndObject();
-        }
-    }
-    board_.write(w);
-    w.EndObject();
-    ex.respond(200, "application/json", {b.GetString(), b.GetSize()}, {{"Cache-Control", "no-store"}});
-}
-
-void Gateway::status_page(server::Exchange& ex) {
-    // Everything it needs is inline; the policy makes the browser refuse any other origin, so a
-    // page that works here works offline and tells nobody that it was opened.
-    ex.respond(200, "text/html; charset=utf-8", {reinterpret_cast<const char*>(kStatusPage), sizeof kStatusPage},
-               {{"Cache-Control", "no-cache"},
-                {"Content-Security-Policy",
-                 "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
-                 "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
-                {"X-Content-Type-Options", "nosniff"}});
-}
-
-void Gateway::note_reload(bool ok, std::string message) {
-    std::lock_guard lock(reload_mutex_);
-    last_reload_ = Reload{std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count(), ok,
-                          std::move(message)};
 }
 
 void Gateway::models(server::Exchange& ex) {

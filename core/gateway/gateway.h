@@ -28,6 +28,8 @@
 #include "gateway/policy.h"
 #include "gateway/request_board.h"
 #include "gateway/response_builder.h"
+#include "gateway/snapshot.h"
+#include "gateway/status.h"
 #include "gateway/stream_loop.h"
 #include "gateway/upstream.h"
 #include "gateway/warmup.h"
@@ -36,49 +38,6 @@
 #include "server/http_server.h"
 
 namespace pulse::gateway {
-
-// One endpoint of one model, in a snapshot.
-struct EndpointRef {
-    const config::Endpoint* cfg = nullptr;
-    std::shared_ptr<EndpointHealth> health;  // shared across snapshots (keyed by URL)
-    BackendInstance* backend = nullptr;      // plugin:// endpoints; owned by the Gateway
-};
-
-// One configured model, ready to serve.
-struct ModelRuntime {
-    const config::Model* cfg = nullptr;
-    plugin::ComponentLease profile;  // lease on the profile's plugin generation
-    void* instance = nullptr;        // the profile's per-model instance
-    rapidjson::Document view;        // {id, upstream_model, context_window, sampling{...}} for the profile
-    std::vector<EndpointRef> endpoints;
-    ReasoningOutput reasoning = ReasoningOutput::summary;
-    std::unique_ptr<Policy> policy;  // [models.X.policy], if any
-
-    ModelRuntime() = default;
-    ModelRuntime(const ModelRuntime&) = delete;
-    ~ModelRuntime();
-    // Endpoint indices in the order to try them for a request of conversation `key`
-    // (conversation_key()): healthy ones first, each group in the model's routing order
-    // (failover: config order; round_robin: rotating per request; sticky: by the key's
-    // weighted rendezvous score, so a conversation always starts at the same endpoint and only
-    // the conversations of an endpoint that is down move, each to its own second choice).
-    // Last-resort endpoints are never in it (see last_resorts()).
-    std::vector<size_t> order(std::string_view key) const;
-    // The last-resort endpoints, healthy ones first, in config order.
-    std::vector<size_t> last_resorts() const;
-    // Whether some endpoint that is not a last resort is healthy now.
-    bool regular_healthy() const;
-    // sticky: where `key`'s conversation goes while every endpoint is healthy.
-    size_t home(std::string_view key) const;
-    mutable std::atomic<uint64_t> rotation{0};  // round_robin: requests routed so far
-};
-
-struct Snapshot {
-    config::Config cfg;
-    std::vector<std::unique_ptr<ModelRuntime>> models;
-    uint64_t generation = 0;
-    const ModelRuntime* find(std::string_view id) const;
-};
 
 // What one request may use of the gateway, and nothing more: its configuration snapshot, the
 // shared services, and the two calls that report what a request learned about an endpoint.
@@ -104,10 +63,6 @@ public:
     Gateway(config::Config cfg, plugin::PluginManager& plugins);
     ~Gateway();
 
-    // Every model's translation profile, policy and plugin:// endpoint must be provided by a
-    // loaded plugin. Returns one message per missing component (empty = all present).
-    static std::vector<std::string> check_components(const config::Config& cfg, const plugin::PluginManager& plugins);
-
     // Builds the first snapshot, loads warmup state, starts the health prober and the warmer
     // (control thread, before serving). Throws config::ConfigError when a plugin rejects its
     // options.
@@ -128,7 +83,7 @@ public:
 
     // The outcome of the latest reload (SIGHUP, POST /admin/reload, a plugin directory change),
     // for the status page. Control thread.
-    void note_reload(bool ok, std::string message);
+    void note_reload(bool ok, std::string message) { status_.note_reload(ok, std::move(message)); }
 
     void set_draining(bool d) { draining_ = d; }
     // At the drain deadline: every response still in flight ends now with response.failed
@@ -145,11 +100,6 @@ private:
     Warmer* warmer() override { return warmer_.get(); }
     Liveness* liveness() override { return liveness_.get(); }
     StreamLoop& relay() override { return *relay_; }
-    std::unique_ptr<Snapshot> build(config::Config cfg);
-    void health(server::Exchange& ex);
-    void status_json(server::Exchange& ex);
-    void status_page(server::Exchange& ex);
-    const char* write_state(rapidjson::Writer<rapidjson::StringBuffer>& w, const Snapshot& snap, bool live) const;
     void models(server::Exchange& ex);
     void responses(server::Exchange& ex);
     bool authorized(const server::Exchange& ex, const config::Config& cfg) const;
@@ -167,11 +117,7 @@ private:
     mutable std::mutex snap_mutex_;
     std::shared_ptr<const Snapshot> current_;
     std::vector<std::shared_ptr<const Snapshot>> retired_;
-    uint64_t generations_ = 0;
-
-    std::mutex registry_mutex_;  // health_ and backends_ (grow only)
-    std::map<std::string, std::shared_ptr<EndpointHealth>> health_;
-    std::map<std::string, std::unique_ptr<BackendInstance>> backends_;
+    SnapshotBuilder builder_{plugins_};
 
     std::unique_ptr<PrefixStore> prefixes_;
     std::unique_ptr<Warmer> warmer_;
@@ -179,14 +125,7 @@ private:
     std::unique_ptr<StreamLoop> relay_;
 
     RequestBoard board_;
-    const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-    struct Reload {
-        int64_t at_ms;
-        bool ok;
-        std::string message;
-    };
-    mutable std::mutex reload_mutex_;
-    std::optional<Reload> last_reload_;
+    StatusReport status_{plugins_, board_};
 
     std::atomic<bool> draining_{false}, cutting_{false};
     std::atomic<int> active_{0};
