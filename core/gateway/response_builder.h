@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "gateway/answer_ledger.h"
+#include "gateway/response_json.h"
 #include "plugin/host_api.h"
 
 namespace pulse::gateway {
@@ -70,9 +72,9 @@ public:
     // carried into the totals: what its backend reported, else its output deltas as tokens.
     void begin_resume();
     // True once the current backend attempt added output (all of them: has_output()).
-    bool attempt_has_output() const { return attempt_deltas_ > 0; }
+    bool attempt_has_output() const { return ledger_.attempt_has_output(); }
     // A stream that starts the answer afresh (not a continuation): the token record restarts.
-    void restart_trail();
+    void restart_trail() { ledger_.restart_trail(); }
 
     bool started() const { return started_; }
     bool ended() const { return ended_; }
@@ -82,47 +84,30 @@ public:
     const std::string& final_response() const { return final_; }
     const std::string& id() const { return id_; }
 
-    struct Usage {
-        int64_t input = 0, cached = 0, output = 0, reasoning = 0;
-        bool reported = false;  // a backend reported usage (else the input is unknown)
-    };
+    using Usage = AnswerLedger::Usage;
     // What the backends reported, over every attempt (an earlier attempt that reported nothing
     // counts its output deltas as tokens: begin_resume).
-    Usage usage_totals() const;
+    Usage usage_totals() const { return ledger_.totals(); }
     // Output (and reasoning) tokens every attempt spent so far, this one counted from its
     // deltas when its backend has not reported usage: what a continuation may no longer spend.
-    Usage spent() const;
+    Usage spent() const { return ledger_.spent(); }
     // The error a failed response carried (status and message), if any.
     std::optional<std::pair<pulse_status_t, std::string>> failure() const { return failure_; }
 
 private:
-    struct Item {
-        enum Type { message, reasoning, function_call, custom_tool_call } type;
-        std::string id;
-        std::string text;     // message text
-        std::string summary;  // reasoning summary text
-        std::string raw;      // reasoning raw text
-        std::string name, ns, call_id, args;
-        uint32_t tool_index = 0;
-        bool open = true;
-        bool incomplete = false;  // cut off by max_output_tokens / a content filter
-        bool summary_started = false, raw_started = false;
-    };
+    using Item = OutputItem;
 
     Item& open_item(Item::Type type, const std::function<void(Item&)>& fill = {});
     void close_current();
     void close_item(size_t index);
-    std::string item_json(const Item& it, bool done) const;
     std::string response_json(std::string_view status, bool terminal) const;
-    void event(std::string_view type, const std::function<void(class JsonOut&)>& body);
+    void event(std::string_view type, const std::function<void(JsonOut&)>& body);
     std::string new_call_id();
-    Usage attempt_usage() const;  // the current attempt's: reported, else counted from its deltas
-    bool attempt_left_hole() const;
 
     std::string id_, model_;
     ReasoningOutput reasoning_mode_;
     Emit emit_;
-    std::unique_ptr<class JsonOut> out_;  // one event's JSON, reused: no allocation per event once warm
+    std::unique_ptr<JsonOut> out_;  // one event's JSON, reused: no allocation per event once warm
     int64_t created_at_;
     uint64_t seq_ = 0;
     std::vector<Item> items_;
@@ -130,19 +115,10 @@ private:
     std::optional<pulse_finish_t> finish_;
     std::optional<std::pair<pulse_status_t, std::string>> failure_;
     std::optional<std::string> incomplete_reason_;
-    Usage usage_;    // the current attempt's
-    Usage carried_;  // earlier attempts' (mid-stream resume)
-    int64_t attempt_deltas_ = 0;
+    AnswerLedger ledger_;  // usage and the token record, over every attempt
     std::string final_;
     bool started_ = false, ended_ = false, has_output_ = false;
     uint32_t call_counter_ = 0;
-    int64_t reasoning_deltas_ = 0;
-    // The token record (trail()): ids and raw text over every attempt of this answer.
-    std::vector<int32_t> trail_ids_;
-    std::string trail_raw_;
-    std::string trail_lost_;         // why the record has a hole ("" = whole)
-    bool attempt_trailed_ = false;   // the current attempt reported a trail
-    int64_t attempt_trail_ids_ = 0;  // ids the current attempt reported: its output tokens
 };
 
 }  // namespace pulse::gateway
