@@ -48,15 +48,69 @@ struct Slot {
     bool done = false;
 };
 
-// After its job ended, a body whose terminal marker came but whose HTTP end had not yet: read
-// for a moment more so the connection can go back to the pool instead of being closed.
-struct Linger {
-    std::unique_ptr<DetachedBody> body;
-    Clock::time_point deadline;
-    Handle h{Handle::linger};
-    bool dead = false;
+// Registration of one fd with an epoll set, `h` handed back with its events.
+void watch(int ep, int op, int fd, uint32_t events, Handle* h) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.ptr = h;
+    ::epoll_ctl(ep, op, fd, &ev);
+}
+
+// Bodies whose job ended after their terminal marker came but before their HTTP end did: read
+// for a moment more (20 ms) so the connection can go back to the pool instead of being closed.
+class Lingering {
+public:
+    explicit Lingering(int ep) : ep_(ep) {}
+    // Takes the body over; the loop's next timer is moved up to its deadline.
+    void add(std::unique_ptr<DetachedBody> body, Clock::time_point& next_scan) {
+        auto& l = list_.emplace_back();
+        l.body = std::move(body);
+        l.deadline = Clock::now() + kLinger;
+        l.h.linger_body = &l;
+        watch(ep_, EPOLL_CTL_MOD, l.body->fd(), EPOLLIN, &l.h);
+        next_scan = std::min(next_scan, l.deadline);
+    }
+    // The body of handle `h` has something to read: its end, with luck.
+    void ready(Handle& h, std::vector<UpEvent>& scratch) {
+        Linger& l = *static_cast<Linger*>(h.linger_body);
+        if (l.dead) return;
+        scratch.clear();
+        l.body->read(scratch);
+        if (l.body->reusable()) {
+            ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
+            l.body->recycle();
+            l.dead = true;
+        } else if (l.body->exhausted()) {
+            ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
+            l.dead = true;
+        }
+    }
+    // Past its deadline a body is closed: the backend took too long to end it.
+    void scan(Clock::time_point now, Clock::time_point& next_scan) {
+        for (auto& l : list_) {
+            if (l.dead) continue;
+            if (now >= l.deadline) {
+                ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
+                l.dead = true;
+            } else {
+                next_scan = std::min(next_scan, l.deadline);
+            }
+        }
+    }
+    // Forgets (and so closes or has recycled) the bodies that are done, after a round of events.
+    void sweep() { list_.remove_if([](const Linger& l) { return l.dead; }); }
+
+private:
+    struct Linger {
+        std::unique_ptr<DetachedBody> body;
+        Clock::time_point deadline;
+        Handle h{Handle::linger};
+        bool dead = false;
+    };
+    static constexpr auto kLinger = milliseconds(20);
+    int ep_;
+    std::list<Linger> list_;
 };
-constexpr auto kLinger = milliseconds(20);
 
 }  // namespace
 
@@ -66,10 +120,8 @@ public:
         ep_ = ::epoll_create1(EPOLL_CLOEXEC);
         wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (ep_ < 0 || wake_fd_ < 0) throw std::runtime_error(std::string("stream loop: ") + std::strerror(errno));
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.ptr = &wake_;
-        ::epoll_ctl(ep_, EPOLL_CTL_ADD, wake_fd_, &ev);
+        watch(ep_, EPOLL_CTL_ADD, wake_fd_, EPOLLIN, &wake_);
+        lingering_ = std::make_unique<Lingering>(ep_);
         thread_ = std::thread([this] { main(); });
     }
 
@@ -149,7 +201,7 @@ private:
                         else if (evs[i].events & EPOLLOUT)
                             flush(*h->slot);
                         break;
-                    case Handle::linger: drain(*static_cast<Linger*>(h->linger_body)); break;
+                    case Handle::linger: lingering_->ready(*h, events_); break;
                 }
             }
             if (Clock::now() >= next_scan_) scan();
@@ -180,13 +232,13 @@ private:
             epoll_event ce{};
             ce.events = EPOLLRDHUP;  // not EPOLLIN: a pipelined next request must not count as activity
             ce.data.ptr = &s->cl;
-            epoll_event ue{};
-            ue.events = EPOLLIN;
-            ue.data.ptr = &s->up;
             if (::epoll_ctl(ep_, EPOLL_CTL_ADD, s->cfd, &ce) != 0) {
                 lose(*s);
                 continue;
             }
+            epoll_event ue{};
+            ue.events = EPOLLIN;
+            ue.data.ptr = &s->up;
             if (::epoll_ctl(ep_, EPOLL_CTL_ADD, s->body->fd(), &ue) != 0) {
                 UpEvent e;
                 e.kind = UpEvent::Kind::failed;
@@ -249,10 +301,7 @@ private:
 
     // Stops (or resumes) reading the backend of a stream whose client is behind.
     void pause_upstream(Slot& s, bool pause) {
-        epoll_event ue{};
-        ue.events = pause ? 0u : EPOLLIN;
-        ue.data.ptr = &s.up;
-        ::epoll_ctl(ep_, EPOLL_CTL_MOD, s.body->fd(), &ue);
+        watch(ep_, EPOLL_CTL_MOD, s.body->fd(), pause ? 0u : EPOLLIN, &s.up);
         s.paused = pause;
         if (!pause) pump(s);  // what arrived meanwhile
     }
@@ -264,10 +313,7 @@ private:
     }
 
     void watch_out(Slot& s, bool on) {
-        epoll_event ce{};
-        ce.events = EPOLLRDHUP | (on ? EPOLLOUT : 0u);
-        ce.data.ptr = &s.cl;
-        ::epoll_ctl(ep_, EPOLL_CTL_MOD, s.cfd, &ce);
+        watch(ep_, EPOLL_CTL_MOD, s.cfd, EPOLLRDHUP | (on ? EPOLLOUT : 0u), &s.cl);
         s.want_out = on;
     }
 
@@ -295,33 +341,11 @@ private:
             ::epoll_ctl(ep_, EPOLL_CTL_DEL, b.fd(), nullptr);
             b.recycle();
         } else if (b.ended() && !b.exhausted()) {
-            auto& l = lingers_.emplace_back();
-            l.body = std::move(s.body);
-            l.deadline = Clock::now() + kLinger;
-            l.h.linger_body = &l;
-            epoll_event ue{};
-            ue.events = EPOLLIN;
-            ue.data.ptr = &l.h;
-            ::epoll_ctl(ep_, EPOLL_CTL_MOD, l.body->fd(), &ue);
-            next_scan_ = std::min(next_scan_, l.deadline);
+            lingering_->add(std::move(s.body), next_scan_);
         } else {
             ::epoll_ctl(ep_, EPOLL_CTL_DEL, b.fd(), nullptr);
         }
         ended_.push_back(&s);
-    }
-
-    void drain(Linger& l) {
-        if (l.dead) return;
-        events_.clear();
-        l.body->read(events_);
-        if (l.body->reusable()) {
-            ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
-            l.body->recycle();
-            l.dead = true;
-        } else if (l.body->exhausted()) {
-            ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
-            l.dead = true;
-        }
     }
 
     // Timers of every stream: send timeouts, idle backends, keepalives, lingering bodies.
@@ -352,15 +376,7 @@ private:
             next_scan_ = std::min({next_scan_, s.job->next_timer(), s.body->idle_deadline()});
             if (s.blocked) next_scan_ = std::min(next_scan_, s.blocked_since + s.client->send_timeout());
         }
-        for (auto& l : lingers_) {
-            if (l.dead) continue;
-            if (now >= l.deadline) {
-                ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
-                l.dead = true;  // closed below: the backend took too long to end its body
-            } else {
-                next_scan_ = std::min(next_scan_, l.deadline);
-            }
-        }
+        lingering_->scan(now, next_scan_);
     }
 
     // Wakes the submitters of the jobs that ended this round and forgets them.
@@ -377,7 +393,7 @@ private:
             s->cv.notify_one();  // under the lock: `s` is gone once the submitter returns
         }
         ended_.clear();
-        lingers_.remove_if([](const Linger& l) { return l.dead; });
+        lingering_->sweep();
     }
 
     int ep_ = -1, wake_fd_ = -1;
@@ -389,7 +405,7 @@ private:
 
     // Loop-thread state.
     std::vector<Slot*> active_, ended_;
-    std::list<Linger> lingers_;
+    std::unique_ptr<Lingering> lingering_;
     std::vector<UpEvent> events_;
     Clock::time_point next_scan_ = Clock::time_point::max();
 };
