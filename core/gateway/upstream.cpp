@@ -391,6 +391,8 @@ private:
 struct ChunkCollector : pulse_chunk_sink {
     std::mutex m;
     std::deque<std::string> chunks;  // under m
+    size_t bytes = 0;                // under m: of the chunks queued
+    std::condition_variable room;    // the queue was read (or the stream cancelled)
     int wake_fd = -1;
     void wake() {
         uint64_t one = 1;
@@ -401,6 +403,7 @@ struct ChunkCollector : pulse_chunk_sink {
         {
             std::lock_guard lock(m);
             chunks.emplace_back(payload);
+            bytes += payload.size();
         }
         wake();
         return PULSE_OK;
@@ -424,10 +427,12 @@ public:
         worker_ = std::thread([this] { run(); });
     }
     ~PluginBody() override {
+        bool over;
         {
             std::lock_guard lock(sink_.m);
-            if (!over_) cancel();  // a stream abandoned mid-way (client gone, failover, drain)
+            over = over_;
         }
+        if (!over) cancel();  // a stream abandoned mid-way (client gone, failover, drain)
         worker_.join();  // [stream-serial]: stream_close after the last stream_next returned
         vt().stream_close(stream_);
         ::close(sink_.wake_fd);
@@ -452,6 +457,8 @@ public:
         }
         for (auto& c : sink_.chunks) out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::move(c), false});
         sink_.chunks.clear();
+        sink_.bytes = 0;
+        sink_.room.notify_one();
         if (!over_) return;
         reported_end_ = true;
         if (failure_) {
@@ -488,13 +495,23 @@ private:
     const pulse_backend_vt_t& vt() const { return lease_->registration.backend; }
 
     void cancel() {
-        cancelled_ = true;
+        {
+            std::lock_guard lock(sink_.m);  // a worker waiting for room sees it
+            cancelled_ = true;
+        }
+        sink_.room.notify_one();
         vt().stream_cancel(stream_);
     }
 
     // The worker: stream_next until the stream ends, fails or is cancelled.
     void run() {
         for (;;) {
+            {
+                // Backpressure: while the loop holds a stream back (its client reads slowly) the
+                // queue is not read, and the engine is not asked for more than a bounded amount.
+                std::unique_lock lock(sink_.m);
+                sink_.room.wait(lock, [&] { return cancelled_.load() || sink_.bytes < kMaxQueued; });
+            }
             pulse_call call;
             call.request_id = request_id_;
             call.cancelled = &cancelled_;
@@ -529,6 +546,9 @@ private:
     // again at once. Cancellation and deadlines reach the call through call_cancelled and
     // call_deadline_ms, so this only bounds how often an idle engine is polled.
     static constexpr uint32_t kCallMs = 200;
+    // Chunk bytes queued for the loop past which stream_next is not called again until it reads:
+    // with the client's own queue (StreamLoop::kMaxClientBuffer) what a slow client costs.
+    static constexpr size_t kMaxQueued = 1 << 20;
 
     plugin::ComponentLease lease_;
     void* stream_;

@@ -655,6 +655,36 @@ TEST_CASE("a client that stops reading a large response: bounded memory, cut aft
     CHECK(eventually([&] { return big.log().find(R"("client_gone":true)") != std::string::npos; }, 30000));
 }
 
+TEST_CASE("a client that stops reading a backend plugin's endless stream: the engine is asked for no more than a bounded amount, then cut") {
+    // Regression: the plugin stream's thread called stream_next as fast as the engine answered
+    // and queued every chunk while the loop held the stream back for its slow client: memory
+    // grew with the answer (here without end), not with the buffers.
+    measure_memory_as_deployed();
+    Gateway gw("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"fast\"\nurl = \"plugin://test-faulty\"\n"
+               "options = { fail = \"endless\" }\n",
+               "send_timeout_s = 2\n", std::string(kFast) + "retry_window_s = 0\n", "", {{"faulty_backend", "faulty_backend"}});
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("status":"ok")") != std::string::npos; }));
+    const int64_t rss_before = proc_kb(gw.child->pid(), "VmRSS:");
+    {
+        Raw stuck(gw.port);
+        int small = 4096;
+        ::setsockopt(stuck.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+        REQUIRE(stuck.send(post_head(request())));  // and never read
+        REQUIRE(eventually([&] { return gw.log().find("the endless stream emitted") != std::string::npos; }, 20000));
+    }
+    std::smatch m;
+    const std::string log = gw.log();
+    REQUIRE(std::regex_search(log, m, std::regex(R"(the endless stream emitted (\d+) chunks)")));
+    const long chunks = std::stol(m[1]);
+    const int64_t peak = proc_kb(gw.child->pid(), "VmHWM:");
+    MESSAGE("emitted " << chunks << " chunks of 64 KiB before the cut; gateway RSS before " << rss_before << " kB, peak " << peak << " kB");
+    // The queue (1 MiB), the client's queue (1 MiB) and socket buffers: tens of chunks, where the
+    // engine answers thousands a second.
+    CHECK(chunks < 160);
+    if (kMemoryIsMeasurable) CHECK(peak - rss_before < 48 * 1024);
+    CHECK(gw.log().find("outcome=cancelled") != std::string::npos);
+}
+
 TEST_CASE("a client lost mid-stream by the stream loop: its connection is closed, never handed back to keep-alive") {
     // Regression: the stream loop noticed the stuck client, but the exchange did not, so the
     // connection went back to keep-alive with its chunked body unfinished: a client that

@@ -7,7 +7,9 @@
 // ("null": stream_start returns PULSE_OK without a stream, a plugin bug the host must survive;
 // the engines that block in stream_next, as one doing real work does: "blocking" emits 20
 // deltas 100 ms apart within one call, "sleepy" sleeps 3 s before its first chunk, both
-// whatever timeout_ms says; "empty" ends its stream without a chunk)
+// whatever timeout_ms says; "empty" ends its stream without a chunk; "endless" emits a 64 KiB
+// content delta at every call, as fast as it is asked, until cancelled, and logs at
+// stream_close how many it emitted)
 // It also provides a translation profile, "test-faulty-profile", that passes the Responses
 // input through as one user message and fails in the named call:
 //   profile_options = { fail = "build" | "open" | "feed" | "finish", status = NAME }
@@ -44,6 +46,7 @@ void check_alive(const char* what) {
 
 struct Backend {
     bool at_start = false, silent = false, null_stream = false, told = false;
+    int64_t emitted = 0;
     std::string mode;
     pulse_status_t status = PULSE_E_INTERNAL;
     std::atomic<bool> cancelled{false};
@@ -111,6 +114,11 @@ pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms
                                                     R"(,"finish_reason":)" + finish + "}]}"));
     };
     if (s.mode == "empty") return PULSE_END;
+    if (s.mode == "endless") {
+        if (s.cancelled) return g_host->set_error(call, PULSE_E_CANCELLED, pulse::str("test-faulty: cancelled"));
+        ++s.emitted;
+        return chunk(R"({"content":")" + std::string(64 << 10, 'x') + R"("})");
+    }
     if (s.mode == "after" && !s.told) {
         s.told = true;
         return chunk(R"({"content":"partial answer"})");
@@ -144,6 +152,8 @@ pulse_status_t stream_next(void* stream, pulse_call_t* call, uint32_t timeout_ms
 void stream_cancel(void* stream) { static_cast<Backend*>(stream)->cancelled = true; }
 void stream_close(void* stream) {
     check_alive("stream_close");
+    if (const auto& s = *static_cast<Backend*>(stream); s.mode == "endless")
+        pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "test-faulty: the endless stream emitted " + std::to_string(s.emitted) + " chunks");
     delete static_cast<Backend*>(stream);
 }
 
