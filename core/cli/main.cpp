@@ -496,81 +496,48 @@ private:
     std::thread thread_;
 };
 
-int cmd_serve(const Args& a) {
-    if (a.help) return std::fputs(kServeHelp, stdout), kExitOk;
-    if (!a.rest.empty()) return usage_error("serve: unexpected argument " + a.rest[0], kServeHelp);
-    config::Config cfg = load_config(a, true);
-    apply_log_level(a, cfg);
-    if (!cfg.server.listen.is_loopback() && cfg.server.api_key.empty())
-        log::warn("serve", "listening on " + cfg.server.listen.host + " without an API key (server.allow_public_without_key = true): "
-                           "anyone who can reach this address can use the backends");
-
+// Process-wide settings every server thread inherits; returns the control signals, blocked
+// before any thread starts so only sigtimedwait() sees them.
+sigset_t prepare_serving_process() {
     // Request bodies and their upstream copies run to tens of MiB. glibc's default raises its
     // mmap threshold to the size of each large block freed (up to 32 MiB), after which such
     // blocks come from the worker threads' arenas and their pages stay with the process when
     // freed (12 bodies of 31 MB left 456 MB resident). A fixed threshold keeps every block of
     // 4 MiB or more mapped on its own and returned to the system when freed.
     ::mallopt(M_MMAP_THRESHOLD, 4 << 20);
-
-    // Process-wide: POCO masks SIGPIPE per thread; ignore it for all. Block the control signals
-    // before any thread starts so only sigtimedwait() below sees them.
+    // POCO masks SIGPIPE per thread; ignore it for all.
     ::signal(SIGPIPE, SIG_IGN);
     sigset_t set;
     sigemptyset(&set);
     for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaddset(&set, s);
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    return set;
+}
 
-    // Plugins load before the server starts, so a startup failure never serves partial traffic.
-    plugin::Options popts = plugin_options(cfg);
-    popts.runtime_dir = pick_runtime_dir(cfg);
-    plugin::PluginManager pm(popts);
-    pm.load_all();
-    auto fatal = pm.fatal_problems();
-    gateway::Gateway gw(cfg, pm);
-    auto missing = gateway::SnapshotBuilder::check_components(cfg, pm);
-    fatal.insert(fatal.end(), missing.begin(), missing.end());
-    if (!fatal.empty()) {
-        for (const auto& f : fatal) log::error("serve", f);
-        for (const auto& s : pm.statuses())
-            if (s.state != plugin::State::loaded && !s.required) log::error("serve", "  (possibly related) " + s.describe());
-        std::fprintf(stderr, "pulse: cannot start: %zu plugin problem%s (see above)\n", fatal.size(), fatal.size() == 1 ? "" : "s");
-        return kExitPlugin;
-    }
-    // An HTTP reload joins the SIGHUP path (one reload at a time, on this thread); the flag makes
-    // its log line say where it came from.
-    static std::atomic<bool> reload_over_http{false};
-    gw.set_reload_hook([] {
-        reload_over_http = true;
-        ::kill(::getpid(), SIGHUP);
-    });
-    gw.start();  // profile and backend instances; a rejected option is a config error (exit 3)
-
-    server::HttpServer http(cfg.server, [&gw](server::Exchange& ex) { gw.handle(ex); });
-    try {
-        http.start();
-    } catch (const std::exception& e) {
-        log::error("serve", e.what());
-        return kExitRuntime;
-    }
-    std::string where = "http://" + cfg.server.listen.host + ":" + std::to_string(http.port());
-    log::info("serve", "pulse " + std::string(PULSE_VERSION) + " listening on " + where + " (" + std::to_string(cfg.models.size()) + " models)");
-    std::vector<fs::path> watched = cfg.plugins.dirs;
-    watched.insert(watched.end(), cfg.plugins.dropin_dirs.begin(), cfg.plugins.dropin_dirs.end());
-    PluginDirWatcher watcher(watched);
-
+// A started server's control thread: reloads on SIGHUP (or POST /admin/reload) and on plugin
+// directory changes, the systemd watchdog, retired snapshots and plugin generations, then the
+// drain on SIGTERM / SIGINT.
+struct ServeLoop {
+    const Args& args;
+    config::Config& cfg;
+    plugin::PluginManager& pm;
+    gateway::Gateway& gw;
+    server::HttpServer& http;
+    std::string where;
+    sigset_t signals;
+    bool watchdog = false;
     uint64_t watchdog_usec = 0;
-    bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
-    sd_notifyf(0, "READY=1\nSTATUS=serving on %s\nMAINPID=%lu", where.c_str(), static_cast<unsigned long>(::getpid()));
+    std::atomic<bool>& reload_over_http;
 
     // Hot reload of translation profiles, then a new config snapshot that leases them.
-    auto reload = [&](bool reread_config) {
+    void reload(bool reread_config) {
         sd_notify(0, "RELOADING=1\nSTATUS=reloading");
         auto rep = pm.reload();
         std::string refused;
         try {
             config::Config next = cfg;
             if (reread_config) {
-                Args b = a;
+                Args b = args;
                 b.config = cfg.source.string();
                 next = load_config(b, true);
             }
@@ -588,52 +555,113 @@ int cmd_serve(const Args& a) {
                                        : "configuration refused, the previous one keeps serving: " + refused + "; " + plugins);
         sd_notifyf(0, "READY=1\nSTATUS=serving on %s (plugins: %d reloaded, %d added, %d failed)", where.c_str(), rep.reloaded,
                    rep.added, rep.failed);
-    };
+    }
 
-    timespec tick{0, 500 * 1000 * 1000};
-    if (watchdog && watchdog_usec / 2 < 500000) tick = {0, static_cast<long>(watchdog_usec / 2 * 1000)};
-    for (;;) {
-        int sig = sigtimedwait(&set, nullptr, &tick);
-        if (watchdog) sd_notify(0, "WATCHDOG=1");
-        gw.collect_retired();
-        pm.collect_retired();
-        if (sig < 0) continue;
-        if (sig == SIGHUP) {
-            log::info("serve", reload_over_http.exchange(false) ? "POST /admin/reload: reloading configuration and translation profiles"
-                                                                : "SIGHUP: reloading configuration and translation profiles");
-            reload(true);
-            continue;
+    // Until SIGTERM / SIGINT.
+    void run() {
+        timespec tick{0, 500 * 1000 * 1000};
+        if (watchdog && watchdog_usec / 2 < 500000) tick = {0, static_cast<long>(watchdog_usec / 2 * 1000)};
+        for (;;) {
+            int sig = sigtimedwait(&signals, nullptr, &tick);
+            if (watchdog) sd_notify(0, "WATCHDOG=1");
+            gw.collect_retired();
+            pm.collect_retired();
+            if (sig < 0) continue;
+            if (sig == SIGHUP) {
+                log::info("serve", reload_over_http.exchange(false) ? "POST /admin/reload: reloading configuration and translation profiles"
+                                                                    : "SIGHUP: reloading configuration and translation profiles");
+                reload(true);
+            } else if (sig == SIGUSR1) {
+                log::info("serve", "plugin directory changed: reloading translation profiles");
+                reload(false);
+            } else {
+                return;
+            }
         }
-        if (sig == SIGUSR1) {
-            log::info("serve", "plugin directory changed: reloading translation profiles");
-            reload(false);
-            continue;
-        }
-        break;  // SIGTERM / SIGINT
     }
 
     // Graceful drain: new requests get 503 + Retry-After at once (the listener stays open, so
     // nobody is reset), streams in flight get drain_timeout_s to finish, and those still
     // running then end with response.failed rather than a cut connection.
-    log::info("serve", "received SIGTERM: draining (up to " + std::to_string(static_cast<int>(cfg.server.drain_timeout_s)) + " s)");
-    sd_notify(0, "STOPPING=1\nSTATUS=draining");
-    gw.set_draining(true);
-    http.drain();
-    auto wait_idle = [&](std::chrono::steady_clock::time_point until) {
-        while (gw.active_requests() > 0 && std::chrono::steady_clock::now() < until) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            if (watchdog) sd_notify(0, "WATCHDOG=1");
+    void drain() {
+        log::info("serve", "received SIGTERM: draining (up to " + std::to_string(static_cast<int>(cfg.server.drain_timeout_s)) + " s)");
+        sd_notify(0, "STOPPING=1\nSTATUS=draining");
+        gw.set_draining(true);
+        http.drain();
+        auto wait_idle = [&](double seconds) {
+            const auto until = std::chrono::steady_clock::now() +
+                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+            while (gw.active_requests() > 0 && std::chrono::steady_clock::now() < until) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                if (watchdog) sd_notify(0, "WATCHDOG=1");
+            }
+        };
+        wait_idle(cfg.server.drain_timeout_s);
+        if (int left = gw.active_requests(); left > 0) {
+            log::warn("serve", std::to_string(left) + " requests still in flight at the drain deadline: ending them with response.failed");
+            gw.cut_streams();
+            // They end within a send timeout at worst (a client that does not read its end).
+            wait_idle(std::min(cfg.server.send_timeout_s, 10.0));
         }
-    };
-    wait_idle(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                     std::chrono::duration<double>(cfg.server.drain_timeout_s)));
-    if (int left = gw.active_requests(); left > 0) {
-        log::warn("serve", std::to_string(left) + " requests still in flight at the drain deadline: ending them with response.failed");
-        gw.cut_streams();
-        // They end within a send timeout at worst (a client that does not read its end).
-        wait_idle(std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                         std::chrono::duration<double>(std::min(cfg.server.send_timeout_s, 10.0))));
     }
+};
+
+// Plugins load before the server starts, so a startup failure never serves partial traffic.
+// Returns the problems that forbid starting (each logged), empty when there are none.
+size_t report_startup_problems(const config::Config& cfg, const plugin::PluginManager& pm) {
+    auto fatal = pm.fatal_problems();
+    auto missing = gateway::SnapshotBuilder::check_components(cfg, pm);
+    fatal.insert(fatal.end(), missing.begin(), missing.end());
+    if (fatal.empty()) return 0;
+    for (const auto& f : fatal) log::error("serve", f);
+    for (const auto& s : pm.statuses())
+        if (s.state != plugin::State::loaded && !s.required) log::error("serve", "  (possibly related) " + s.describe());
+    std::fprintf(stderr, "pulse: cannot start: %zu plugin problem%s (see above)\n", fatal.size(), fatal.size() == 1 ? "" : "s");
+    return fatal.size();
+}
+
+int cmd_serve(const Args& a) {
+    if (a.help) return std::fputs(kServeHelp, stdout), kExitOk;
+    if (!a.rest.empty()) return usage_error("serve: unexpected argument " + a.rest[0], kServeHelp);
+    config::Config cfg = load_config(a, true);
+    apply_log_level(a, cfg);
+    if (!cfg.server.listen.is_loopback() && cfg.server.api_key.empty())
+        log::warn("serve", "listening on " + cfg.server.listen.host + " without an API key (server.allow_public_without_key = true): "
+                           "anyone who can reach this address can use the backends");
+    const sigset_t signals = prepare_serving_process();
+
+    plugin::Options popts = plugin_options(cfg);
+    popts.runtime_dir = pick_runtime_dir(cfg);
+    plugin::PluginManager pm(popts);
+    pm.load_all();
+    gateway::Gateway gw(cfg, pm);
+    if (report_startup_problems(cfg, pm) > 0) return kExitPlugin;
+    // An HTTP reload joins the SIGHUP path (one reload at a time, on this thread); the flag makes
+    // its log line say where it came from.
+    static std::atomic<bool> reload_over_http{false};
+    gw.set_reload_hook([] {
+        reload_over_http = true;
+        ::kill(::getpid(), SIGHUP);
+    });
+    gw.start();  // profile and backend instances; a rejected option is a config error (exit 3)
+
+    server::HttpServer http(cfg.server, [&gw](server::Exchange& ex) { gw.handle(ex); });
+    try {
+        http.start();
+    } catch (const std::exception& e) {
+        log::error("serve", e.what());
+        return kExitRuntime;
+    }
+    ServeLoop loop{a, cfg, pm, gw, http, "http://" + cfg.server.listen.host + ":" + std::to_string(http.port()), signals, false, 0, reload_over_http};
+    log::info("serve", "pulse " + std::string(PULSE_VERSION) + " listening on " + loop.where + " (" + std::to_string(cfg.models.size()) + " models)");
+    std::vector<fs::path> watched = cfg.plugins.dirs;
+    watched.insert(watched.end(), cfg.plugins.dropin_dirs.begin(), cfg.plugins.dropin_dirs.end());
+    PluginDirWatcher watcher(watched);
+    loop.watchdog = sd_watchdog_enabled(0, &loop.watchdog_usec) > 0;
+    sd_notifyf(0, "READY=1\nSTATUS=serving on %s\nMAINPID=%lu", loop.where.c_str(), static_cast<unsigned long>(::getpid()));
+
+    loop.run();
+    loop.drain();
     http.stop();
     gw.stop();
     gw.collect_retired();

@@ -321,34 +321,39 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
     return m;
 }
 
+// [server]
+Server parse_server(const toml::table& st, const std::string& file, const std::filesystem::path& base) {
+    Server server;
+    Table t(st, "server", file);
+    std::string listen;
+    t.str("listen", listen);
+    if (!listen.empty()) server.listen = parse_listen(listen, where(file, st.get("listen")->source()));
+    t.str("api_key", server.api_key);
+    t.boolean("protect_status", server.protect_status);
+    t.boolean("allow_public_without_key", server.allow_public_without_key);
+    t.integer("max_body_bytes", server.max_body_bytes, 1024, int64_t(1) << 31);
+    t.integer("max_body_memory_bytes", server.max_body_memory_bytes, 1024, int64_t(1) << 40);
+    t.integer("max_streams", server.max_streams, 1, 65536);
+    t.integer("queue", server.queue, 0, 65536);
+    t.number("send_timeout_s", server.send_timeout_s, 0.1, 3600);
+    t.number("header_timeout_s", server.header_timeout_s, 0.1, 3600);
+    t.number("body_timeout_s", server.body_timeout_s, 0.1, 3600);
+    t.integer("body_min_rate", server.body_min_rate, 0, int64_t(1) << 40);
+    t.number("idle_timeout_s", server.idle_timeout_s, 0.1, 86400);
+    t.integer("stream_threads", server.stream_threads, 1, 64);
+    t.number("drain_timeout_s", server.drain_timeout_s, 0, 86400);
+    std::string trace;
+    t.str("trace_file", trace);
+    if (!trace.empty()) server.trace_file = resolve(base, trace).string();
+    t.reject_unknown();
+    return server;
+}
+
 Config parse(const toml::table& root, const std::string& file, const std::filesystem::path& base) {
     Config cfg;
     Table top(root, "", file);
     top.str("log_level", cfg.log_level);
-    if (const toml::table* st = top.subtable("server")) {
-        Table t(*st, "server", file);
-        std::string listen;
-        t.str("listen", listen);
-        if (!listen.empty()) cfg.server.listen = parse_listen(listen, where(file, st->get("listen")->source()));
-        t.str("api_key", cfg.server.api_key);
-        t.boolean("protect_status", cfg.server.protect_status);
-        t.boolean("allow_public_without_key", cfg.server.allow_public_without_key);
-        t.integer("max_body_bytes", cfg.server.max_body_bytes, 1024, int64_t(1) << 31);
-        t.integer("max_body_memory_bytes", cfg.server.max_body_memory_bytes, 1024, int64_t(1) << 40);
-        t.integer("max_streams", cfg.server.max_streams, 1, 65536);
-        t.integer("queue", cfg.server.queue, 0, 65536);
-        t.number("send_timeout_s", cfg.server.send_timeout_s, 0.1, 3600);
-        t.number("header_timeout_s", cfg.server.header_timeout_s, 0.1, 3600);
-        t.number("body_timeout_s", cfg.server.body_timeout_s, 0.1, 3600);
-        t.integer("body_min_rate", cfg.server.body_min_rate, 0, int64_t(1) << 40);
-        t.number("idle_timeout_s", cfg.server.idle_timeout_s, 0.1, 86400);
-        t.integer("stream_threads", cfg.server.stream_threads, 1, 64);
-        t.number("drain_timeout_s", cfg.server.drain_timeout_s, 0, 86400);
-        std::string trace;
-        t.str("trace_file", trace);
-        if (!trace.empty()) cfg.server.trace_file = resolve(base, trace).string();
-        t.reject_unknown();
-    }
+    if (const toml::table* st = top.subtable("server")) cfg.server = parse_server(*st, file, base);
     if (const toml::table* pt = top.subtable("plugins")) {
         Table t(*pt, "plugins", file);
         std::vector<std::string> dirs, dropins;

@@ -96,100 +96,98 @@ bool BodyDecoder::feed(std::string_view raw, std::string& out, size_t* used) {
         if (left_ == 0) state_ = State::done;
         return true;
     }
-    size_t i = 0;
-    while (i < raw.size()) {
-        char c = raw[i];
-        switch (state_) {
-            case State::size: {
-                int v = hex_value(c);
-                if (v >= 0) {
-                    if (++size_digits_ > 15) return fail("chunk size too large");
-                    left_ = left_ * 16 + v;
-                } else if (size_digits_ == 0) {
-                    return fail("malformed chunk size line");
-                } else if (c == ';' || (!strict_ && (c == ' ' || c == '\t'))) {
-                    state_ = State::ext;
-                } else if (c == '\r') {
-                    state_ = State::size_lf;
-                } else if (c == '\n' && !strict_) {
-                    state_ = left_ == 0 ? State::trailer_start : State::data;
-                } else {
-                    return fail("malformed chunk size line");
-                }
-                ++i;
-                break;
-            }
-            case State::ext:  // chunk extensions carry nothing we use
-                if (strict_) {
-                    if (c == '\r') state_ = State::size_lf;
-                    else if (is_ctl(c)) return fail("malformed chunk extension");
-                } else if (c == '\n') {
-                    state_ = left_ == 0 ? State::trailer_start : State::data;
-                }
-                ++i;
-                break;
-            case State::size_lf:
-                if (c != '\n') return fail("chunk size line not ended by CRLF");
-                state_ = left_ == 0 ? State::trailer_start : State::data;
-                ++i;
-                break;
-            case State::data: {
-                size_t n = static_cast<size_t>(std::min<int64_t>(left_, static_cast<int64_t>(raw.size() - i)));
-                out.append(raw.substr(i, n));
-                left_ -= static_cast<int64_t>(n);
-                i += n;
-                if (left_ == 0) state_ = State::data_cr;
-                break;
-            }
-            case State::data_cr:
-                if (c == '\r') {
-                    state_ = State::data_lf;
-                } else if (c == '\n' && !strict_) {
-                    state_ = State::size;
-                    size_digits_ = 0;
-                } else {
-                    return fail("chunk data not followed by CRLF");
-                }
-                ++i;
-                break;
-            case State::data_lf:
-                if (c != '\n') return fail("chunk data not followed by CRLF");
-                state_ = State::size;
-                size_digits_ = 0;
-                ++i;
-                break;
-            case State::trailer_start:
-                if (strict_ && c != '\r' && is_ctl(c)) return fail("last chunk not ended by CRLF");
-                state_ = c == '\r' ? State::trailer_lf : c == '\n' ? State::done : State::trailer;
-                ++i;
-                break;
-            case State::trailer:  // trailer fields are ignored
-                if (strict_) {
-                    if (c == '\r') state_ = State::trailer_line_lf;
-                    else if (is_ctl(c)) return fail("malformed trailer field");
-                } else if (c == '\n') {
-                    state_ = State::trailer_start;
-                }
-                ++i;
-                break;
-            case State::trailer_line_lf:
-                if (c != '\n') return fail("trailer field not ended by CRLF");
-                state_ = State::trailer_start;
-                ++i;
-                break;
-            case State::trailer_lf:
-                if (c != '\n') return fail("last chunk not ended by CRLF");
-                state_ = State::done;
-                ++i;
-                break;
-            case State::done:
-                if (!used) return fail("bytes after the end of the body");
-                *used = i;
-                return true;
-            case State::failed: return false;
+    for (size_t i = 0; i < raw.size();) {
+        if (state_ == State::data) {
+            size_t n = static_cast<size_t>(std::min<int64_t>(left_, static_cast<int64_t>(raw.size() - i)));
+            out.append(raw.substr(i, n));
+            left_ -= static_cast<int64_t>(n);
+            i += n;
+            if (left_ == 0) state_ = State::data_cr;
+        } else if (state_ == State::done) {
+            if (!used) return fail("bytes after the end of the body");
+            *used = i;
+            return true;
+        } else if (!frame_byte(raw[i++])) {
+            return false;
         }
     }
     return true;
+}
+
+// One byte of chunked framing (size lines, extensions, CRLFs, trailers) moves the state on;
+// false (failed) when it breaks the framing.
+bool BodyDecoder::frame_byte(char c) {
+    switch (state_) {
+        case State::size: {
+            int v = hex_value(c);
+            if (v >= 0) {
+                if (++size_digits_ > 15) return fail("chunk size too large");
+                left_ = left_ * 16 + v;
+            } else if (size_digits_ == 0) {
+                return fail("malformed chunk size line");
+            } else if (c == ';' || (!strict_ && (c == ' ' || c == '\t'))) {
+                state_ = State::ext;
+            } else if (c == '\r') {
+                state_ = State::size_lf;
+            } else if (c == '\n' && !strict_) {
+                state_ = left_ == 0 ? State::trailer_start : State::data;
+            } else {
+                return fail("malformed chunk size line");
+            }
+            return true;
+        }
+        case State::ext:  // chunk extensions carry nothing we use
+            if (strict_) {
+                if (c == '\r') state_ = State::size_lf;
+                else if (is_ctl(c)) return fail("malformed chunk extension");
+            } else if (c == '\n') {
+                state_ = left_ == 0 ? State::trailer_start : State::data;
+            }
+            return true;
+        case State::size_lf:
+            if (c != '\n') return fail("chunk size line not ended by CRLF");
+            state_ = left_ == 0 ? State::trailer_start : State::data;
+            return true;
+        case State::data_cr:
+            if (c == '\r') {
+                state_ = State::data_lf;
+            } else if (c == '\n' && !strict_) {
+                state_ = State::size;
+                size_digits_ = 0;
+            } else {
+                return fail("chunk data not followed by CRLF");
+            }
+            return true;
+        case State::data_lf:
+            if (c != '\n') return fail("chunk data not followed by CRLF");
+            state_ = State::size;
+            size_digits_ = 0;
+            return true;
+        case State::trailer_start:
+            if (strict_ && c != '\r' && is_ctl(c)) return fail("last chunk not ended by CRLF");
+            state_ = c == '\r' ? State::trailer_lf : c == '\n' ? State::done : State::trailer;
+            return true;
+        case State::trailer:  // trailer fields are ignored
+            if (strict_) {
+                if (c == '\r') state_ = State::trailer_line_lf;
+                else if (is_ctl(c)) return fail("malformed trailer field");
+            } else if (c == '\n') {
+                state_ = State::trailer_start;
+            }
+            return true;
+        case State::trailer_line_lf:
+            if (c != '\n') return fail("trailer field not ended by CRLF");
+            state_ = State::trailer_start;
+            return true;
+        case State::trailer_lf:
+            if (c != '\n') return fail("last chunk not ended by CRLF");
+            state_ = State::done;
+            return true;
+        case State::data:
+        case State::done:
+        case State::failed: break;  // not framing bytes
+    }
+    return state_ != State::failed;
 }
 
 bool BodyDecoder::at_eof() {

@@ -55,6 +55,7 @@ public:
 private:
     enum class State { size, ext, size_lf, data, data_cr, data_lf, trailer_start, trailer, trailer_line_lf, trailer_lf, done, failed };
     bool fail(std::string why);
+    bool frame_byte(char c);
 
     Framing framing_;
     State state_;

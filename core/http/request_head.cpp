@@ -72,19 +72,10 @@ HeadScan scan_request_head(std::string_view in, size_t from) {
     return s;
 }
 
-std::optional<HeadError> parse_request_head(std::string_view head, RequestHead& out) {
-    out = RequestHead{};
-    if (head.size() < 4 || head.substr(head.size() - 4) != "\r\n\r\n") return bad("the request head does not end with an empty line");
-    head.remove_suffix(2);  // every line now ends with CRLF
-    auto next_line = [&head]() {
-        size_t eol = head.find("\r\n");
-        std::string_view line = head.substr(0, eol);
-        head.remove_prefix(eol + 2);
-        return line;
-    };
+namespace {
 
-    // request-line = method SP request-target SP HTTP-version (§3): single spaces, nothing else.
-    std::string_view line = next_line();
+// request-line = method SP request-target SP HTTP-version (RFC 9112 §3): single spaces, nothing else.
+std::optional<HeadError> parse_request_line(std::string_view line, RequestHead& out) {
     size_t sp1 = line.find(' ');
     size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
     if (sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos)
@@ -101,6 +92,24 @@ std::optional<HeadError> parse_request_head(std::string_view head, RequestHead& 
     out.method = method;
     out.target = target;
     out.version = version;
+    return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<HeadError> parse_request_head(std::string_view head, RequestHead& out) {
+    out = RequestHead{};
+    if (head.size() < 4 || head.substr(head.size() - 4) != "\r\n\r\n") return bad("the request head does not end with an empty line");
+    head.remove_suffix(2);  // every line now ends with CRLF
+    auto next_line = [&head]() {
+        size_t eol = head.find("\r\n");
+        std::string_view line = head.substr(0, eol);
+        head.remove_prefix(eol + 2);
+        return line;
+    };
+
+    std::string_view line = next_line();
+    if (auto e = parse_request_line(line, out)) return e;
 
     int hosts = 0, lengths = 0;
     std::vector<std::string_view> codings;  // every Transfer-Encoding field's codings, in order

@@ -433,6 +433,81 @@ std::string PluginManager::stage(const fs::path& path, const std::string& sha, f
     return {};
 }
 
+// Step 4 of a load: the info struct's fields, copied into `st` and checked. Every problem
+// found, joined, or "" when there is none.
+std::string PluginManager::check_info(const pulse_plugin_info_t& i, const fs::path& path, PluginStatus& st, bool reloading) const {
+    const pulse_plugin_info_t* info = &i;
+    std::vector<std::string> problems;
+    st.id = printable(info->id);
+    st.version = printable(info->version);
+    st.build_info = printable(info->build_info, 400);
+    st.kinds = info->kinds;
+    st.abi_major = info->abi_major;
+    st.abi_minor_built = info->abi_minor_built;
+    st.abi_minor_required = info->abi_minor_required;
+    st.required = is_required(st.id);
+    if (info->abi_major != PULSE_ABI_MAJOR)
+        problems.push_back("built for Pulse plugin ABI v" + std::to_string(info->abi_major) + ", this host speaks v" +
+                           std::to_string(PULSE_ABI_MAJOR) + " (fix: install the v" + std::to_string(PULSE_ABI_MAJOR) +
+                           " build of the plugin)");
+    else if (info->abi_minor_required > PULSE_ABI_MINOR)
+        problems.push_back("requires host plugin ABI >= " + std::to_string(PULSE_ABI_MAJOR) + "." +
+                           std::to_string(info->abi_minor_required) + ", this host is " + std::to_string(PULSE_ABI_MAJOR) +
+                           "." + std::to_string(PULSE_ABI_MINOR) + " (fix: upgrade Pulse, or rebuild the plugin with PULSE_TARGET_ABI_MINOR=" +
+                           std::to_string(PULSE_ABI_MINOR) + ")");
+    if (info->abi_minor_required > info->abi_minor_built)
+        problems.push_back("abi_minor_required " + std::to_string(info->abi_minor_required) + " is newer than abi_minor_built " +
+                           std::to_string(info->abi_minor_built) + " (header mismatch)");
+    if (info->reserved != 0) problems.push_back("reserved field: expected 0, found " + std::to_string(info->reserved) + " (header mismatch)");
+    if (!valid_id(info->id)) problems.push_back("id: expected 1-128 characters of [a-z0-9._-], found '" + st.id + "'");
+    if (!info->version || !*info->version) problems.push_back("version: expected a version string, found none");
+    if (!info->init) problems.push_back("init: expected a function, found NULL");
+    if ((info->kinds & ~(PULSE_KIND_TRANSLATION | PULSE_KIND_BACKEND | PULSE_KIND_CONTROLLER | PULSE_KIND_POLICY)) != 0)
+        log::warn("plugins", "plugin " + path.string() + " declares unknown component kinds; they will be ignored");
+    if (problems.empty() && !reloading) {
+        if (auto it = ids_.find(st.id); it != ids_.end())
+            problems.push_back("duplicate plugin id '" + st.id + "': also in " + it->second.string() +
+                               "; neither file is loaded (fix: remove one of the two)");
+    }
+    std::string joined;
+    for (const auto& p : problems) joined += (joined.empty() ? "" : "; ") + p;
+    return joined;
+}
+
+// Step 6 of a load: the plugin's init, which registers its components. Returns how the load
+// failed and why, or an empty reason when the plugin is ready.
+std::pair<State, std::string> PluginManager::run_init(Generation& gen, const std::string& id) {
+    pulse_call call;
+    pulse_status_t rc;
+    gen.ctx.in_init = true;
+    try {
+        rc = gen.info->init(host::api(), &gen.ctx, &call, &gen.state);
+    } catch (const std::exception& e) {
+        rc = PULSE_E_INTERNAL;
+        call.message = std::string("exception escaped init (plugin bug): ") + e.what();
+        call.has_message = true;
+    } catch (...) {
+        rc = PULSE_E_INTERNAL;
+        call.message = "exception escaped init (plugin bug)";
+        call.has_message = true;
+    }
+    gen.ctx.in_init = false;
+    std::string refused;  // what the host refused at registration, if anything
+    for (const auto& p : gen.ctx.problems) refused += (refused.empty() ? "" : "; ") + p;
+    // An init that passes on a refused register_* call's status has no message of its own: the
+    // refusal is the reason, and the author needs it, not "without an error message".
+    if (rc != PULSE_OK && !call.has_message && !refused.empty())
+        return {State::failed, "init failed: the host refused its registration: " + refused};
+    if (rc != PULSE_OK) return {State::failed, std::string("init failed: ") + host::call_error(call, rc, id)};
+    gen.initialized = true;
+    if (!gen.ctx.problems.empty()) {
+        const std::string& joined = refused;
+        finalize(gen);
+        return {State::failed, "registration failed: " + joined};
+    }
+    return {State::loaded, {}};
+}
+
 std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path, PluginStatus& st, bool reloading) {
     st.path = path;
     auto reject = [&](State state, std::string reason) -> std::shared_ptr<Generation> {
@@ -475,43 +550,7 @@ std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path,
     if (info->struct_size < kInfoMinSize)
         return reject(State::rejected, "info struct_size: expected >= " + std::to_string(kInfoMinSize) + ", found " +
                                            std::to_string(info->struct_size) + " (corrupt or foreign file; rebuild against the Pulse SDK)");
-    std::vector<std::string> problems;
-    st.id = printable(info->id);
-    st.version = printable(info->version);
-    st.build_info = printable(info->build_info, 400);
-    st.kinds = info->kinds;
-    st.abi_major = info->abi_major;
-    st.abi_minor_built = info->abi_minor_built;
-    st.abi_minor_required = info->abi_minor_required;
-    st.required = is_required(st.id);
-    if (info->abi_major != PULSE_ABI_MAJOR)
-        problems.push_back("built for Pulse plugin ABI v" + std::to_string(info->abi_major) + ", this host speaks v" +
-                           std::to_string(PULSE_ABI_MAJOR) + " (fix: install the v" + std::to_string(PULSE_ABI_MAJOR) +
-                           " build of the plugin)");
-    else if (info->abi_minor_required > PULSE_ABI_MINOR)
-        problems.push_back("requires host plugin ABI >= " + std::to_string(PULSE_ABI_MAJOR) + "." +
-                           std::to_string(info->abi_minor_required) + ", this host is " + std::to_string(PULSE_ABI_MAJOR) +
-                           "." + std::to_string(PULSE_ABI_MINOR) + " (fix: upgrade Pulse, or rebuild the plugin with PULSE_TARGET_ABI_MINOR=" +
-                           std::to_string(PULSE_ABI_MINOR) + ")");
-    if (info->abi_minor_required > info->abi_minor_built)
-        problems.push_back("abi_minor_required " + std::to_string(info->abi_minor_required) + " is newer than abi_minor_built " +
-                           std::to_string(info->abi_minor_built) + " (header mismatch)");
-    if (info->reserved != 0) problems.push_back("reserved field: expected 0, found " + std::to_string(info->reserved) + " (header mismatch)");
-    if (!valid_id(info->id)) problems.push_back("id: expected 1-128 characters of [a-z0-9._-], found '" + st.id + "'");
-    if (!info->version || !*info->version) problems.push_back("version: expected a version string, found none");
-    if (!info->init) problems.push_back("init: expected a function, found NULL");
-    if ((info->kinds & ~(PULSE_KIND_TRANSLATION | PULSE_KIND_BACKEND | PULSE_KIND_CONTROLLER | PULSE_KIND_POLICY)) != 0)
-        log::warn("plugins", "plugin " + path.string() + " declares unknown component kinds; they will be ignored");
-    if (problems.empty() && !reloading) {
-        if (auto it = ids_.find(st.id); it != ids_.end())
-            problems.push_back("duplicate plugin id '" + st.id + "': also in " + it->second.string() +
-                               "; neither file is loaded (fix: remove one of the two)");
-    }
-    if (!problems.empty()) {
-        std::string joined;
-        for (const auto& p : problems) joined += (joined.empty() ? "" : "; ") + p;
-        return reject(State::rejected, joined);
-    }
+    if (std::string p = check_info(*info, path, st, reloading); !p.empty()) return reject(State::rejected, p);
     gen->info = info;
     gen->ctx.plugin_id = st.id;
     gen->ctx.generation = next_generation_++;
@@ -533,34 +572,7 @@ std::shared_ptr<Generation> PluginManager::load_generation(const fs::path& path,
     }
 
     // Step 6: init; the plugin registers its components through the host table.
-    pulse_call call;
-    pulse_status_t rc;
-    gen->ctx.in_init = true;
-    try {
-        rc = info->init(host::api(), &gen->ctx, &call, &gen->state);
-    } catch (const std::exception& e) {
-        rc = PULSE_E_INTERNAL;
-        call.message = std::string("exception escaped init (plugin bug): ") + e.what();
-        call.has_message = true;
-    } catch (...) {
-        rc = PULSE_E_INTERNAL;
-        call.message = "exception escaped init (plugin bug)";
-        call.has_message = true;
-    }
-    gen->ctx.in_init = false;
-    std::string refused;  // what the host refused at registration, if anything
-    for (const auto& p : gen->ctx.problems) refused += (refused.empty() ? "" : "; ") + p;
-    // An init that passes on a refused register_* call's status has no message of its own: the
-    // refusal is the reason, and the author needs it, not "without an error message".
-    if (rc != PULSE_OK && !call.has_message && !refused.empty())
-        return reject(State::failed, "init failed: the host refused its registration: " + refused);
-    if (rc != PULSE_OK) return reject(State::failed, std::string("init failed: ") + host::call_error(call, rc, st.id));
-    gen->initialized = true;
-    if (!gen->ctx.problems.empty()) {
-        const std::string& joined = refused;
-        finalize(*gen);
-        return reject(State::failed, "registration failed: " + joined);
-    }
+    if (auto [state, why] = run_init(*gen, st.id); !why.empty()) return reject(state, why);
     return gen;
 }
 
@@ -647,22 +659,25 @@ void PluginManager::publish(const std::shared_ptr<Generation>& gen, PluginStatus
     }
 }
 
-ReloadReport PluginManager::reload() {
-    ReloadReport rep;
-    auto fail = [&](const std::string& msg) {
-        ++rep.failed;
-        rep.messages.push_back(msg);
-        log::error("reload", msg);
-        metrics::global().counter(metrics::kPluginReloadFailures.name, metrics::kPluginReloadFailures.help).add();
-    };
-    // A refused new version of a loaded file: the refusal shows next to the version that serves.
-    auto refuse = [&](const fs::path& f, const std::string& msg) {
-        fail(msg);
-        std::lock_guard lock(status_mutex_);
-        for (auto& s : statuses_)
-            if (s.path == f) s.reload_refused = msg;
-    };
-    // Files present now, in the configured order.
+// The failure of one file of a reload: reported, logged, counted.
+void PluginManager::reload_failed(ReloadReport& rep, const std::string& msg) {
+    ++rep.failed;
+    rep.messages.push_back(msg);
+    log::error("reload", msg);
+    metrics::global().counter(metrics::kPluginReloadFailures.name, metrics::kPluginReloadFailures.help).add();
+}
+
+// A refused new version of a loaded file: the refusal shows next to the version that serves.
+void PluginManager::reload_refused(ReloadReport& rep, const fs::path& f, const std::string& msg) {
+    reload_failed(rep, msg);
+    std::lock_guard lock(status_mutex_);
+    for (auto& s : statuses_)
+        if (s.path == f) s.reload_refused = msg;
+}
+
+// The plugin files present now, in the configured order (a directory that fails its checks is
+// skipped whole, and reported).
+std::vector<fs::path> PluginManager::reload_files(ReloadReport& rep) {
     std::vector<fs::path> files;
     for (const auto* dirs : {&options_.dirs, &options_.dropin_dirs})
         for (const auto& d : *dirs) {
@@ -671,7 +686,7 @@ ReloadReport PluginManager::reload() {
             std::string p = check_permissions(d, options_.service_uid);
             if (p.empty()) p = check_directory_path(d, options_.service_uid);
             if (!p.empty()) {
-                fail("plugin directory " + d.string() + ": whole directory ignored by the reload: " + p);
+                reload_failed(rep, "plugin directory " + d.string() + ": whole directory ignored by the reload: " + p);
                 continue;
             }
             std::vector<fs::path> here;
@@ -680,99 +695,111 @@ ReloadReport PluginManager::reload() {
             std::sort(here.begin(), here.end());
             files.insert(files.end(), here.begin(), here.end());
         }
-    for (const auto& f : files) {
+    return files;
+}
+
+// A file not loaded before (new, or rejected earlier): only translation profiles may join at
+// run time.
+void PluginManager::reload_new(const fs::path& f, ReloadReport& rep) {
+    bool known = std::any_of(statuses_.begin(), statuses_.end(), [&](const PluginStatus& s) { return s.path == f; });
+    std::string sha = sha256_file(f);
+    bool seen_same = std::any_of(retired_.begin(), retired_.end(), [&](const auto& g) { return g->path == f && g->sha256 == sha; });
+    if (seen_same) return;
+    PluginStatus st;
+    auto gen = load_generation(f, st, /*reloading=*/true);
+    if (!gen) {
+        if (!known) reload_failed(rep, "plugin " + f.string() + ": " + state_name(st.state) + ": " + st.reason);
+        return;
+    }
+    if (gen->info->kinds != PULSE_KIND_TRANSLATION) {
+        finalize(*gen);
+        retired_.push_back(gen);  // keep the mapping; it never served
+        reload_failed(rep, "plugin " + f.string() + " (" + st.id + "): a new backend or controller requires restart");
+        return;
+    }
+    std::string refused = ids_.count(st.id) ? "duplicate plugin id '" + st.id + "': already loaded from " + ids_[st.id].string()
+                                            : conflict(*gen);
+    if (!refused.empty()) {
+        finalize(*gen);
+        retired_.push_back(gen);
+        reload_failed(rep, "plugin " + f.string() + ": " + refused);
+        return;
+    }
+    publish(gen, st);
+    ids_[st.id] = f;
+    generations_.push_back(gen);
+    st.state = State::loaded;
+    {
+        std::lock_guard lock(status_mutex_);
+        statuses_.push_back(st);
+    }
+    ++rep.added;
+    rep.messages.push_back("added " + st.id + " " + st.version + " from " + f.string());
+    log::info("reload", rep.messages.back());
+}
+
+// A file loaded before: a translation profile whose content changed gets a new generation.
+void PluginManager::reload_changed(std::shared_ptr<Generation>& cur, const fs::path& f, ReloadReport& rep) {
+    std::shared_ptr<Generation> old = cur;
+    std::string sha = sha256_file(f);
+    if (sha == old->sha256) {
+        ++rep.unchanged;
+        return;
+    }
+    const std::string& id = old->ctx.plugin_id;
+    if (old->info->kinds != PULSE_KIND_TRANSLATION) {
+        reload_refused(rep, f, "plugin " + f.string() + " (" + id + ") changed, but backends, controllers and policies are not reloaded: restart Pulse to use it");
+        return;
+    }
+    if (old->mapped == old->path) {
+        reload_refused(rep, f, "plugin " + f.string() + " (" + id + ") changed, but it was loaded in place (no usable runtime_dir): restart Pulse to use it");
+        return;
+    }
+    if (retired_per_id_[id] >= options_.max_retired_per_plugin) {
+        reload_refused(rep, f, "plugin " + id + ": " + std::to_string(options_.max_retired_per_plugin) +
+                                   " retired versions are still mapped; restart required to reclaim retired plugin code");
+        return;
+    }
+    PluginStatus st;
+    auto gen = load_generation(f, st, /*reloading=*/true);
+    if (!gen) {
+        reload_refused(rep, f, "plugin " + f.string() + " (" + id + "): new version not loaded, the old one keeps serving: " + st.reason);
+        return;
+    }
+    if (st.id != id || gen->info->kinds != PULSE_KIND_TRANSLATION) {
+        finalize(*gen);
+        retired_.push_back(gen);
+        reload_refused(rep, f, "plugin " + f.string() + ": the new file is '" + st.id + "' (" + kinds_text(gen->info->kinds) + "), expected '" +
+                                   id + "' (translation); the old version keeps serving");
+        return;
+    }
+    // New leases get the new generation; streams in flight keep theirs.
+    publish(gen, st, old);
+    std::string old_version = old_version_of(statuses_, f);
+    cur = gen;
+    retired_.push_back(old);
+    ++retired_per_id_[id];
+    {
+        std::lock_guard lock(status_mutex_);
+        for (auto& s : statuses_)
+            if (s.path == f) {
+                s.version = st.version;
+                s.build_info = st.build_info;
+                s.reload_refused.clear();
+            }
+    }
+    ++rep.reloaded;
+    rep.messages.push_back("reloaded " + id + " " + old_version + " -> generation " + std::to_string(gen->ctx.generation) +
+                           " (" + st.version + ", sha256 " + gen->sha256.substr(0, 12) + ")");
+    log::info("reload", rep.messages.back());
+}
+
+ReloadReport PluginManager::reload() {
+    ReloadReport rep;
+    for (const auto& f : reload_files(rep)) {
         auto cur = std::find_if(generations_.begin(), generations_.end(), [&](const auto& g) { return g->path == f; });
-        if (cur == generations_.end()) {
-            // Not loaded before (new, or rejected earlier): only translation profiles may join at run time.
-            bool known = std::any_of(statuses_.begin(), statuses_.end(), [&](const PluginStatus& s) { return s.path == f; });
-            std::string sha = sha256_file(f);
-            bool seen_same = std::any_of(retired_.begin(), retired_.end(), [&](const auto& g) { return g->path == f && g->sha256 == sha; });
-            if (seen_same) continue;
-            PluginStatus st;
-            auto gen = load_generation(f, st, /*reloading=*/true);
-            if (!gen) {
-                if (!known) fail("plugin " + f.string() + ": " + state_name(st.state) + ": " + st.reason);
-                continue;
-            }
-            if (gen->info->kinds != PULSE_KIND_TRANSLATION) {
-                finalize(*gen);
-                retired_.push_back(gen);  // keep the mapping; it never served
-                fail("plugin " + f.string() + " (" + st.id + "): a new backend or controller requires restart");
-                continue;
-            }
-            std::string refused = ids_.count(st.id) ? "duplicate plugin id '" + st.id + "': already loaded from " + ids_[st.id].string()
-                                                    : conflict(*gen);
-            if (!refused.empty()) {
-                finalize(*gen);
-                retired_.push_back(gen);
-                fail("plugin " + f.string() + ": " + refused);
-                continue;
-            }
-            publish(gen, st);
-            ids_[st.id] = f;
-            generations_.push_back(gen);
-            st.state = State::loaded;
-            {
-                std::lock_guard lock(status_mutex_);
-                statuses_.push_back(st);
-            }
-            ++rep.added;
-            rep.messages.push_back("added " + st.id + " " + st.version + " from " + f.string());
-            log::info("reload", rep.messages.back());
-            continue;
-        }
-        std::shared_ptr<Generation> old = *cur;
-        std::string sha = sha256_file(f);
-        if (sha == old->sha256) {
-            ++rep.unchanged;
-            continue;
-        }
-        const std::string& id = old->ctx.plugin_id;
-        if (old->info->kinds != PULSE_KIND_TRANSLATION) {
-            refuse(f, "plugin " + f.string() + " (" + id + ") changed, but backends, controllers and policies are not reloaded: restart Pulse to use it");
-            continue;
-        }
-        if (old->mapped == old->path) {
-            refuse(f, "plugin " + f.string() + " (" + id + ") changed, but it was loaded in place (no usable runtime_dir): restart Pulse to use it");
-            continue;
-        }
-        if (retired_per_id_[id] >= options_.max_retired_per_plugin) {
-            refuse(f, "plugin " + id + ": " + std::to_string(options_.max_retired_per_plugin) +
-                 " retired versions are still mapped; restart required to reclaim retired plugin code");
-            continue;
-        }
-        PluginStatus st;
-        auto gen = load_generation(f, st, /*reloading=*/true);
-        if (!gen) {
-            refuse(f, "plugin " + f.string() + " (" + id + "): new version not loaded, the old one keeps serving: " + st.reason);
-            continue;
-        }
-        if (st.id != id || gen->info->kinds != PULSE_KIND_TRANSLATION) {
-            finalize(*gen);
-            retired_.push_back(gen);
-            refuse(f, "plugin " + f.string() + ": the new file is '" + st.id + "' (" + kinds_text(gen->info->kinds) + "), expected '" + id +
-                 "' (translation); the old version keeps serving");
-            continue;
-        }
-        // New leases get the new generation; streams in flight keep theirs.
-        publish(gen, st, old);
-        std::string old_version = old_version_of(statuses_, f);
-        *cur = gen;
-        retired_.push_back(old);
-        ++retired_per_id_[id];
-        {
-            std::lock_guard lock(status_mutex_);
-            for (auto& s : statuses_)
-                if (s.path == f) {
-                    s.version = st.version;
-                    s.build_info = st.build_info;
-                    s.reload_refused.clear();
-                }
-        }
-        ++rep.reloaded;
-        rep.messages.push_back("reloaded " + id + " " + old_version + " -> generation " + std::to_string(gen->ctx.generation) +
-                               " (" + st.version + ", sha256 " + gen->sha256.substr(0, 12) + ")");
-        log::info("reload", rep.messages.back());
+        if (cur == generations_.end()) reload_new(f, rep);
+        else reload_changed(*cur, f, rep);
     }
     return rep;
 }

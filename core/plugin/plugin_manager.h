@@ -136,6 +136,14 @@ private:
     // Steps 0-6 of loading (checks, staging, dlopen, validation, probe, init) without
     // registering anything. Fills `st`; returns null on failure (st.state/reason say why).
     std::shared_ptr<Generation> load_generation(const std::filesystem::path& path, PluginStatus& st, bool reloading);
+    std::string check_info(const pulse_plugin_info_t& info, const std::filesystem::path& path, PluginStatus& st, bool reloading) const;
+    static std::pair<State, std::string> run_init(Generation& gen, const std::string& id);
+    // reload(), file by file.
+    std::vector<std::filesystem::path> reload_files(ReloadReport& rep);
+    void reload_new(const std::filesystem::path& f, ReloadReport& rep);
+    void reload_changed(std::shared_ptr<Generation>& cur, const std::filesystem::path& f, ReloadReport& rep);
+    void reload_failed(ReloadReport& rep, const std::string& msg);
+    void reload_refused(ReloadReport& rep, const std::filesystem::path& f, const std::string& msg);
     std::string stage(const std::filesystem::path& path, const std::string& sha, std::filesystem::path& out);
     // "" when none of the generation's component names is taken, else the message.
     std::string conflict(const Generation& gen) const;
