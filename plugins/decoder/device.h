@@ -6,13 +6,15 @@
 // (cuda/device_cuda.cu) is a shared object of its own, built where nvcc is and loaded only when
 // a probe finds a GPU (device.cpp). Both run the per-element math of blocks.h.
 //
-// Device memory is reached only through DevPtr, an address in the device's own space that the
-// model offsets and hands to ops but cannot dereference (the type has no way to), so nothing
+// Device memory is reached only through typed device pointers (DevPtr: floats; DevHalfPtr:
+// binary16 values), addresses in the device's own space that the model offsets (in elements of
+// their type) and hands to ops but cannot dereference (the type has no way to), so nothing
 // outside a device reads or writes device memory except through upload/download/copy.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -25,22 +27,34 @@ namespace pulse::decoder {
 
 class Device;
 
-class DevPtr {
+// One IEEE binary16 value as the KV cache stores it (arithmetic is done in f32).
+struct Half {
+    uint16_t bits;
+};
+
+template <class T>
+class DevPtrOf {
 public:
-    DevPtr() = default;
-    DevPtr operator+(int64_t floats) const { return DevPtr(p_ + floats); }
+    DevPtrOf() = default;
+    DevPtrOf operator+(int64_t elements) const { return DevPtrOf(p_ + elements); }
     explicit operator bool() const { return p_ != nullptr; }
 
 private:
-    explicit DevPtr(float* p) : p_(p) {}
-    float* p_ = nullptr;
+    explicit DevPtrOf(T* p) : p_(p) {}
+    T* p_ = nullptr;
     friend struct DeviceMemory;
 };
+using DevPtr = DevPtrOf<float>;
+using DevHalfPtr = DevPtrOf<Half>;
 
-// How a device turns its addresses into something it can use (device implementations only).
+// How a device turns its addresses into something it can use (device implementations, and the
+// buffer types below, only).
 struct DeviceMemory {
-    static float* raw(DevPtr p) { return p.p_; }
+    template <class T>
+    static T* raw(DevPtrOf<T> p) { return p.p_; }
     static DevPtr wrap(float* p) { return DevPtr(p); }
+    // binary16 values laid over float storage, two to a slot (HalfBuffer).
+    static DevHalfPtr halves(DevPtr p) { return DevHalfPtr(reinterpret_cast<Half*>(p.p_)); }
 };
 
 // An owned run of `size()` floats in device memory, freed by its device.
@@ -73,11 +87,30 @@ struct Matrix {
     const void* prepared = nullptr;
 };
 
-// The KV cache holds IEEE binary16 values (llama.cpp's default cache type): K and V rounded to
-// f16 on the way in, widened on the way out, half the bytes of an f32 cache to keep and to read
-// every token. A cache Buffer is counted in float slots like any other, two values to a slot;
-// this many slots hold `values` of them.
-constexpr int64_t kv_cache_slots(int64_t values) { return (values + 1) / 2; }
+// An owned run of `size()` binary16 values in device memory: the KV cache, which holds IEEE
+// binary16 values (llama.cpp's default cache type): K and V rounded to f16 on the way in,
+// widened on the way out, half the bytes of an f32 cache to keep and to read every token. A
+// device allocates floats; this type lays the values over them, two to a slot, so that no one
+// else counts in slots.
+class HalfBuffer {
+public:
+    HalfBuffer() = default;
+    inline HalfBuffer(const Device& dev, size_t n);  // zeroed
+    DevHalfPtr ptr() const { return DeviceMemory::halves(storage_.ptr()); }
+    size_t size() const { return n_; }
+    // Copies the first `n` values into `to` (device to device; `to` holds at least n).
+    inline void copy_to(HalfBuffer& to, size_t n) const;
+    // The first values from the host, or all of them back, as binary16 bits (tests).
+    inline void upload(const std::vector<uint16_t>& bits);
+    inline std::vector<uint16_t> download() const;
+    // The float slots that hold `n` values.
+    static constexpr size_t slots(size_t n) { return (n + 1) / 2; }
+
+private:
+    Buffer storage_;
+    size_t n_ = 0;
+    const Device* dev_ = nullptr;
+};
 
 // Gated attention for B new tokens at positions pos0..pos0+B-1, between the q/k/v projections
 // and the output projection: per-head RMSNorm of q and k, partial NeoX RoPE, store into the
@@ -90,8 +123,8 @@ struct AttentionOp {
     double rope_base, eps, scale;
     DevPtr q_norm;   // [D]
     DevPtr k_norm;   // [D]
-    DevPtr k_cache;  // f16 [capacity >= pos0 + B][Hkv*D] (kv_cache_slots); positions < pos0 filled
-    DevPtr v_cache;
+    DevHalfPtr k_cache;  // [capacity >= pos0 + B][Hkv*D]; positions < pos0 filled
+    DevHalfPtr v_cache;
     DevPtr out;  // [B][H*D]
 };
 
@@ -113,7 +146,7 @@ struct DeltaNetOp {
 
 // Bumped whenever this header changes: a device library built from another revision is
 // refused by its number, not run against a different layout.
-constexpr int kDeviceInterfaceVersion = 3;
+constexpr int kDeviceInterfaceVersion = 4;
 
 class Device {
 public:
@@ -174,6 +207,28 @@ inline Buffer& Buffer::operator=(Buffer&& o) noexcept {
 
 inline Buffer::~Buffer() {
     if (dev_ && p_) dev_->release(p_);
+}
+
+inline HalfBuffer::HalfBuffer(const Device& dev, size_t n) : storage_(dev.alloc(slots(n))), n_(n), dev_(&dev) {}
+
+inline void HalfBuffer::upload(const std::vector<uint16_t>& bits) {
+    if (bits.size() > n_) throw std::out_of_range("HalfBuffer::upload: more values than the buffer holds");
+    std::vector<float> staging(slots(bits.size()));
+    std::memcpy(staging.data(), bits.data(), bits.size() * sizeof(uint16_t));
+    if (!staging.empty()) dev_->upload(staging.data(), storage_.ptr(), staging.size());
+}
+
+inline std::vector<uint16_t> HalfBuffer::download() const {
+    std::vector<float> staging(storage_.size());
+    if (!staging.empty()) dev_->download(storage_.ptr(), staging.data(), staging.size());
+    std::vector<uint16_t> bits(n_);
+    std::memcpy(bits.data(), staging.data(), n_ * sizeof(uint16_t));
+    return bits;
+}
+
+inline void HalfBuffer::copy_to(HalfBuffer& to, size_t n) const {
+    if (n > n_ || n > to.n_) throw std::out_of_range("HalfBuffer::copy_to: more values than a buffer holds");
+    if (n) dev_->copy(storage_.ptr(), to.storage_.ptr(), slots(n));
 }
 
 // The devices this build has, by name ("cpu" first).

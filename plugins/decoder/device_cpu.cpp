@@ -256,8 +256,8 @@ void matmat(const Matrix& w, const float* x, int64_t B, float* y, bool int8) {
 
 
 float* raw(DevPtr p) { return DeviceMemory::raw(p); }
-// A buffer of f16 values (the KV cache), two to each float slot.
-uint16_t* f16(DevPtr p) { return reinterpret_cast<uint16_t*>(DeviceMemory::raw(p)); }
+// The KV cache's binary16 values, as the f16 kernels read and write them.
+uint16_t* f16(DevHalfPtr p) { return reinterpret_cast<uint16_t*>(DeviceMemory::raw(p)); }
 
 
 class CpuDevice : public Device {

@@ -231,7 +231,7 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
 
 std::unique_ptr<Sequence> Model::new_sequence() const {
     auto s = std::make_unique<Sequence>(dev_.get());
-    s->kv_row = kv_cache_slots(hp_.n_head_kv * hp_.head_dim);
+    s->kv_values = hp_.n_head_kv * hp_.head_dim;
     for (const auto& L : layers_) {
         if (L.recurrent) {
             s->conv.push_back(dev_->alloc(static_cast<size_t>((hp_.conv_kernel - 1) * hp_.conv_dim())));
@@ -247,7 +247,7 @@ Sequence& Sequence::operator=(const Sequence& o) {
     if (this == &o) return *this;
     dev_ = o.dev_;
     n_past = o.n_past;
-    kv_row = o.kv_row;
+    kv_values = o.kv_values;
     auto clone = [&](const Buffer& b, size_t used) {
         Buffer c = dev_->alloc(b.size());
         if (used) dev_->copy(b.ptr(), c.ptr(), used);
@@ -259,10 +259,11 @@ Sequence& Sequence::operator=(const Sequence& o) {
         KvCache n;
         n.capacity = n_past;
         if (n_past) {
-            n.k = dev_->alloc(static_cast<size_t>(n_past * kv_row));
-            n.v = dev_->alloc(static_cast<size_t>(n_past * kv_row));
-            dev_->copy(c.k.ptr(), n.k.ptr(), static_cast<size_t>(n_past * kv_row));
-            dev_->copy(c.v.ptr(), n.v.ptr(), static_cast<size_t>(n_past * kv_row));
+            const auto used = static_cast<size_t>(n_past * kv_values);
+            n.k = HalfBuffer(*dev_, used);
+            n.v = HalfBuffer(*dev_, used);
+            c.k.copy_to(n.k, used);
+            c.v.copy_to(n.v, used);
         }
         kv.push_back(std::move(n));
     }
@@ -277,9 +278,9 @@ void Sequence::reserve(int64_t positions) {
     for (auto& c : kv) {
         if (c.capacity >= positions) continue;
         const int64_t cap = std::max<int64_t>({positions, 2 * c.capacity, 64});
-        for (Buffer* b : {&c.k, &c.v}) {
-            Buffer grown = dev_->alloc(static_cast<size_t>(cap * kv_row));
-            if (n_past) dev_->copy(b->ptr(), grown.ptr(), static_cast<size_t>(n_past * kv_row));
+        for (HalfBuffer* b : {&c.k, &c.v}) {
+            HalfBuffer grown(*dev_, static_cast<size_t>(cap * kv_values));
+            b->copy_to(grown, static_cast<size_t>(n_past * kv_values));
             *b = std::move(grown);
         }
         c.capacity = cap;
@@ -287,10 +288,10 @@ void Sequence::reserve(int64_t positions) {
 }
 
 size_t Sequence::bytes() const {
-    size_t n = 2 * kv.size() * static_cast<size_t>(n_past * kv_row);
+    size_t n = 0;
     for (const auto& b : conv) n += b.size();
     for (const auto& b : state) n += b.size();
-    return n * sizeof(float);
+    return n * sizeof(float) + 2 * kv.size() * HalfBuffer::slots(static_cast<size_t>(n_past * kv_values)) * sizeof(float);
 }
 
 // One step's device buffers, for up to `rows` rows and `out_rows` rows of logits.

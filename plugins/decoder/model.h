@@ -141,10 +141,10 @@ public:
 
     int64_t n_past = 0;
     struct KvCache {
-        Buffer k, v;           // [capacity][row] each
+        HalfBuffer k, v;       // [capacity][kv_values] each
         int64_t capacity = 0;  // positions
     };
-    int64_t kv_row = 0;              // float slots per cached position (Hkv*D f16 values)
+    int64_t kv_values = 0;           // values per cached position and layer (Hkv*D)
     std::vector<KvCache> kv;         // per attention layer
     std::vector<Buffer> conv, state;  // per GDN layer: [(K-1)][conv_dim], [Hv][S key][S value]
     size_t bytes() const;            // device memory in use (the caches up to n_past)

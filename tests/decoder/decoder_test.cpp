@@ -1273,7 +1273,8 @@ namespace {
 struct AttentionCase {
     int64_t H, Hkv, D, R, B, pos0;
     std::vector<float> qg, k, v, q_norm, k_norm, past;  // past: positions < pos0 of both caches
-    Buffer qg_d, k_d, v_d, qn_d, kn_d, kc_d, vc_d, out_d;
+    Buffer qg_d, k_d, v_d, qn_d, kn_d, out_d;
+    HalfBuffer kc_d, vc_d;
 
     AttentionCase(const Device& dev, int64_t H_, int64_t Hkv_, int64_t D_, int64_t B_, int64_t pos0_, uint32_t seed)
         : H(H_), Hkv(Hkv_), D(D_), R(D_ / 2), B(B_), pos0(pos0_) {
@@ -1290,13 +1291,11 @@ struct AttentionCase {
         fill(k_norm, static_cast<size_t>(D), 1, 0.3f);
         fill(past, static_cast<size_t>(pos0 * Hkv * D), 0, 0.5f);
         qg_d = dev.upload(qg), k_d = dev.upload(k), v_d = dev.upload(v), qn_d = dev.upload(q_norm), kn_d = dev.upload(k_norm);
-        kc_d = dev.alloc(static_cast<size_t>(kv_cache_slots((pos0 + B) * Hkv * D)));
-        vc_d = dev.alloc(kc_d.size());
+        kc_d = HalfBuffer(dev, static_cast<size_t>((pos0 + B) * Hkv * D));
+        vc_d = HalfBuffer(dev, kc_d.size());
         if (pos0) {
-            const auto kp = to_cache(past);
-            dev.upload(kp.data(), kc_d.ptr(), kp.size());
-            const auto vp = to_cache(std::vector<float>(past.rbegin(), past.rend()));  // different values for V
-            dev.upload(vp.data(), vc_d.ptr(), vp.size());
+            kc_d.upload(to_cache(past));
+            vc_d.upload(to_cache(std::vector<float>(past.rbegin(), past.rend())));  // different values for V
         }
         out_d = dev.alloc(static_cast<size_t>(B * H * D));
     }
@@ -1304,19 +1303,14 @@ struct AttentionCase {
         return AttentionOp{qg_d.ptr(), k_d.ptr(), v_d.ptr(), B, pos0, H, Hkv, D, R, 10000.0, 1e-6, 1.0 / std::sqrt(static_cast<double>(D)),
                            qn_d.ptr(), kn_d.ptr(), kc_d.ptr(), vc_d.ptr(), out_d.ptr()};
     }
-    // Values as the KV cache holds them (device.h): f16, two to a float slot; and back.
-    static std::vector<float> to_cache(const std::vector<float>& values) {
+    // Values as the KV cache holds them (device.h): binary16; and back.
+    static std::vector<uint16_t> to_cache(const std::vector<float>& values) {
         std::vector<uint16_t> h(values.size());
         for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_fp16(values[i]);
-        std::vector<float> slots(static_cast<size_t>(kv_cache_slots(static_cast<int64_t>(h.size()))));
-        std::memcpy(slots.data(), h.data(), h.size() * 2);
-        return slots;
+        return h;
     }
-    std::vector<float> cache(const Device& dev, const Buffer& b) const {
-        std::vector<float> slots(b.size());
-        dev.download(b.ptr(), slots.data(), slots.size());
-        std::vector<uint16_t> h(static_cast<size_t>((pos0 + B) * Hkv * D));
-        std::memcpy(h.data(), slots.data(), h.size() * 2);
+    std::vector<float> cache(const Device&, const HalfBuffer& b) const {
+        const std::vector<uint16_t> h = b.download();
         std::vector<float> values(h.size());
         for (size_t i = 0; i < h.size(); ++i) values[i] = fp16_to_f32(h[i]);
         return values;

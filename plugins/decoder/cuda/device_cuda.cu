@@ -599,8 +599,8 @@ private:
     void attention_one(const AttentionOp& op) const {
         if (op.B == 0) return;
         if (op.D > kMaxHeadDim) throw std::invalid_argument("cuda device: head size " + std::to_string(op.D) + " is above " + std::to_string(kMaxHeadDim));
-        AttnArgs a{raw(op.qg), raw(op.k), raw(op.v), raw(op.q_norm), raw(op.k_norm), reinterpret_cast<__half*>(raw(op.k_cache)),
-                   reinterpret_cast<__half*>(raw(op.v_cache)), nullptr, raw(op.out),
+        AttnArgs a{raw(op.qg), raw(op.k), raw(op.v), raw(op.q_norm), raw(op.k_norm), reinterpret_cast<__half*>(DeviceMemory::raw(op.k_cache)),
+                   reinterpret_cast<__half*>(DeviceMemory::raw(op.v_cache)), nullptr, raw(op.out),
                    op.B, op.pos0, op.H, op.Hkv, op.D, op.R, static_cast<float>(op.eps), static_cast<float>(op.scale), op.rope_base};
         a.q = static_cast<float*>(scratch(kQueries, static_cast<size_t>(op.B * op.H * op.D) * sizeof(float)));
         attn_prepare_kernel<<<dim3(static_cast<unsigned>(op.B), static_cast<unsigned>(op.H + op.Hkv)), round_threads(op.D), 0, stream_>>>(a);
