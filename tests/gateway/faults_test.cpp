@@ -631,6 +631,15 @@ TEST_CASE("drain: connections opened before it (fresh, or kept alive after a tur
 }
 
 // 6. A client that stops reading.
+// A client that asks for a streamed answer with a 4 KiB receive buffer and never reads it.
+static std::unique_ptr<Raw> stuck_client(uint16_t port) {
+    auto c = std::make_unique<Raw>(port);
+    int small = 4096;
+    ::setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    REQUIRE(c->send(post_head(request())));
+    return c;
+}
+
 TEST_CASE("a client that stops reading a large response: bounded memory, cut after send_timeout_s, logged as what happened") {
     // 48 text deltas of 1 MiB: far more than socket buffers and the per-client queue hold.
     std::string words;
@@ -642,10 +651,7 @@ TEST_CASE("a client that stops reading a large response: bounded memory, cut aft
     Gateway gw(model_toml({big.url()}), "send_timeout_s = 1\n", kFast);
     REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("status":"ok")") != std::string::npos; }));
     const int64_t rss_before = proc_kb(gw.child->pid(), "VmRSS:");
-    Raw stuck(gw.port);
-    int small = 4096;
-    ::setsockopt(stuck.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    REQUIRE(stuck.send(post_head(request())));  // and never read
+    auto stuck = stuck_client(gw.port);
     REQUIRE(eventually([&] { return gw.log().find("outcome=") != std::string::npos; }, 30000));
     const int64_t peak = proc_kb(gw.child->pid(), "VmHWM:");
     MESSAGE("gateway RSS before " << rss_before << " kB, peak " << peak << " kB");
@@ -666,10 +672,7 @@ TEST_CASE("a client that stops reading a backend plugin's endless stream: the en
     REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("status":"ok")") != std::string::npos; }));
     const int64_t rss_before = proc_kb(gw.child->pid(), "VmRSS:");
     {
-        Raw stuck(gw.port);
-        int small = 4096;
-        ::setsockopt(stuck.fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-        REQUIRE(stuck.send(post_head(request())));  // and never read
+        auto stuck = stuck_client(gw.port);
         REQUIRE(eventually([&] { return gw.log().find("the endless stream emitted") != std::string::npos; }, 20000));
     }
     std::smatch m;
