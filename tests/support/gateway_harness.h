@@ -62,8 +62,9 @@ struct FakeBackend {
         record = dir / "requests.jsonl";
         child = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", s.string(), "--port",
                                                                  std::to_string(fixed_port), "--record", record.string(), "--flavor", flavor});
+        // 30 s: a loaded CI machine running the sanitizer build starts it slowly.
         port = static_cast<uint16_t>(std::stoi(wait_for([&] { return child->stdout_so_far(); },
-                                                        std::regex(R"(listening on 127\.0\.0\.1:(\d+))"))));
+                                                        std::regex(R"(listening on 127\.0\.0\.1:(\d+))"), 30000)));
     }
     std::string url() const { return "http://127.0.0.1:" + std::to_string(port) + "/v1"; }
     // The request bodies the backend received (record lines that are requests).
