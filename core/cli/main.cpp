@@ -69,7 +69,7 @@ const char* kMainHelp =
     "  bench decode|accept|ttft|quality|drift|agent\n"
     "                                          measurements against any OpenAI-compatible server\n"
     "  decode MODEL.gguf --prompt TEXT         run the in-process decoder directly\n"
-    "  gguf make-demo [FILE] | info FILE       the random-weight demo model; inspect a GGUF file\n"
+    "  gguf make-demo [--mtp] [FILE] | info FILE  the random-weight demo model; inspect a GGUF file\n"
     "  codex [options] [-- codex args]         run the Codex CLI against this gateway\n"
     "  continuity hook|show|clear|list|prune   Codex task state kept across context compaction\n"
     "  version                                 print version and plugin ABI\n"

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 #include "quants.h"
 
@@ -180,15 +181,26 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
         if (m->embd_rot_) m->output_.rot = rotation("token_embd.weight", E, false, false);
     }
     const int64_t H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, K = hp.conv_kernel;
-    for (int64_t il = 0; il < hp.n_layer; ++il) {
-        const std::string p = "blk." + std::to_string(il) + ".";
-        Layer L;
-        L.recurrent = hp.recurrent[static_cast<size_t>(il)];
+    // The norms, FFN and (for attention layers) attention tensors of block `p` ("blk.N.").
+    auto common = [&](Layer& L, const std::string& p) {
         L.attn_norm = vec(p + "attn_norm.weight", E);
         L.post_norm = vec(p + "post_attention_norm.weight", E);
         L.ffn_gate = mat(p + "ffn_gate", E, hp.n_ff);
         L.ffn_up = mat(p + "ffn_up", E, hp.n_ff);
         L.ffn_down = mat(p + "ffn_down", hp.n_ff, E);
+        if (L.recurrent) return;
+        L.q = mat(p + "attn_q", E, 2 * H * D);
+        L.k = mat(p + "attn_k", E, Hkv * D);
+        L.v = mat(p + "attn_v", E, Hkv * D);
+        L.o = mat(p + "attn_output", H * D, E);
+        L.q_norm = vec(p + "attn_q_norm.weight", D);
+        L.k_norm = vec(p + "attn_k_norm.weight", D);
+    };
+    for (int64_t il = 0; il < hp.n_layer; ++il) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        Layer L;
+        L.recurrent = hp.recurrent[static_cast<size_t>(il)];
+        common(L, p);
         if (L.recurrent) {
             L.qkv = mat(p + "attn_qkv", E, hp.conv_dim());
             L.gate = mat(p + "attn_gate", E, hp.value_dim());
@@ -203,15 +215,34 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
             L.dt_bias = vec(p + "ssm_dt.bias", hp.ssm_heads);
             L.ssm_a = vec(p + "ssm_a", hp.ssm_heads);
             L.ssm_norm = vec(p + "ssm_norm.weight", hp.ssm_state);
-        } else {
-            L.q = mat(p + "attn_q", E, 2 * H * D);
-            L.k = mat(p + "attn_k", E, Hkv * D);
-            L.v = mat(p + "attn_v", E, Hkv * D);
-            L.o = mat(p + "attn_output", H * D, E);
-            L.q_norm = vec(p + "attn_q_norm.weight", D);
-            L.k_norm = vec(p + "attn_k_norm.weight", D);
         }
         m->layers_.push_back(std::move(L));
+    }
+    // The MTP block: layer n_layer, a full-attention layer plus the nextn tensors. llama.cpp runs
+    // one for qwen35; a file with more gets its first (the others are not bound).
+    hp.n_nextn = static_cast<int64_t>(nextn);
+    if (nextn) {
+        const std::string p = "blk." + std::to_string(hp.n_layer) + ".";
+        try {
+            MtpBlock b;
+            common(b.block, p);
+            b.eh_proj = mat(p + "nextn.eh_proj", 2 * E, E);
+            b.enorm = vec(p + "nextn.enorm.weight", E);
+            b.hnorm = vec(p + "nextn.hnorm.weight", E);
+            if (f.tensor(p + "nextn.shared_head_norm.weight")) b.head_norm = vec(p + "nextn.shared_head_norm.weight", E);
+            b.head = f.tensor(p + "nextn.shared_head_head.weight") ? mat(p + "nextn.shared_head_head", E, hp.n_vocab) : m->output_;
+            b.embd = m->embd_;
+            b.embd_rot = m->embd_rot_;
+            if (const TensorInfo* t = f.tensor(p + "nextn.embed_tokens.weight")) {
+                shape(*t, {static_cast<uint64_t>(E), static_cast<uint64_t>(hp.n_vocab)});
+                b.embd = Matrix{t, E, hp.n_vocab, 1, nullptr, nullptr};
+                b.embd_rot = m->fold_ && m->fold_->inverse.count(t->name) ? rotation(t->name, E, true, false) : nullptr;
+            }
+            m->mtp_ = std::move(b);
+        } catch (const GgufError& e) {
+            throw GgufError(std::string(e.what()) + " (in the multi-token-prediction block, " + p + "*, that " + arch +
+                            ".nextn_predict_layers = " + std::to_string(nextn) + " announces)");
+        }
     }
     if (m->fold_)
         for (const auto& name : m->fold_->folded)
@@ -219,11 +250,25 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
                 bad("metadata prism.hadamard.weight_names lists '" + name + "', which is not a weight this model multiplies" +
                     (f.tensor(name) ? "" : " (no such tensor)"));
     // Every weight registered with the device once.
-    std::vector<Matrix*> weights{&m->embd_, &m->output_};
-    for (auto& L : m->layers_)
+    std::vector<Matrix*> weights{&m->embd_, &m->output_}, tables{&m->embd_};
+    auto layer_weights = [&](Layer& L) {
         for (Matrix* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.q, &L.k, &L.v, &L.o, &L.qkv, &L.gate, &L.beta, &L.alpha, &L.out})
             if (w->t) weights.push_back(w);
-    for (Matrix* w : weights) w->prepared = dev.prepare(*w, w == &m->embd_ ? Device::Use::embedding : Device::Use::matmul);
+    };
+    for (auto& L : m->layers_) layer_weights(L);
+    if (m->mtp_) {
+        layer_weights(m->mtp_->block);
+        weights.push_back(&m->mtp_->eh_proj);
+        // The shared embedding and head are registered once, as the main model's.
+        if (m->mtp_->head.t != m->output_.t) weights.push_back(&m->mtp_->head);
+        if (m->mtp_->embd.t != m->embd_.t) weights.push_back(&m->mtp_->embd), tables.push_back(&m->mtp_->embd);
+    }
+    for (Matrix* w : weights)
+        w->prepared = dev.prepare(*w, std::count(tables.begin(), tables.end(), w) ? Device::Use::embedding : Device::Use::matmul);
+    if (m->mtp_) {
+        if (m->mtp_->head.t == m->output_.t) m->mtp_->head.prepared = m->output_.prepared;
+        if (m->mtp_->embd.t == m->embd_.t) m->mtp_->embd.prepared = m->embd_.prepared;
+    }
     if (dev.copies_weights())  // the device holds them now: the mapped pages may go
         for (Matrix* w : weights) f.release_pages(w->t->data, w->t->nbytes);
     return m;
@@ -247,26 +292,29 @@ Sequence& Sequence::operator=(const Sequence& o) {
     if (this == &o) return *this;
     dev_ = o.dev_;
     n_past = o.n_past;
+    mtp_n_past = o.mtp_n_past;
     kv_values = o.kv_values;
     auto clone = [&](const Buffer& b, size_t used) {
         Buffer c = dev_->alloc(b.size());
         if (used) dev_->copy(b.ptr(), c.ptr(), used);
         return c;
     };
-    kv.clear();
-    for (const auto& c : o.kv) {
-        // A checkpoint holds what is cached, not the spare capacity.
+    // A checkpoint holds what is cached, not the spare capacity.
+    auto clone_cache = [&](const KvCache& c, int64_t used) {
         KvCache n;
-        n.capacity = n_past;
-        if (n_past) {
-            const auto used = static_cast<size_t>(n_past * kv_values);
-            n.k = HalfBuffer(*dev_, used);
-            n.v = HalfBuffer(*dev_, used);
-            c.k.copy_to(n.k, used);
-            c.v.copy_to(n.v, used);
+        n.capacity = used;
+        if (used) {
+            const auto values = static_cast<size_t>(used * kv_values);
+            n.k = HalfBuffer(*dev_, values);
+            n.v = HalfBuffer(*dev_, values);
+            c.k.copy_to(n.k, values);
+            c.v.copy_to(n.v, values);
         }
-        kv.push_back(std::move(n));
-    }
+        return n;
+    };
+    kv.clear();
+    for (const auto& c : o.kv) kv.push_back(clone_cache(c, n_past));
+    mtp = clone_cache(o.mtp, mtp_n_past);
     conv.clear();
     state.clear();
     for (const auto& b : o.conv) conv.push_back(clone(b, b.size()));
@@ -274,29 +322,55 @@ Sequence& Sequence::operator=(const Sequence& o) {
     return *this;
 }
 
-void Sequence::reserve(int64_t positions) {
-    for (auto& c : kv) {
-        if (c.capacity >= positions) continue;
-        const int64_t cap = std::max<int64_t>({positions, 2 * c.capacity, 64});
-        for (HalfBuffer* b : {&c.k, &c.v}) {
-            HalfBuffer grown(*dev_, static_cast<size_t>(cap * kv_values));
-            b->copy_to(grown, static_cast<size_t>(n_past * kv_values));
-            *b = std::move(grown);
-        }
-        c.capacity = cap;
+void Sequence::grow(KvCache& c, int64_t positions, int64_t used) {
+    if (c.capacity >= positions) return;
+    const int64_t cap = std::max<int64_t>({positions, 2 * c.capacity, 64});
+    for (HalfBuffer* b : {&c.k, &c.v}) {
+        HalfBuffer grown(*dev_, static_cast<size_t>(cap * kv_values));
+        b->copy_to(grown, static_cast<size_t>(used * kv_values));
+        *b = std::move(grown);
     }
+    c.capacity = cap;
 }
+
+void Sequence::save_recurrent(RecurrentCheckpoint& to) const {
+    auto save = [&](const std::vector<Buffer>& from, std::vector<Buffer>& into) {
+        if (into.size() != from.size()) {
+            into.clear();
+            for (const auto& b : from) into.push_back(dev_->alloc(b.size()));
+        }
+        for (size_t i = 0; i < from.size(); ++i) dev_->copy(from[i].ptr(), into[i].ptr(), from[i].size());
+    };
+    save(conv, to.conv);
+    save(state, to.state);
+}
+
+void Sequence::restore_recurrent(const RecurrentCheckpoint& from) {
+    if (from.conv.size() != conv.size() || from.state.size() != state.size())
+        throw std::logic_error("a recurrent checkpoint of another model's sequence");
+    for (size_t i = 0; i < conv.size(); ++i) dev_->copy(from.conv[i].ptr(), conv[i].ptr(), conv[i].size());
+    for (size_t i = 0; i < state.size(); ++i) dev_->copy(from.state[i].ptr(), state[i].ptr(), state[i].size());
+}
+
+void Sequence::reserve(int64_t positions) {
+    for (auto& c : kv) grow(c, positions, n_past);
+}
+
+void Sequence::reserve_mtp(int64_t positions) { grow(mtp, positions, mtp_n_past); }
 
 size_t Sequence::bytes() const {
     size_t n = 0;
     for (const auto& b : conv) n += b.size();
     for (const auto& b : state) n += b.size();
-    return n * sizeof(float) + 2 * kv.size() * HalfBuffer::slots(static_cast<size_t>(n_past * kv_values)) * sizeof(float);
+    const size_t kv_slots = 2 * (kv.size() * HalfBuffer::slots(static_cast<size_t>(n_past * kv_values)) +
+                                 HalfBuffer::slots(static_cast<size_t>(mtp_n_past * kv_values)));
+    return (n + kv_slots) * sizeof(float);
 }
 
 // One step's device buffers, for up to `rows` rows and `out_rows` rows of logits.
 struct Model::Work {
     Buffer x, h, tmp, g, u, qg, k, v, o, qkv, z, beta, alpha, rot, logits;
+    Buffer cat;  // the MTP block's [2E] input rows (models with one)
     int64_t rows = 0, out_rows = 0;
 };
 
@@ -305,7 +379,7 @@ size_t Model::work_bytes() const {
     if (!work_) return 0;
     size_t n = 0;
     for (const Buffer* b : {&work_->x, &work_->h, &work_->tmp, &work_->g, &work_->u, &work_->qg, &work_->k, &work_->v, &work_->o, &work_->qkv,
-                            &work_->z, &work_->beta, &work_->alpha, &work_->rot, &work_->logits})
+                            &work_->z, &work_->beta, &work_->alpha, &work_->rot, &work_->logits, &work_->cat})
         n += b->size();
     return n * sizeof(float);
 }
@@ -325,7 +399,7 @@ std::vector<float> Model::forward(Sequence& seq, const std::vector<int32_t>& tok
     return logits;
 }
 
-void Model::step(const std::vector<Segment>& segs) const {
+std::pair<int64_t, int64_t> Model::check(const std::vector<Segment>& segs) const {
     int64_t B = 0, out_rows = 0;
     for (size_t i = 0; i < segs.size(); ++i) {
         const Segment& s = segs[i];
@@ -338,12 +412,14 @@ void Model::step(const std::vector<Segment>& segs) const {
         B += s.n;
         if (s.logits) out_rows += s.all_logits ? s.n : 1;
     }
-    if (B == 0) return;
     if (B > kMaxStepRows) throw std::invalid_argument("a step takes at most " + std::to_string(kMaxStepRows) + " rows, not " + std::to_string(B));
+    return {B, out_rows};
+}
+
+Model::Work& Model::work(int64_t B, int64_t out_rows, std::unique_lock<std::mutex>& reuse, std::unique_ptr<Work>& own) const {
     const int64_t E = hp_.n_embd, F = hp_.n_ff, H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
     const int64_t C = hp_.conv_dim(), VD = hp_.value_dim(), Hv = hp_.ssm_heads, V = hp_.n_vocab;
-    std::unique_lock reuse(work_mu_, std::try_to_lock);
-    std::unique_ptr<Work> own;
+    reuse = std::unique_lock(work_mu_, std::try_to_lock);
     if (!reuse.owns_lock() || !work_) (reuse.owns_lock() ? work_ : own) = std::make_unique<Work>();
     Work& w = reuse.owns_lock() ? *work_ : *own;
     if (w.rows < B) {  // grown by doubling up to a full step; a step writes every row it reads
@@ -352,52 +428,116 @@ void Model::step(const std::vector<Segment>& segs) const {
         w.x = buf(E), w.h = buf(E), w.tmp = buf(E), w.g = buf(F), w.u = buf(F);
         w.qg = buf(2 * H * D), w.k = buf(Hkv * D), w.v = buf(Hkv * D), w.o = buf(std::max(H * D, VD));
         w.qkv = buf(C), w.z = buf(VD), w.beta = buf(Hv), w.alpha = buf(Hv);
-        if (!rotations_.empty()) w.rot = buf(std::max({E, F, VD, H * D}));
+        if (!rotations_.empty()) w.rot = buf(std::max({E, F, VD, H * D, mtp_ ? 2 * E : 0}));
+        if (mtp_) w.cat = buf(2 * E);
         w.rows = R;
     }
     if (w.out_rows < out_rows) {
         w.logits = dev_->alloc(static_cast<size_t>(out_rows * V));
         w.out_rows = out_rows;
     }
+    return w;
+}
+
+void Model::embed(const Matrix& table, const Rotation* rot, const std::vector<int32_t>& tokens, Work& w, DevPtr out) const {
+    const auto B = static_cast<int64_t>(tokens.size());
+    if (!rot) return dev_->embed(table, tokens.data(), B, out);
+    dev_->embed(table, tokens.data(), B, w.tmp.ptr());
+    dev_->rotate(*rot, w.tmp.ptr(), out, B);
+}
+
+void Model::step(const std::vector<Segment>& segs) const {
+    const auto [B, out_rows] = check(segs);
+    if (B == 0) return;
+    std::unique_lock<std::mutex> reuse;
+    std::unique_ptr<Work> own;
+    Work& w = work(B, out_rows, reuse, own);
     std::vector<int32_t> tokens;
     tokens.reserve(static_cast<size_t>(B));
     for (const auto& s : segs) {
         s.seq->reserve(s.seq->n_past + s.n);
         tokens.insert(tokens.end(), s.tokens, s.tokens + s.n);
     }
-
-    const DevPtr x = w.x.ptr(), h = w.h.ptr(), tmp = w.tmp.ptr();
-    if (embd_rot_) {
-        dev_->embed(embd_, tokens.data(), B, tmp);
-        dev_->rotate(*embd_rot_, tmp, x, B);
-    } else {
-        dev_->embed(embd_, tokens.data(), B, x);
-    }
+    embed(embd_, embd_rot_, tokens, w, w.x.ptr());
     size_t ai = 0, gi = 0;
-    for (const auto& L : layers_) {
-        dev_->rmsnorm(x, L.attn_norm.ptr(), h, B, E, hp_.rms_eps);
-        if (L.recurrent) deltanet(L, segs, gi++, w, h, tmp, B);
-        else attention(L, segs, ai++, w, h, tmp, B);
-        dev_->add(x, tmp, B * E);
-        dev_->rmsnorm(x, L.post_norm.ptr(), h, B, E, hp_.rms_eps);
-        matmuls({{&L.ffn_gate, w.g.ptr()}, {&L.ffn_up, w.u.ptr()}}, h, B, w);
-        dev_->swiglu(w.g.ptr(), w.u.ptr(), B * F);
-        matmul(L.ffn_down, w.g.ptr(), B, tmp, w);
-        dev_->add(x, tmp, B * E);
-    }
+    for (const auto& L : layers_) layer(L, segs, L.recurrent ? gi++ : ai++, w, B);
     for (const auto& s : segs) s.seq->n_past += s.n;
+    finish(segs, output_norm_.ptr(), output_, w, B, out_rows);
+}
+
+void Model::mtp_step(const std::vector<Segment>& segs) const {
+    if (!mtp_) throw std::logic_error("this model has no MTP block (" + file_->name() + ": no nextn_predict_layers)");
+    const auto [B, out_rows] = check(segs);
+    for (const auto& s : segs)
+        if (!s.hidden_in) throw std::invalid_argument("an MTP step segment needs the hidden state paired with each token (hidden_in)");
+    if (B == 0) return;
+    const MtpBlock& m = *mtp_;
+    const int64_t E = hp_.n_embd;
+    std::unique_lock<std::mutex> reuse;
+    std::unique_ptr<Work> own;
+    Work& w = work(B, out_rows, reuse, own);
+    std::vector<int32_t> tokens;
+    tokens.reserve(static_cast<size_t>(B));
+    int64_t r0 = 0;
+    for (const auto& s : segs) {
+        s.seq->reserve_mtp(s.seq->mtp_n_past + s.n);
+        tokens.insert(tokens.end(), s.tokens, s.tokens + s.n);
+        dev_->upload(s.hidden_in, w.h.ptr() + r0 * E, static_cast<size_t>(s.n * E));
+        r0 += s.n;
+    }
+    // Each row: concat(RMSNorm(embedding, enorm), RMSNorm(hidden, hnorm)) -> eh_proj, the
+    // block's input (and first residual).
+    const DevPtr x = w.x.ptr(), h = w.h.ptr(), tmp = w.tmp.ptr(), cat = w.cat.ptr();
+    embed(m.embd, m.embd_rot, tokens, w, x);
+    dev_->rmsnorm(x, m.enorm.ptr(), tmp, B, E, hp_.rms_eps);
+    dev_->rmsnorm(h, m.hnorm.ptr(), x, B, E, hp_.rms_eps);
+    for (int64_t r = 0; r < B; ++r) {
+        dev_->copy(tmp + r * E, cat + r * 2 * E, static_cast<size_t>(E));
+        dev_->copy(x + r * E, cat + r * 2 * E + E, static_cast<size_t>(E));
+    }
+    matmul(m.eh_proj, cat, B, x, w);
+    layer(m.block, segs, kMtpCache, w, B);
+    for (const auto& s : segs) s.seq->mtp_n_past += s.n;
+    finish(segs, (m.head_norm.size() ? m.head_norm : output_norm_).ptr(), m.head, w, B, out_rows);
+}
+
+void Model::layer(const Layer& L, const std::vector<Segment>& segs, size_t index, Work& w, int64_t B) const {
+    const int64_t E = hp_.n_embd, F = hp_.n_ff;
+    const DevPtr x = w.x.ptr(), h = w.h.ptr(), tmp = w.tmp.ptr();
+    dev_->rmsnorm(x, L.attn_norm.ptr(), h, B, E, hp_.rms_eps);
+    if (L.recurrent) deltanet(L, segs, index, w, h, tmp, B);
+    else attention(L, segs, index, w, h, tmp, B);
+    dev_->add(x, tmp, B * E);
+    dev_->rmsnorm(x, L.post_norm.ptr(), h, B, E, hp_.rms_eps);
+    matmuls({{&L.ffn_gate, w.g.ptr()}, {&L.ffn_up, w.u.ptr()}}, h, B, w);
+    dev_->swiglu(w.g.ptr(), w.u.ptr(), B * F);
+    matmul(L.ffn_down, w.g.ptr(), B, tmp, w);
+    dev_->add(x, tmp, B * E);
+}
+
+void Model::finish(const std::vector<Segment>& segs, DevPtr norm, const Matrix& head, Work& w, int64_t B, int64_t out_rows) const {
+    const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+    const DevPtr x = w.x.ptr(), h = w.h.ptr(), tmp = w.tmp.ptr();
+    if (std::any_of(segs.begin(), segs.end(), [](const Segment& s) { return s.hidden; })) {
+        dev_->rmsnorm(x, norm, tmp, B, E, hp_.rms_eps);
+        int64_t r0 = 0;
+        for (const auto& s : segs) {
+            if (s.hidden) dev_->download(tmp + r0 * E, s.hidden, static_cast<size_t>(s.n * E));
+            r0 += s.n;
+        }
+    }
     if (!out_rows) return;
     // The rows that give logits, gathered into h: one output matmul for all of them.
     int64_t r0 = 0, j = 0;
     for (const auto& s : segs) {
         if (s.logits) {
             const int64_t first = s.all_logits ? r0 : r0 + s.n - 1, rows = s.all_logits ? s.n : 1;
-            dev_->rmsnorm(x + first * E, output_norm_.ptr(), h + j * E, rows, E, hp_.rms_eps);
+            dev_->rmsnorm(x + first * E, norm, h + j * E, rows, E, hp_.rms_eps);
             j += rows;
         }
         r0 += s.n;
     }
-    matmul(output_, h, out_rows, w.logits.ptr(), w);
+    matmul(head, h, out_rows, w.logits.ptr(), w);
     j = 0;
     for (const auto& s : segs) {
         if (!s.logits) continue;
@@ -436,9 +576,11 @@ void Model::attention(const Layer& L, const std::vector<Segment>& segs, size_t a
     int64_t r0 = 0;
     for (const auto& s : segs) {
         Sequence& seq = *s.seq;
-        ops.push_back(AttentionOp{w.qg.ptr() + r0 * 2 * H * D, w.k.ptr() + r0 * Hkv * D, w.v.ptr() + r0 * Hkv * D, s.n, seq.n_past, H, Hkv, D,
-                                  hp_.rope_dim, hp_.rope_base, hp_.rms_eps, scale, L.q_norm.ptr(), L.k_norm.ptr(), seq.kv[ai].k.ptr(),
-                                  seq.kv[ai].v.ptr(), w.o.ptr() + r0 * H * D});
+        const Sequence::KvCache& cache = ai == kMtpCache ? seq.mtp : seq.kv[ai];
+        const int64_t pos0 = ai == kMtpCache ? seq.mtp_n_past : seq.n_past;
+        ops.push_back(AttentionOp{w.qg.ptr() + r0 * 2 * H * D, w.k.ptr() + r0 * Hkv * D, w.v.ptr() + r0 * Hkv * D, s.n, pos0, H, Hkv, D,
+                                  hp_.rope_dim, hp_.rope_base, hp_.rms_eps, scale, L.q_norm.ptr(), L.k_norm.ptr(), cache.k.ptr(),
+                                  cache.v.ptr(), w.o.ptr() + r0 * H * D});
         r0 += s.n;
     }
     dev_->attention(ops.data(), ops.size());

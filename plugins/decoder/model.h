@@ -24,6 +24,7 @@ struct HParams {
     double rope_base = 10000, rms_eps = 1e-6, attn_scale = 0;
     int64_t conv_kernel = 0, ssm_state = 0, ssm_groups = 0, ssm_heads = 0;
     int64_t context_length = 0;
+    int64_t n_nextn = 0;          // multi-token-prediction blocks in the file (nextn_predict_layers)
     std::vector<bool> recurrent;  // per layer: Gated DeltaNet (true) or full attention
     int64_t key_dim() const { return ssm_groups * ssm_state; }
     int64_t value_dim() const { return ssm_heads * ssm_state; }
@@ -43,6 +44,20 @@ struct Layer {
     Buffer conv, dt_bias, ssm_a, ssm_norm;  // conv: [conv_dim][K]
 };
 
+// The multi-token-prediction (MTP, "nextn") block a Qwen3.5 checkpoint carries after its main
+// layers (docs/DECODER.md, "The MTP block"): it reads a token and the main model's final hidden
+// state of the position before it, and predicts the token after it. `block` is a full-attention
+// layer with a KV cache of its own; the embedding, output norm and head are the main model's
+// unless the file has nextn copies.
+struct MtpBlock {
+    Layer block;
+    Matrix eh_proj;        // [2E -> E] over concat(RMSNorm(embedding, enorm), RMSNorm(hidden, hnorm))
+    Buffer enorm, hnorm;
+    Buffer head_norm;      // nextn.shared_head_norm, or empty: the main output norm
+    Matrix embd, head;     // nextn.embed_tokens / shared_head_head, or copies of the main ones
+    const Rotation* embd_rot = nullptr;
+};
+
 class Sequence;
 
 // One sequence's part of a batched step (Model::step): `n` tokens run at positions
@@ -54,6 +69,13 @@ struct Segment {
     int64_t n = 0;
     float* logits = nullptr;
     bool all_logits = false;
+    // Where set: the final hidden state of every token (n × n_embd), after the output norm: what
+    // the MTP block reads (llama.cpp's h_nextn).
+    float* hidden = nullptr;
+    // Model::mtp_step only: the hidden state paired with each token (n × n_embd): for the token
+    // at position p, the main model's `hidden` of position p-1 (or, drafting further, the MTP
+    // block's own `hidden` of the token before).
+    const float* hidden_in = nullptr;
 };
 
 class Model {
@@ -84,6 +106,14 @@ public:
     // gives for the same tokens (the same kernels per row).
     static constexpr int64_t kMaxStepRows = 64;
     void step(const std::vector<Segment>& segments) const;
+
+    // Whether the file has an MTP block (hparams().n_nextn > 0); the decoder speculates only then.
+    bool has_mtp() const { return mtp_.has_value(); }
+    // Runs segments through the MTP block at positions seq->mtp_n_past...: each token with its
+    // `hidden_in` row (required), into the sequence's MTP cache; `logits` are the block's
+    // prediction of the token after each, `hidden` its own hidden state (the next draft's input).
+    // Same limits as step(); throws std::logic_error on a model without the block.
+    void mtp_step(const std::vector<Segment>& segments) const;
     // Device memory of the step buffers kept for the next step (sized to the largest step so
     // far, up to kMaxStepRows rows): with each sequence's bytes(), what memory beyond the
     // weights holds.
@@ -99,7 +129,22 @@ private:
     struct Work;  // the step's device buffers
     // The token mixers over the step's rows: the projections once for all rows, then the
     // attention or delta rule per segment (rows r0..r0+n of the step are segment s's tokens).
+    // `attn_index` picks the sequence's cache: a main attention layer's, or kMtpCache.
+    static constexpr size_t kMtpCache = static_cast<size_t>(-1);
     void attention(const Layer& L, const std::vector<Segment>& segs, size_t attn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
+    // One decoder layer over the step's rows in w.x: norm, token mixer, residual, norm, FFN, residual.
+    void layer(const Layer& L, const std::vector<Segment>& segs, size_t mixer_index, Work& w, int64_t B) const;
+    // The step's rows after the last layer (in w.x): `norm`ed into each segment's `hidden`, and
+    // `head`'s logits for the rows that give them.
+    void finish(const std::vector<Segment>& segs, DevPtr norm, const Matrix& head, Work& w, int64_t B, int64_t out_rows) const;
+    // Checks the segments (each sequence once, tokens in the vocabulary, at most kMaxStepRows
+    // rows); returns {rows, logit rows}.
+    std::pair<int64_t, int64_t> check(const std::vector<Segment>& segs) const;
+    // The step buffers for B rows and `out_rows` logit rows: the kept ones, or (when another
+    // step holds those) a set of the caller's own in `own`.
+    Work& work(int64_t B, int64_t out_rows, std::unique_lock<std::mutex>& reuse, std::unique_ptr<Work>& own) const;
+    // B token embeddings from `table` into `out` (rotated back where the file stores them folded).
+    void embed(const Matrix& table, const Rotation* rot, const std::vector<int32_t>& tokens, Work& w, DevPtr out) const;
     void deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gdn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
     // y = W·x for each product, all reading x: one device pass (Device::matmuls). Folded
     // weights rotate x first (into w.rot): once where they share the rotation, else one by one.
@@ -119,6 +164,7 @@ private:
     Matrix embd_;  // token_embd as a table for Device::embed
     Buffer output_norm_;
     std::vector<Layer> layers_;
+    std::optional<MtpBlock> mtp_;
     std::optional<HadamardFold> fold_;                // prism.hadamard.*, when the file is folded
     std::vector<std::unique_ptr<Rotation>> rotations_;  // what folded Matrix::rot point at
     const Rotation* embd_rot_ = nullptr;              // the stored embedding's inverse rotation
@@ -146,13 +192,29 @@ public:
     };
     int64_t kv_values = 0;           // values per cached position and layer (Hkv*D)
     std::vector<KvCache> kv;         // per attention layer
+    // The MTP block's cache (models with one): positions 0..mtp_n_past-1, each written from the
+    // token there and the hidden state before it; it may trail n_past (drafts are discarded by
+    // setting it back).
+    KvCache mtp;
+    int64_t mtp_n_past = 0;
     std::vector<Buffer> conv, state;  // per GDN layer: [(K-1)][conv_dim], [Hv][S key][S value]
     size_t bytes() const;            // device memory in use (the caches up to n_past)
 
-    // Room for `positions` in every KV cache (grows by doubling, keeping what is there).
+    // The Gated DeltaNet conv windows and states (not the KV caches): what a step that ran
+    // rejected drafts must undo. save_recurrent allocates `to` on first use, then copies.
+    struct RecurrentCheckpoint {
+        std::vector<Buffer> conv, state;
+    };
+    void save_recurrent(RecurrentCheckpoint& to) const;
+    void restore_recurrent(const RecurrentCheckpoint& from);
+
+    // Room for `positions` in every main KV cache, or in the MTP one (grows by doubling,
+    // keeping what is there).
     void reserve(int64_t positions);
+    void reserve_mtp(int64_t positions);
 
 private:
+    void grow(KvCache& c, int64_t positions, int64_t used);
     const Device* dev_ = nullptr;
 };
 

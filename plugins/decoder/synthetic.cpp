@@ -165,7 +165,7 @@ SynthVocab trained_vocab(int n_merges) {
     return v;
 }
 
-void write_demo_model(const std::filesystem::path& path) {
+void write_demo_model(const std::filesystem::path& path, bool mtp) {
     static const SynthVocab vocab = trained_vocab(640);
     SynthShape demo;
     demo.name = "pulse-demo (RANDOM weights)";
@@ -184,6 +184,8 @@ void write_demo_model(const std::filesystem::path& path) {
     demo.context = 65536;
     demo.vocab = &vocab;
     demo.end_bias = 0.35f;
+    demo.mtp = mtp;
+    if (mtp) demo.head_dim = 32;  // the block's attention rows are Q8_0 blocks of 32 (no main layer uses head_dim)
     write_synthetic(path, demo, kQ8_0, 20261129);
 }
 
@@ -217,7 +219,8 @@ void write_metadata(GgufWriter& w, const SynthShape& s, const SynthVocab& vocab)
     w.set_u32("general.quantization_version", 2);
     w.set_u32(a + ".context_length", static_cast<uint32_t>(s.context));
     w.set_u32(a + ".embedding_length", static_cast<uint32_t>(s.n_embd));
-    w.set_u32(a + ".block_count", static_cast<uint32_t>(s.n_layer));
+    w.set_u32(a + ".block_count", static_cast<uint32_t>(s.n_layer + (s.mtp ? 1 : 0)));
+    if (s.mtp) w.set_u32(a + ".nextn_predict_layers", 1);
     w.set_u32(a + ".feed_forward_length", static_cast<uint32_t>(s.n_ff));
     w.set_u32(a + ".attention.head_count", static_cast<uint32_t>(s.n_head));
     w.set_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv));
@@ -233,7 +236,11 @@ void write_metadata(GgufWriter& w, const SynthShape& s, const SynthVocab& vocab)
     w.set_u32(a + ".ssm.time_step_rank", static_cast<uint32_t>(s.ssm_heads));
     w.set_u32(a + ".ssm.inner_size", static_cast<uint32_t>(s.ssm_heads * s.ssm_state));
     w.set_u32(a + ".full_attention_interval", 4);
-    if (s.all_recurrent) w.set_i32s(a + ".attention.recurrent_layers", std::vector<int32_t>(static_cast<size_t>(s.n_layer), 1));
+    if (s.all_recurrent) {
+        std::vector<int32_t> recurrent(static_cast<size_t>(s.n_layer), 1);
+        if (s.mtp) recurrent.push_back(0);  // the MTP block is a full-attention layer
+        w.set_i32s(a + ".attention.recurrent_layers", recurrent);
+    }
     w.set_string("tokenizer.ggml.model", "gpt2");
     w.set_string("tokenizer.ggml.pre", "qwen35");
     w.set_strings("tokenizer.ggml.tokens", vocab.tokens);
@@ -363,9 +370,20 @@ void write_synthetic(const std::filesystem::path& path, const SynthShape& s, uin
         f32("output_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
         if (!s.tied_output) matrix("output.weight", E, V, pow2(-3));
     }
-    for (int64_t il = 0; il < s.n_layer; ++il) {
+    for (int64_t il = 0; il < s.n_layer + (s.mtp ? 1 : 0); ++il) {
         const std::string p = "blk." + std::to_string(il) + ".";
-        bool recurrent = s.all_recurrent || (il + 1) % 4 != 0;
+        const bool mtp = il == s.n_layer;
+        bool recurrent = !mtp && (s.all_recurrent || (il + 1) % 4 != 0);
+        if (mtp) {
+            matrix(p + "nextn.eh_proj.weight", 2 * E, E, pow2(-4));
+            f32(p + "nextn.enorm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
+            f32(p + "nextn.hnorm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
+            f32(p + "nextn.shared_head_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
+            if (s.mtp_own_tables) {
+                matrix(p + "nextn.embed_tokens.weight", E, V, pow2(-1));
+                matrix(p + "nextn.shared_head_head.weight", E, V, pow2(-3));
+            }
+        }
         f32(p + "attn_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
         f32(p + "post_attention_norm.weight", {static_cast<uint64_t>(E)}, around(E, 1, 0.1f));
         if (recurrent) {

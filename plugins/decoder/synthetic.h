@@ -19,6 +19,10 @@ struct SynthShape {
     int64_t ssm_groups = 2, ssm_heads = 4, ssm_state = 64, conv_kernel = 4;
     bool tied_output = false;
     bool all_recurrent = false;  // every layer Gated DeltaNet (attention.recurrent_layers)
+    // An MTP block after the main layers (nextn_predict_layers = 1), as Qwen3.5 checkpoints carry:
+    // a full-attention layer plus nextn.{eh_proj, enorm, hnorm, shared_head_norm}; with
+    // mtp_own_tables also nextn.{embed_tokens, shared_head_head} (else the main ones are shared).
+    bool mtp = false, mtp_own_tables = false;
     int64_t context = 4096;
     // Demo only: every embedding row gets a shared direction v and the output row of
     // <|im_end|> points along it (so answers end after a few dozen tokens), while the other
@@ -50,7 +54,8 @@ SynthVocab trained_vocab(int merges);
 // The demo model (`pulse gguf make-demo`, the decoder backend's make_demo option): RANDOM
 // weights, two Gated DeltaNet layers, a trained ~900-token vocab, 65,536 tokens of context,
 // Q8_0 — small enough to prefill a whole Codex prompt in seconds on a laptop CPU.
-void write_demo_model(const std::filesystem::path& path);
+// With `mtp`, also an MTP block (random too: its drafts are random).
+void write_demo_model(const std::filesystem::path& path, bool mtp = false);
 
 // A model whose answers are fixed — weights set by hand, not trained and not random — so that a
 // real server (llama-server) produces exactly the text a test needs: greedy decoding writes

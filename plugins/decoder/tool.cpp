@@ -2,7 +2,7 @@
 // binary runs this program for them, as it runs pulse-bench for `pulse bench`, so that `pulse`
 // links none of the decoder: no ICU, no OpenMP).
 //   pulse-decoder decode MODEL.gguf --prompt TEXT ...
-//   pulse-decoder gguf make-demo [FILE] | info FILE
+//   pulse-decoder gguf make-demo [--mtp] [FILE] | info FILE
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
@@ -22,6 +22,7 @@
 #include "gguf.h"
 #include "kernels.h"
 #include "model.h"
+#include "speculate.h"
 #include "synthetic.h"
 #include "tokenizer.h"
 
@@ -42,6 +43,9 @@ const char* kDecodeHelp =
     "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
     "  --no-special      read <|...|> in --prompt as plain text\n"
     "  --exact           f32 activations in every matmul (default: int8 for Q8_0, TQ2_0, Q2_0 layouts)\n"
+    "  --draft mtp|off   speculative decoding with the file's MTP block (greedy only); --json reports\n"
+    "                    steps, drafts, acceptance by position and tokens per step (default: off)\n"
+    "  --draft-k K       drafts per step, 1-16 (default 4)\n"
     "  --streams N       serve N requests at once through the serving engine (continuous batching):\n"
     "                    each a chat turn of --prompt TEXT (+ its number), N tokens each; reports\n"
     "                    aggregate tok/s and per-stream time to first token\n"
@@ -49,7 +53,8 @@ const char* kDecodeHelp =
     "exit codes: 0 ok, 2 usage, 3 the file cannot be used\n";
 
 const char* kGgufHelp =
-    "usage: pulse gguf make-demo [FILE]     write the demo model (random weights, qwen35, ~1 MB)\n"
+    "usage: pulse gguf make-demo [--mtp] [FILE]  write the demo model (random weights, qwen35, ~1 MB);\n"
+    "                                       --mtp: with an MTP (nextn) block, random too\n"
     "       pulse gguf info FILE            metadata summary and tensor table\n"
     "The demo model's weights are random: it answers with random text. It exists so a fresh\n"
     "install can serve Codex end to end with no other server.\n";
@@ -184,11 +189,41 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
 
 }  // namespace
 
+// --json's "speculation": what drafting did (acceptance by draft position; the tokens per
+// verification step are what speculation can gain at best, before the cost of a step).
+void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, int k) {
+    w.Key("speculation");
+    w.StartObject();
+    w.Key("draft");
+    w.String("mtp");
+    w.Key("k");
+    w.Int(k);
+    w.Key("steps");
+    w.Int64(st.steps);
+    w.Key("drafted");
+    w.Int64(st.drafted);
+    w.Key("accepted");
+    w.Int64(st.accepted);
+    w.Key("acceptance");
+    w.Double(st.drafted ? static_cast<double>(st.accepted) / static_cast<double>(st.drafted) : 0.0);
+    w.Key("acceptance_by_position");
+    w.StartArray();
+    for (int i = 0; i < k; ++i)
+        w.Double(st.drafted_at[static_cast<size_t>(i)] ? static_cast<double>(st.accepted_at[static_cast<size_t>(i)]) / static_cast<double>(st.drafted_at[static_cast<size_t>(i)]) : 0.0);
+    w.EndArray();
+    w.Key("tokens_per_step");
+    w.Double(st.steps ? static_cast<double>(st.tokens) / static_cast<double>(st.steps) : 0.0);
+    w.Key("recomputed_rows");
+    w.Int64(st.recomputed_rows);
+    w.EndObject();
+}
+
 int cmd_decode(const std::vector<std::string>& args) {
     std::string path, prompt, tokens_csv;
     bool json = false, special = true, have_prompt = false, exact = false;
     int64_t n = 32, topk_print = 0, streams = 0, max_sequences = 0;
-    int threads = 0;
+    int threads = 0, draft_k = 4;
+    std::string draft = "off";
     std::string device;
     decoder::SamplerParams sp;
     for (size_t i = 0; i < args.size(); ++i) {
@@ -213,6 +248,8 @@ int cmd_decode(const std::vector<std::string>& args) {
             else if (a == "--json") json = true;
             else if (a == "--no-special") special = false;
             else if (a == "--exact") exact = true;
+            else if (a == "--draft") draft = next();
+            else if (a == "--draft-k") draft_k = std::stoi(next());
             else if (a == "--streams") streams = std::stoll(next());
             else if (a == "--max-sequences") max_sequences = std::stoll(next());
             else if (a == "--int8-prefill") throw std::invalid_argument("--int8-prefill is gone: int8 activations are the default; --exact turns them off");
@@ -229,6 +266,15 @@ int cmd_decode(const std::vector<std::string>& args) {
     }
     if (path.empty() || (have_prompt == !tokens_csv.empty()) || n < 0 || topk_print < 0) {
         std::fprintf(stderr, "pulse decode: give MODEL.gguf and exactly one of --prompt or --tokens\n%s", kDecodeHelp);
+        return 2;
+    }
+    if ((draft != "off" && draft != "mtp") || draft_k < 1 || draft_k > decoder::Speculator::kMaxDraft) {
+        std::fprintf(stderr, "pulse decode: --draft takes mtp or off, --draft-k 1 to %d\n%s", decoder::Speculator::kMaxDraft, kDecodeHelp);
+        return 2;
+    }
+    const bool speculate = draft == "mtp";
+    if (speculate && (sp.temperature > 0 || streams != 0)) {
+        std::fprintf(stderr, "pulse decode: --draft mtp decodes greedily, one stream (speculative sampling and the serving engine do not draft yet)\n");
         return 2;
     }
     if (streams != 0 || max_sequences != 0) {
@@ -256,6 +302,11 @@ int cmd_decode(const std::vector<std::string>& args) {
         return 3;
     }
     model->exact = exact;
+    if (speculate && !model->has_mtp()) {
+        std::fprintf(stderr, "pulse decode: --draft mtp: %s has no MTP block (no %s.nextn_predict_layers)\n", path.c_str(),
+                     file->get_string("general.architecture").c_str());
+        return 3;
+    }
     const int64_t V = model->hparams().n_vocab;
     std::vector<int32_t> ids;
     if (have_prompt) ids = tok.encode(prompt, special);
@@ -276,9 +327,14 @@ int cmd_decode(const std::vector<std::string>& args) {
         return 2;
     }
     auto seq = model->new_sequence();
+    std::unique_ptr<decoder::Speculator> spec;
+    if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft_k);
     double t0 = now_s();
-    std::vector<float> logits = model->forward(*seq, ids);
+    std::vector<float> logits = spec ? spec->prefill(ids) : model->forward(*seq, ids);
     double t1 = now_s();
+    // Speculation decides several tokens per step: they wait here, each with its logits.
+    std::vector<int32_t> queued;
+    size_t queued_at = 0;
     decoder::Sampler sampler(sp);
     struct Step {
         int32_t id;
@@ -289,14 +345,19 @@ int cmd_decode(const std::vector<std::string>& args) {
     decoder::Utf8Stream utf8;
     for (int64_t i = 0; i < n; ++i) {
         Step s;
+        const float* row = logits.data();
+        if (spec && i > 0) {
+            if (queued_at == queued.size()) queued = spec->step(steps.back().id), queued_at = 0;
+            row = spec->logits().data() + queued_at * static_cast<size_t>(V);
+        }
         if (topk_print > 0) {
             std::vector<int32_t> idx(static_cast<size_t>(V));
             std::iota(idx.begin(), idx.end(), 0);
             size_t k = static_cast<size_t>(std::min<int64_t>(topk_print, V));
-            std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(), [&](int32_t a, int32_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
-            for (size_t j = 0; j < k; ++j) s.top.emplace_back(idx[j], logits[static_cast<size_t>(idx[j])]);
+            std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+            for (size_t j = 0; j < k; ++j) s.top.emplace_back(idx[j], row[idx[j]]);
         }
-        s.id = sampler.sample(logits.data(), V);
+        s.id = spec && i > 0 ? queued[queued_at++] : sampler.sample(row, V);
         s.piece = tok.piece(s.id);
         bool eog = tok.is_eog(s.id);
         if (!json) {
@@ -311,7 +372,7 @@ int cmd_decode(const std::vector<std::string>& args) {
         }
         steps.push_back(std::move(s));
         if (eog) break;
-        if (i + 1 < n) logits = model->forward(*seq, {steps.back().id});
+        if (!spec && i + 1 < n) logits = model->forward(*seq, {steps.back().id});
     }
     double t2 = now_s();
     double prefill_tps = static_cast<double>(ids.size()) / std::max(t1 - t0, 1e-9);
@@ -384,18 +445,44 @@ int cmd_decode(const std::vector<std::string>& args) {
     w.String(model->device_note().c_str());
     w.Key("kernels");
     w.String(decoder::kernel_name());
+    if (spec) write_speculation(w, spec->stats(), draft_k);
     w.EndObject();
     std::printf("%s\n", b.GetString());
     return 0;
+}
+
+// One line on the file's multi-token-prediction block: where it is and which nextn tensors it
+// has (what the decoder drafts with), or that there is none.
+void print_mtp_summary(const decoder::GgufFile& f) {
+    const decoder::Value* arch = f.find("general.architecture");
+    if (!arch || arch->type != decoder::ValueType::string) return;
+    const auto nextn = f.opt_uint(arch->s + ".nextn_predict_layers").value_or(0);
+    const auto blocks = f.opt_uint(arch->s + ".block_count").value_or(0);
+    if (!nextn || nextn > blocks) {
+        std::printf("  MTP block: none (no %s.nextn_predict_layers): no self-speculation with this file\n", arch->s.c_str());
+        return;
+    }
+    const std::string p = "blk." + std::to_string(blocks - nextn) + ".nextn.";
+    std::string have, shared;
+    for (const char* n : {"eh_proj", "enorm", "hnorm", "shared_head_norm", "embed_tokens", "shared_head_head"})
+        if (f.tensor(p + n + ".weight")) have += std::string(have.empty() ? "" : " ") + n;
+    if (!f.tensor(p + "embed_tokens.weight")) shared += "embedding";
+    if (!f.tensor(p + "shared_head_head.weight")) shared += std::string(shared.empty() ? "" : " and ") + "output head";
+    std::printf("  MTP block: %llu at blk.%llu (nextn: %s)%s\n", static_cast<unsigned long long>(nextn),
+                static_cast<unsigned long long>(blocks - nextn), have.empty() ? "no tensors" : have.c_str(),
+                shared.empty() ? "" : ("; " + shared + " shared with the main model").c_str());
 }
 
 int cmd_gguf(const std::vector<std::string>& args) {
     if (args.empty() || args[0] == "--help" || args[0] == "-h") return std::fputs(kGgufHelp, args.empty() ? stderr : stdout), args.empty() ? 2 : 0;
     if (args.size() > 1 && (args[1] == "--help" || args[1] == "-h")) return std::fputs(kGgufHelp, stdout), 0;
     if (args[0] == "make-demo") {
-        std::string out = args.size() > 1 ? args[1] : "pulse-demo.gguf";
+        const size_t first = args.size() > 1 && args[1] == "--mtp" ? 2 : 1;  // the FILE's index
+        const bool mtp = first == 2;
+        if (args.size() > first + 1) return std::fputs(kGgufHelp, stderr), 2;
+        std::string out = args.size() > first ? args[first] : "pulse-demo.gguf";
         try {
-            decoder::write_demo_model(out);
+            decoder::write_demo_model(out, mtp);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "pulse gguf: %s\n", e.what());
             return 1;
@@ -408,6 +495,7 @@ int cmd_gguf(const std::vector<std::string>& args) {
             auto f = decoder::GgufFile::open(args[1]);
             std::printf("%s: GGUF v%u, %zu metadata keys, %zu tensors, alignment %llu\n", args[1].c_str(), f->version(), f->metadata().size(),
                         f->tensors().size(), static_cast<unsigned long long>(f->alignment()));
+            print_mtp_summary(*f);
             for (const auto& [k, v] : f->metadata()) {
                 if (v.type == decoder::ValueType::array) std::printf("  %-48s array[%zu]\n", k.c_str(), v.items.size());
                 else if (v.type == decoder::ValueType::string) std::printf("  %-48s %s\n", k.c_str(), v.s.substr(0, 80).c_str());

@@ -245,6 +245,40 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(info.code == 0);
     CHECK(has(info.out, "general.architecture"));
     CHECK(has(info.out, "qwen35"));
+    CHECK(has(info.out, "MTP block: none (no qwen35.nextn_predict_layers)"));
+    // With --mtp the demo carries a (random) MTP block; info says where and what it shares.
+    auto mtp_demo = run({exe(), "gguf", "make-demo", "--mtp", (tmp / "mtp.gguf").string()});
+    CHECK(mtp_demo.code == 0);
+    auto mtp_info = run({exe(), "gguf", "info", (tmp / "mtp.gguf").string()});
+    CHECK(mtp_info.code == 0);
+    CHECK(has(mtp_info.out, "MTP block: 1 at blk.2 (nextn: eh_proj enorm hnorm shared_head_norm); embedding and output head shared with the main model"));
+    CHECK(has(mtp_info.out, "blk.2.nextn.eh_proj.weight"));
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "2", "--json"}).code == 0);
+    CHECK(run({exe(), "gguf", "make-demo", "--mtp", "a.gguf", "b.gguf"}).code == 2);
+    // Speculative decoding with that block: the same tokens as plain greedy decoding, and what
+    // drafting did. (--exact: the int8 path's batched and single-row logits may differ by rounding.)
+    auto ids = [](const std::string& json) {
+        std::vector<std::string> out;
+        const std::string tokens = json.substr(0, json.find("\"text\""));
+        std::regex re(R"(\{"id":(\d+))");
+        for (std::sregex_iterator it(tokens.begin(), tokens.end(), re), end; it != end; ++it) out.push_back((*it)[1]);
+        return out;
+    };
+    auto plain = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "24", "--json", "--exact"});
+    auto drafted = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "24", "--json", "--exact", "--draft", "mtp", "--draft-k", "3"});
+    CHECK(plain.code == 0);
+    CHECK(drafted.code == 0);
+    CHECK(ids(plain.out).size() >= 1);
+    CHECK(ids(drafted.out) == ids(plain.out));
+    CHECK(has(drafted.out, R"("speculation":{"draft":"mtp","k":3,"steps":)"));
+    CHECK(has(drafted.out, R"("acceptance_by_position":[)"));
+    CHECK_FALSE(has(plain.out, "speculation"));
+    auto no_block = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--draft", "mtp"});
+    CHECK(no_block.code == 3);
+    CHECK(has(no_block.err, "has no MTP block"));
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--temperature", "0.7"}).code == 2);
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-k", "0"}).code == 2);
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "eagle"}).code == 2);
     auto dec = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2,3", "-n", "2", "--json"});
     CHECK(dec.code == 0);
     CHECK(has(dec.out, "\"decode_tokens_per_s\""));

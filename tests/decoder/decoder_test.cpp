@@ -27,6 +27,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "quants.h"
+#include "speculate.h"
 #include "support/forwarding_device.h"
 #include "support/temp_dir.h"
 #include "synthetic.h"
@@ -1188,6 +1189,342 @@ TEST_CASE("forward: a copied sequence is a checkpoint; continuing from it equals
     CHECK(x == y);
     CHECK(checkpoint.n_past == 6);
     CHECK_THROWS_AS(m->forward(checkpoint, {100000}), std::out_of_range);
+}
+
+// ---- the MTP block ------------------------------------------------------------------------------
+
+namespace {
+// A tensor of the file as floats.
+std::vector<float> tensor_values(const GgufFile& f, const std::string& name) {
+    const TensorInfo& t = f.get_tensor(name);
+    int64_t n = 1;
+    for (auto x : t.ne) n *= static_cast<int64_t>(x);
+    std::vector<float> v(static_cast<size_t>(n));
+    dequantize_row(t.type, t.data, v.data(), n);
+    return v;
+}
+std::vector<float> rms(const std::vector<float>& x, const std::vector<float>& w) {
+    double ss = 0;
+    for (float e : x) ss += static_cast<double>(e) * e;
+    const double s = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + 1e-6);
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = static_cast<float>(x[i] * s * w[i]);
+    return y;
+}
+// y = W·x for a GGUF [n_in, n_out] weight (rows of n_in).
+std::vector<float> mul(const std::vector<float>& W, const std::vector<float>& x) {
+    const size_t n_in = x.size(), n_out = W.size() / n_in;
+    std::vector<float> y(n_out);
+    for (size_t o = 0; o < n_out; ++o) {
+        double a = 0;
+        for (size_t i = 0; i < n_in; ++i) a += static_cast<double>(W[o * n_in + i]) * x[i];
+        y[o] = static_cast<float>(a);
+    }
+    return y;
+}
+SynthShape mtp_shape(bool own_tables = false) {
+    SynthShape s = tiny_shape();
+    s.mtp = true;
+    s.mtp_own_tables = own_tables;
+    return s;
+}
+}  // namespace
+
+TEST_CASE("mtp: the nextn block is loaded where the file has one; a file without it loads as before") {
+    TempDir d;
+    write_synthetic(d / "plain.gguf", tiny_shape(), kF32, 7);
+    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 7);
+    auto plain = Model::load(GgufFile::open(d / "plain.gguf"));
+    auto mtp = Model::load(GgufFile::open(d / "mtp.gguf"));
+    CHECK_FALSE(plain->has_mtp());
+    CHECK(plain->hparams().n_nextn == 0);
+    REQUIRE(mtp->has_mtp());
+    CHECK(mtp->hparams().n_nextn == 1);
+    CHECK(mtp->hparams().n_layer == plain->hparams().n_layer);  // block_count counts the MTP block; n_layer does not
+    // The block is written after the main layers: the main model is the same model.
+    auto a = plain->new_sequence();
+    auto b = mtp->new_sequence();
+    CHECK(plain->forward(*a, {297, 72, 101}) == mtp->forward(*b, {297, 72, 101}));
+    // Without the block there is nothing to draft with.
+    std::vector<float> h(static_cast<size_t>(plain->hparams().n_embd)), logits(static_cast<size_t>(plain->hparams().n_vocab));
+    const int32_t tok = 5;
+    CHECK_THROWS_WITH_AS(plain->mtp_step({Segment{a.get(), &tok, 1, logits.data(), false, nullptr, h.data()}}), doctest::Contains("no MTP block"),
+                         std::logic_error);
+    // An MTP step without the hidden rows is refused before anything runs.
+    CHECK_THROWS_WITH_AS(mtp->mtp_step({Segment{b.get(), &tok, 1, logits.data()}}), doctest::Contains("hidden_in"), std::invalid_argument);
+    CHECK(b->mtp_n_past == 0);
+}
+
+TEST_CASE("mtp: a missing or misshapen nextn tensor is a load error naming it and the block") {
+    TempDir d;
+    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 7);
+    std::ifstream in(d / "mtp.gguf", std::ios::binary);
+    const std::vector<uint8_t> good((std::istreambuf_iterator<char>(in)), {});
+    const std::string block = "blk." + std::to_string(tiny_shape().n_layer) + ".";
+    auto rewrite = [&](const std::string& name, const std::function<void(std::vector<uint8_t>&, size_t)>& edit) {
+        std::vector<uint8_t> b = good;
+        const size_t at = static_cast<size_t>(std::search(b.begin(), b.end(), name.begin(), name.end()) - b.begin());
+        REQUIRE(at < b.size());
+        edit(b, at);
+        return b;
+    };
+    auto load_error = [](const std::vector<uint8_t>& b) -> std::string {
+        try {
+            Model::load(GgufFile::parse(b.data(), b.size(), "mtp.gguf"));
+        } catch (const GgufError& e) {
+            return e.what();
+        }
+        return "";
+    };
+    // nextn.hnorm renamed away: required.
+    auto no_hnorm = rewrite(block + "nextn.hnorm.weight", [](std::vector<uint8_t>& b, size_t at) { b[at + 13] = 'X'; });
+    const std::string e1 = load_error(no_hnorm);
+    CHECK(e1.find("tensor '" + block + "nextn.hnorm.weight' is required and missing") != std::string::npos);
+    CHECK(e1.find("multi-token-prediction block, " + block + "*") != std::string::npos);
+    CHECK(e1.find("nextn_predict_layers = 1") != std::string::npos);
+    // The block's own attention output missing: the same, naming that tensor.
+    auto no_wo = rewrite(block + "attn_output.weight", [](std::vector<uint8_t>& b, size_t at) { b[at + 6] = 'X'; });
+    CHECK(load_error(no_wo).find("tensor '" + block + "attn_output.weight' is required and missing") != std::string::npos);
+    // eh_proj [2E, E] stored as [2E, E-1] (the data shrinks, still in bounds).
+    const std::string eh = block + "nextn.eh_proj.weight";
+    auto thin = rewrite(eh, [&](std::vector<uint8_t>& b, size_t at) {
+        const uint64_t ne1 = 31;
+        std::memcpy(b.data() + at + eh.size() + 4 + 8, &ne1, 8);
+    });
+    CHECK(load_error(thin).find("tensor '" + eh + "' has shape [64, 31], expected [64, 32]") != std::string::npos);
+    // A block with its own embedding and head tables loads them.
+    write_synthetic(d / "own.gguf", mtp_shape(true), kF32, 7);
+    CHECK_NOTHROW(Model::load(GgufFile::open(d / "own.gguf")));
+}
+
+TEST_CASE("mtp: the block computes its documented math (embedding and hidden normed, concatenated, projected, one attention layer, head)") {
+    // At position 0 the block's attention sees one key, its own: softmax weight 1, so each head's
+    // output is its value times the sigmoid gate, whatever q, k, their norms and RoPE: this checks
+    // the parts the block adds (pairing, norms, concat order, eh_proj, gate, residuals, head norm
+    // and head) against a plain host computation from the file's tensors.
+    TempDir d;
+    for (bool own : {false, true}) {
+        CAPTURE(own);
+        write_synthetic(d / "mtp.gguf", mtp_shape(own), kF32, 11);
+        auto file = GgufFile::open(d / "mtp.gguf");
+        auto m = Model::load(file);
+        m->exact = true;
+        const HParams& hp = m->hparams();
+        const auto E = static_cast<size_t>(hp.n_embd), V = static_cast<size_t>(hp.n_vocab);
+        const std::string p = "blk." + std::to_string(hp.n_layer) + ".";
+        const int32_t tok = 101;
+        std::vector<float> hidden(E);
+        for (size_t i = 0; i < E; ++i) hidden[i] = std::sin(static_cast<float>(i) * 0.7f) * 3;
+        auto seq = m->new_sequence();
+        std::vector<float> logits(V), out_hidden(E);
+        m->mtp_step({Segment{seq.get(), &tok, 1, logits.data(), false, out_hidden.data(), hidden.data()}});
+        CHECK(seq->mtp_n_past == 1);
+        CHECK(seq->n_past == 0);  // the main model's state is not the block's
+
+        const auto embd = tensor_values(*file, own ? p + "nextn.embed_tokens.weight" : "token_embd.weight");
+        std::vector<float> e(embd.begin() + tok * static_cast<long>(E), embd.begin() + (tok + 1) * static_cast<long>(E));
+        std::vector<float> cat = rms(e, tensor_values(*file, p + "nextn.enorm.weight"));
+        const auto hn = rms(hidden, tensor_values(*file, p + "nextn.hnorm.weight"));
+        cat.insert(cat.end(), hn.begin(), hn.end());  // the embedding first, then the hidden state
+        std::vector<float> x = mul(tensor_values(*file, p + "nextn.eh_proj.weight"), cat);
+        const auto a = rms(x, tensor_values(*file, p + "attn_norm.weight"));
+        const auto qg = mul(tensor_values(*file, p + "attn_q.weight"), a), v = mul(tensor_values(*file, p + "attn_v.weight"), a);
+        const auto H = static_cast<size_t>(hp.n_head), Hkv = static_cast<size_t>(hp.n_head_kv), D = static_cast<size_t>(hp.head_dim);
+        std::vector<float> o(H * D);
+        for (size_t hh = 0; hh < H; ++hh)
+            for (size_t i = 0; i < D; ++i)
+                o[hh * D + i] = v[hh / (H / Hkv) * D + i] / (1 + std::exp(-qg[hh * 2 * D + D + i]));
+        const auto attn = mul(tensor_values(*file, p + "attn_output.weight"), o);
+        for (size_t i = 0; i < E; ++i) x[i] += attn[i];
+        const auto f = rms(x, tensor_values(*file, p + "post_attention_norm.weight"));
+        auto g = mul(tensor_values(*file, p + "ffn_gate.weight"), f);
+        const auto u = mul(tensor_values(*file, p + "ffn_up.weight"), f);
+        for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+        const auto down = mul(tensor_values(*file, p + "ffn_down.weight"), g);
+        for (size_t i = 0; i < E; ++i) x[i] += down[i];
+        const auto want_hidden = rms(x, tensor_values(*file, p + "nextn.shared_head_norm.weight"));
+        const auto want = mul(tensor_values(*file, own ? p + "nextn.shared_head_head.weight" : "token_embd.weight"), want_hidden);  // tiny: tied
+        double worst = 0, worst_h = 0;
+        for (size_t i = 0; i < V; ++i) worst = std::max(worst, std::fabs(static_cast<double>(logits[i]) - want[i]));
+        for (size_t i = 0; i < E; ++i) worst_h = std::max(worst_h, std::fabs(static_cast<double>(out_hidden[i]) - want_hidden[i]));
+        MESSAGE("MTP block against the host computation: max |logit diff| " << worst << ", max |hidden diff| " << worst_h);
+        CHECK(worst < 1e-3);
+        CHECK(worst_h < 1e-4);
+    }
+}
+
+TEST_CASE("mtp: the main step's hidden rows are what its logits read; the block batched equals token by token, and a copy is a checkpoint") {
+    TempDir d;
+    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 7);
+    auto file = GgufFile::open(d / "mtp.gguf");
+    auto m = Model::load(file);
+    m->exact = true;
+    const auto E = static_cast<size_t>(m->hparams().n_embd), V = static_cast<size_t>(m->hparams().n_vocab);
+    const std::vector<int32_t> toks = {297, 72, 101, 108, 108, 111, 44};
+    const size_t n = toks.size();
+    // The main model: every row's hidden state, and logits that are the (tied) head times it.
+    auto main_seq = m->new_sequence();
+    std::vector<float> hidden(n * E), logits(n * V);
+    m->step({Segment{main_seq.get(), toks.data(), static_cast<int64_t>(n), logits.data(), true, hidden.data()}});
+    const auto head = tensor_values(*file, "token_embd.weight");
+    double worst_head = 0;
+    for (size_t r = 0; r < n; ++r) {
+        const auto l = mul(head, std::vector<float>(hidden.begin() + static_cast<long>(r * E), hidden.begin() + static_cast<long>((r + 1) * E)));
+        for (size_t i = 0; i < V; ++i) worst_head = std::max(worst_head, std::fabs(static_cast<double>(l[i]) - logits[r * V + i]));
+    }
+    CHECK(worst_head < 1e-3);
+    // The block's input: token p with the main hidden state of p-1 (zeros before the first).
+    std::vector<float> paired(n * E, 0.f);
+    std::copy(hidden.begin(), hidden.end() - static_cast<long>(E), paired.begin() + static_cast<long>(E));
+    auto batched_seq = m->new_sequence();
+    std::vector<float> batched(n * V), batched_h(n * E);
+    m->mtp_step({Segment{batched_seq.get(), toks.data(), static_cast<int64_t>(n), batched.data(), true, batched_h.data(), paired.data()}});
+    CHECK(batched_seq->mtp_n_past == static_cast<int64_t>(n));
+    auto single_seq = m->new_sequence();
+    double worst = 0;
+    std::unique_ptr<Sequence> checkpoint;
+    std::vector<float> at_checkpoint;
+    for (size_t r = 0; r < n; ++r) {
+        std::vector<float> l(V), h(E);
+        m->mtp_step({Segment{single_seq.get(), &toks[r], 1, l.data(), false, h.data(), paired.data() + r * E}});
+        for (size_t i = 0; i < V; ++i) worst = std::max(worst, std::fabs(static_cast<double>(l[i]) - batched[r * V + i]));
+        for (size_t i = 0; i < E; ++i) worst = std::max(worst, std::fabs(static_cast<double>(h[i]) - batched_h[r * E + i]));
+        if (r == 3) checkpoint = std::make_unique<Sequence>(*single_seq);
+        if (r == 4) at_checkpoint = l;
+    }
+    MESSAGE("MTP block: max |batched - token by token| " << worst);
+    CHECK(worst < 2e-4);
+    // A checkpoint (copy) carries the block's cache: continuing from it gives the same logits.
+    REQUIRE(checkpoint);
+    CHECK(checkpoint->mtp_n_past == 4);
+    std::vector<float> again(V), again_h(E);
+    m->mtp_step({Segment{checkpoint.get(), &toks[4], 1, again.data(), false, again_h.data(), paired.data() + 4 * E}});
+    CHECK(again == at_checkpoint);
+    // Drafts are discarded by setting mtp_n_past back: the next step overwrites those positions.
+    single_seq->mtp_n_past = 4;
+    m->mtp_step({Segment{single_seq.get(), &toks[4], 1, again.data(), false, again_h.data(), paired.data() + 4 * E}});
+    CHECK(again == at_checkpoint);
+    // The block's cache is counted in the sequence's bytes: K and V, binary16, per position.
+    auto fresh = m->new_sequence();
+    const size_t empty = fresh->bytes();
+    m->mtp_step({Segment{fresh.get(), toks.data(), 2, nullptr, false, nullptr, paired.data()}});
+    CHECK(fresh->bytes() - empty == 2 * 2 * static_cast<size_t>(fresh->kv_values) * sizeof(uint16_t));
+}
+
+// ---- speculative decoding ------------------------------------------------------------------------
+
+namespace {
+// Plain greedy decoding: the first token from the prompt's logits, then one token per step;
+// also each step's logits (the reference for the state after speculation).
+std::vector<int32_t> plain_greedy(const Model& m, const std::vector<int32_t>& prompt, size_t n, std::vector<std::vector<float>>* logits = nullptr) {
+    auto seq = m.new_sequence();
+    std::vector<float> l = m.forward(*seq, prompt);
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < n; ++i) {
+        if (logits) logits->push_back(l);
+        out.push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+        l = m.forward(*seq, {out.back()});
+    }
+    return out;
+}
+const std::vector<int32_t> kSpecPrompt = {297, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
+}  // namespace
+
+TEST_CASE("speculate: drafts right up to every position: that many kept, the main model's next token after them, its state as a plain run's") {
+    // Drafts taken from the plain greedy run and spoiled at position j: the step must keep
+    // exactly j, return the plain run's next token, and leave the sequence (KV caches, Gated
+    // DeltaNet state, the MTP block's cache) where a plain run would be.
+    TempDir d;
+    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 7);
+    auto m = Model::load(GgufFile::open(d / "mtp.gguf"));
+    m->exact = true;
+    const int64_t V = m->hparams().n_vocab;
+    std::vector<std::vector<float>> want_logits;
+    const auto truth = plain_greedy(*m, kSpecPrompt, 120, &want_logits);
+    for (int k = 1; k <= 8; ++k) {
+        CAPTURE(k);
+        auto seq = m->new_sequence();
+        Speculator spec(*m, *seq, k);
+        auto first = spec.prefill(kSpecPrompt);
+        REQUIRE(std::max_element(first.begin(), first.end()) - first.begin() == truth[0]);
+        size_t at = 1;  // truth[at-1] is `last`
+        int j = 0;
+        double worst = 0;
+        while (at + static_cast<size_t>(k) < truth.size()) {
+            std::vector<int32_t> drafts(truth.begin() + static_cast<long>(at), truth.begin() + static_cast<long>(at) + k);
+            if (j < k) drafts[static_cast<size_t>(j)] = (drafts[static_cast<size_t>(j)] + 1) % static_cast<int32_t>(V);
+            const auto got = spec.verify(truth[at - 1], drafts);
+            REQUIRE(got.size() == static_cast<size_t>(std::min(j, k)) + 1);
+            for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == truth[at + i]);
+            // The logits of each returned token are the plain run's for that position.
+            for (size_t i = 0; i < got.size(); ++i)
+                for (int64_t v = 0; v < V; ++v)
+                    worst = std::max(worst, std::fabs(static_cast<double>(spec.logits()[i * static_cast<size_t>(V) + static_cast<size_t>(v)]) -
+                                                      want_logits[at + i][static_cast<size_t>(v)]));
+            at += got.size();
+            CHECK(seq->n_past == static_cast<int64_t>(kSpecPrompt.size() + at - 1));
+            CHECK(seq->mtp_n_past == seq->n_past);
+            j = (j + 1) % (k + 1);
+        }
+        MESSAGE("k " << k << ": max |speculative - plain| logit " << worst);
+        CHECK(worst < 2e-4);
+        // The MTP block's cache was kept right through the rejections: its drafts now equal a
+        // fresh speculator's that ran the same tokens as a prompt.
+        std::vector<int32_t> all = kSpecPrompt;
+        all.insert(all.end(), truth.begin(), truth.begin() + static_cast<long>(at) - 1);
+        auto fresh_seq = m->new_sequence();
+        Speculator fresh(*m, *fresh_seq, k);
+        fresh.prefill(all);
+        CHECK(spec.draft(truth[at - 1], k) == fresh.draft(truth[at - 1], k));
+        CHECK(spec.draft(truth[at - 1], k) == fresh.draft(truth[at - 1], k));  // drafting leaves no trace
+        const auto& st = spec.stats();
+        CHECK(st.tokens == st.accepted + st.steps);
+        CHECK(st.drafted == st.steps * k);
+        CHECK(st.accepted_at[0] <= st.drafted_at[0]);
+    }
+}
+
+TEST_CASE("speculate: with the MTP block's own drafts the output is plain greedy decoding, token for token, for k = 1..8") {
+    TempDir d;
+    for (uint32_t type : {kF32, kQ8_0}) {
+        write_synthetic(d / "mtp.gguf", mtp_shape(), type, 9);
+        auto m = Model::load(GgufFile::open(d / "mtp.gguf"));
+        m->exact = true;
+        const auto truth = plain_greedy(*m, kSpecPrompt, 96);
+        for (int k = 1; k <= 8; ++k) {
+            CAPTURE(type_name(type));
+            CAPTURE(k);
+            auto seq = m->new_sequence();
+            Speculator spec(*m, *seq, k);
+            auto l = spec.prefill(kSpecPrompt);
+            std::vector<int32_t> out{static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin())};
+            for (int guard = 0; out.size() < truth.size() && guard < 200; ++guard) {
+                auto got = spec.step(out.back());
+                out.insert(out.end(), got.begin(), got.end());
+            }
+            out.resize(std::min(out.size(), truth.size()));
+            CHECK(out == truth);
+            const auto& st = spec.stats();
+            CHECK(st.tokens == st.accepted + st.steps);
+            CHECK(st.accepted <= st.drafted);
+        }
+    }
+}
+
+TEST_CASE("speculate: bad arguments are refused by name") {
+    TempDir d;
+    write_synthetic(d / "plain.gguf", tiny_shape(), kF32, 7);
+    auto m = Model::load(GgufFile::open(d / "plain.gguf"));
+    auto seq = m->new_sequence();
+    CHECK_THROWS_WITH_AS(Speculator(*m, *seq, 0), doctest::Contains("drafts per step must be 1 to 16"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Speculator(*m, *seq, 17), doctest::Contains("drafts per step must be 1 to 16"), std::invalid_argument);
+    Speculator spec(*m, *seq, 4);
+    CHECK_THROWS_WITH_AS(spec.prefill({}), doctest::Contains("prompt is empty"), std::invalid_argument);
+    spec.prefill({1, 2, 3});
+    CHECK_THROWS_WITH_AS(spec.step(5), doctest::Contains("needs the model's MTP block"), std::logic_error);
+    // Without a block, verify still takes drafts from elsewhere (a draft model).
+    CHECK(spec.verify(5, {6, 7}).size() >= 1);
+    CHECK_THROWS_WITH_AS(Speculator(*m, *seq, 4), doctest::Contains("fresh sequence"), std::invalid_argument);
 }
 
 // ---- the device seam ---------------------------------------------------------------------------

@@ -7,6 +7,13 @@
 //     ms per step, tok/s, and ms per step in each kind of device op. The rounds alternate the
 //     order of N (this machine drifts by more than the effects measured).
 //
+//   decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3]
+//     What speculative decoding's steps cost against a plain one-token step, one sequence after a
+//     64-token prompt: the main model over 1 + k rows (a verification: every row's logits and
+//     hidden state), saving the Gated DeltaNet state before it and putting it back (after a
+//     rejection), and (a file with an MTP block) one draft token through the block. Each run puts
+//     the sequence back, so every step sees the same context. The rounds alternate the order.
+//
 //   decoder_ops kernels [--groups 8] [--reps 30]
 //     One thread: the interleaved Q8_0 and TQ2_0 dots (dot_x16) over `groups` groups of eight
 //     rows of 2048 weights (8: in L1; 4000: streaming from outer cache or memory), 1 to 4 tokens,
@@ -128,6 +135,56 @@ int step_mode(const std::string& path, const std::vector<int>& streams, int step
     return 0;
 }
 
+int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, int threads, int rounds) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+    auto model = Model::load(GgufFile::open(path));
+    model->threads = threads;
+    const int64_t V = model->hparams().n_vocab, E = model->hparams().n_embd;
+    auto seq = model->new_sequence();
+    std::vector<int32_t> prompt(64);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 37 + 11) % 256);
+    std::vector<float> hidden(static_cast<size_t>(64 * E));
+    model->step({Segment{seq.get(), prompt.data(), 64, nullptr, false, hidden.data()}});
+    if (model->has_mtp()) model->mtp_step({Segment{seq.get(), prompt.data(), 64, nullptr, false, nullptr, hidden.data()}});
+    const int64_t base = seq->n_past;
+    Sequence::RecurrentCheckpoint cp;
+    seq->save_recurrent(cp);
+    std::vector<float> logits(static_cast<size_t>(17 * V)), rows(static_cast<size_t>(17 * E)), h(static_cast<size_t>(E), 0.5f);
+    // ms per run of `f`, the sequence put back after each.
+    auto time = [&](auto f) {
+        const auto t0 = Clock::now();
+        for (int i = 0; i < steps; ++i) {
+            f();
+            seq->n_past = base;
+            seq->mtp_n_past = base;
+            seq->restore_recurrent(cp);
+        }
+        return seconds_since(t0) / steps * 1e3;
+    };
+    std::vector<int32_t> tokens(17, 200);
+    auto step_rows = [&](int64_t n) { model->step({Segment{seq.get(), tokens.data(), n, logits.data(), true, rows.data()}}); };
+    std::printf("| round | k | one token ms | verify (1 + k rows) ms | × one token | GDN state save + restore ms | MTP draft token ms |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int r = 1; r <= rounds; ++r) {
+        std::vector<int> order = ks;
+        if (r % 2 == 0) std::reverse(order.begin(), order.end());
+        for (int k : order) {
+            if (k < 1 || k > 16) throw std::invalid_argument("--k values must be 1 to 16");
+            const double one = time([&] { step_rows(1); });
+            const double verify = time([&] { step_rows(1 + k); });
+            const double copy = time([&] { seq->save_recurrent(cp); });
+            const double draft = model->has_mtp() ? time([&] { model->mtp_step({Segment{seq.get(), tokens.data(), 1, logits.data(), false, rows.data(), h.data()}}); }) : 0;
+            char drafted[32] = "(no block)";
+            if (model->has_mtp()) std::snprintf(drafted, sizeof drafted, "%.2f", draft);
+            std::printf("| %d | %d | %.2f | %.2f | %.2f | %.3f | %s |\n", r, k, one, verify, verify / one, copy, drafted);
+        }
+    }
+    std::printf("\nconditions: %d threads, a 64-token prompt, %d runs each, kernels %s, %s activations\n", threads, steps, kernel_name(),
+                model->exact ? "f32" : "int8");
+    return 0;
+}
+
 int kernels_mode(int64_t groups, int reps) {
     groups = std::max<int64_t>(2, groups / 2 * 2);
     const int64_t n = 2048;
@@ -188,6 +245,7 @@ int kernels_mode(int64_t groups, int reps) {
 int usage() {
     std::fprintf(stderr,
                  "usage: decoder_ops step MODEL.gguf [--streams 1,4] [--steps 64] [--threads 2] [--rounds 3]\n"
+                 "       decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3]\n"
                  "       decoder_ops kernels [--groups 8] [--reps 30]\n");
     return 2;
 }
@@ -210,6 +268,9 @@ int main(int argc, char** argv) {
         if (mode == "step" && !model.empty())
             return step_mode(model, parse_list(get("--streams", "1,4")), std::atoi(get("--steps", "64").c_str()), std::atoi(get("--threads", "2").c_str()),
                              std::atoi(get("--rounds", "3").c_str()));
+        if (mode == "verify" && !model.empty())
+            return verify_mode(model, parse_list(get("--k", "1,2,4,8")), std::atoi(get("--steps", "32").c_str()), std::atoi(get("--threads", "2").c_str()),
+                               std::atoi(get("--rounds", "3").c_str()));
         if (mode == "kernels") return kernels_mode(std::atoll(get("--groups", "8").c_str()), std::atoi(get("--reps", "30").c_str()));
     } catch (const std::exception& e) {
         std::fprintf(stderr, "decoder_ops: %s\n", e.what());

@@ -6,6 +6,8 @@
 //                                    (6.1B parameters) for tools/gpu-check
 //   make_synthetic --scripted FILE FIRST THEN  a model that answers FIRST, then THEN once the prompt
 //                                    holds a <tool_response> (synthetic.h: write_scripted_model)
+//   make_synthetic --mtp --tiny|--bench|--gpu ...  the same model with an MTP (nextn) block after
+//                                    its layers (random, like the rest: drafts it makes are random)
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -17,16 +19,23 @@
 using namespace pulse::decoder;
 
 int main(int argc, char** argv) {
+    const bool mtp = argc > 1 && std::string(argv[1]) == "--mtp";
+    if (mtp) --argc, ++argv;  // argv[0] is not read
+    auto with_mtp = [&](SynthShape s) {
+        s.mtp = mtp;
+        return s;
+    };
     const std::string first = argc > 1 ? argv[1] : "";
     // An unknown option is not a directory to write into (a --help once left a "--help" tree).
     const bool known = first == "--tiny" || first == "--scripted" || first == "--bench" || first == "--gpu";
     if (argc < 2 || (!first.empty() && first[0] == '-' && !known)) {
-        std::fprintf(stderr, "usage: make_synthetic OUT_DIR [SEED] | --tiny FILE | --scripted FILE CALL ANSWER | --bench TYPE FILE | --gpu TYPE FILE [LAYERS]\n");
+        std::fprintf(stderr, "usage: make_synthetic OUT_DIR [SEED] | --tiny FILE | --scripted FILE CALL ANSWER | [--mtp] --bench TYPE FILE | [--mtp] --gpu TYPE FILE [LAYERS]\n"
+                             "       (--mtp also before --tiny)\n");
         return first == "--help" || first == "-h" ? 0 : 2;
     }
     if (std::string(argv[1]) == "--tiny") {
         if (argc < 3) return 2;
-        write_synthetic(argv[2], tiny_shape(), kF32, 7);
+        write_synthetic(argv[2], with_mtp(tiny_shape()), kF32, 7);
         return 0;
     }
     if (std::string(argv[1]) == "--scripted") {
@@ -40,7 +49,7 @@ int main(int argc, char** argv) {
         uint32_t type = t == "q8_0" ? kQ8_0 : t == "tq2_0" ? kTQ2_0 : t == "tq1_0" ? kTQ1_0 : t == "q4_k" ? kQ4_K : t == "f16" ? kF16 :
                         t == "q2_0" ? kQ2_0 : t == "pq2_0" ? kPQ2_0 : kF32;
         if (std::string(argv[1]) == "--bench") {
-            write_synthetic(argv[3], bench_shape(), type, 42);
+            write_synthetic(argv[3], with_mtp(bench_shape()), type, 42);
             return 0;
         }
         const long layers = argc > 4 ? std::strtol(argv[4], nullptr, 10) : 16;
@@ -48,8 +57,12 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "make_synthetic --gpu: LAYERS must be 1 to 64\n");
             return 2;
         }
-        write_synthetic(argv[3], gpu_shape(layers), type, 42);
+        write_synthetic(argv[3], with_mtp(gpu_shape(layers)), type, 42);
         return 0;
+    }
+    if (mtp) {
+        std::fprintf(stderr, "make_synthetic: --mtp goes with --tiny, --bench or --gpu\n");
+        return 2;
     }
     std::filesystem::path out(argv[1]);
     std::filesystem::create_directories(out);

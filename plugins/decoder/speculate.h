@@ -1,0 +1,66 @@
+// Greedy self-speculative decoding with the model's MTP block (docs/DECODER.md, "Speculative
+// decoding"): the block drafts k tokens one after another, the main model checks all of them in
+// one batched step, and the longest prefix it agrees with is kept, plus the main model's own next
+// token. The output is the main model's greedy output; only the number of main-model steps falls.
+//
+// The hybrid model's Gated DeltaNet layers keep no per-position history: after a step that ran
+// rejected drafts, their conv windows and states are put back from a copy taken before the step
+// and the accepted rows are run again (attention caches need no undo: positions past n_past are
+// overwritten). A step whose drafts are all kept runs once.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model.h"
+
+namespace pulse::decoder {
+
+struct SpeculationStats {
+    int64_t steps = 0;                   // verification steps of the main model
+    int64_t drafted = 0, accepted = 0;   // draft tokens proposed and kept
+    std::vector<int64_t> drafted_at, accepted_at;  // the same by draft position (index 0 = first draft)
+    int64_t tokens = 0;                  // tokens decoded by those steps (accepted + one each)
+    int64_t recomputed_rows = 0;         // rows run again to restore the recurrent state
+};
+
+class Speculator {
+public:
+    static constexpr int kMaxDraft = 16;
+    // `seq` must be fresh (nothing run). `k`: drafts per step, 1..kMaxDraft. The model needs an
+    // MTP block for step(); verify() takes drafts from anywhere.
+    Speculator(const Model& model, Sequence& seq, int k);
+
+    // Runs the prompt through the main model and the MTP block; returns the logits of its last
+    // token (the first token is chosen from them).
+    std::vector<float> prefill(const std::vector<int32_t>& prompt);
+    // One speculative step after `last` (the newest token, not yet run): draft, verify, keep.
+    // Returns the tokens decoded (1..k+1): the accepted drafts, then the main model's next token.
+    std::vector<int32_t> step(int32_t last);
+    // The MTP block's greedy drafts after `last` (up to `k`); leaves the sequence as it was.
+    std::vector<int32_t> draft(int32_t last, int k);
+    // Verifies `drafts` after `last` in one main-model step, as step() does with its own drafts.
+    std::vector<int32_t> verify(int32_t last, const std::vector<int32_t>& drafts);
+    // The main model's logits for each token the last step()/verify() returned (rows of n_vocab).
+    const std::vector<float>& logits() const { return logits_; }
+    const SpeculationStats& stats() const { return stats_; }
+
+private:
+    // The main model's step over `tokens` with every row's hidden state into hidden_ (and all
+    // logits into `logits` when set), then the MTP block over the same tokens paired with the
+    // hidden state one row earlier.
+    void run(const std::vector<int32_t>& tokens, std::vector<float>* logits);
+    void catch_up(const std::vector<int32_t>& tokens);
+
+    const Model& model_;
+    Sequence& seq_;
+    int k_;
+    int64_t E_, V_;
+    std::vector<float> pending_;  // the main hidden state of the last position run (zeros at first)
+    std::vector<float> hidden_;   // the last main step's hidden rows
+    std::vector<float> logits_;
+    Sequence::RecurrentCheckpoint checkpoint_;
+    SpeculationStats stats_;
+};
+
+}  // namespace pulse::decoder
