@@ -20,40 +20,6 @@ namespace pulse::decoder {
 using qwen::OutputParser;
 using qwen::render_chat;
 
-int32_t Sampler::sample(const float* logits, int64_t n) {
-    if (p_.temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
-    std::vector<int32_t> idx(static_cast<size_t>(n));
-    std::iota(idx.begin(), idx.end(), 0);
-    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-    size_t keep = p_.top_k > 0 ? std::min<size_t>(idx.size(), static_cast<size_t>(p_.top_k)) : idx.size();
-    std::vector<double> prob(keep);
-    double mx = logits[idx[0]], sum = 0;
-    for (size_t i = 0; i < keep; ++i) sum += prob[i] = std::exp((logits[idx[i]] - mx) / p_.temperature);
-    for (auto& p : prob) p /= sum;
-    if (p_.min_p > 0) {
-        size_t k = 1;
-        while (k < keep && prob[k] >= p_.min_p * prob[0]) ++k;
-        keep = k;
-    }
-    if (p_.top_p < 1) {
-        double acc = 0;
-        size_t k = 0;
-        while (k < keep) {
-            acc += prob[k++];
-            if (acc >= p_.top_p) break;
-        }
-        keep = k;
-    }
-    double total = 0;
-    for (size_t i = 0; i < keep; ++i) total += prob[i];
-    double r = std::uniform_real_distribution<double>(0, total)(rng_);
-    for (size_t i = 0; i < keep; ++i) {
-        r -= prob[i];
-        if (r <= 0) return idx[i];
-    }
-    return idx[keep - 1];
-}
-
 namespace {
 
 std::string quote(const std::string& s) {

@@ -21,27 +21,10 @@
 #include <rapidjson/document.h>
 
 #include "model.h"
+#include "sampler.h"
 #include "tokenizer.h"
 
 namespace pulse::decoder {
-
-struct SamplerParams {
-    double temperature = 0;  // <= 0: greedy
-    int64_t top_k = 0;       // 0: off
-    double top_p = 1, min_p = 0;
-    uint64_t seed = 0;
-};
-
-// top-k, then temperature, min-p and top-p over the softmax, then a draw from a seeded RNG.
-class Sampler {
-public:
-    explicit Sampler(SamplerParams p) : p_(p), rng_(p.seed) {}
-    int32_t sample(const float* logits, int64_t n);
-
-private:
-    SamplerParams p_;
-    std::mt19937_64 rng_;
-};
 
 // What one request receives: chunk payloads (Chat Completions JSON) as they are produced.
 struct Job {

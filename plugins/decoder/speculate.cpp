@@ -10,8 +10,35 @@ namespace {
 int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
 }  // namespace
 
-Speculator::Speculator(const Model& model, Sequence& seq, int k)
-    : model_(model), seq_(seq), k_(k), E_(model.hparams().n_embd), V_(model.hparams().n_vocab) {
+std::vector<int32_t> accept_drafts(const float* logits, int64_t V, const std::vector<int32_t>& drafts, Sampler& sampler) {
+    std::vector<int32_t> out;
+    for (size_t i = 0; i <= drafts.size(); ++i) {
+        const float* row = logits + static_cast<int64_t>(i) * V;
+        if (sampler.greedy()) {
+            out.push_back(argmax(row, V));
+            if (i == drafts.size() || out.back() != drafts[i]) return out;
+            continue;
+        }
+        Sampler::Distribution p = sampler.distribution(row, V);
+        if (i == drafts.size()) {
+            out.push_back(sampler.draw(p));
+            return out;
+        }
+        if (sampler.uniform() < p.probability(drafts[i])) {
+            out.push_back(drafts[i]);
+            continue;
+        }
+        // Rejected: the residual max(0, p - q) with q all on the draft is p without it.
+        for (size_t j = 0; j < p.ids.size(); ++j)
+            if (p.ids[j] == drafts[i]) p.total -= p.weight[j], p.weight[j] = 0;
+        out.push_back(sampler.draw(p));
+        return out;
+    }
+    return out;
+}
+
+Speculator::Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling)
+    : model_(model), seq_(seq), k_(k), E_(model.hparams().n_embd), V_(model.hparams().n_vocab), sampler_(sampling) {
     if (k < 1 || k > kMaxDraft) throw std::invalid_argument("drafts per step must be 1 to " + std::to_string(kMaxDraft) + ", not " + std::to_string(k));
     if (seq.n_past || seq.mtp_n_past) throw std::invalid_argument("a speculator starts on a fresh sequence");
     pending_.assign(static_cast<size_t>(E_), 0.f);
@@ -75,10 +102,8 @@ std::vector<int32_t> Speculator::verify(int32_t last, const std::vector<int32_t>
     hidden_.resize(static_cast<size_t>((k + 1) * E_));
     all.resize(static_cast<size_t>((k + 1) * V_));
     model_.step({Segment{&seq_, rows.data(), k + 1, all.data(), true, hidden_.data()}});
-    int64_t m = 0;
-    while (m < k && argmax(all.data() + m * V_, V_) == drafts[static_cast<size_t>(m)]) ++m;
-    std::vector<int32_t> out(drafts.begin(), drafts.begin() + m);
-    out.push_back(argmax(all.data() + m * V_, V_));
+    const std::vector<int32_t> out = accept_drafts(all.data(), V_, drafts, sampler_);
+    const auto m = static_cast<int64_t>(out.size()) - 1;
     logits_.assign(all.begin(), all.begin() + (m + 1) * V_);
     rows.resize(static_cast<size_t>(m + 1));
     if (m < k) {  // rejected drafts ran through the recurrent layers: undo, run the kept rows again

@@ -1,7 +1,9 @@
-// Greedy self-speculative decoding with the model's MTP block (docs/DECODER.md, "Speculative
-// decoding"): the block drafts k tokens one after another, the main model checks all of them in
-// one batched step, and the longest prefix it agrees with is kept, plus the main model's own next
-// token. The output is the main model's greedy output; only the number of main-model steps falls.
+// Self-speculative decoding with the model's MTP block (docs/DECODER.md, "Speculative decoding"):
+// the block drafts k tokens one after another, the main model checks all of them in one batched
+// step, and the drafts it accepts are kept, plus a token of the main model's own. Greedy: the
+// longest prefix equal to the main model's argmax; sampling: the speculative-sampling rule
+// (accept_drafts). Either way the output is what the main model alone would give (greedy) or is
+// distributed as its samples; only the number of main-model steps falls.
 //
 // The hybrid model's Gated DeltaNet layers keep no per-position history: after a step that ran
 // rejected drafts, their conv windows and states are put back from a copy taken before the step
@@ -13,8 +15,18 @@
 #include <vector>
 
 #include "model.h"
+#include "sampler.h"
 
 namespace pulse::decoder {
+
+// Which drafts a verification keeps, and the token after them, from the main model's logits at
+// each row (`logits`: k + 1 rows of n_vocab; row i follows [last, drafts...][i]). A greedy sampler
+// keeps drafts while each equals its row's argmax. Otherwise, for drafts proposed
+// deterministically (the MTP block's argmax): draft i is kept with probability p_i(draft), and at
+// the first rejection the token is drawn from p_i without the draft (renormalised); after k kept
+// drafts, from p_k. The tokens returned are then distributed exactly as tokens sampled from the
+// main model one at a time (p_i: the sampler's distribution, with its top-k/top-p/min-p).
+std::vector<int32_t> accept_drafts(const float* logits, int64_t n_vocab, const std::vector<int32_t>& drafts, Sampler& sampler);
 
 struct SpeculationStats {
     int64_t steps = 0;                   // verification steps of the main model
@@ -29,11 +41,12 @@ public:
     static constexpr int kMaxDraft = 16;
     // `seq` must be fresh (nothing run). `k`: drafts per step, 1..kMaxDraft. The model needs an
     // MTP block for step(); verify() takes drafts from anywhere.
-    Speculator(const Model& model, Sequence& seq, int k);
+    Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling = {});
 
     // Runs the prompt through the main model and the MTP block; returns the logits of its last
-    // token (the first token is chosen from them).
+    // token (the first token is chosen from them: sample()).
     std::vector<float> prefill(const std::vector<int32_t>& prompt);
+    int32_t sample(const std::vector<float>& logits) { return sampler_.sample(logits.data(), V_); }
     // One speculative step after `last` (the newest token, not yet run): draft, verify, keep.
     // Returns the tokens decoded (1..k+1): the accepted drafts, then the main model's next token.
     std::vector<int32_t> step(int32_t last);
@@ -60,6 +73,7 @@ private:
     std::vector<float> hidden_;   // the last main step's hidden rows
     std::vector<float> logits_;
     Sequence::RecurrentCheckpoint checkpoint_;
+    Sampler sampler_;
     SpeculationStats stats_;
 };
 

@@ -43,7 +43,7 @@ const char* kDecodeHelp =
     "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
     "  --no-special      read <|...|> in --prompt as plain text\n"
     "  --exact           f32 activations in every matmul (default: int8 for Q8_0, TQ2_0, Q2_0 layouts)\n"
-    "  --draft mtp|off   speculative decoding with the file's MTP block (greedy only); --json reports\n"
+    "  --draft mtp|off   speculative decoding with the file's MTP block (greedy or sampled); --json reports\n"
     "                    steps, drafts, acceptance by position and tokens per step (default: off)\n"
     "  --draft-k K       drafts per step, 1-16 (default 4)\n"
     "  --streams N       serve N requests at once through the serving engine (continuous batching):\n"
@@ -273,8 +273,8 @@ int cmd_decode(const std::vector<std::string>& args) {
         return 2;
     }
     const bool speculate = draft == "mtp";
-    if (speculate && (sp.temperature > 0 || streams != 0)) {
-        std::fprintf(stderr, "pulse decode: --draft mtp decodes greedily, one stream (speculative sampling and the serving engine do not draft yet)\n");
+    if (speculate && streams != 0) {
+        std::fprintf(stderr, "pulse decode: --draft mtp decodes one stream (the serving engine does not draft yet)\n");
         return 2;
     }
     if (streams != 0 || max_sequences != 0) {
@@ -328,7 +328,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     }
     auto seq = model->new_sequence();
     std::unique_ptr<decoder::Speculator> spec;
-    if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft_k);
+    if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft_k, sp);
     double t0 = now_s();
     std::vector<float> logits = spec ? spec->prefill(ids) : model->forward(*seq, ids);
     double t1 = now_s();
@@ -357,7 +357,7 @@ int cmd_decode(const std::vector<std::string>& args) {
             std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(k), idx.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
             for (size_t j = 0; j < k; ++j) s.top.emplace_back(idx[j], row[idx[j]]);
         }
-        s.id = spec && i > 0 ? queued[queued_at++] : sampler.sample(row, V);
+        s.id = !spec ? sampler.sample(row, V) : i > 0 ? queued[queued_at++] : spec->sample(logits);
         s.piece = tok.piece(s.id);
         bool eog = tok.is_eog(s.id);
         if (!json) {

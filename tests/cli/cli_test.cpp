@@ -276,7 +276,10 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto no_block = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--draft", "mtp"});
     CHECK(no_block.code == 3);
     CHECK(has(no_block.err, "has no MTP block"));
-    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--temperature", "0.7"}).code == 2);
+    auto sampled = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--temperature", "0.7", "--seed", "3", "--json"});
+    CHECK(sampled.code == 0);
+    CHECK(has(sampled.out, R"("speculation":{"draft":"mtp","k":4,)"));
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--prompt", "hi", "--draft", "mtp", "--streams", "2"}).code == 2);
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-k", "0"}).code == 2);
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "eagle"}).code == 2);
     auto dec = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2,3", "-n", "2", "--json"});

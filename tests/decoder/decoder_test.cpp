@@ -915,8 +915,8 @@ TEST_CASE("hadamard: the fold matters: ignoring it, or only ssm_out's head permu
 namespace {
 
 // tests/fixtures/decoder/golden.json: llama.cpp's logits and greedy continuations.
-rapidjson::Document load_golden() {
-    std::ifstream in(source_root() / "tests/fixtures/decoder/golden.json");
+rapidjson::Document load_golden(const char* name = "golden.json") {
+    std::ifstream in(source_root() / "tests/fixtures/decoder" / name);
     std::string text((std::istreambuf_iterator<char>(in)), {});
     rapidjson::Document g;
     g.Parse(text.c_str());
@@ -1353,6 +1353,66 @@ TEST_CASE("mtp: the block computes its documented math (embedding and hidden nor
     }
 }
 
+TEST_CASE("mtp: the block's logits at every prompt position and its chained drafts match llama.cpp's own draft-mtp run") {
+    // tests/fixtures/decoder/mtp_golden.json: tools/decoder/record-mtp-golden (llama.cpp's MTP
+    // context fed as its draft-mtp speculation feeds it) on the same synthetic files.
+    const rapidjson::Document g = load_golden("mtp_golden.json");
+    TempDir d;
+    int compared = 0;
+    for (const auto& r : g["results"].GetArray()) {
+        const std::string name = r["file"].GetString();
+        CAPTURE(name);
+        REQUIRE((name == "synth-mtp-tiny.gguf" || name == "synth-mtp-own-tiny.gguf"));
+        write_synthetic(d / name, mtp_shape(name == "synth-mtp-own-tiny.gguf"), kF32, 7);
+        auto m = Model::load(GgufFile::open(d / name));
+        m->exact = true;
+        const auto E = static_cast<size_t>(m->hparams().n_embd), V = static_cast<size_t>(m->hparams().n_vocab);
+        std::vector<int32_t> prompt;
+        for (const auto& t : r["prompt"].GetArray()) prompt.push_back(t.GetInt());
+        const size_t n = prompt.size();
+        auto worst_against = [&](const float* got, const rapidjson::Value& want) {
+            REQUIRE(want.Size() == V);
+            double w = 0;
+            for (size_t v = 0; v < V; ++v) w = std::max(w, std::fabs(static_cast<double>(got[v]) - want[static_cast<rapidjson::SizeType>(v)].GetDouble()));
+            return w;
+        };
+        // The prompt through the main model, then through the block paired one row back.
+        auto seq = m->new_sequence();
+        std::vector<float> hidden(n * E), main_logits(V);
+        m->step({Segment{seq.get(), prompt.data(), static_cast<int64_t>(n), main_logits.data(), false, hidden.data()}});
+        const auto next = static_cast<int32_t>(std::max_element(main_logits.begin(), main_logits.end()) - main_logits.begin());
+        CHECK(next == r["main_next"].GetInt());
+        std::vector<float> paired(n * E, 0.f), mtp_logits(n * V);
+        std::copy(hidden.begin(), hidden.end() - static_cast<long>(E), paired.begin() + static_cast<long>(E));
+        m->mtp_step({Segment{seq.get(), prompt.data(), static_cast<int64_t>(n), mtp_logits.data(), true, nullptr, paired.data()}});
+        double worst = 0;
+        for (size_t p = 0; p < n; ++p) worst = std::max(worst, worst_against(mtp_logits.data() + p * V, r["mtp_logits"][static_cast<rapidjson::SizeType>(p)]));
+        // The chain of drafts, each fed the block's own hidden state of the one before.
+        std::vector<float> h(hidden.end() - static_cast<long>(E), hidden.end()), next_h(E), l(V);
+        std::vector<int32_t> drafts;
+        int32_t tok = next;
+        for (rapidjson::SizeType i = 0; i < r["drafts"].Size(); ++i) {
+            m->mtp_step({Segment{seq.get(), &tok, 1, l.data(), false, next_h.data(), h.data()}});
+            worst = std::max(worst, worst_against(l.data(), r["draft_logits"][i]));
+            tok = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+            drafts.push_back(tok);
+            h.swap(next_h);
+        }
+        std::vector<int32_t> want_drafts;
+        for (const auto& t : r["drafts"].GetArray()) want_drafts.push_back(t.GetInt());
+        CHECK(drafts == want_drafts);
+        // The speculator drafts the same.
+        auto spec_seq = m->new_sequence();
+        Speculator spec(*m, *spec_seq, 4);
+        spec.prefill(prompt);
+        CHECK(spec.draft(next, static_cast<int>(want_drafts.size())) == want_drafts);
+        MESSAGE(name << ": max |MTP logit - llama.cpp| " << worst << " over " << n << " prompt positions and " << want_drafts.size() << " drafts");
+        CHECK(worst < 2e-3);
+        ++compared;
+    }
+    CHECK(compared == 2);
+}
+
 TEST_CASE("mtp: the main step's hidden rows are what its logits read; the block batched equals token by token, and a copy is a checkpoint") {
     TempDir d;
     write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 7);
@@ -1509,6 +1569,68 @@ TEST_CASE("speculate: with the MTP block's own drafts the output is plain greedy
             CHECK(st.accepted <= st.drafted);
         }
     }
+}
+
+TEST_CASE("speculate: sampled drafts are kept so that every position keeps the main model's distribution (with and without top-k, top-p)") {
+    // Three rows of logits over six tokens; drafts 2 then 4. Position by position the tokens
+    // returned must be distributed as the sampler's distribution of that row: the first always,
+    // the second among runs that kept the first draft, the third among runs that kept both.
+    const int64_t V = 6;
+    const std::vector<float> logits = {0.1f, 0.5f, 1.4f, -0.3f, 0.9f, 0.0f,   // row 0: after `last`
+                                       0.2f, -1.0f, 0.3f, 0.1f, 1.3f, 0.6f,   // row 1: after draft 2
+                                       1.0f, 0.9f, 0.8f, -0.5f, 0.0f, 0.4f};  // row 2: after draft 4
+    const std::vector<int32_t> drafts = {2, 4};
+    for (const SamplerParams& sp : {SamplerParams{1.0, 0, 1, 0, 11}, SamplerParams{0.8, 4, 0.9, 0, 12}}) {
+        CAPTURE(sp.top_k);
+        Sampler sampler(sp);
+        std::vector<Sampler::Distribution> p;
+        for (int r = 0; r < 3; ++r) p.push_back(sampler.distribution(logits.data() + r * V, V));
+        const int N = 40000;
+        std::vector<std::vector<double>> seen(3, std::vector<double>(static_cast<size_t>(V), 0));
+        std::vector<double> runs(3, 0);
+        for (int n = 0; n < N; ++n) {
+            const auto out = accept_drafts(logits.data(), V, drafts, sampler);
+            REQUIRE((!out.empty() && out.size() <= 3));
+            for (size_t i = 0; i < out.size(); ++i) {
+                ++runs[i];
+                ++seen[i][static_cast<size_t>(out[i])];
+                if (i < drafts.size() && out[i] != drafts[i]) REQUIRE(i + 1 == out.size());  // a rejection ends the step
+            }
+        }
+        for (size_t i = 0; i < 3; ++i) {
+            double worst = 0;
+            for (int32_t x = 0; x < V; ++x) worst = std::max(worst, std::fabs(seen[i][static_cast<size_t>(x)] / runs[i] - p[i].probability(x)));
+            MESSAGE("position " << i << ": " << runs[i] << " runs, max |frequency - probability| " << worst);
+            CHECK(runs[i] > 3000);
+            CHECK(worst < (i == 0 ? 0.015 : 0.03));
+        }
+        // How often a draft is kept is its probability.
+        CHECK(std::fabs(runs[1] / N - p[0].probability(2)) < 0.015);
+    }
+    // Greedy: the argmax decides.
+    Sampler greedy(SamplerParams{});
+    CHECK(accept_drafts(logits.data(), V, {2, 4}, greedy) == std::vector<int32_t>{2, 4, 0});
+    CHECK(accept_drafts(logits.data(), V, {2, 5}, greedy) == std::vector<int32_t>{2, 4});
+    CHECK(accept_drafts(logits.data(), V, {1, 4}, greedy) == std::vector<int32_t>{2});
+}
+
+TEST_CASE("speculate: a sampled run drafts, keeps some drafts of a block that agrees, and stays consistent") {
+    TempDir d;
+    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 7);
+    auto m = Model::load(GgufFile::open(d / "mtp.gguf"));
+    auto seq = m->new_sequence();
+    Speculator spec(*m, *seq, 3, SamplerParams{0.9, 0, 1, 0, 5});
+    const auto l = spec.prefill(kSpecPrompt);
+    std::vector<int32_t> out{spec.sample(l)};
+    for (int guard = 0; out.size() < 64 && guard < 100; ++guard) {
+        const auto got = spec.step(out.back());
+        REQUIRE((!got.empty() && got.size() <= 4));
+        out.insert(out.end(), got.begin(), got.end());
+    }
+    const auto& st = spec.stats();
+    CHECK(st.tokens == st.accepted + st.steps);
+    CHECK(seq->n_past == static_cast<int64_t>(kSpecPrompt.size() + out.size() - 1));
+    CHECK(seq->mtp_n_past == seq->n_past);
 }
 
 TEST_CASE("speculate: bad arguments are refused by name") {

@@ -7,7 +7,8 @@
 //   make_synthetic --scripted FILE FIRST THEN  a model that answers FIRST, then THEN once the prompt
 //                                    holds a <tool_response> (synthetic.h: write_scripted_model)
 //   make_synthetic --mtp --tiny|--bench|--gpu ...  the same model with an MTP (nextn) block after
-//                                    its layers (random, like the rest: drafts it makes are random)
+//                                    its layers (random, like the rest: drafts it makes are random);
+//                                    --mtp-own: the block with nextn embedding and head tables of its own
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,10 +20,11 @@
 using namespace pulse::decoder;
 
 int main(int argc, char** argv) {
-    const bool mtp = argc > 1 && std::string(argv[1]) == "--mtp";
+    const bool mtp_own = argc > 1 && std::string(argv[1]) == "--mtp-own", mtp = mtp_own || (argc > 1 && std::string(argv[1]) == "--mtp");
     if (mtp) --argc, ++argv;  // argv[0] is not read
     auto with_mtp = [&](SynthShape s) {
         s.mtp = mtp;
+        s.mtp_own_tables = mtp_own;
         return s;
     };
     const std::string first = argc > 1 ? argv[1] : "";
@@ -30,7 +32,7 @@ int main(int argc, char** argv) {
     const bool known = first == "--tiny" || first == "--scripted" || first == "--bench" || first == "--gpu";
     if (argc < 2 || (!first.empty() && first[0] == '-' && !known)) {
         std::fprintf(stderr, "usage: make_synthetic OUT_DIR [SEED] | --tiny FILE | --scripted FILE CALL ANSWER | [--mtp] --bench TYPE FILE | [--mtp] --gpu TYPE FILE [LAYERS]\n"
-                             "       (--mtp also before --tiny)\n");
+                             "       (--mtp or --mtp-own also before --tiny)\n");
         return first == "--help" || first == "-h" ? 0 : 2;
     }
     if (std::string(argv[1]) == "--tiny") {
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (mtp) {
-        std::fprintf(stderr, "make_synthetic: --mtp goes with --tiny, --bench or --gpu\n");
+        std::fprintf(stderr, "make_synthetic: --mtp and --mtp-own go with --tiny, --bench or --gpu\n");
         return 2;
     }
     std::filesystem::path out(argv[1]);
