@@ -37,8 +37,27 @@ std::vector<int32_t> accept_drafts(const float* logits, int64_t V, const std::ve
     return out;
 }
 
-Speculator::Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling)
-    : model_(model), seq_(seq), k_(k), E_(model.hparams().n_embd), V_(model.hparams().n_vocab), sampler_(sampling) {
+int drafts_worth(const std::vector<double>& kept_after, int k_max, double worth) {
+    double all_kept = 1;
+    int k = 0;
+    while (k < k_max && k < static_cast<int>(kept_after.size())) {
+        all_kept *= kept_after[static_cast<size_t>(k)];
+        if (all_kept < worth) break;
+        ++k;
+    }
+    return k;
+}
+
+namespace {
+// Adaptive k: the running rates follow about the last 8 observations and start at 0.7 (three
+// drafts at first: 0.7^3 >= 0.3); a step in 16 probes one draft when none is worth it.
+constexpr double kRateWeight = 1.0 / 8, kFirstRate = 0.7;
+constexpr int64_t kProbeEvery = 16;
+}  // namespace
+
+Speculator::Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling, bool adaptive)
+    : model_(model), seq_(seq), k_(k), adaptive_(adaptive), kept_after_(static_cast<size_t>(k), kFirstRate), E_(model.hparams().n_embd),
+      V_(model.hparams().n_vocab), sampler_(sampling) {
     if (k < 1 || k > kMaxDraft) throw std::invalid_argument("drafts per step must be 1 to " + std::to_string(kMaxDraft) + ", not " + std::to_string(k));
     if (seq.n_past || seq.mtp_n_past) throw std::invalid_argument("a speculator starts on a fresh sequence");
     pending_.assign(static_cast<size_t>(E_), 0.f);
@@ -119,13 +138,29 @@ std::vector<int32_t> Speculator::verify(int32_t last, const std::vector<int32_t>
     stats_.drafted += k;
     stats_.accepted += m;
     stats_.tokens += m + 1;
+    if (!k) ++stats_.plain_steps;
     for (int64_t i = 0; i < k; ++i) {
         ++stats_.drafted_at[static_cast<size_t>(i)];
         if (i < m) ++stats_.accepted_at[static_cast<size_t>(i)];
+        // Draft i was judged (kept or not) when all before it were kept.
+        if (i <= m && i < static_cast<int64_t>(kept_after_.size())) {
+            double& rate = kept_after_[static_cast<size_t>(i)];
+            rate += kRateWeight * ((i < m ? 1.0 : 0.0) - rate);
+        }
     }
     return out;
 }
 
-std::vector<int32_t> Speculator::step(int32_t last) { return verify(last, draft(last, k_)); }
+int Speculator::next_k() const {
+    if (!adaptive_) return k_;
+    const int k = drafts_worth(kept_after_, k_);
+    // Not worth it: a plain step, but one draft now and then, to see whether it has become so.
+    return k ? k : (stats_.steps % kProbeEvery == kProbeEvery - 1 ? 1 : 0);
+}
+
+std::vector<int32_t> Speculator::step(int32_t last) {
+    const int k = next_k();
+    return verify(last, k ? draft(last, k) : std::vector<int32_t>{});
+}
 
 }  // namespace pulse::decoder

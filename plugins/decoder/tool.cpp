@@ -45,7 +45,8 @@ const char* kDecodeHelp =
     "  --exact           f32 activations in every matmul (default: int8 for Q8_0, TQ2_0, Q2_0 layouts)\n"
     "  --draft mtp|off   speculative decoding with the file's MTP block (greedy or sampled); --json reports\n"
     "                    steps, drafts, acceptance by position and tokens per step (default: off)\n"
-    "  --draft-k K       drafts per step, 1-16 (default 4)\n"
+    "  --draft-k K       drafts per step, 1-16 (default 4); auto[:MAX]: each step as many as the running\n"
+    "                    acceptance makes worth verifying (up to MAX, default 8; none while none is)\n"
     "  --streams N       serve N requests at once through the serving engine (continuous batching):\n"
     "                    each a chat turn of --prompt TEXT (+ its number), N tokens each; reports\n"
     "                    aggregate tok/s and per-stream time to first token\n"
@@ -191,13 +192,17 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
 
 // --json's "speculation": what drafting did (acceptance by draft position; the tokens per
 // verification step are what speculation can gain at best, before the cost of a step).
-void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, int k) {
+void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, int k, bool adaptive) {
     w.Key("speculation");
     w.StartObject();
     w.Key("draft");
     w.String("mtp");
     w.Key("k");
     w.Int(k);
+    w.Key("adaptive");
+    w.Bool(adaptive);
+    w.Key("plain_steps");
+    w.Int64(st.plain_steps);
     w.Key("steps");
     w.Int64(st.steps);
     w.Key("drafted");
@@ -223,6 +228,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     bool json = false, special = true, have_prompt = false, exact = false;
     int64_t n = 32, topk_print = 0, streams = 0, max_sequences = 0;
     int threads = 0, draft_k = 4;
+    bool adaptive = false;
     std::string draft = "off";
     std::string device;
     decoder::SamplerParams sp;
@@ -249,7 +255,11 @@ int cmd_decode(const std::vector<std::string>& args) {
             else if (a == "--no-special") special = false;
             else if (a == "--exact") exact = true;
             else if (a == "--draft") draft = next();
-            else if (a == "--draft-k") draft_k = std::stoi(next());
+            else if (a == "--draft-k") {
+                const std::string v = next();
+                adaptive = v.rfind("auto", 0) == 0;  // auto or auto:MAX
+                draft_k = adaptive ? (v.size() > 5 && v[4] == ':' ? std::stoi(v.substr(5)) : 8) : std::stoi(v);
+            }
             else if (a == "--streams") streams = std::stoll(next());
             else if (a == "--max-sequences") max_sequences = std::stoll(next());
             else if (a == "--int8-prefill") throw std::invalid_argument("--int8-prefill is gone: int8 activations are the default; --exact turns them off");
@@ -328,7 +338,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     }
     auto seq = model->new_sequence();
     std::unique_ptr<decoder::Speculator> spec;
-    if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft_k, sp);
+    if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft_k, sp, adaptive);
     double t0 = now_s();
     std::vector<float> logits = spec ? spec->prefill(ids) : model->forward(*seq, ids);
     double t1 = now_s();
@@ -445,7 +455,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     w.String(model->device_note().c_str());
     w.Key("kernels");
     w.String(decoder::kernel_name());
-    if (spec) write_speculation(w, spec->stats(), draft_k);
+    if (spec) write_speculation(w, spec->stats(), draft_k, adaptive);
     w.EndObject();
     std::printf("%s\n", b.GetString());
     return 0;

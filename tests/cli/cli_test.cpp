@@ -270,7 +270,15 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(drafted.code == 0);
     CHECK(ids(plain.out).size() >= 1);
     CHECK(ids(drafted.out) == ids(plain.out));
-    CHECK(has(drafted.out, R"("speculation":{"draft":"mtp","k":3,"steps":)"));
+    CHECK(has(drafted.out, R"("speculation":{"draft":"mtp","k":3,"adaptive":false,"plain_steps":0,"steps":)"));
+    // Adaptive k: the demo's random block is never right, so drafting stops after a few steps
+    // (one probe in 16 steps after that); the tokens stay plain greedy decoding's.
+    auto adaptive = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "24", "--json", "--exact", "--draft", "mtp", "--draft-k", "auto:4"});
+    CHECK(adaptive.code == 0);
+    CHECK(ids(adaptive.out) == ids(plain.out));
+    std::smatch plain_steps;
+    REQUIRE(std::regex_search(adaptive.out, plain_steps, std::regex(R"("adaptive":true,"plain_steps":(\d+))")));
+    CHECK(std::stoi(plain_steps[1]) >= 10);
     CHECK(has(drafted.out, R"("acceptance_by_position":[)"));
     CHECK_FALSE(has(plain.out, "speculation"));
     auto no_block = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--draft", "mtp"});
@@ -278,7 +286,7 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(has(no_block.err, "has no MTP block"));
     auto sampled = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--temperature", "0.7", "--seed", "3", "--json"});
     CHECK(sampled.code == 0);
-    CHECK(has(sampled.out, R"("speculation":{"draft":"mtp","k":4,)"));
+    CHECK(has(sampled.out, R"("speculation":{"draft":"mtp","k":4,"adaptive":false,)"));
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--prompt", "hi", "--draft", "mtp", "--streams", "2"}).code == 2);
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-k", "0"}).code == 2);
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "eagle"}).code == 2);

@@ -1633,6 +1633,39 @@ TEST_CASE("speculate: a sampled run drafts, keeps some drafts of a block that ag
     CHECK(seq->mtp_n_past == seq->n_past);
 }
 
+TEST_CASE("speculate: adaptive k drafts as far as the running acceptance makes worth it, and stops drafting a head that is never right") {
+    // drafts_worth: draft i while the chance that drafts 0..i are all kept is at least 0.3.
+    CHECK(drafts_worth({0.9, 0.9, 0.9, 0.9}, 4) == 4);
+    CHECK(drafts_worth({0.9, 0.9, 0.9, 0.9}, 2) == 2);
+    CHECK(drafts_worth({0.8, 0.6, 0.5, 0.9}, 4) == 2);  // 0.8, 0.48, then 0.24
+    CHECK(drafts_worth({0.2, 1.0}, 4) == 0);
+    CHECK(drafts_worth({}, 4) == 0);
+    // A random block: after a few rejected steps no more drafting, but a probe every 16 steps;
+    // the output stays plain greedy decoding's.
+    TempDir d;
+    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 9);
+    auto m = Model::load(GgufFile::open(d / "mtp.gguf"));
+    m->exact = true;
+    const auto truth = plain_greedy(*m, kSpecPrompt, 80);
+    auto seq = m->new_sequence();
+    Speculator spec(*m, *seq, 6, SamplerParams{}, true);
+    CHECK(spec.next_k() == 3);  // a new head is trusted with three drafts
+    auto l = spec.prefill(kSpecPrompt);
+    std::vector<int32_t> out{spec.sample(l)};
+    for (int guard = 0; out.size() < truth.size() && guard < 200; ++guard) {
+        auto got = spec.step(out.back());
+        out.insert(out.end(), got.begin(), got.end());
+    }
+    out.resize(truth.size());
+    CHECK(out == truth);
+    const auto& st = spec.stats();
+    MESSAGE("adaptive over " << st.steps << " steps: " << st.plain_steps << " without drafts, " << st.drafted << " drafted, " << st.accepted << " kept");
+    CHECK(st.accepted == 0);           // the random block is never right on this file
+    CHECK(st.plain_steps > st.steps / 2);
+    CHECK(st.drafted < st.steps / 2);  // against 6 per step without adaptation
+    CHECK(st.drafted_at[0] > 1);       // probes went on
+}
+
 TEST_CASE("speculate: bad arguments are refused by name") {
     TempDir d;
     write_synthetic(d / "plain.gguf", tiny_shape(), kF32, 7);
