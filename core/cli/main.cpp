@@ -70,6 +70,7 @@ const char* kMainHelp =
     "                                          measurements against any OpenAI-compatible server\n"
     "  decode MODEL.gguf --prompt TEXT         run the in-process decoder directly\n"
     "  gguf make-demo [--mtp] [FILE] | info FILE  the random-weight demo model; inspect a GGUF file\n"
+    "  distill collect MODEL.gguf --prompts F --out DIR  the model's own continuations and hidden states\n"
     "  codex [options] [-- codex args]         run the Codex CLI against this gateway\n"
     "  continuity hook|show|clear|list|prune   Codex task state kept across context compaction\n"
     "  version                                 print version and plugin ABI\n"
@@ -680,7 +681,7 @@ int main(int argc, char** argv) {
         if (cmd == "version" || cmd == "--version") return cmd_version();
         if (cmd == "model") return cmd_model(argc, argv);
         if (cmd == "bench") return cmd_bench(argc, argv);
-        if (cmd == "decode" || cmd == "gguf") return cmd_decoder_tool(argc, argv);
+        if (cmd == "decode" || cmd == "gguf" || cmd == "distill") return cmd_decoder_tool(argc, argv);
         if (cmd == "continuity")
             return cli::cmd_continuity(std::vector<std::string>(argv + 2, argv + argc), fs::read_symlink("/proc/self/exe").string());
         if (cmd == "codex") {

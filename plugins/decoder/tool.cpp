@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -18,8 +19,10 @@
 #include <omp.h>
 #endif
 
+#include "distill.h"
 #include "engine.h"
 #include "gguf.h"
+#include "qwen_format.h"
 #include "kernels.h"
 #include "model.h"
 #include "speculate.h"
@@ -528,6 +531,96 @@ int cmd_gguf(const std::vector<std::string>& args) {
     return 2;
 }
 
+const char* kDistillHelp =
+    "usage: pulse distill collect MODEL.gguf --prompts FILE.jsonl --out DIR [-n 128] [--threads N]\n"
+    "                             [--temperature T --seed S] [--device NAME]\n"
+    "Generates the model's own continuations of each prompt and writes them with the model's hidden\n"
+    "state at every position (NumPy files in DIR: tokens, hidden, starts, generated_from, meta.json):\n"
+    "the data an MTP draft head is trained on (docs/DECODER.md, \"Self-distillation\").\n"
+    "FILE.jsonl: one JSON object per line, {\"prompt\": TEXT} (special tokens read) or a chat request\n"
+    "{\"messages\": [...], \"tools\": [...]} (rendered with the Qwen3.5 chat format).\n";
+
+// The prompts of a JSONL file as token ids; a bad line is an error naming it.
+std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const decoder::Tokenizer& tok) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot read " + path);
+    std::vector<std::vector<int32_t>> out;
+    int line_no = 0;
+    for (std::string line; std::getline(in, line);) {
+        ++line_no;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        rapidjson::Document d;
+        d.Parse(line.c_str());
+        const std::string where = path + ":" + std::to_string(line_no);
+        if (d.HasParseError() || !d.IsObject()) throw std::invalid_argument(where + ": not a JSON object");
+        if (d.HasMember("prompt") && d["prompt"].IsString()) out.push_back(tok.encode(d["prompt"].GetString(), true));
+        else if (d.HasMember("messages") && d["messages"].IsArray()) out.push_back(tok.encode(qwen::render_chat(d), true));
+        else throw std::invalid_argument(where + ": needs \"prompt\" (a string) or \"messages\" (an array)");
+        if (out.back().empty()) throw std::invalid_argument(where + ": the prompt is empty");
+    }
+    if (out.empty()) throw std::invalid_argument(path + ": no prompts");
+    return out;
+}
+
+int cmd_distill(const std::vector<std::string>& args) {
+    if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) return std::fputs(kDistillHelp, stdout), 0;
+    if (args.empty() || args[0] != "collect") {
+        std::fprintf(stderr, "pulse distill: %s\n%s", args.empty() ? "give a subcommand" : ("unknown subcommand '" + args[0] + "'").c_str(), kDistillHelp);
+        return 2;
+    }
+    std::string path, prompts, out, device;
+    decoder::CollectOptions opt;
+    int threads = 0;
+    try {
+        for (size_t i = 1; i < args.size(); ++i) {
+            const std::string& a = args[i];
+            auto next = [&]() -> std::string {
+                if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+                return args[++i];
+            };
+            if (a == "--help" || a == "-h") return std::fputs(kDistillHelp, stdout), 0;
+            if (a == "--prompts") prompts = next();
+            else if (a == "--out") out = next();
+            else if (a == "-n") opt.max_new = std::stoll(next());
+            else if (a == "--threads") threads = std::stoi(next());
+            else if (a == "--temperature") opt.sampling.temperature = std::stod(next());
+            else if (a == "--seed") opt.sampling.seed = std::stoull(next());
+            else if (a == "--device") device = next();
+            else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unknown option " + a);
+            else if (path.empty()) path = a;
+            else throw std::invalid_argument("unexpected argument " + a);
+        }
+        if (path.empty() || prompts.empty() || out.empty() || opt.max_new < 1) throw std::invalid_argument("give MODEL.gguf, --prompts FILE, --out DIR and -n >= 1");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse distill: %s\n%s", e.what(), kDistillHelp);
+        return 2;
+    }
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+#endif
+    try {
+        auto file = decoder::GgufFile::open(path);
+        auto model = decoder::Model::load(file, device);
+        const auto tok = decoder::Tokenizer::load(*file);
+        const auto ids = read_prompts(prompts, tok);
+        std::vector<int32_t> ends;
+        for (int32_t t = 0; t < model->hparams().n_vocab; ++t)
+            if (tok.is_eog(t)) ends.push_back(t);
+        const double t0 = now_s();
+        const auto sum = decoder::collect_hidden(*model, path, ids, ends, opt, out);
+        std::printf("wrote %s: %lld sequences, %lld tokens (%lld generated), hidden states of %lld values, in %.1f s\n", out.c_str(),
+                    static_cast<long long>(sum.sequences), static_cast<long long>(sum.tokens), static_cast<long long>(sum.generated),
+                    static_cast<long long>(model->hparams().n_embd), now_s() - t0);
+    } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "pulse distill: %s\n", e.what());
+        return 2;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse distill: %s\n", e.what());
+        return 3;
+    }
+    return 0;
+}
+
 }  // namespace pulse::decoder_tool
 
 int main(int argc, char** argv) {
@@ -535,6 +628,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> rest(argv + std::min(argc, 2), argv + argc);
     if (cmd == "decode") return pulse::decoder_tool::cmd_decode(rest);
     if (cmd == "gguf") return pulse::decoder_tool::cmd_gguf(rest);
-    std::fprintf(stderr, "usage: pulse-decoder decode ARGS | gguf ARGS (run as `pulse decode` / `pulse gguf`)\n");
+    if (cmd == "distill") return pulse::decoder_tool::cmd_distill(rest);
+    std::fprintf(stderr, "usage: pulse-decoder decode ARGS | gguf ARGS | distill ARGS (run as `pulse decode` / `pulse gguf` / `pulse distill`)\n");
     return 2;
 }

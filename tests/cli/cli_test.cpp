@@ -290,6 +290,28 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--prompt", "hi", "--draft", "mtp", "--streams", "2"}).code == 2);
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-k", "0"}).code == 2);
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "eagle"}).code == 2);
+    // Self-distillation data from a JSONL prompt set: a raw prompt and a chat request.
+    {
+        std::ofstream p(tmp / "prompts.jsonl");
+        p << R"({"prompt":"<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"})" << "\n\n"
+          << R"({"messages":[{"role":"user","content":"write a loop"}]})" << "\n";
+    }
+    auto collect = run({exe(), "distill", "collect", (tmp / "mtp.gguf").string(), "--prompts", (tmp / "prompts.jsonl").string(), "--out",
+                        (tmp / "data").string(), "-n", "8"});
+    CHECK(collect.code == 0);
+    CHECK(has(collect.out, "2 sequences"));
+    CHECK(has(collect.out, "(16 generated)"));
+    for (const char* f : {"tokens.npy", "hidden.npy", "starts.npy", "generated_from.npy", "meta.json"}) CHECK(std::filesystem::exists(tmp / "data" / f));
+    {
+        std::ofstream p(tmp / "bad.jsonl");
+        p << R"({"prompt":"fine"})" << "\n" << R"({"text":"no"})" << "\n";
+    }
+    auto bad = run({exe(), "distill", "collect", (tmp / "mtp.gguf").string(), "--prompts", (tmp / "bad.jsonl").string(), "--out", (tmp / "bad").string()});
+    CHECK(bad.code == 2);
+    CHECK(has(bad.err, "bad.jsonl:2: needs \"prompt\""));
+    CHECK(run({exe(), "distill", "collect", (tmp / "mtp.gguf").string()}).code == 2);
+    CHECK(run({exe(), "distill", "train"}).code == 2);
+    CHECK(run({exe(), "distill", "--help"}).code == 0);
     auto dec = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2,3", "-n", "2", "--json"});
     CHECK(dec.code == 0);
     CHECK(has(dec.out, "\"decode_tokens_per_s\""));

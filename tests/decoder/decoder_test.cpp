@@ -14,6 +14,8 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <sstream>
+#include <regex>
 
 #include <rapidjson/document.h>
 
@@ -27,6 +29,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "quants.h"
+#include "distill.h"
 #include "speculate.h"
 #include "support/forwarding_device.h"
 #include "support/temp_dir.h"
@@ -1228,6 +1231,13 @@ SynthShape mtp_shape(bool own_tables = false) {
     s.mtp_own_tables = own_tables;
     return s;
 }
+// The tiny F32 model with an MTP block, on the exact path (the reference arithmetic).
+std::shared_ptr<Model> exact_mtp_model(const TempDir& d, uint64_t seed) {
+    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, seed);
+    auto m = Model::load(GgufFile::open(d / "mtp.gguf"));
+    m->exact = true;
+    return m;
+}
 }  // namespace
 
 TEST_CASE("mtp: the nextn block is loaded where the file has one; a file without it loads as before") {
@@ -1495,9 +1505,7 @@ TEST_CASE("speculate: drafts right up to every position: that many kept, the mai
     // exactly j, return the plain run's next token, and leave the sequence (KV caches, Gated
     // DeltaNet state, the MTP block's cache) where a plain run would be.
     TempDir d;
-    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 7);
-    auto m = Model::load(GgufFile::open(d / "mtp.gguf"));
-    m->exact = true;
+    auto m = exact_mtp_model(d, 7);
     const int64_t V = m->hparams().n_vocab;
     std::vector<std::vector<float>> want_logits;
     const auto truth = plain_greedy(*m, kSpecPrompt, 120, &want_logits);
@@ -1643,9 +1651,7 @@ TEST_CASE("speculate: adaptive k drafts as far as the running acceptance makes w
     // A random block: after a few rejected steps no more drafting, but a probe every 16 steps;
     // the output stays plain greedy decoding's.
     TempDir d;
-    write_synthetic(d / "mtp.gguf", mtp_shape(), kF32, 9);
-    auto m = Model::load(GgufFile::open(d / "mtp.gguf"));
-    m->exact = true;
+    auto m = exact_mtp_model(d, 9);
     const auto truth = plain_greedy(*m, kSpecPrompt, 80);
     auto seq = m->new_sequence();
     Speculator spec(*m, *seq, 6, SamplerParams{}, true);
@@ -1680,6 +1686,82 @@ TEST_CASE("speculate: bad arguments are refused by name") {
     // Without a block, verify still takes drafts from elsewhere (a draft model).
     CHECK(spec.verify(5, {6, 7}).size() >= 1);
     CHECK_THROWS_WITH_AS(Speculator(*m, *seq, 4), doctest::Contains("fresh sequence"), std::invalid_argument);
+}
+
+// ---- self-distillation data ---------------------------------------------------------------------
+
+namespace {
+// A .npy file read back: its header's dtype and shape, and the raw data after the header.
+struct Npy {
+    std::string descr;
+    std::vector<int64_t> shape;
+    std::string data;
+};
+Npy read_npy(const fs::path& p) {
+    const std::string bytes = pulse::test::read_file(p);
+    REQUIRE(bytes.size() >= 10);
+    REQUIRE(bytes.compare(0, 6, "\x93NUMPY") == 0);
+    const size_t len = static_cast<unsigned char>(bytes[8]) | static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8;
+    REQUIRE((10 + len) % 64 == 0);
+    const std::string header = bytes.substr(10, len);
+    std::smatch m;
+    REQUIRE(std::regex_search(header, m, std::regex(R"('descr': '([<>|a-z0-9]+)', 'fortran_order': False, 'shape': \(([0-9, ]*)\))")));
+    Npy n{m[1], {}, bytes.substr(10 + len)};
+    std::stringstream dims(m[2].str());
+    for (std::string d; std::getline(dims, d, ',');)
+        if (d.find_first_not_of(' ') != std::string::npos) n.shape.push_back(std::stoll(d));
+    return n;
+}
+template <class T>
+std::vector<T> values(const Npy& n) {
+    std::vector<T> v(n.data.size() / sizeof(T));
+    std::memcpy(v.data(), n.data.data(), v.size() * sizeof(T));
+    return v;
+}
+}  // namespace
+
+TEST_CASE("distill: collected data are the model's own continuations and its hidden state at every row, as NumPy files") {
+    TempDir d;
+    auto m = exact_mtp_model(d, 7);
+    const int64_t E = m->hparams().n_embd;
+    const std::vector<std::vector<int32_t>> prompts = {kSpecPrompt, std::vector<int32_t>(70, 101)};  // the second takes two prefill steps
+    CollectOptions o;
+    o.max_new = 10;
+    const auto sum = collect_hidden(*m, "mtp.gguf", prompts, {}, o, d / "data");
+    CHECK(sum.sequences == 2);
+    CHECK(sum.generated == 20);
+    CHECK(sum.tokens == static_cast<int64_t>(kSpecPrompt.size() + 70 + 20));
+    const auto tokens = read_npy(d / "data/tokens.npy"), hidden = read_npy(d / "data/hidden.npy"), starts = read_npy(d / "data/starts.npy"),
+               gen = read_npy(d / "data/generated_from.npy");
+    CHECK(tokens.descr == "<i4");
+    CHECK(hidden.descr == "<f4");
+    CHECK(starts.descr == "<i8");
+    CHECK(tokens.shape == std::vector<int64_t>{sum.tokens});
+    CHECK(hidden.shape == std::vector<int64_t>{sum.tokens, E});
+    CHECK(values<int64_t>(starts) == std::vector<int64_t>{0, static_cast<int64_t>(kSpecPrompt.size()) + 10, sum.tokens});
+    CHECK(values<int64_t>(gen) == std::vector<int64_t>{static_cast<int64_t>(kSpecPrompt.size()), static_cast<int64_t>(kSpecPrompt.size()) + 10 + 70});
+    // Sequence 0: the prompt, then plain greedy decoding's tokens.
+    const auto t = values<int32_t>(tokens);
+    std::vector<int32_t> first(t.begin(), t.begin() + static_cast<long>(kSpecPrompt.size()) + 10);
+    std::vector<int32_t> want = kSpecPrompt;
+    const auto greedy = plain_greedy(*m, kSpecPrompt, 10);
+    want.insert(want.end(), greedy.begin(), greedy.end());
+    CHECK(first == want);
+    // Its hidden rows: what one step over all of its tokens gives.
+    auto seq = m->new_sequence();
+    std::vector<float> rows(first.size() * static_cast<size_t>(E));
+    m->step({Segment{seq.get(), first.data(), static_cast<int64_t>(first.size()), nullptr, false, rows.data()}});
+    const auto h = values<float>(hidden);
+    double worst = 0;
+    for (size_t i = 0; i < rows.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(rows[i]) - h[i]));
+    CHECK(worst < 2e-4);
+    // An end-of-generation token ends a sequence early; the meta file describes the layout.
+    const auto ended = collect_hidden(*m, "mtp.gguf", {kSpecPrompt}, {greedy[2]}, o, d / "ended");
+    CHECK(ended.generated == std::find(greedy.begin(), greedy.end(), greedy[2]) - greedy.begin() + 1);  // through its first appearance
+    const std::string meta = pulse::test::read_file(d / "data/meta.json");
+    CHECK(meta.find(R"("format":"pulse self-distillation data 1")") != std::string::npos);
+    CHECK(meta.find(R"("n_embd":)" + std::to_string(E)) != std::string::npos);
+    CHECK_THROWS_AS(collect_hidden(*m, "x", prompts, {}, o, "/proc/no/such/dir"), std::exception);
 }
 
 // ---- the device seam ---------------------------------------------------------------------------
