@@ -294,10 +294,8 @@ AttemptDriver::Step AttemptDriver::relay(std::unique_ptr<DetachedBody> body, con
     relay_ep_ = &ep;
     relay_result_.reset();
     st_.relaying = true;
-    std::string unsent;
-    st_.gw.relay().run(*this, std::move(body), unsent);
+    st_.gw.relay().run(*this, std::move(body));
     st_.relaying = false;
-    st_.sink.put_back(std::move(unsent));
     return relay_result_.value_or(Step::final);
 }
 

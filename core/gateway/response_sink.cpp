@@ -51,7 +51,7 @@ void ResponseSink::take(std::string& wire) {
 
 bool ResponseSink::flush() {
     take(wire_);
-    if (!wire_.empty() && !ex_.lost()) ex_.write(wire_);
+    if (!wire_.empty() && !ex_.lost()) ex_.send(wire_);
     wire_.clear();
     return !ex_.lost();
 }

@@ -5,8 +5,9 @@
 // stream, or an error before any event). Every byte goes out through the exchange, which alone
 // knows whether the client is lost.
 //
-// While the stream loop relays a response it takes the framed bytes (take()) and sends them
-// itself; otherwise flush() sends them from the request's thread.
+// While the stream loop relays a response it takes the framed bytes (take()) into the client's
+// queue itself; otherwise flush() queues them from the request's thread. Neither waits for the
+// client: the exchange's Outbox holds what it has not taken yet.
 #pragma once
 
 #include <pulse/plugin.h>
@@ -41,9 +42,8 @@ public:
 
     // The framed bytes produced since the last take, the head first (the stream loop's side).
     void take(std::string& wire);
-    // Bytes the stream loop could not send before its job ended: they go first.
-    void put_back(std::string unsent) { wire_.insert(0, unsent); }
-    // Sends what is queued (blocking, bounded by the send timeout). False once the client is lost.
+    // Hands what is ready to the exchange, which sends what the client takes now and queues
+    // the rest (never waits). False once the client is lost.
     bool flush();
 
     // The response as one JSON document instead of a stream.
@@ -52,7 +52,8 @@ public:
     // a Retry-After of at least `retry_after_s` when the status has one.
     void error(pulse_status_t s, const std::string& message, const char* code = nullptr, int retry_after_s = 0);
     bool has_answer() const { return answer_.has_value(); }
-    // The end: the whole answer, or the stream's last chunk. False when the client did not take it.
+    // The end: the whole answer, or the stream's last chunk, queued behind what the client has
+    // not taken yet (the accept loop sends the rest). False when the client is already lost.
     bool end();
 
     // The client is gone (a failed write, a hang-up, the stream loop gave up on it).
@@ -64,7 +65,7 @@ public:
 private:
     server::Exchange& ex_;
     std::string events_;  // SSE text not yet framed
-    std::string wire_;    // framed bytes not yet sent
+    std::string wire_;    // framed bytes on their way to the exchange
     server::Headers headers_;
     bool head_sent_ = false;
     std::optional<std::string> answer_;

@@ -32,14 +32,10 @@ struct Handle {
 struct Slot {
     RelayJob* job;
     std::unique_ptr<DetachedBody> body;
-    std::string* unsent;
     server::Exchange* client;
     int cfd;
-    std::string out;  // framed bytes the client socket has not taken yet
-    size_t off = 0;
-    bool want_out = false, blocked = false, over = false, lost = false;
+    bool want_out = false, over = false, lost = false;
     bool paused = false;  // the backend is not read while the client's queue is full
-    Clock::time_point blocked_since;
     size_t index = 0;  // position in the thread's active list
     Handle up{Handle::upstream, this}, cl{Handle::client, this};
 
@@ -144,11 +140,10 @@ public:
         wake();
     }
 
-    void run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent) {
+    void run(RelayJob& job, std::unique_ptr<DetachedBody> body) {
         Slot s;
         s.job = &job;
         s.body = std::move(body);
-        s.unsent = &unsent;
         s.client = &job.client();
         s.cfd = s.client->fd();
         {
@@ -271,30 +266,20 @@ private:
         flush(s);
     }
 
-    // Sends what the job produced. A full socket is waited for with EPOLLOUT, up to the send timeout.
+    // Sends what the job produced. A full socket is waited for with EPOLLOUT; the client's
+    // Outbox decides when it has waited too long (the send timeout).
     void flush(Slot& s) {
-        s.job->take_output(s.out);
-        const size_t before = s.off;
-        if (!send_some(s)) return lose(s);
-        if (s.off < s.out.size()) {
-            // The send timeout runs from the last byte the client took, not from the first wait.
-            if (!s.blocked || s.off != before) {
-                s.blocked = true;
-                s.blocked_since = Clock::now();
-                next_scan_ = std::min(next_scan_, s.blocked_since + s.client->send_timeout());
-            }
-            if (!s.want_out) watch_out(s, true);
-            if (s.off > (1u << 16) && s.off * 2 > s.out.size()) {  // keep the queue from growing at its front
-                s.out.erase(0, s.off);
-                s.off = 0;
-            }
-        } else {
-            s.out.clear();
-            s.off = 0;
-            s.blocked = false;
-            if (s.want_out) watch_out(s, false);
-        }
-        const size_t queued = s.out.size() - s.off;
+        scratch_.clear();
+        s.job->take_output(scratch_);
+        server::Outbox& out = s.client->out();
+        if (scratch_.empty())
+            out.pump();
+        else
+            out.send(scratch_);
+        if (out.lost()) return lose(s);
+        const size_t queued = out.unsent();
+        if (queued) next_scan_ = std::min(next_scan_, out.deadline());
+        if ((queued > 0) != s.want_out) watch_out(s, queued > 0);
         if (!s.paused && queued > StreamLoop::kMaxClientBuffer) pause_upstream(s, true);
         else if (s.paused && queued <= StreamLoop::kMaxClientBuffer / 2) pause_upstream(s, false);
     }
@@ -304,12 +289,6 @@ private:
         watch(ep_, EPOLL_CTL_MOD, s.body->fd(), pause ? 0u : EPOLLIN, &s.up);
         s.paused = pause;
         if (!pause) pump(s);  // what arrived meanwhile
-    }
-
-    // Returns false when the client socket failed.
-    bool send_some(Slot& s) {
-        s.off += s.client->send_now(std::string_view(s.out).substr(s.off));
-        return !s.client->lost();
     }
 
     void watch_out(Slot& s, bool on) {
@@ -332,9 +311,11 @@ private:
         s.over = true;
         ::epoll_ctl(ep_, EPOLL_CTL_DEL, s.cfd, nullptr);
         if (!s.lost) {
-            // The job's last output is its submitter's to send (with the response's end).
-            s.job->take_output(s.out);
-            s.unsent->assign(s.out, s.off);
+            // The job's last output joins the client's queue; what the client has not taken
+            // when the response ends is the accept loop's to send.
+            scratch_.clear();
+            s.job->take_output(scratch_);
+            s.client->send(scratch_);
         }
         DetachedBody& b = *s.body;
         if (b.reusable()) {
@@ -355,9 +336,12 @@ private:
         for (size_t i = 0; i < active_.size(); ++i) {
             Slot& s = *active_[i];
             if (s.over) continue;
-            if (s.blocked && now - s.blocked_since >= s.client->send_timeout()) {
-                lose(s);
-                continue;
+            if (server::Outbox& out = s.client->out(); now >= out.deadline()) {
+                out.pump();  // decides: taken meanwhile, or waited too long
+                if (out.lost()) {
+                    lose(s);
+                    continue;
+                }
             }
             if (!s.paused && now >= s.body->idle_deadline()) {  // a paused backend is held back by us, not silent
                 if (auto failure = s.body->silence(now); failure && s.job->on_upstream(std::move(*failure))) {
@@ -374,7 +358,7 @@ private:
                 if (s.over) continue;
             }
             next_scan_ = std::min({next_scan_, s.job->next_timer(), s.body->idle_deadline()});
-            if (s.blocked) next_scan_ = std::min(next_scan_, s.blocked_since + s.client->send_timeout());
+            next_scan_ = std::min(next_scan_, s.client->out().deadline());
         }
         lingering_->scan(now, next_scan_);
     }
@@ -407,6 +391,7 @@ private:
     std::vector<Slot*> active_, ended_;
     std::unique_ptr<Lingering> lingering_;
     std::vector<UpEvent> events_;
+    std::string scratch_;  // a job's output on its way into the client's queue
     Clock::time_point next_scan_ = Clock::time_point::max();
 };
 
@@ -420,8 +405,8 @@ void StreamLoop::cut_all() {
     for (auto& t : threads_) t->cut();
 }
 
-void StreamLoop::run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent) {
-    threads_[next_.fetch_add(1, std::memory_order_relaxed) % threads_.size()]->run(job, std::move(body), unsent);
+void StreamLoop::run(RelayJob& job, std::unique_ptr<DetachedBody> body) {
+    threads_[next_.fetch_add(1, std::memory_order_relaxed) % threads_.size()]->run(job, std::move(body));
 }
 
 }  // namespace pulse::gateway

@@ -29,8 +29,8 @@ namespace pulse::gateway {
 class RelayJob {
 public:
     virtual ~RelayJob() = default;
-    // The client's exchange: the loop writes through it (the one client writer) and marks it
-    // lost when the client goes away or stops reading.
+    // The client's exchange: the loop writes through its Outbox (the one client writer) and
+    // marks it lost when the client goes away or stops reading.
     virtual server::Exchange& client() = 0;
     // One upstream event (data, done, failed). Returns true when the job is over.
     virtual bool on_upstream(UpEvent e) = 0;
@@ -54,10 +54,9 @@ public:
     StreamLoop& operator=(const StreamLoop&) = delete;
 
     // Relays `body` to the job's client on a loop thread; returns when the job is over. What
-    // the client socket had not taken by then, and what the job produced with its last event,
-    // is left in `unsent` (already framed) for the caller to write with a blocking send: the
-    // caller can then send a response's last events and its end in one write.
-    void run(RelayJob& job, std::unique_ptr<DetachedBody> body, std::string& unsent);
+    // the job produced with its last event is queued in the client's Outbox behind what the
+    // client had not taken yet; the response's end follows it there.
+    void run(RelayJob& job, std::unique_ptr<DetachedBody> body);
     // Ends every job now through on_cut() (drain deadline).
     void cut_all();
 

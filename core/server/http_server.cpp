@@ -75,7 +75,7 @@ metrics::Counter& refused(const char* reason) {
 // Exchange
 
 Exchange::Exchange(int fd, Poco::Net::SocketAddress peer, Poco::Net::HTTPRequest head, std::string body, double send_timeout_s, bool draining)
-    : fd_(fd), peer_(std::move(peer)), head_(std::move(head)), body_(std::move(body)), send_timeout_(secs(send_timeout_s)) {
+    : fd_(fd), peer_(std::move(peer)), head_(std::move(head)), body_(std::move(body)), out_(fd, secs(send_timeout_s)) {
     http10_ = head_.getVersion() == Poco::Net::HTTPMessage::HTTP_1_0;
     keep_alive_ = !http10_ && !draining && Poco::icompare(head_.get("Connection", ""), "close") != 0;
 }
@@ -98,7 +98,7 @@ void Exchange::respond(int status, std::string_view content_type, std::string_vi
     wire += content_type;
     wire += "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n";
     if (head_.getMethod() != "HEAD") wire += body;
-    write(wire);
+    out_.send(wire);
 }
 
 void Exchange::stream_head(std::string& wire, std::string_view content_type, const Headers& extra) {
@@ -132,28 +132,43 @@ void Exchange::stream_end(std::string& wire) const {
     if (!http10_) wire += "0\r\n\r\n";
 }
 
-size_t Exchange::send_now(std::string_view bytes) {
-    size_t off = 0;
-    while (off < bytes.size() && !lost_) {
-        ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0)
-            off += static_cast<size_t>(n);
-        else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            break;
-        else if (!(n < 0 && errno == EINTR))
-            lost_ = true;
+void Outbox::send(std::string_view bytes) {
+    if (lost_) return;
+    if (unsent() == 0) {
+        buf_.clear();
+        off_ = 0;
+        stalled_ = Clock::now();  // the send timeout starts when bytes begin to wait
     }
-    return off;
+    buf_.append(bytes);
+    pump();
 }
 
-bool Exchange::write(std::string_view bytes) {
-    for (size_t off = send_now(bytes); off < bytes.size() && !lost_; off += send_now(bytes.substr(off))) {
-        // The send timeout counts from the last byte the client took.
-        pollfd p{fd_, POLLOUT, 0};
-        int ms = static_cast<int>(std::max<int64_t>(1, duration_cast<milliseconds>(send_timeout_).count()));
-        if (::poll(&p, 1, ms) <= 0 || (p.revents & (POLLERR | POLLHUP))) lost_ = true;
+size_t Outbox::pump() {
+    if (lost_ || unsent() == 0) return unsent();
+    const size_t before = off_;
+    while (off_ < buf_.size()) {
+        ssize_t n = ::send(fd_, buf_.data() + off_, buf_.size() - off_, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off_ += static_cast<size_t>(n);
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            break;
+        } else if (!(n < 0 && errno == EINTR)) {
+            lost_ = true;
+            return unsent();
+        }
     }
-    return !lost_;
+    const auto now = Clock::now();
+    if (off_ != before) stalled_ = now;  // the timeout counts from the last byte the client took
+    if (off_ == buf_.size()) {
+        buf_.clear();
+        off_ = 0;
+    } else if (now - stalled_ >= timeout_) {
+        lost_ = true;
+    } else if (off_ > (1u << 16) && off_ * 2 > buf_.size()) {  // keep the queue from growing at its front
+        buf_.erase(0, off_);
+        off_ = 0;
+    }
+    return unsent();
 }
 
 bool Exchange::client_gone() const {
@@ -215,7 +230,9 @@ private:
     struct Conn {
         int fd = -1;
         Poco::Net::SocketAddress peer;
-        enum class State { idle, head, body, linger } state = State::idle;
+        // sending: the accept loop sends what the client had not taken of the last answer, then
+        // reads the next request (keep_after) or lingers.
+        enum class State { idle, head, body, sending, linger } state = State::idle;
         Clock::time_point deadline;
         std::string in;       // received, not yet consumed (a head being read, or pipelined bytes)
         size_t scanned = 0;   // how far `in` was searched for the head's end
@@ -226,6 +243,8 @@ private:
         bool chunked = false;
         Clock::time_point body_start;  // when the head before the body was complete
         int64_t body_received = 0;     // body bytes off the wire so far (framing included)
+        Outbox out{-1, {}};    // the answer's bytes the client has not taken yet
+        bool keep_after = false;
         bool doomed = false;   // closed at the end of this round
     };
     struct Job {
@@ -234,6 +253,7 @@ private:
     struct Returned {
         std::unique_ptr<Conn> conn;
         bool keep_alive;
+        Outbox out;  // what the client had not taken when the handler returned
     };
 
     static void raise_fd_limit() {
@@ -302,7 +322,10 @@ private:
                     (void)r;
                     take_returned();
                 } else if (Conn* c = owned(fd)) {
-                    on_readable(*c);
+                    if (c->state == Conn::State::sending)
+                        on_writable(*c, evs[i].events);
+                    else
+                        on_readable(*c);
                 }
             }
             if (Clock::now() >= next_tick) {
@@ -339,6 +362,7 @@ private:
             ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // SSE events are small and latency-bound
             auto c = std::make_unique<Conn>();
             c->fd = fd;
+            c->out = Outbox(fd, secs(cfg_.send_timeout_s));
             c->peer = Poco::Net::SocketAddress(reinterpret_cast<sockaddr*>(&ss), len);
             c->deadline = Clock::now() + secs(cfg_.header_timeout_s);  // the first request must come soon
             watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_ADD);
@@ -439,9 +463,7 @@ private:
             }
         }
         if (Poco::icompare(c.req->get("Expect", ""), "100-continue") == 0 && c.in.empty()) {
-            static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
-            ssize_t n = ::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-            (void)n;
+            c.out.send("HTTP/1.1 100 Continue\r\n\r\n");  // 25 bytes into an idle socket: taken now
         }
         c.state = Conn::State::body;
         c.body_start = Clock::now();
@@ -522,16 +544,58 @@ private:
     // Answers from the loop, then closes gracefully.
     void refuse(Conn& c, int status, std::string_view code, const std::string& message, int retry_after_s, const char* reason) {
         refused(reason).add();
-        std::string r = error_response(status, code, message, retry_after_s);
-        ssize_t n = ::send(c.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        (void)n;  // small: it fits the socket buffer; a client that cannot take it gets nothing more
-        linger(c);
+        release(c);
+        c.body.clear();
+        c.body.shrink_to_fit();
+        c.req.reset();
+        c.out.send(error_response(status, code, message, retry_after_s));
+        send_rest(c, false);
+    }
+
+    // Sends the rest of an answer, then reads the next request (`keep`) or lingers. While
+    // bytes wait, the connection is watched for writability; a closing one is also read (and
+    // what it sends dropped), so a client still sending its body cannot stall on a full window.
+    void send_rest(Conn& c, bool keep) {
+        if (c.out.pump() == 0 && !c.out.lost()) return after_send(c, keep);
+        if (c.out.lost()) return unfinished(c);
+        c.state = Conn::State::sending;
+        c.keep_after = keep;
+        c.deadline = c.out.deadline();
+        watch(c.fd, keep ? EPOLLOUT : EPOLLOUT | EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
+    }
+
+    void after_send(Conn& c, bool keep) {
+        if (!keep || draining_) return linger(c);
+        if (c.state == Conn::State::sending) watch(c.fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
+        c.state = Conn::State::idle;
+        c.deadline = Clock::now() + secs(cfg_.idle_timeout_s);
+        parse_pending(c);  // a pipelined request already read
+    }
+
+    void on_writable(Conn& c, uint32_t events) {
+        if (events & (EPOLLIN | EPOLLRDHUP)) {
+            char buf[4096];
+            ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (n == 0) watch(c.fd, EPOLLOUT, EPOLL_CTL_MOD);  // half-closed: it may still read the answer
+        }
+        if (c.out.pump() == 0 && !c.out.lost()) return after_send(c, c.keep_after);
+        if (c.out.lost()) return unfinished(c);
+        c.deadline = c.out.deadline();
+    }
+
+    // The client stopped taking its answer (or its socket failed) after the handler was done.
+    void unfinished(Conn& c) {
+        unfinished_.add();
+        log::info("http", "client " + c.peer.toString() + " did not take the last " + std::to_string(c.out.unsent()) +
+                               " bytes of its answer within server.send_timeout_s: connection closed");
+        doom(c);
     }
 
     // Half-closes and drops whatever the client still sends for a moment, so the answer is read
     // instead of being destroyed by an RST (which closing with unread bytes would send).
     void linger(Conn& c) {
         release(c);
+        if (c.state == Conn::State::sending) watch(c.fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
         ::shutdown(c.fd, SHUT_WR);
         c.state = Conn::State::linger;
         c.deadline = Clock::now() + kLinger;
@@ -565,6 +629,7 @@ private:
             switch (c.state) {
                 case Conn::State::idle:
                 case Conn::State::linger: doom(c); break;
+                case Conn::State::sending: on_writable(c, 0); break;
                 case Conn::State::head:
                     refuse(c, 408, "request_timeout",
                            "the request head did not arrive within " + std::to_string(static_cast<int>(cfg_.header_timeout_s)) +
@@ -601,15 +666,14 @@ private:
             c->req.reset();
             c->body.clear();
             c->body.shrink_to_fit();
+            c->out = std::move(r.out);
             watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_ADD);
             Conn& slot = *(conns_[fd] = std::move(c));
-            if (!r.keep_alive || draining_) {
-                linger(slot);
+            if (slot.out.lost()) {
+                doom(slot);  // closed, not lingered: the client is gone or stuck
                 continue;
             }
-            slot.state = Conn::State::idle;
-            slot.deadline = Clock::now() + secs(cfg_.idle_timeout_s);
-            parse_pending(slot);  // a pipelined request already read
+            send_rest(slot, r.keep_alive);
         }
     }
 
@@ -628,6 +692,7 @@ private:
             }
             Conn& c = *job.conn;
             bool keep = false;
+            std::optional<Outbox> out;
             {
                 Exchange ex(c.fd, c.peer, std::move(*c.req), std::move(c.body), cfg_.send_timeout_s, draining_.load());
                 try {
@@ -641,6 +706,7 @@ private:
                                R"json({"error":{"message":"the gateway failed to answer this request (a bug: see its log)","type":"server_error","param":null,"code":"internal_error"}})json");
                 }
                 keep = ex.keep_alive();
+                out.emplace(std::move(ex).release_out());
                 // The body is released here, with the exchange, before the connection goes back.
             }
             release(c);
@@ -654,7 +720,7 @@ private:
                 connections_.add(-1);
                 continue;
             }
-            returned_.push_back({std::move(job.conn), keep});
+            returned_.push_back({std::move(job.conn), keep, std::move(*out)});
             wake();
         }
     }
@@ -668,6 +734,8 @@ private:
     std::atomic<bool> stopping_{false}, draining_{false};
     std::atomic<int64_t> body_bytes_{0};
     metrics::Gauge& connections_ = metrics::global().gauge("pulse_http_connections", "client connections open");
+    metrics::Counter& unfinished_ = metrics::global().counter(
+        "pulse_http_unfinished_answers_total", "answers whose last bytes the client did not take within server.send_timeout_s after the request was done (connection closed)");
 
     // Loop-thread state.
     std::unordered_map<int, std::unique_ptr<Conn>> conns_;

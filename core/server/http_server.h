@@ -30,12 +30,43 @@ namespace pulse::server {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
+// The bytes on their way to one client, in order. It is the one place that writes to a client
+// socket, and it never blocks: what the socket does not take now stays queued until whoever
+// holds the connection (a worker, the stream loop, the accept loop) pumps it again when the
+// socket is writable. The client is lost when its socket fails, or when queued bytes have
+// waited server.send_timeout_s without the client taking a byte: one timeout, counted from the
+// last byte taken, and one "lost" state, wherever the bytes are.
+class Outbox {
+public:
+    using Clock = std::chrono::steady_clock;
+    Outbox(int fd, Clock::duration send_timeout) : fd_(fd), timeout_(send_timeout) {}
+
+    // Queues `bytes` behind what waits and sends what the socket takes now (nothing once lost).
+    void send(std::string_view bytes);
+    // Sends what the socket takes now; returns the bytes still queued. Decides "lost".
+    size_t pump();
+    size_t unsent() const { return buf_.size() - off_; }
+    // When the queued bytes count as not taken (lost at the next pump): max when none wait.
+    Clock::time_point deadline() const { return unsent() ? stalled_ + timeout_ : Clock::time_point::max(); }
+    Clock::duration send_timeout() const { return timeout_; }
+    void lose() { lost_ = true; }
+    bool lost() const { return lost_; }
+
+private:
+    int fd_;
+    Clock::duration timeout_;
+    std::string buf_;
+    size_t off_ = 0;             // bytes of buf_ already sent
+    Clock::time_point stalled_;  // the last byte taken, or when bytes began to wait
+    bool lost_ = false;
+};
+
 // One request and the response to it. A handler answers with respond() (a whole response), or
-// with stream_head() / frame() / stream_end() and write() (a streamed one). Every byte to the
-// client goes through it (write(), or send_now() from the stream loop), so it alone knows
-// whether the client is lost: writes block at most server.send_timeout_s while the client takes
-// nothing; after a failed write, lost() is true and the connection is closed, never kept alive
-// with a response half sent.
+// with stream_head() / frame() / stream_end() and send() (a streamed one). Every byte goes out
+// through the exchange's Outbox, so it alone knows whether the client is lost, and no handler
+// ever waits for a slow client: bytes the client has not taken when the handler returns are
+// sent by the accept loop (up to the send timeout) before the connection reads its next
+// request. A lost exchange's connection is closed, never kept alive with a response half sent.
 class Exchange {
 public:
     Exchange(int fd, Poco::Net::SocketAddress peer, Poco::Net::HTTPRequest head, std::string body, double send_timeout_s, bool draining);
@@ -44,7 +75,6 @@ public:
     std::string& body() { return body_; }  // the whole (de-chunked) body; the handler may parse it in place
     const Poco::Net::SocketAddress& peer() const { return peer_; }
     int fd() const { return fd_; }
-    std::chrono::steady_clock::duration send_timeout() const { return send_timeout_; }
 
     // A whole response with Content-Length.
     void respond(int status, std::string_view content_type, std::string_view body, const Headers& extra = {});
@@ -54,21 +84,21 @@ public:
     void frame(std::string& wire, std::string_view payload) const;
     void stream_end(std::string& wire) const;
 
-    // Sends all of `bytes`; false when the client is gone or took nothing for the send timeout.
-    bool write(std::string_view bytes);
-    // Sends what the socket takes now without waiting: the bytes taken (a failed socket makes
-    // the exchange lost). For a caller that waits for the socket itself (the stream loop).
-    size_t send_now(std::string_view bytes);
-    // The caller's own wait ran out (the client took nothing for the send timeout, or hung up):
-    // the exchange is lost, so its connection is closed instead of kept alive.
-    void give_up() { lost_ = true; }
+    // Queues bytes for the client and sends what its socket takes now (never waits).
+    void send(std::string_view bytes) { out_.send(bytes); }
+    // The client's queue, for a loop that waits for the socket itself (the stream loop).
+    Outbox& out() { return out_; }
+    // The client hung up or stopped reading: the connection is closed, not kept alive.
+    void give_up() { out_.lose(); }
     // The client closed its end or the socket failed (checked without blocking).
     bool client_gone() const;
-    bool lost() const { return lost_; }
+    bool lost() const { return out_.lost(); }
     bool responded() const { return responded_; }
     // No further request on this connection (set by errors that leave the stream unsure).
     void close_after() { keep_alive_ = false; }
-    bool keep_alive() const { return keep_alive_ && !lost_; }
+    bool keep_alive() const { return keep_alive_ && !out_.lost(); }
+    // What the client has not taken yet, for the accept loop once the handler returned.
+    Outbox release_out() && { return std::move(out_); }
 
 private:
     void head(std::string& wire, int status, const Headers& extra);
@@ -77,8 +107,8 @@ private:
     Poco::Net::SocketAddress peer_;
     Poco::Net::HTTPRequest head_;
     std::string body_;
-    std::chrono::steady_clock::duration send_timeout_;
-    bool http10_, keep_alive_, lost_ = false, responded_ = false;
+    Outbox out_;
+    bool http10_, keep_alive_, responded_ = false;
 };
 
 using Handler = std::function<void(Exchange&)>;

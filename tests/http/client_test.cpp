@@ -29,7 +29,7 @@ struct EchoServer {
             ex.frame(wire, "data: one\n\n");
             ex.frame(wire, "data: two\n\n");
             ex.stream_end(wire);
-            ex.write(wire);
+            ex.send(wire);
             return;
         }
         std::string echo = r.getMethod() + " " + r.getURI() + " auth=" + r.get("Authorization", "-") + " type=" + r.get("Content-Type", "-") +

@@ -1,0 +1,130 @@
+// core/server: the front end's client writer. A handler never waits for a slow client: what the
+// client has not taken when the handler returns is sent by the accept loop, bounded by
+// server.send_timeout_s from the last byte taken.
+#include <doctest/doctest.h>
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "common/metrics.h"
+#include "server/http_server.h"
+#include "support/gateway_harness.h"
+
+using namespace pulse;
+using namespace std::chrono;
+
+namespace {
+
+// Far more than the socket buffers hold while the client reads nothing (loopback: a send
+// buffer of at most 4 MiB, a receive buffer that grows only as the client reads).
+constexpr size_t kBig = 16u << 20;
+
+// The answer's bytes: position-dependent, so a lost or repeated piece shows.
+std::string pattern(size_t n) {
+    std::string s(n, ' ');
+    for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>('a' + (i * 7 + i / 4093) % 26);
+    return s;
+}
+
+struct Server {
+    server::HttpServer srv;
+    std::atomic<int> handled{0};  // handlers that have returned
+    explicit Server(double send_timeout_s)
+        : srv(cfg(send_timeout_s), [this](server::Exchange& ex) {
+              if (ex.request().getURI() == "/big")
+                  ex.respond(200, "text/plain", pattern(kBig));
+              else
+                  ex.respond(200, "text/plain", "small");
+              ++handled;
+          }) {
+        srv.start();
+    }
+    static config::Server cfg(double send_timeout_s) {
+        config::Server c;
+        c.listen.port = 0;
+        c.send_timeout_s = send_timeout_s;
+        return c;
+    }
+};
+
+bool within(int ms, const std::function<bool()>& f) {
+    const auto until = steady_clock::now() + milliseconds(ms);
+    while (steady_clock::now() < until) {
+        if (f()) return true;
+        std::this_thread::sleep_for(milliseconds(10));
+    }
+    return f();
+}
+
+metrics::Gauge& connections() { return metrics::global().gauge("pulse_http_connections", "client connections open"); }
+
+}  // namespace
+
+TEST_CASE("a whole answer the client has not read: the handler returns at once, the accept loop sends the rest, then the next request") {
+    Server s(10);
+    test::Raw c(s.srv.port());
+    // Two requests on one keep-alive connection; the second waits in the socket meanwhile.
+    REQUIRE(c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\nGET /small HTTP/1.1\r\nHost: x\r\n\r\n"));
+    // Regression: the worker wrote the answer itself and blocked until the client had taken all
+    // of it (here: never, while nothing is read), holding a thread per slow reader.
+    CHECK(within(2000, [&] { return s.handled.load() >= 1; }));
+    std::this_thread::sleep_for(milliseconds(300));
+    CHECK(s.handled.load() == 1);  // the next request is read only once this answer is out
+    const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(kBig) + "\r\n\r\n";
+    const std::string expected = head + pattern(kBig) + "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nsmall";
+    std::string got;
+    const auto until = steady_clock::now() + seconds(30);
+    while (got.size() < expected.size() && steady_clock::now() < until) got += c.read_all(200);
+    CHECK(got.size() == expected.size());
+    CHECK(got == expected);  // every byte, in order, then the pipelined request's answer
+    CHECK(s.handled.load() == 2);
+}
+
+TEST_CASE("a client that never takes the rest of its answer: closed after send_timeout_s, counted") {
+    auto& unfinished = metrics::global().counter("pulse_http_unfinished_answers_total", "");
+    const uint64_t before = unfinished.value();
+    Server s(1);
+    test::Raw c(s.srv.port());
+    REQUIRE(c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n"));
+    REQUIRE(within(2000, [&] { return s.handled.load() == 1; }));
+    CHECK(connections().value() >= 1);
+    const auto t0 = steady_clock::now();
+    // Closed by the server once nothing was taken for a second: no connection is left open.
+    REQUIRE(within(5000, [&] { return connections().value() == 0; }));
+    const auto waited = duration_cast<milliseconds>(steady_clock::now() - t0).count();
+    MESSAGE("closed " << waited << " ms after the handler returned");
+    CHECK(waited >= 700);  // not before the send timeout (1 s after the last byte taken)
+    CHECK(unfinished.value() == before + 1);
+}
+
+TEST_CASE("a slow reader that keeps taking bytes is not cut: the send timeout counts from the last byte taken") {
+    Server s(1);
+    test::Raw c(s.srv.port());
+    REQUIRE(c.send("GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    // Reads 2 MiB, then nothing for 600 ms, and so on: the whole answer takes several times the
+    // send timeout, but the client never stops taking bytes for as long as the timeout.
+    std::string got;
+    const auto until = steady_clock::now() + seconds(60);
+    char buf[65536];
+    bool eof = false;
+    while (!eof && steady_clock::now() < until) {
+        size_t chunk = 0;
+        while (chunk < (2u << 20)) {
+            ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+            if (n <= 0) {
+                eof = true;
+                break;
+            }
+            got.append(buf, static_cast<size_t>(n));
+            chunk += static_cast<size_t>(n);
+        }
+        if (!eof) std::this_thread::sleep_for(milliseconds(600));
+    }
+    REQUIRE(got.size() > kBig);
+    CHECK(got.substr(got.size() - kBig) == pattern(kBig));
+}
