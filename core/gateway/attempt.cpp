@@ -1,5 +1,7 @@
 #include "gateway/attempt.h"
 
+#include "gateway/attempt_recovery.h"
+
 #include <algorithm>
 
 #include "common/log.h"
@@ -9,28 +11,6 @@
 namespace pulse::gateway {
 
 using namespace std::chrono;
-
-// A backend that refuses the request because of its reasoning budget field (vLLM without a
-// reasoning config, or on a model runner without budgets, answers 400 naming the field): the
-// request is sent again without the budget, reported as not enforced. A policy never costs
-// the request.
-bool AttemptDriver::drop_refused_budget(const EndpointRef& ep, const std::string& body) {
-    const std::string field = st_.budget->field;
-    if (field.empty() || body.find(field) == std::string::npos) return false;
-    st_.req.doc["reasoning"].RemoveMember("budget_tokens");
-    if (st_.profile->build(st_.builder.get()) != PULSE_OK) return false;
-    const std::string why = "not enforced: endpoint " + ep.cfg->name + " refused " + field + " (" + body.substr(0, 160) + ")";
-    log::warn("policy", st_.id + ": reasoning budget " + std::to_string(st_.budget->budget) + " " + why + "; sent again without it");
-    st_.budget->how = why;
-    st_.budget->field.clear();
-    metrics::global()
-        .counter("pulse_reasoning_budget_refused_total", "requests sent again without their reasoning budget because the backend refused it",
-                 {{"model", st_.req.model_id}, {"endpoint", ep.cfg->name}})
-        .add();
-    st_.budget->enforced = false;
-    st_.sink.header("X-Pulse-Reasoning-Budget", st_.budget->header());
-    return true;
-}
 
 // Sends the profile's preparatory request to `ep` (once per response) and builds the request
 // with its answer; an in-process backend is not asked (the profile builds without one). A
@@ -63,41 +43,15 @@ std::optional<AttemptDriver::Step> AttemptDriver::prepare_on(const EndpointRef& 
     return std::nullopt;
 }
 
-// Mid-stream resume: endpoint `ep` failed (`why`) after this response's output began. When
-// the model allows it and the profile can, the response continues on the next endpoint the
-// failover loop tries (Step::retry), from exactly what the client has; otherwise nullopt
-// and the caller ends the response as failed, as it would have without resume.
-std::optional<AttemptDriver::Step> AttemptDriver::resume_elsewhere(const EndpointRef& ep, const std::string& why) {
-    // Bounded like any failover: the loop in serve() ends its rounds with the retry window.
-    if (!st_.req.rt->cfg->resume || !st_.profile->can_resume() || st_.gw.cutting() || st_.sink.lost() || !st_.builder->can_resume()) return std::nullopt;
-    // The answer already has every token the client allowed: it ends as an uninterrupted one
-    // cut at that limit would, not with a continuation that would go past it.
-    if (auto limit = st_.req.output_limit(); limit && st_.builder->spent().output >= *limit) {
-        st_.profile->finish(PULSE_STREAM_TRUNCATED, *st_.builder);
-        st_.builder->begin_resume();  // drops the attempt's failure; its tokens count in the usage
-        st_.builder->finish(PULSE_FINISH_LENGTH);
-        st_.outcome = outcome_of(st_.builder->end(PULSE_STREAM_CLEAN));
-        log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + ") after the answer reached max_output_tokens (" +
-                                   std::to_string(*limit) + "): it ends incomplete, as it would have there");
-        return Step::served;
+// What a resume verdict means for this attempt: the response ended here, goes on at the next
+// endpoint, or (nullopt) ends as failed, as it would have without resume.
+std::optional<AttemptDriver::Step> AttemptDriver::resumed(Resume r) {
+    switch (r) {
+        case Resume::ended: return Step::served;
+        case Resume::next_endpoint: return Step::retry;
+        case Resume::impossible: break;
     }
-    if (pulse_status_t rc = st_.profile->resume(*st_.builder); rc != PULSE_OK) {
-        log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why +
-                                   "); the response cannot be resumed: " + st_.profile->error(rc));
-        return std::nullopt;
-    }
-    st_.gw.endpoint_failed(ep, why, /*real_request=*/true);
-    st_.builder->begin_resume();
-    ++st_.resumes;
-    st_.entry->resumed();
-    metrics::global()
-        .counter(metrics::kResumed.name, metrics::kResumed.help,
-                 {{"model", st_.req.model_id}, {"endpoint", ep.cfg->name}})
-        .add();
-    log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed mid-stream (" + why + "); resuming the response after " +
-                               std::to_string(st_.profile->resumed_from().first) + " bytes of text and " +
-                               std::to_string(st_.profile->resumed_from().second) + " of reasoning on the next endpoint, " + st_.profile->resumed_by());
-    return Step::retry;
+    return std::nullopt;
 }
 
 // The failure an attempt sees when the gateway cuts its streams at the drain deadline.
@@ -110,8 +64,8 @@ UpEvent AttemptDriver::cut_event() const {
 }
 
 // Sends the request to endpoint `i` and follows it to the end, or to the point where
-// another endpoint should be tried. An HTTP endpoint's response is read by the stream loop
-// (relay()) once the request is sent; a backend plugin's stream is followed on this thread.
+// another endpoint should be tried. The stream loop relays the answer either way (relay()):
+// an HTTP endpoint's response once the request is sent, a backend plugin's stream once started.
 AttemptDriver::Result AttemptDriver::run(size_t i) {
     const EndpointRef& ep = st_.req.rt->endpoints[i];
     InFlight in_flight(*ep.health);
@@ -186,7 +140,7 @@ AttemptDriver::Step AttemptDriver::endpoint_failure(const EndpointRef& ep, pulse
         if (fed_ && st_.profile->restart(st_.builder.get()) != PULSE_OK) return Step::final;  // the profile starts afresh
         return Step::retry;
     }
-    if (auto a = resume_elsewhere(ep, why)) return *a;
+    if (auto a = resumed(resume_elsewhere(st_, ep, why))) return *a;
     st_.profile->finish(PULSE_STREAM_TRUNCATED, *st_.builder);
     st_.outcome = outcome_of(st_.builder->end(PULSE_STREAM_TRUNCATED, why));
     return Step::served;
@@ -217,7 +171,7 @@ std::optional<AttemptDriver::Step> AttemptDriver::on_event(UpEvent e, const Endp
 
 // The endpoint answered the request with an error status (or refused it before any stream).
 AttemptDriver::Step AttemptDriver::on_rejected(const UpEvent& e, const EndpointRef& ep) {
-    if (e.http_status == 400 && st_.budget && !st_.profile->resuming() && drop_refused_budget(ep, e.text)) return Step::resend;
+    if (e.http_status == 400 && st_.budget && !st_.profile->resuming() && drop_refused_budget(st_, ep, e.text)) return Step::resend;
     pulse_status_t s = e.status;
     if (e.http_status) {
         std::optional<std::string> said;
@@ -263,7 +217,7 @@ std::optional<AttemptDriver::Step> AttemptDriver::on_data(const UpEvent& e, cons
     if (auto f = st_.builder->failure(); f && retryable(f->first) && st_.builder->attempt_has_output()) {
         st_.last_status = f->first;
         st_.last_error = f->second;
-        if (auto a = resume_elsewhere(ep, "the backend's output could not be used mid-stream: " + f->second)) return *a;
+        if (auto a = resumed(resume_elsewhere(st_, ep, "the backend's output could not be used mid-stream: " + f->second))) return *a;
     }
     st_.entry->output(st_.builder->spent().output);
     st_.keepalive_if_due();

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "gateway/attempt_recovery.h"
 #include "gateway/failover.h"
 #include "gateway/response_state.h"
 #include "gateway/stream_loop.h"
@@ -51,8 +52,7 @@ private:
     std::optional<Step> on_data(const UpEvent& e, const EndpointRef& ep);
     Step on_done(const EndpointRef& ep);
     Step endpoint_failure(const EndpointRef& ep, pulse_status_t status, const std::string& why);
-    std::optional<Step> resume_elsewhere(const EndpointRef& ep, const std::string& why);
-    bool drop_refused_budget(const EndpointRef& ep, const std::string& body);
+    std::optional<Step> resumed(Resume r);
     Step cancel_stream();
     UpEvent cut_event() const;
 

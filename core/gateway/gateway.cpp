@@ -1,9 +1,6 @@
 #include "gateway/gateway.h"
 #include "gateway/response_session.h"
 
-#include <rapidjson/stringbuffer.h>
-#include <rapidjson/writer.h>
-
 #include <Poco/String.h>
 
 #include <algorithm>
@@ -16,8 +13,6 @@
 #include "gateway/http_util.h"
 
 namespace pulse::gateway {
-
-using JsonWriter = rapidjson::Writer<rapidjson::StringBuffer>;
 
 Gateway::Gateway(config::Config cfg, plugin::PluginManager& plugins) : plugins_(plugins), initial_(std::move(cfg)) {}
 
@@ -221,35 +216,7 @@ void Gateway::admin_reload(server::Exchange& ex) {
     send_json(ex, 202, R"({"status":"reload requested"})");
 }
 
-void Gateway::models(server::Exchange& ex) {
-    auto snap = snapshot();
-    rapidjson::StringBuffer b;
-    JsonWriter w(b);
-    w.StartObject();
-    w.Key("object");
-    w.String("list");
-    w.Key("data");
-    w.StartArray();
-    for (const auto& m : snap->models) {
-        w.StartObject();
-        w.Key("id");
-        w.String(m->cfg->id.c_str());
-        w.Key("object");
-        w.String("model");
-        w.Key("created");
-        w.Int64(0);
-        w.Key("owned_by");
-        w.String("pulse");
-        if (m->cfg->context_window > 0) {
-            w.Key("context_window");
-            w.Int64(m->cfg->context_window);
-        }
-        w.EndObject();
-    }
-    w.EndArray();
-    w.EndObject();
-    send_json(ex, 200, {b.GetString(), b.GetSize()});
-}
+void Gateway::models(server::Exchange& ex) { send_json(ex, 200, snapshot()->models_json()); }
 
 void Gateway::responses(server::Exchange& ex) {
     struct Active {

@@ -34,10 +34,16 @@ void ResponseBuilder::event(std::string_view type, const std::function<void(Json
     if (emit_) emit_(type, o.view());
 }
 
+ItemEmitter ResponseBuilder::emitter() {
+    return [this](std::string_view type, const std::function<void(JsonOut&)>& body) { event(type, body); };
+}
+
 std::string ResponseBuilder::response_json(std::string_view status, bool terminal) const {
-    const Usage u = ledger_.totals();
+    // Totals only for a terminal object: an in-progress one (response.created, keepalives) has no usage.
+    std::optional<Usage> u;
+    if (terminal) u = ledger_.totals();
     return gateway::response_json({id_, model_, created_at_, status, items_, failure_ ? &*failure_ : nullptr,
-                                   incomplete_reason_ ? &*incomplete_reason_ : nullptr, terminal ? &u : nullptr});
+                                   incomplete_reason_ ? &*incomplete_reason_ : nullptr, u ? &*u : nullptr});
 }
 
 void ResponseBuilder::start() {
@@ -65,15 +71,7 @@ ResponseBuilder::Item& ResponseBuilder::open_item(Item::Type type, const std::fu
     current_ = items_.size() - 1;
     size_t index = *current_;
     Item& item = items_[index];
-    event("response.output_item.added", [&](JsonOut& o) {
-        o.kv("output_index", static_cast<uint64_t>(index)).key("item").raw(item_json(item, false));
-    });
-    if (type == Item::message) {
-        event("response.content_part.added", [&](JsonOut& o) {
-            o.kv("item_id", item.id).kv("output_index", static_cast<uint64_t>(index)).kv("content_index", uint64_t(0));
-            o.key("part").begin().kv("type", "output_text").kv("text", "").key("annotations").begin_array().end_array().end();
-        });
-    }
+    item_added(item, index, emitter());
     return item;
 }
 
@@ -85,51 +83,8 @@ void ResponseBuilder::close_current() {
 void ResponseBuilder::close_item(size_t index) {
     Item& it = items_[index];
     if (!it.open) return;
-    uint64_t oi = index;
-    switch (it.type) {
-        case Item::message:
-            event("response.output_text.done", [&](JsonOut& o) {
-                o.kv("item_id", it.id).kv("output_index", oi).kv("content_index", uint64_t(0)).kv("text", it.text);
-                o.key("logprobs").begin_array().end_array();
-            });
-            event("response.content_part.done", [&](JsonOut& o) {
-                o.kv("item_id", it.id).kv("output_index", oi).kv("content_index", uint64_t(0));
-                o.key("part").begin().kv("type", "output_text").kv("text", it.text).key("annotations").begin_array().end_array().end();
-            });
-            break;
-        case Item::reasoning:
-            if (it.summary_started) {
-                event("response.reasoning_summary_text.done", [&](JsonOut& o) {
-                    o.kv("item_id", it.id).kv("output_index", oi).kv("summary_index", uint64_t(0)).kv("text", it.summary);
-                });
-                event("response.reasoning_summary_part.done", [&](JsonOut& o) {
-                    o.kv("item_id", it.id).kv("output_index", oi).kv("summary_index", uint64_t(0));
-                    o.key("part").begin().kv("type", "summary_text").kv("text", it.summary).end();
-                });
-            }
-            if (it.raw_started) {
-                event("response.reasoning_text.done", [&](JsonOut& o) {
-                    o.kv("item_id", it.id).kv("output_index", oi).kv("content_index", uint64_t(0)).kv("text", it.raw);
-                });
-                event("response.content_part.done", [&](JsonOut& o) {
-                    o.kv("item_id", it.id).kv("output_index", oi).kv("content_index", uint64_t(0));
-                    o.key("part").begin().kv("type", "reasoning_text").kv("text", it.raw).end();
-                });
-            }
-            break;
-        case Item::function_call:
-            event("response.function_call_arguments.done", [&](JsonOut& o) {
-                o.kv("item_id", it.id).kv("output_index", oi).kv("name", it.name).kv("arguments", it.args);
-            });
-            break;
-        case Item::custom_tool_call:
-            event("response.custom_tool_call_input.done", [&](JsonOut& o) {
-                o.kv("item_id", it.id).kv("output_index", oi).kv("input", it.args);
-            });
-            break;
-    }
     it.open = false;
-    event("response.output_item.done", [&](JsonOut& o) { o.kv("output_index", oi).key("item").raw(gateway::item_json(it, true)); });
+    item_done(it, index, emitter());
 }
 
 pulse_status_t ResponseBuilder::text(std::string_view t) {
@@ -156,10 +111,7 @@ pulse_status_t ResponseBuilder::reasoning(std::string_view t) {
     if (reasoning_mode_ != ReasoningOutput::raw) {
         if (!it.summary_started) {
             it.summary_started = true;
-            event("response.reasoning_summary_part.added", [&](JsonOut& o) {
-                o.kv("item_id", it.id).kv("output_index", oi).kv("summary_index", uint64_t(0));
-                o.key("part").begin().kv("type", "summary_text").kv("text", "").end();
-            });
+            reasoning_part_added(it, oi, /*raw=*/false, emitter());
         }
         it.summary += t;
         event("response.reasoning_summary_text.delta", [&](JsonOut& o) {
@@ -169,10 +121,7 @@ pulse_status_t ResponseBuilder::reasoning(std::string_view t) {
     if (reasoning_mode_ != ReasoningOutput::summary) {
         if (!it.raw_started) {
             it.raw_started = true;
-            event("response.content_part.added", [&](JsonOut& o) {
-                o.kv("item_id", it.id).kv("output_index", oi).kv("content_index", uint64_t(0));
-                o.key("part").begin().kv("type", "reasoning_text").kv("text", "").end();
-            });
+            reasoning_part_added(it, oi, /*raw=*/true, emitter());
         }
         it.raw += t;
         event("response.reasoning_text.delta", [&](JsonOut& o) {

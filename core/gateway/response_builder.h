@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gateway/answer_ledger.h"
+#include "gateway/item_events.h"
 #include "gateway/response_json.h"
 #include "plugin/host_api.h"
 
@@ -102,6 +103,7 @@ private:
     void close_item(size_t index);
     std::string response_json(std::string_view status, bool terminal) const;
     void event(std::string_view type, const std::function<void(JsonOut&)>& body);
+    ItemEmitter emitter();  // event(), for item_events
     std::string new_call_id();
 
     std::string id_, model_;

@@ -1,5 +1,8 @@
 #include "gateway/snapshot.h"
 
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -182,6 +185,35 @@ void SnapshotBuilder::release_backends() {
         std::lock_guard lock(registry_mutex_);
         backends.swap(backends_);
     }
+}
+
+std::string Snapshot::models_json() const {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.StartObject();
+    w.Key("object");
+    w.String("list");
+    w.Key("data");
+    w.StartArray();
+    for (const auto& m : models) {
+        w.StartObject();
+        w.Key("id");
+        w.String(m->cfg->id.c_str());
+        w.Key("object");
+        w.String("model");
+        w.Key("created");
+        w.Int64(0);
+        w.Key("owned_by");
+        w.String("pulse");
+        if (m->cfg->context_window > 0) {
+            w.Key("context_window");
+            w.Int64(m->cfg->context_window);
+        }
+        w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+    return {b.GetString(), b.GetSize()};
 }
 
 }  // namespace pulse::gateway

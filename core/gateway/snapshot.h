@@ -66,6 +66,8 @@ struct Snapshot {
     std::vector<std::unique_ptr<ModelRuntime>> models;
     uint64_t generation = 0;
     const ModelRuntime* find(std::string_view id) const;
+    // The model list as GET /v1/models answers it (OpenAI's shape, plus context_window).
+    std::string models_json() const;
 };
 
 class SnapshotBuilder {

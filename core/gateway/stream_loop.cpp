@@ -108,37 +108,95 @@ private:
     std::list<Linger> list_;
 };
 
+// The hand-off between the threads that submit jobs and the loop: a list under a lock and an
+// eventfd that wakes the loop; flags for stop and cut. A submitter sleeps on its own slot until
+// the loop says it is done with it.
+class Inbox {
+public:
+    Inbox() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+        if (fd_ < 0) throw std::runtime_error(std::string("stream loop: ") + std::strerror(errno));
+    }
+    ~Inbox() { ::close(fd_); }
+    int fd() const { return fd_; }
+
+    // False when the loop is stopping (the job is not taken).
+    bool submit(Slot& s) {
+        {
+            std::lock_guard lock(m_);
+            if (stopping_) return false;
+            list_.push_back(&s);
+        }
+        wake();
+        return true;
+    }
+    static void wait_done(Slot& s) {
+        std::unique_lock lock(s.m);
+        s.cv.wait(lock, [&] { return s.done; });
+    }
+    static void done(Slot& s) {
+        std::lock_guard lock(s.m);
+        s.done = true;
+        s.cv.notify_one();  // under the lock: `s` is gone once the submitter returns
+    }
+    void stop() { set(stopping_); }
+    void cut() { set(cutting_); }
+
+    // The loop's side: the new jobs, and whether to stop and to cut.
+    struct Taken {
+        std::vector<Slot*> jobs;
+        bool stopping, cutting;
+    };
+    Taken take() {
+        uint64_t v;
+        ssize_t r = ::read(fd_, &v, sizeof v);
+        (void)r;
+        Taken t;
+        std::lock_guard lock(m_);
+        t.jobs.swap(list_);
+        t.stopping = stopping_;
+        t.cutting = cutting_;
+        return t;
+    }
+
+private:
+    void set(bool& flag) {
+        {
+            std::lock_guard lock(m_);
+            flag = true;
+        }
+        wake();
+    }
+    void wake() {
+        uint64_t one = 1;
+        ssize_t n = ::write(fd_, &one, sizeof one);
+        (void)n;  // a full counter still wakes the loop
+    }
+
+    int fd_;
+    std::mutex m_;
+    std::vector<Slot*> list_;
+    bool stopping_ = false, cutting_ = false;
+};
+
 }  // namespace
 
 class StreamLoop::Thread {
 public:
     Thread() {
         ep_ = ::epoll_create1(EPOLL_CLOEXEC);
-        wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (ep_ < 0 || wake_fd_ < 0) throw std::runtime_error(std::string("stream loop: ") + std::strerror(errno));
-        watch(ep_, EPOLL_CTL_ADD, wake_fd_, EPOLLIN, &wake_);
+        if (ep_ < 0) throw std::runtime_error(std::string("stream loop: ") + std::strerror(errno));
+        watch(ep_, EPOLL_CTL_ADD, inbox_.fd(), EPOLLIN, &wake_);
         lingering_ = std::make_unique<Lingering>(ep_);
         thread_ = std::thread([this] { main(); });
     }
 
     ~Thread() {
-        {
-            std::lock_guard lock(inbox_m_);
-            stopping_ = true;
-        }
-        wake();
+        inbox_.stop();
         thread_.join();
-        ::close(wake_fd_);
         ::close(ep_);
     }
 
-    void cut() {
-        {
-            std::lock_guard lock(inbox_m_);
-            cutting_ = true;
-        }
-        wake();
-    }
+    void cut() { inbox_.cut(); }
 
     void run(RelayJob& job, std::unique_ptr<DetachedBody> body) {
         Slot s;
@@ -146,27 +204,15 @@ public:
         s.body = std::move(body);
         s.client = &job.client();
         s.cfd = s.client->fd();
-        {
-            std::lock_guard lock(inbox_m_);
-            if (stopping_) {
-                s.client->give_up();
-                job.on_client_lost();
-                return;
-            }
-            inbox_.push_back(&s);
+        if (!inbox_.submit(s)) {
+            s.client->give_up();
+            job.on_client_lost();
+            return;
         }
-        wake();
-        std::unique_lock lock(s.m);
-        s.cv.wait(lock, [&] { return s.done; });
+        Inbox::wait_done(s);
     }
 
 private:
-    void wake() {
-        uint64_t one = 1;
-        ssize_t n = ::write(wake_fd_, &one, sizeof one);
-        (void)n;  // a full counter still wakes the loop
-    }
-
     void main() {
         ::pthread_setname_np(::pthread_self(), "pulse-relay");  // what `top -H` shows
         epoll_event evs[128];
@@ -210,18 +256,8 @@ private:
 
     // New jobs from the inbox. Returns true when the loop is stopping.
     bool admit() {
-        uint64_t v;
-        ssize_t r = ::read(wake_fd_, &v, sizeof v);
-        (void)r;
-        std::vector<Slot*> in;
-        bool stopping, cutting;
-        {
-            std::lock_guard lock(inbox_m_);
-            in.swap(inbox_);
-            stopping = stopping_;
-            cutting = cutting_;
-        }
-        for (Slot* s : in) {
+        const Inbox::Taken in = inbox_.take();
+        for (Slot* s : in.jobs) {
             s->index = active_.size();
             active_.push_back(s);
             epoll_event ce{};
@@ -245,13 +281,13 @@ private:
             pump(*s);  // a response may already be whole (its body then lingers or is gone)
             if (!s->over) next_scan_ = std::min({next_scan_, s->job->next_timer(), s->body->idle_deadline()});
         }
-        if (cutting)
+        if (in.cutting)
             for (Slot* s : active_)
                 if (!s->over) {
                     s->job->on_cut();
                     end(*s);
                 }
-        return stopping;
+        return in.stopping;
     }
 
     void pump(Slot& s) {
@@ -371,21 +407,15 @@ private:
             last->index = s->index;
             active_.pop_back();
         }
-        for (Slot* s : ended_) {
-            std::lock_guard lock(s->m);
-            s->done = true;
-            s->cv.notify_one();  // under the lock: `s` is gone once the submitter returns
-        }
+        for (Slot* s : ended_) Inbox::done(*s);
         ended_.clear();
         lingering_->sweep();
     }
 
-    int ep_ = -1, wake_fd_ = -1;
+    int ep_ = -1;
+    Inbox inbox_;
     Handle wake_{Handle::wake};
     std::thread thread_;
-    std::mutex inbox_m_;
-    std::vector<Slot*> inbox_;
-    bool stopping_ = false, cutting_ = false;
 
     // Loop-thread state.
     std::vector<Slot*> active_, ended_;
