@@ -57,13 +57,6 @@ int SlotKeeper::count(const config::Endpoint& ep, const BackendDialect& dialect)
     return ask(ep, dialect, PULSE_CACHE_COUNT, 0, &n, &why) == PULSE_OK && n > 0 ? n : -1;
 }
 
-void SlotKeeper::recount(const config::Endpoint& ep, const BackendDialect& dialect) {
-    if (!dialect.persists()) return;
-    const int total = count(ep, dialect);
-    std::lock_guard lock(m_);
-    slots_[ep.url].total = total;
-}
-
 void SlotKeeper::save(const config::Endpoint& ep, const EndpointHealth& health, const BackendDialect& dialect,
                       const std::function<bool(milliseconds)>& pause) {
     Slots st = get(ep.url);
@@ -97,20 +90,21 @@ void SlotKeeper::save(const config::Endpoint& ep, const EndpointHealth& health, 
     done(st);
 }
 
-bool SlotKeeper::restore(const config::Endpoint& ep, const BackendDialect& dialect) {
-    Slots st = get(ep.url);
+bool SlotKeeper::recover(const config::Endpoint& ep, const BackendDialect& dialect) {
+    if (!dialect.persists()) return false;
+    const Slots st = get(ep.url);
+    const int now_total = count(ep, dialect);
+    {
+        std::lock_guard lock(m_);
+        slots_[ep.url].total = now_total;  // what its next save covers
+    }
     if (!st.saved || st.total <= 0) return false;
     // The server may have come back with fewer slots (-np 2, then -np 1): a slot it does not have
     // cannot take a restore, so only the ones it has are asked for.
-    const int now_total = count(ep, dialect);
     const int asked = now_total > 0 ? std::min(now_total, st.total) : st.total;
     if (asked < st.total)
         log::info("warmup", "endpoint " + ep.name + " came back with " + std::to_string(now_total) + " slots, " + std::to_string(st.total) +
                                 " were saved: restoring the first " + std::to_string(asked));
-    if (now_total > 0) {
-        std::lock_guard lock(m_);
-        slots_[ep.url].total = now_total;  // what its next save covers
-    }
     int restored = 0;
     for (int slot = 0; slot < asked; ++slot) {
         std::string why;

@@ -29,12 +29,10 @@ public:
     // false when the caller is stopping.
     void save(const config::Endpoint& ep, const EndpointHealth& health, const BackendDialect& dialect,
               const std::function<bool(std::chrono::milliseconds)>& pause);
-    // After a restart: the saved slots go back in, far cheaper than replaying their prompts.
-    // True when at least one was loaded.
-    bool restore(const config::Endpoint& ep, const BackendDialect& dialect);
-    // The endpoint came back: its slots are counted again (a restarted server may run with other
-    // flags); what the next save covers.
-    void recount(const config::Endpoint& ep, const BackendDialect& dialect);
+    // The endpoint came back: its slots are counted again, once (a restarted server may run
+    // with other flags; the count is what the next save covers), and the saved ones go back in,
+    // far cheaper than replaying their prompts. True when at least one was loaded.
+    bool recover(const config::Endpoint& ep, const BackendDialect& dialect);
 
     // The file a slot is saved to on the server's side: a plain file name, as the SDK promises.
     static std::string slot_file(const config::Endpoint& ep, int slot);

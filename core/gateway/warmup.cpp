@@ -87,7 +87,7 @@ void Warmer::run() {
                 return !cv_.wait_for(lock, d, [&] { return stop_; });
             });
         } else {
-            slots_.restore(job.ep, job.dialect);
+            slots_.recover(job.ep, job.dialect);  // counted once, saved slots loaded
             warm(job);
         }
     }
@@ -122,8 +122,7 @@ void Warmer::warm(const Job& job) {
     }
     auto bodies = store_.bodies(job.model, job.wanted, job.since);
     if (bodies.empty()) return;
-    // A one-slot server gets its replays too: a real request arriving during one cancels it.
-    slots_.recount(job.ep, job.dialect);
+    // (A one-slot server gets its replays too: a real request arriving during one cancels it.)
     log::info("warmup", "endpoint " + job.ep.name + " is back: replaying " + std::to_string(bodies.size()) +
                             " prompt prefixes of model " + job.model + " once it has had no real request for " +
                             std::to_string(duration_cast<milliseconds>(quiet_).count()) + " ms (warmup.quiet_s)");

@@ -941,3 +941,40 @@ TEST_CASE("warmup replays into a llama-server with one slot or more, asking for 
         CHECK(replayed.find("\"return_progress\":true") != std::string::npos);
     }
 }
+
+TEST_CASE("a llama-server that comes back: its slots are counted once, then the saved ones loaded, then the replays") {
+    // Regression: the recovery asked GET /props twice (once to restore the saved slots, once
+    // more before the replays).
+    TempDir tmp;
+    auto script = tmp.write("s.json", R"({"slots":2,"slot_save":true,"turns":[{"content":"ok"}]})");
+    auto record = tmp / "requests.jsonl";
+    uint16_t port = 0;
+    auto start_backend = [&] {
+        auto c = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port",
+                                                                  std::to_string(port), "--record", record.string(), "--flavor", "llamacpp"});
+        port = static_cast<uint16_t>(std::stoi(wait_for([&] { return c->stdout_so_far(); }, std::regex(R"(listening on 127\.0\.0\.1:(\d+))"))));
+        return c;
+    };
+    auto backend = start_backend();
+    std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
+    Gateway gw("[models.m]\nprofile = \"llamacpp\"\n[[models.m.endpoints]]\nname = \"ep0\"\nurl = \"" + url + "\"\n", "",
+               std::string(kFast) + "retry_window_s = 0\n",
+               "[warmup]\nenabled = true\nquiet_s = 0\nslot_save_interval_s = 0.1\nstate_file = \"" + (tmp / "w.json").string() + "\"\n");
+    CHECK(check_stream(post(gw.port, "/v1/responses", request(true, R"("a long conversation")")).body).terminal == "response.completed");
+    auto count = [](const std::string& s, const std::string& what) {
+        size_t n = 0;
+        for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+        return n;
+    };
+    REQUIRE(eventually([&] { return count(read_file(record), "action=save") >= 2; }));  // both slots saved
+    backend.reset();
+    REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }));
+    const size_t before = read_file(record).size();
+    backend = start_backend();
+    REQUIRE(eventually([&] { return gw.log().find("1 warm requests completed") != std::string::npos; }));
+    const std::string recovery = read_file(record).substr(before);
+    CAPTURE(recovery);
+    CHECK(count(recovery, "action=restore") == 2);
+    CHECK(count(recovery, "GET /props") == 1);
+    CHECK(recovery.find("action=restore") < recovery.find("a long conversation"));  // loaded before the replay
+}

@@ -64,7 +64,9 @@
 // streamed response adds D drafts of K = len(accept) tokens and round(D * p_i) accepted at
 // position i to /metrics (vLLM names; the llamacpp flavor also reports timings.draft_n*).
 // Top-level options: "slots": N (llamacpp flavor) is what GET /props reports as total_slots
-// (default 4). "vision": true (llamacpp flavor) accepts images; without it an image is
+// (default 4). "slot_save": true (llamacpp flavor) answers slot saves and restores as
+// llama-server started with --slot-save-path does, and records every GET /props and slot
+// action as a line {"cache_request": "GET /props"} in the --record file. "vision": true (llamacpp flavor) accepts images; without it an image is
 // answered 500 "image input is not supported", as by llama-server without --mmproj. "step_ms": N paces every stream by one process-wide clock instead: each
 // chunk leaves at the next multiple of N ms, so concurrent streams send their tokens together,
 // as a batched engine (vLLM, llama-server) does at each decode step. "fail_first": N answers the first N requests with HTTP "fail_status"
@@ -203,6 +205,11 @@ void record(const std::string& line) {
 int64_t get_int(const rapidjson::Value& o, const char* k, int64_t d) {
     auto it = o.FindMember(k);
     return it != o.MemberEnd() && it->value.IsInt64() ? it->value.GetInt64() : d;
+}
+
+bool script_flag(const char* k) {
+    auto it = g_script.FindMember(k);
+    return it != g_script.MemberEnd() && it->value.IsTrue();
 }
 std::string get_str(const rapidjson::Value& o, const char* k, const std::string& d = "") {
     auto it = o.FindMember(k);
@@ -386,6 +393,7 @@ public:
                 return;
             }
             if (path == "/props" && g_flavor == "llamacpp") {  // llama-server: parallel slots (-np)
+                if (script_flag("slot_save")) record(R"({"cache_request":"GET /props"})");
                 std::string v = R"({"total_slots":)" + std::to_string(get_int(g_script, "slots", 4)) + R"(,"model_path":"fake.gguf"})";
                 resp.setContentType("application/json");
                 resp.sendBuffer(v.data(), v.size());
@@ -404,6 +412,15 @@ public:
             return;
         }
         std::string body((std::istreambuf_iterator<char>(req.stream())), {});
+        if (path.rfind("/slots", 0) == 0 && g_flavor == "llamacpp" && script_flag("slot_save")) {  // as with --slot-save-path
+            record(R"({"cache_request":"POST )" + path + R"("})");
+            const bool save = path.find("action=save") != std::string::npos;
+            const std::string slot = path.substr(7, path.find('?') - 7);
+            std::string b = R"({"id_slot":)" + slot + (save ? R"(,"n_saved":0,"n_written":0})" : R"(,"n_restored":0,"n_read":0})");
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            return;
+        }
         if (path.rfind("/slots", 0) == 0) {  // llama-server slot actions, as without --slot-save-path
             std::string b = R"({"error":{"code":501,"message":"This server does not support slots action. Start it with `--slot-save-path`","type":"not_supported_error"}})";
             resp.setStatus(Poco::Net::HTTPResponse::HTTP_NOT_IMPLEMENTED);
