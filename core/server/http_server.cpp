@@ -132,34 +132,50 @@ void Exchange::stream_end(std::string& wire) const {
     if (!http10_) wire += "0\r\n\r\n";
 }
 
-void Outbox::send(std::string_view bytes) {
-    if (lost_) return;
-    if (unsent() == 0) {
-        buf_.clear();
-        off_ = 0;
-        stalled_ = Clock::now();  // the send timeout starts when bytes begin to wait
+size_t Outbox::write_some(const char* p, size_t n) {
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = ::send(fd_, p + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            off += static_cast<size_t>(w);
+        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            break;
+        } else if (!(w < 0 && errno == EINTR)) {
+            lost_ = true;
+            break;
+        }
     }
-    buf_.append(bytes);
-    pump();
+    return off;
+}
+
+void Outbox::send(std::string_view bytes) {
+    if (lost_ || bytes.empty()) {
+        pump();
+        return;
+    }
+    if (unsent() > 0) {
+        buf_.append(bytes);
+        pump();
+        return;
+    }
+    // Nothing waits: straight from the caller's bytes; only what the socket leaves is copied
+    // (a stream that keeps up never holds a buffer of its own).
+    const size_t n = write_some(bytes.data(), bytes.size());
+    if (lost_ || n == bytes.size()) return;
+    buf_.assign(bytes.substr(n));
+    off_ = 0;
+    stalled_ = Clock::now();  // the send timeout starts when bytes begin to wait
 }
 
 size_t Outbox::pump() {
     if (lost_ || unsent() == 0) return unsent();
-    const size_t before = off_;
-    while (off_ < buf_.size()) {
-        ssize_t n = ::send(fd_, buf_.data() + off_, buf_.size() - off_, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-            off_ += static_cast<size_t>(n);
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            break;
-        } else if (!(n < 0 && errno == EINTR)) {
-            lost_ = true;
-            return unsent();
-        }
-    }
+    const size_t n = write_some(buf_.data() + off_, unsent());
+    if (lost_) return unsent();
+    off_ += n;
     const auto now = Clock::now();
-    if (off_ != before) stalled_ = now;  // the timeout counts from the last byte the client took
+    if (n > 0) stalled_ = now;  // the timeout counts from the last byte the client took
     if (off_ == buf_.size()) {
+        if (buf_.capacity() > (1u << 16)) std::string().swap(buf_);  // a burst's buffer is not kept
         buf_.clear();
         off_ = 0;
     } else if (now - stalled_ >= timeout_) {
@@ -565,6 +581,7 @@ private:
     }
 
     void after_send(Conn& c, bool keep) {
+        c.out = Outbox(c.fd, secs(cfg_.send_timeout_s));  // an idle connection holds no answer's buffer
         if (!keep || draining_) return linger(c);
         if (c.state == Conn::State::sending) watch(c.fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
         c.state = Conn::State::idle;

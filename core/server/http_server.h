@@ -53,6 +53,8 @@ public:
     bool lost() const { return lost_; }
 
 private:
+    size_t write_some(const char* p, size_t n);  // what the socket takes now; a failure makes it lost
+
     int fd_;
     Clock::duration timeout_;
     std::string buf_;
