@@ -26,6 +26,31 @@ void reasoning_part_added(const OutputItem& it, uint64_t oi, bool raw, const Ite
     }
 }
 
+void item_delta(const OutputItem& it, uint64_t oi, ItemDelta kind, std::string_view delta, const ItemEmitter& event) {
+    switch (kind) {
+        case ItemDelta::text:
+            event("response.output_text.delta", [&](JsonOut& o) {
+                o.kv("item_id", it.id).kv("output_index", oi).kv("content_index", uint64_t(0)).kv("delta", delta);
+                o.key("logprobs").begin_array().end_array();
+            });
+            break;
+        case ItemDelta::summary:
+            event("response.reasoning_summary_text.delta", [&](JsonOut& o) {
+                o.kv("item_id", it.id).kv("output_index", oi).kv("summary_index", uint64_t(0)).kv("delta", delta);
+            });
+            break;
+        case ItemDelta::raw:
+            event("response.reasoning_text.delta", [&](JsonOut& o) {
+                o.kv("item_id", it.id).kv("output_index", oi).kv("content_index", uint64_t(0)).kv("delta", delta);
+            });
+            break;
+        case ItemDelta::args:
+            event(it.type == OutputItem::function_call ? "response.function_call_arguments.delta" : "response.custom_tool_call_input.delta",
+                  [&](JsonOut& o) { o.kv("item_id", it.id).kv("output_index", oi).kv("delta", delta); });
+            break;
+    }
+}
+
 void item_done(const OutputItem& it, uint64_t oi, const ItemEmitter& event) {
     switch (it.type) {
         case OutputItem::message:

@@ -94,10 +94,7 @@ pulse_status_t ResponseBuilder::text(std::string_view t) {
     ledger_.delta(false);
     Item& it = items_[*current_];
     it.text += t;
-    event("response.output_text.delta", [&](JsonOut& o) {
-        o.kv("item_id", it.id).kv("output_index", static_cast<uint64_t>(*current_)).kv("content_index", uint64_t(0)).kv("delta", t);
-        o.key("logprobs").begin_array().end_array();
-    });
+    item_delta(it, *current_, ItemDelta::text, t, emitter());
     return PULSE_OK;
 }
 
@@ -114,9 +111,7 @@ pulse_status_t ResponseBuilder::reasoning(std::string_view t) {
             reasoning_part_added(it, oi, /*raw=*/false, emitter());
         }
         it.summary += t;
-        event("response.reasoning_summary_text.delta", [&](JsonOut& o) {
-            o.kv("item_id", it.id).kv("output_index", oi).kv("summary_index", uint64_t(0)).kv("delta", t);
-        });
+        item_delta(it, oi, ItemDelta::summary, t, emitter());
     }
     if (reasoning_mode_ != ReasoningOutput::summary) {
         if (!it.raw_started) {
@@ -124,9 +119,7 @@ pulse_status_t ResponseBuilder::reasoning(std::string_view t) {
             reasoning_part_added(it, oi, /*raw=*/true, emitter());
         }
         it.raw += t;
-        event("response.reasoning_text.delta", [&](JsonOut& o) {
-            o.kv("item_id", it.id).kv("output_index", oi).kv("content_index", uint64_t(0)).kv("delta", t);
-        });
+        item_delta(it, oi, ItemDelta::raw, t, emitter());
     }
     return PULSE_OK;
 }
@@ -161,13 +154,7 @@ pulse_status_t ResponseBuilder::tool_args(uint32_t index, std::string_view fragm
         return PULSE_E_INVALID_ARGUMENT;  // deltas must follow their own begin, in order
     it.args += fragment;
     ledger_.delta(false);
-    uint64_t oi = *current_;
-    if (it.type == Item::function_call)
-        event("response.function_call_arguments.delta",
-              [&](JsonOut& o) { o.kv("item_id", it.id).kv("output_index", oi).kv("delta", fragment); });
-    else
-        event("response.custom_tool_call_input.delta",
-              [&](JsonOut& o) { o.kv("item_id", it.id).kv("output_index", oi).kv("delta", fragment); });
+    item_delta(it, *current_, ItemDelta::args, fragment, emitter());
     return PULSE_OK;
 }
 

@@ -909,6 +909,15 @@ TEST_CASE("two trailing assistant messages (Codex's retry after a truncated stre
     CHECK(check_stream(r.body).terminal == "response.completed");
 }
 
+// A fake llama-server that records its requests in `record`; started again on the same port
+// (the first start picks one) to play a restart.
+static std::unique_ptr<Child> start_fake_llama(const std::filesystem::path& script, const std::filesystem::path& record, uint16_t& port) {
+    auto c = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port",
+                                                              std::to_string(port), "--record", record.string(), "--flavor", "llamacpp"});
+    port = static_cast<uint16_t>(std::stoi(wait_for([&] { return c->stdout_so_far(); }, std::regex(R"(listening on 127\.0\.0\.1:(\d+))"))));
+    return c;
+}
+
 // Warmup must never delay a live request: into llama-server (one slot or more) a replay asks for
 // progress chunks, so a real request that closes it stops it at the server's next prompt batch.
 TEST_CASE("warmup replays into a llama-server with one slot or more, asking for return_progress") {
@@ -918,12 +927,7 @@ TEST_CASE("warmup replays into a llama-server with one slot or more, asking for 
         auto script = tmp.write("s.json", R"({"slots":)" + std::to_string(slots) + R"(,"turns":[{"content":"ok"}]})");
         auto record = tmp / "requests.jsonl";
         uint16_t port = 0;
-        auto start_backend = [&] {
-            auto c = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port",
-                                                                      std::to_string(port), "--record", record.string(), "--flavor", "llamacpp"});
-            port = static_cast<uint16_t>(std::stoi(wait_for([&] { return c->stdout_so_far(); }, std::regex(R"(listening on 127\.0\.0\.1:(\d+))"))));
-            return c;
-        };
+        auto start_backend = [&] { return start_fake_llama(script, record, port); };
         auto backend = start_backend();
         std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
         Gateway gw("[models.m]\nprofile = \"llamacpp\"\n[[models.m.endpoints]]\nname = \"ep0\"\nurl = \"" + url + "\"\n", "",
@@ -949,12 +953,7 @@ TEST_CASE("a llama-server that comes back: its slots are counted once, then the 
     auto script = tmp.write("s.json", R"({"slots":2,"slot_save":true,"turns":[{"content":"ok"}]})");
     auto record = tmp / "requests.jsonl";
     uint16_t port = 0;
-    auto start_backend = [&] {
-        auto c = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", script.string(), "--port",
-                                                                  std::to_string(port), "--record", record.string(), "--flavor", "llamacpp"});
-        port = static_cast<uint16_t>(std::stoi(wait_for([&] { return c->stdout_so_far(); }, std::regex(R"(listening on 127\.0\.0\.1:(\d+))"))));
-        return c;
-    };
+    auto start_backend = [&] { return start_fake_llama(script, record, port); };
     auto backend = start_backend();
     std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
     Gateway gw("[models.m]\nprofile = \"llamacpp\"\n[[models.m.endpoints]]\nname = \"ep0\"\nurl = \"" + url + "\"\n", "",
