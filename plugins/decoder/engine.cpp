@@ -61,6 +61,12 @@ struct Engine::Active {
     std::string finish = "length";
     bool eog = false;
     bool ignore_eos = false;  // the request's ignore_eos (vLLM's and llama-server's): generate to max_tokens
+    // Speculative decoding (EngineOptions::draft): the request's drafting and verification;
+    // its sampler is then the one that decides. The step's bookkeeping: whether the request has
+    // a segment in it, how many of its rows stand, whether it ended.
+    std::unique_ptr<Speculator> spec;
+    bool in_step = false, logits_in_step = false, ended = false, failed = false;
+    int64_t kept = 0;
 
     Active(std::shared_ptr<Job> j, SamplerParams sp)
         : job(std::move(j)), sampler(sp), parser(job->request.HasMember("tools") ? &job->request["tools"] : nullptr, job->thinking) {}
@@ -107,6 +113,8 @@ Engine::Engine(EngineOptions o, std::unique_ptr<Device> device) : opts_(std::mov
                                     std::to_string(opts_.max_sequences));
     if (opts_.max_checkpoints < 0) throw std::invalid_argument("max_checkpoints must be 0 (automatic) or more");
     if (opts_.max_checkpoints == 0) opts_.max_checkpoints = std::max<int64_t>(3, 2 * opts_.max_sequences);
+    if (opts_.draft.kind != DraftSetting::off && (opts_.draft_k < 1 || opts_.draft_k > Speculator::kMaxDraft))
+        throw std::invalid_argument("draft_k must be 1 to " + std::to_string(Speculator::kMaxDraft) + ", not " + std::to_string(opts_.draft_k));
     auto file = GgufFile::open(opts_.model);
     // The model is loaded on the engine's own thread, the one that runs every step: the load's
     // parallel loops (repacking weights) would otherwise make libgomp keep a second team of
@@ -130,6 +138,16 @@ Engine::Engine(EngineOptions o, std::unique_ptr<Device> device) : opts_(std::mov
             if (static_cast<int64_t>(tok_.size()) != model_->hparams().n_vocab)
                 throw GgufError(file->name() + ": the vocabulary has " + std::to_string(tok_.size()) + " tokens but token_embd has " +
                                 std::to_string(model_->hparams().n_vocab) + " rows");
+            if (opts_.draft.kind == DraftSetting::mtp && !model_->has_mtp())
+                throw GgufError(file->name() + ": draft = \"mtp\" but the file has no MTP block (no nextn_predict_layers)");
+            if (opts_.draft.kind == DraftSetting::model) {
+                draft_model_ = Model::load(GgufFile::open(opts_.draft.path), opts_.device);
+                draft_model_->threads = opts_.threads;
+                draft_model_->exact = opts_.exact;
+                if (draft_model_->hparams().n_vocab != model_->hparams().n_vocab)
+                    throw GgufError(opts_.draft.path + ": the draft model's vocabulary has " + std::to_string(draft_model_->hparams().n_vocab) +
+                                    " tokens, the model's " + std::to_string(model_->hparams().n_vocab) + ": drafts must use the same vocabulary");
+            }
             const int64_t trained = model_->hparams().context_length;
             context_ = opts_.context > 0 ? std::min(opts_.context, trained) : trained;
         } catch (...) {
@@ -247,86 +265,140 @@ void Engine::worker() {
         active_count_ = active.size();
         if (active.empty()) continue;
 
-        // The step: every decoding request's next token, then prompt chunks in arrival order
-        // with the rows left (max_sequences <= kMaxSequences keeps at least half for them).
-        std::vector<Segment> segs;
-        int64_t rows = 0;
-        for (auto& a : active)
-            if (a->decoding()) {
-                segs.push_back(Segment{&a->seq, &a->next, 1, a->logits.data(), false});
-                ++rows;
-            }
-        for (auto& a : active) {
-            a->chunk = 0;
-            if (a->decoding() || rows >= Model::kMaxStepRows) continue;
-            const int64_t left = static_cast<int64_t>(a->job->tokens.size() - 1 - a->fed);
-            a->chunk = std::min(left, Model::kMaxStepRows - rows);
-            segs.push_back(Segment{&a->seq, a->job->tokens.data() + a->fed, a->chunk, nullptr, false});
-            rows += a->chunk;
-        }
-        bool decode_only = true;
-        {
-            std::lock_guard lock(mu_);
-            ++stats_.steps;
-            for (const auto& sg : segs) {
-                (sg.logits ? stats_.decode_rows : stats_.prompt_rows) += static_cast<uint64_t>(sg.n);
-                decode_only = decode_only && sg.logits;
-            }
-            stats_.peak_batch = std::max(stats_.peak_batch, static_cast<int64_t>(segs.size()));
-            stats_.last_batch = static_cast<int64_t>(segs.size());
-        }
-        const auto started = std::chrono::steady_clock::now();
-        try {
-            model_->step(segs);
-        } catch (const std::exception& e) {
-            // A step failed (device memory, a bad token): every request in it fails, none is left
-            // half-run; the others wait in the queue.
-            for (auto& a : active) end_job(*a->job, std::string("decoder: ") + e.what());
-            active.clear();
-            active_count_ = 0;
-            continue;
-        }
+        run_step(active);
         std::erase_if(active, [&](const std::unique_ptr<Active>& ap) {
             Active& a = *ap;
+            if (a.failed) return true;
+            if (!a.ended) return false;
             try {
-                if (a.decoding()) {
-                    if (advance(a)) return false;
-                    finish(a);
-                    end_job(*a.job);
-                    return true;
-                }
-                if (a.chunk > 0) {
-                    a.fed += static_cast<size_t>(a.chunk);
-                    if (a.fed + 1 == a.job->tokens.size()) {  // the prompt but its last token: a checkpoint
-                        remember(std::vector<int32_t>(a.job->tokens.begin(), a.job->tokens.end() - 1), a.seq);
-                        a.next = a.job->tokens.back();
-                    }
-                }
-                return false;
+                finish(a);
+                end_job(*a.job);
             } catch (const std::exception& e) {
                 end_job(*a.job, std::string("decoder: ") + e.what());
-                return true;
             }
+            return true;
         });
         active_count_ = active.size();
         uint64_t sequence_bytes = 0, checkpoint_bytes = 0;
         for (const auto& a : active) sequence_bytes += a->seq.bytes();
         for (const auto& c : checkpoints_) checkpoint_bytes += c.seq.bytes();
-        {
-            std::lock_guard lock(mu_);
-            stats_.sequence_bytes = sequence_bytes;
-            stats_.checkpoint_bytes = checkpoint_bytes;
-        }
-        if (decode_only) {
-            std::lock_guard lock(mu_);
-            stats_.decode_only_rows += static_cast<uint64_t>(rows);
-            stats_.decode_only_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-        }
+        std::lock_guard lock(mu_);
+        stats_.sequence_bytes = sequence_bytes;
+        stats_.checkpoint_bytes = checkpoint_bytes;
     }
 }
 
-void Engine::remember(std::vector<int32_t> tokens, const Sequence& seq) {
-    checkpoints_.push_back({std::move(tokens), seq});
+void Engine::plan(Active& a, std::vector<Segment>& segs, int64_t& rows, int64_t draft_room) {
+    a.in_step = false;
+    a.chunk = 0;
+    if (a.decoding()) {
+        if (!a.spec) {
+            segs.push_back(Segment{&a.seq, &a.next, 1, a.logits.data(), false});
+        } else {
+            // Never more drafts than tokens the request may still take, nor past its reasoning
+            // budget (the forced end of the think block comes in a step of its own).
+            int64_t k = a.forced.empty() ? std::min<int64_t>(a.spec->next_k(), draft_room) : 0;
+            k = std::min(k, a.max_new - static_cast<int64_t>(a.generated.size()) - 1);
+            if (a.budget >= 0 && a.parser.thinking()) k = std::min(k, a.budget - a.reasoning_tokens - 1);
+            std::vector<int32_t> r{a.next};
+            if (k > 0) {
+                const auto d = a.spec->draft(a.next, static_cast<int>(k));
+                r.insert(r.end(), d.begin(), d.end());
+            }
+            segs.push_back(a.spec->main_rows(r.data(), static_cast<int64_t>(r.size()), static_cast<int64_t>(r.size()) - 1, true));
+        }
+    } else {
+        if (rows >= Model::kMaxStepRows) return;
+        const int64_t left = static_cast<int64_t>(a.job->tokens.size() - 1 - a.fed);
+        a.chunk = std::min(left, Model::kMaxStepRows - rows);
+        const int32_t* chunk = a.job->tokens.data() + a.fed;
+        segs.push_back(a.spec ? a.spec->main_rows(chunk, a.chunk, 0, false) : Segment{&a.seq, chunk, a.chunk, nullptr, false});
+    }
+    rows += segs.back().n;
+    a.in_step = true;
+}
+
+bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
+    // Every decoding request's next token (and drafts), then prompt chunks in arrival order with
+    // the rows left (max_sequences <= kMaxSequences keeps at least half for them; drafts share
+    // that half's other part).
+    std::vector<Segment> segs;
+    int64_t rows = 0, decoding = 0;
+    for (auto& a : active) decoding += a->decoding();
+    const int64_t draft_room = decoding ? (Model::kMaxStepRows / 2 - decoding) / decoding : 0;
+    for (auto& a : active)
+        if (a->decoding()) plan(*a, segs, rows, draft_room);
+    for (auto& a : active)
+        if (!a->decoding()) plan(*a, segs, rows, draft_room);
+    bool decode_only = true;
+    {
+        std::lock_guard lock(mu_);
+        ++stats_.steps;
+        for (const auto& sg : segs) {
+            (sg.logits ? stats_.decode_rows : stats_.prompt_rows) += static_cast<uint64_t>(sg.n);
+            decode_only = decode_only && sg.logits;
+        }
+        stats_.peak_batch = std::max(stats_.peak_batch, static_cast<int64_t>(segs.size()));
+        stats_.last_batch = static_cast<int64_t>(segs.size());
+    }
+    const auto started = std::chrono::steady_clock::now();
+    // A step that fails (device memory, a bad token) fails every request in it, none is left
+    // half-run; the others wait in the queue.
+    auto fail_all = [&](const std::exception& e) {
+        for (auto& a : active) end_job(*a->job, std::string("decoder: ") + e.what()), a->failed = true;
+        return false;
+    };
+    try {
+        model_->step(segs);
+    } catch (const std::exception& e) {
+        return fail_all(e);
+    }
+    // Speculation: rows past what a request keeps are undone and its kept rows run again, all in
+    // one step; then the MTP block catches up on every request's kept rows, in one more.
+    std::vector<Segment> reruns, catch_ups;
+    for (auto& ap : active) {
+        Active& a = *ap;
+        if (!a.in_step) continue;
+        try {
+            const bool was_decoding = a.decoding();
+            a.logits_in_step = was_decoding;
+            if (was_decoding) a.ended = !advance(a);
+            else a.fed += static_cast<size_t>(a.chunk);
+            if (a.spec)
+                if (auto s = a.spec->keep(was_decoding ? a.kept : a.chunk)) reruns.push_back(*s);
+        } catch (const std::exception& e) {
+            end_job(*a.job, std::string("decoder: ") + e.what());
+            a.failed = true;
+        }
+    }
+    try {
+        if (!reruns.empty()) model_->step(reruns);
+        for (auto& a : active)
+            if (a->spec && a->in_step && !a->failed)
+                if (auto s = a->spec->catch_up()) catch_ups.push_back(*s);
+        if (!catch_ups.empty()) model_->mtp_step(catch_ups);
+    } catch (const std::exception& e) {
+        return fail_all(e);
+    }
+    uint64_t decided = 0;
+    for (auto& a : active)
+        if (a->in_step && a->logits_in_step) decided += static_cast<uint64_t>(a->kept);
+    for (auto& a : active)  // the prompt but its last token: a checkpoint
+        if (a->in_step && !a->failed && !a->decoding() && a->fed + 1 == a->job->tokens.size()) {
+            remember(std::vector<int32_t>(a->job->tokens.begin(), a->job->tokens.end() - 1), *a);
+            a->next = a->job->tokens.back();
+        }
+    if (decode_only) {
+        std::lock_guard lock(mu_);
+        stats_.decode_only_rows += static_cast<uint64_t>(rows);
+        stats_.decode_only_tokens += decided;
+        stats_.decode_only_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
+    return true;
+}
+
+void Engine::remember(std::vector<int32_t> tokens, const Active& a) {
+    checkpoints_.push_back({std::move(tokens), a.seq, a.spec ? a.spec->carry() : Speculator::Carry{}});
     while (static_cast<int64_t>(checkpoints_.size()) > opts_.max_checkpoints) checkpoints_.pop_front();
 }
 
@@ -352,15 +424,19 @@ std::unique_ptr<Engine::Active> Engine::admit(std::shared_ptr<Job> job) {
         if (it->tokens.size() < tokens.size() && std::equal(it->tokens.begin(), it->tokens.end(), tokens.begin()) &&
             (best == checkpoints_.end() || it->tokens.size() > best->tokens.size()))
             best = it;
+    const Speculator::Carry* carry = nullptr;
     if (best != checkpoints_.end()) {
         a->seq = best->seq;
         a->cached = best->tokens.size();
         Checkpoint used = std::move(*best);  // most recently used goes last: evicted last
         checkpoints_.erase(best);
         checkpoints_.push_back(std::move(used));
+        carry = &checkpoints_.back().carry;
     } else {
         a->seq = std::move(*model_->new_sequence());
     }
+    if (opts_.draft.kind != DraftSetting::off)
+        a->spec = std::make_unique<Speculator>(*model_, a->seq, opts_.draft_k, sp, opts_.draft_adaptive, DraftSource{draft_model_.get()}, carry);
     a->fed = a->cached;
     if (a->fed + 1 == tokens.size()) a->next = tokens.back();
     a->logits.resize(static_cast<size_t>(model_->hparams().n_vocab));
@@ -386,15 +462,48 @@ bool Engine::advance(Active& a) {
         a.forced = tok_.encode("\n</think>\n\n");
         std::reverse(a.forced.begin(), a.forced.end());
     }
-    int32_t t;
+    std::vector<int32_t> decided;
     if (!a.forced.empty()) {
-        t = a.forced.back();
+        decided.push_back(a.forced.back());
         a.forced.pop_back();
     } else {
+        std::vector<float>& logits = a.spec ? a.spec->step_logits() : a.logits;
         if (a.ignore_eos)
-            for (int32_t e : eog_) a.logits[static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();
-        t = a.sampler.sample(a.logits.data(), static_cast<int64_t>(a.logits.size()));
+            for (size_t row = 0; row < logits.size(); row += static_cast<size_t>(model_->hparams().n_vocab))
+                for (int32_t e : eog_) logits[row + static_cast<size_t>(e)] = -std::numeric_limits<float>::infinity();
+        if (a.spec) {
+            decided = a.spec->judge();
+            note_speculation(*a.spec);
+        } else {
+            decided.push_back(a.sampler.sample(logits.data(), static_cast<int64_t>(logits.size())));
+        }
     }
+    // The step ran [next, drafts...]: after the i-th decided token, i + 1 of those rows stand.
+    for (size_t i = 0; i < decided.size(); ++i)
+        if (!take(a, decided[i])) {
+            a.kept = static_cast<int64_t>(i) + 1;
+            return false;
+        }
+    a.kept = static_cast<int64_t>(decided.size());
+    return true;
+}
+
+void Engine::note_speculation(const Speculator& spec) {
+    if (!spec.last_drafted()) return;
+    {
+        std::lock_guard lock(mu_);
+        auto& t = stats_.speculation;
+        const int64_t k = spec.last_drafted(), m = spec.last_accepted();
+        ++t.steps;
+        t.drafted += k;
+        t.accepted += m;
+        t.tokens += m + 1;
+        for (int64_t i = 0; i < k; ++i) ++t.drafted_at[static_cast<size_t>(i)], t.accepted_at[static_cast<size_t>(i)] += i < m;
+    }
+    if (opts_.on_speculation) opts_.on_speculation(spec.last_drafted(), spec.last_accepted());
+}
+
+bool Engine::take(Active& a, int32_t t) {
     if (a.generated.empty() && !a.eog) {
         std::lock_guard lock(a.job->mu);
         if (a.job->first_token == std::chrono::steady_clock::time_point{}) a.job->first_token = std::chrono::steady_clock::now();
@@ -426,7 +535,7 @@ void Engine::finish(Active& a) {
         const size_t covered = static_cast<size_t>(a.seq.n_past) - tokens.size();  // generated tokens already run
         std::vector<int32_t> all(tokens);
         all.insert(all.end(), a.generated.begin(), a.generated.begin() + static_cast<long>(std::min(covered, a.generated.size())));
-        if (static_cast<int64_t>(all.size()) == a.seq.n_past && covered > 0) remember(std::move(all), a.seq);
+        if (static_cast<int64_t>(all.size()) == a.seq.n_past && covered > 0) remember(std::move(all), a);
     }
     if (a.calls > 0 && a.finish == "stop") a.finish = "tool_calls";
     a.delta("{}", a.finish.c_str());

@@ -1,8 +1,9 @@
 // Serving: one model, a request queue worked by one thread with continuous batching (up to
 // max_sequences requests in flight, each step one batched pass over all of them: their next
 // tokens and a prefill chunk together), prefix reuse through checkpoints of the whole sequence
-// state, sampling, and Chat Completions chunks (text, reasoning_content from <think>, tool_calls
-// from Qwen XML, usage) streamed to the caller.
+// state, sampling, speculative decoding (each request's drafts verified in the same batched
+// step), and Chat Completions chunks (text, reasoning_content from <think>, tool_calls from Qwen
+// XML, usage) streamed to the caller.
 #pragma once
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -22,6 +24,7 @@
 
 #include "model.h"
 #include "sampler.h"
+#include "speculate.h"
 #include "tokenizer.h"
 
 namespace pulse::decoder {
@@ -56,6 +59,16 @@ struct EngineOptions {
     // Requests served at once (continuous batching); more wait in the queue. 1 = one at a time.
     int64_t max_sequences = 4;
     static constexpr int64_t kMaxSequences = 32;  // leaves half of a step's rows to prefill
+    // Speculative decoding: drafts from the file's MTP block or a draft model, `draft_k` per
+    // step (1..Speculator::kMaxDraft), or with `draft_adaptive` as many as the running
+    // acceptance makes worth it, up to draft_k. Greedy output is unchanged; sampled output is
+    // distributed as without drafts (speculate.h).
+    DraftSetting draft;
+    int draft_k = 4;
+    bool draft_adaptive = false;
+    // Called on the engine's thread after each speculative step that drafted: drafts proposed,
+    // and how many of them were kept (always the first ones).
+    std::function<void(int64_t drafted, int64_t accepted)> on_speculation;
 };
 
 class Engine {
@@ -90,6 +103,10 @@ public:
         // states (KV caches, DeltaNet states) and the prefix checkpoints hold.
         int64_t last_batch = 0;
         uint64_t sequence_bytes = 0, checkpoint_bytes = 0;
+        // Decode-only steps: the tokens they decoded (rows count drafts too).
+        uint64_t decode_only_tokens = 0;
+        // Speculative decoding, every request's steps summed (steps: those that drafted).
+        SpeculationStats speculation = SpeculationStats::zero();
     };
     Stats stats() const;
     int64_t max_sequences() const { return opts_.max_sequences; }
@@ -101,13 +118,20 @@ private:
     struct Active;  // a request being served: its sequence, sampler, parser and progress
     void worker();
     std::unique_ptr<Active> admit(std::shared_ptr<Job> job);
-    bool advance(Active& a);  // after a's logits came: sample and emit; false when it ended
+    // One batched step over the requests being served (their segments, then the re-runs and
+    // MTP catch-ups speculation needs); false when the step failed (every request in it did).
+    bool run_step(std::vector<std::unique_ptr<Active>>& active);
+    void plan(Active& a, std::vector<Segment>& segs, int64_t& rows, int64_t draft_room);
+    bool advance(Active& a);  // after a's logits came: choose, emit; false when it ended
+    bool take(Active& a, int32_t t);  // emit one decoded token; false when it ended
+    void note_speculation(const Speculator& spec);
     void finish(Active& a);
-    void remember(std::vector<int32_t> tokens, const Sequence& seq);
+    void remember(std::vector<int32_t> tokens, const Active& a);
     std::shared_ptr<Job> prepare(rapidjson::Document request) const;  // render, tokenize, check
 
     EngineOptions opts_;
     std::shared_ptr<Model> model_;
+    std::shared_ptr<Model> draft_model_;  // draft = model:PATH
     Tokenizer tok_;
     std::string name_;
     int64_t context_ = 0;
@@ -122,6 +146,7 @@ private:
     struct Checkpoint {
         std::vector<int32_t> tokens;
         Sequence seq;
+        Speculator::Carry carry;  // with speculation: what drafting from there needs
     };
     std::deque<Checkpoint> checkpoints_;
     std::thread thread_;

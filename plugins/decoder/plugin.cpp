@@ -1,7 +1,8 @@
 // Backend plugin "decoder": serves a GGUF qwen35 model in-process, speaking Chat Completions
 // chunks like an HTTP upstream, so the translation profiles work unchanged and it takes part in
 // failover like any endpoint. Endpoint options: model (path, required), threads, context,
-// make_demo, exact, device, max_sequences, checkpoints (docs/DECODER.md).
+// make_demo, exact, device, max_sequences, checkpoints, draft, draft_k, draft_adaptive
+// (docs/DECODER.md). Speculative decoding is counted in the host's /metrics.
 // In the gateway config: url = "decoder:///path/model.gguf" (sugar for plugin://decoder with
 // options.model), or url = "plugin://decoder" with [..endpoints.options] model = "...".
 #include <cmath>
@@ -24,6 +25,23 @@ namespace {
 
 const pulse_host_api_t* g_host = nullptr;
 pulse_host_ctx_t* g_ctx = nullptr;
+const pulse_metrics_ext_t* g_metrics = nullptr;  // optional host service
+
+// Speculative decoding in /metrics, vLLM's counters under the decoder's prefix (what `pulse
+// bench accept` reads): verification steps that drafted, drafts, drafts kept, and kept by
+// position (a draft at position i is kept only with every one before it).
+void count_speculation(int64_t drafted, int64_t accepted) {
+    if (!g_metrics) return;
+    const pulse_str_t none = pulse::str("");
+    g_metrics->counter_add(g_ctx, pulse::str("pulse_decoder_spec_decode_num_drafts_total"), none, none, 1);
+    g_metrics->counter_add(g_ctx, pulse::str("pulse_decoder_spec_decode_num_draft_tokens_total"), none, none, static_cast<uint64_t>(drafted));
+    g_metrics->counter_add(g_ctx, pulse::str("pulse_decoder_spec_decode_num_accepted_tokens_total"), none, none, static_cast<uint64_t>(accepted));
+    for (int64_t i = 0; i < drafted; ++i) {
+        const std::string pos = std::to_string(i);
+        g_metrics->counter_add(g_ctx, pulse::str("pulse_decoder_spec_decode_num_accepted_tokens_per_pos_total"), pulse::str("position"),
+                               pulse::str(pos), i < accepted ? 1 : 0);
+    }
+}
 
 struct Backend {
     std::unique_ptr<pulse::decoder::Engine> engine;
@@ -56,13 +74,27 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
                 if (*value.i64() < 0)
                     throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'checkpoints' must be 0 (two per max_sequences) or more");
                 o.max_checkpoints = *value.i64();
+            } else if (key == "draft" && value.string()) {
+                try {
+                    o.draft = pulse::decoder::DraftSetting::parse(std::string(*value.string()));
+                } catch (const std::invalid_argument& e) {
+                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, std::string("decoder: option ") + e.what());
+                }
+            } else if (key == "draft_k" && value.i64()) {
+                if (*value.i64() < 1 || *value.i64() > pulse::decoder::Speculator::kMaxDraft)
+                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'draft_k' must be 1 to " +
+                                                                     std::to_string(pulse::decoder::Speculator::kMaxDraft) + ", not " +
+                                                                     std::to_string(*value.i64()));
+                o.draft_k = static_cast<int>(*value.i64());
+            } else if (key == "draft_adaptive" && value.boolean()) {
+                o.draft_adaptive = *value.boolean();
             }
             else if (key == "int8_prefill")
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT,
                                    "decoder: option 'int8_prefill' is gone: int8 activations are the default now; 'exact = true' turns them off");
             else
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
-                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N)");
+                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N, draft = \"off\"|\"mtp\"|\"model:PATH\", draft_k = N, draft_adaptive = true|false)");
         }
         {  // fail fast: before reading (or writing) a model file
             auto names = pulse::decoder::device_names();
@@ -102,12 +134,19 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
             }
             pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: serving the demo model " + o.model.string() + " (RANDOM weights: its answers are random text)");
         }
+        o.on_speculation = count_speculation;
         try {
             b->engine = std::make_unique<pulse::decoder::Engine>(o);
         } catch (const std::exception& e) {
             throw pulse::Error(PULSE_E_INVALID_ARGUMENT, std::string("decoder: ") + e.what());
         }
         pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: " + b->engine->model().device_note());
+        if (o.draft.kind != pulse::decoder::DraftSetting::off)
+            pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: speculative decoding with " +
+                                                          (o.draft.kind == pulse::decoder::DraftSetting::mtp ? std::string("the MTP block") : "the draft model " + o.draft.path) +
+                                                          ", " + (o.draft_adaptive ? "up to " : "") + std::to_string(o.draft_k) + " drafts per step");
+        else if (b->engine->model().has_mtp())
+            pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: the file has an MTP block; draft = \"mtp\" turns on speculative decoding with it");
         *out = b.release();
         return PULSE_OK;
     });
@@ -182,6 +221,9 @@ pulse_status_t health(void* backend, pulse_call_t*, pulse_json_writer_t* out) {
         .kv("peak_batch", st.peak_batch)
         .kv("state_bytes", static_cast<int64_t>(st.sequence_bytes))
         .kv("checkpoint_bytes", static_cast<int64_t>(st.checkpoint_bytes))
+        .kv("draft_steps", st.speculation.steps)
+        .kv("drafted", st.speculation.drafted)
+        .kv("draft_accepted", st.speculation.accepted)
         .end_object();
     return w.ok() ? PULSE_OK : PULSE_E_INTERNAL;
 }
@@ -197,6 +239,8 @@ pulse_status_t init(const pulse_host_api_t* host, pulse_host_ctx_t* ctx, pulse_c
     g_host = host;
     g_ctx = ctx;
     *state = nullptr;
+    g_metrics = static_cast<const pulse_metrics_ext_t*>(host->get_extension(ctx, PULSE_EXT_METRICS));
+    if (g_metrics && !PULSE_HAS_FIELD(g_metrics, pulse_metrics_ext_t, counter_add)) g_metrics = nullptr;
     return pulse::guard(host, call, [&] { return host->register_backend(ctx, &kBackend, sizeof kBackend, nullptr); });
 }
 void deinit(void*) {}

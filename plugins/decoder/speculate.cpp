@@ -37,6 +37,21 @@ std::vector<int32_t> accept_drafts(const float* logits, int64_t V, const std::ve
     return out;
 }
 
+SpeculationStats SpeculationStats::zero() {
+    SpeculationStats s;
+    s.drafted_at.assign(Speculator::kMaxDraft, 0);
+    s.accepted_at.assign(Speculator::kMaxDraft, 0);
+    return s;
+}
+
+DraftSetting DraftSetting::parse(const std::string& text) {
+    if (text == "off") return {};
+    if (text == "mtp") return {mtp, ""};
+    if (text.rfind("model:", 0) == 0 && text.size() > 6) return {model, text.substr(6)};
+    throw std::invalid_argument("draft must be \"off\", \"mtp\" (the file's MTP block) or \"model:PATH\" (a draft model's GGUF file), not \"" +
+                                text + "\"");
+}
+
 int drafts_worth(const std::vector<double>& kept_after, int k_max, double worth) {
     double all_kept = 1;
     int k = 0;
@@ -55,45 +70,110 @@ constexpr double kRateWeight = 1.0 / 8, kFirstRate = 0.7;
 constexpr int64_t kProbeEvery = 16;
 }  // namespace
 
-Speculator::Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling, bool adaptive)
-    : model_(model), seq_(seq), k_(k), adaptive_(adaptive), kept_after_(static_cast<size_t>(k), kFirstRate), E_(model.hparams().n_embd),
-      V_(model.hparams().n_vocab), sampler_(sampling) {
+Speculator::Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling, bool adaptive, DraftSource source, const Carry* from)
+    : model_(model), seq_(seq), k_(k), adaptive_(adaptive), source_(source), kept_after_(static_cast<size_t>(k), kFirstRate),
+      E_(model.hparams().n_embd), V_(model.hparams().n_vocab), sampler_(sampling) {
     if (k < 1 || k > kMaxDraft) throw std::invalid_argument("drafts per step must be 1 to " + std::to_string(kMaxDraft) + ", not " + std::to_string(k));
-    if (seq.n_past || seq.mtp_n_past) throw std::invalid_argument("a speculator starts on a fresh sequence");
+    if (source_.model && source_.model->hparams().n_vocab != V_)
+        throw std::invalid_argument("the draft model's vocabulary has " + std::to_string(source_.model->hparams().n_vocab) + " tokens, the model's " +
+                                    std::to_string(V_) + ": drafts must use the same vocabulary");
     pending_.assign(static_cast<size_t>(E_), 0.f);
-    stats_.drafted_at.assign(kMaxDraft, 0);
-    stats_.accepted_at.assign(kMaxDraft, 0);
+    stats_ = SpeculationStats::zero();
+    if (from) {
+        if (uses_mtp() && (from->hidden.size() != pending_.size() || seq.mtp_n_past != seq.n_past))
+            throw std::invalid_argument("the checkpoint carries no MTP state for this sequence");
+        if (!uses_mtp() && !from->draft_seq) throw std::invalid_argument("the checkpoint carries no draft-model state");
+        if (uses_mtp()) pending_ = from->hidden;
+        else draft_seq_ = std::make_unique<Sequence>(*from->draft_seq), draft_behind_ = from->draft_behind;
+    } else if (seq.n_past || seq.mtp_n_past) {
+        throw std::invalid_argument("a speculator starts on a fresh sequence");
+    }
+    if (!uses_mtp() && !draft_seq_) draft_seq_ = source_.model->new_sequence();
 }
 
-void Speculator::run(const std::vector<int32_t>& tokens, std::vector<float>* logits) {
-    const auto n = static_cast<int64_t>(tokens.size());
-    hidden_.resize(static_cast<size_t>(n * E_));
-    if (logits) logits->resize(static_cast<size_t>(n * V_));
-    model_.step({Segment{&seq_, tokens.data(), n, logits ? logits->data() : nullptr, true, hidden_.data()}});
-    if (model_.has_mtp()) catch_up(tokens);
-    std::copy(hidden_.end() - E_, hidden_.end(), pending_.begin());
+Speculator::Carry Speculator::carry() const {
+    Carry c;
+    if (uses_mtp()) c.hidden = pending_;
+    else c.draft_seq = std::make_shared<Sequence>(*draft_seq_), c.draft_behind = draft_behind_;
+    return c;
 }
 
-void Speculator::catch_up(const std::vector<int32_t>& tokens) {
+Segment Speculator::main_rows(const int32_t* tokens, int64_t n, int64_t drafts, bool logits) {
+    if (drafts > kMaxDraft) throw std::invalid_argument("at most " + std::to_string(kMaxDraft) + " drafts per step");
+    rows_.assign(tokens, tokens + n);
+    drafts_ = drafts;
+    base_ = seq_.n_past;
+    if (drafts) seq_.save_recurrent(checkpoint_);
+    const bool hidden = uses_mtp() && model_.has_mtp();
+    hidden_.resize(hidden ? static_cast<size_t>(n * E_) : 0);
+    logits_.resize(logits ? static_cast<size_t>((drafts ? n : 1) * V_) : 0);
+    return Segment{&seq_, rows_.data(), n, logits ? logits_.data() : nullptr, drafts > 0, hidden ? hidden_.data() : nullptr};
+}
+
+std::vector<int32_t> Speculator::judge() {
+    const std::vector<int32_t> drafts(rows_.begin() + 1, rows_.end());
+    const std::vector<int32_t> out = accept_drafts(logits_.data(), V_, drafts, sampler_);
+    const auto k = drafts_, m = static_cast<int64_t>(out.size()) - 1;
+    ++stats_.steps;
+    stats_.drafted += k;
+    stats_.accepted += m;
+    stats_.tokens += m + 1;
+    last_drafted_ = k;
+    last_accepted_ = m;
+    if (!k) ++stats_.plain_steps;
+    for (int64_t i = 0; i < k; ++i) {
+        ++stats_.drafted_at[static_cast<size_t>(i)];
+        if (i < m) ++stats_.accepted_at[static_cast<size_t>(i)];
+        // Draft i was judged (kept or not) when all before it were kept.
+        if (i <= m && i < static_cast<int64_t>(kept_after_.size())) {
+            double& rate = kept_after_[static_cast<size_t>(i)];
+            rate += kRateWeight * ((i < m ? 1.0 : 0.0) - rate);
+        }
+    }
+    return out;
+}
+
+std::optional<Segment> Speculator::keep(int64_t n) {
+    if (n < 1 || n > static_cast<int64_t>(rows_.size())) throw std::logic_error("keep: 1 to " + std::to_string(rows_.size()) + " rows");
+    const bool all = n == static_cast<int64_t>(rows_.size());
+    rows_.resize(static_cast<size_t>(n));
+    if (all) return std::nullopt;
+    // Rejected drafts ran through the recurrent layers: undo, run the kept rows again.
+    seq_.restore_recurrent(checkpoint_);
+    seq_.n_past = base_;
+    stats_.recomputed_rows += n;
+    return Segment{&seq_, rows_.data(), n, nullptr, false, hidden_.empty() ? nullptr : hidden_.data()};
+}
+
+std::optional<Segment> Speculator::catch_up() {
+    if (!uses_mtp()) {
+        draft_behind_.insert(draft_behind_.end(), rows_.begin(), rows_.end());
+        return std::nullopt;
+    }
+    if (!model_.has_mtp()) return std::nullopt;
     // Token p with the main hidden state of p-1: the carried row, then this step's rows shifted.
-    const auto n = static_cast<int64_t>(tokens.size());
-    std::vector<float> paired(static_cast<size_t>(n * E_));
-    std::copy(pending_.begin(), pending_.end(), paired.begin());
-    std::copy(hidden_.begin(), hidden_.end() - E_, paired.begin() + E_);
-    model_.mtp_step({Segment{&seq_, tokens.data(), n, nullptr, false, nullptr, paired.data()}});
+    const auto n = static_cast<int64_t>(rows_.size());
+    paired_.resize(static_cast<size_t>(n * E_));
+    std::copy(pending_.begin(), pending_.end(), paired_.begin());
+    std::copy(hidden_.begin(), hidden_.begin() + (n - 1) * E_, paired_.begin() + E_);
+    std::copy(hidden_.begin() + (n - 1) * E_, hidden_.begin() + n * E_, pending_.begin());
+    return Segment{&seq_, rows_.data(), n, nullptr, false, nullptr, paired_.data()};
 }
 
 std::vector<float> Speculator::prefill(const std::vector<int32_t>& prompt) {
     if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
-    std::vector<float> rows;
     for (size_t i = 0; i < prompt.size(); i += static_cast<size_t>(Model::kMaxStepRows)) {
-        const size_t n = std::min(prompt.size() - i, static_cast<size_t>(Model::kMaxStepRows));
-        run(std::vector<int32_t>(prompt.begin() + static_cast<long>(i), prompt.begin() + static_cast<long>(i + n)), &rows);
+        const auto n = static_cast<int64_t>(std::min(prompt.size() - i, static_cast<size_t>(Model::kMaxStepRows)));
+        model_.step({main_rows(prompt.data() + i, n, 0, i + static_cast<size_t>(n) == prompt.size())});
+        keep(n);
+        if (auto s = catch_up()) model_.mtp_step({*s});
     }
-    return std::vector<float>(rows.end() - V_, rows.end());
+    return logits_;
 }
 
-std::vector<int32_t> Speculator::draft(int32_t last, int k) {
+std::vector<int32_t> Speculator::draft(int32_t last, int k) { return uses_mtp() ? draft_mtp(last, k) : draft_model(last, k); }
+
+std::vector<int32_t> Speculator::draft_mtp(int32_t last, int k) {
     if (!model_.has_mtp()) throw std::logic_error("drafting needs the model's MTP block");
     if (seq_.mtp_n_past != seq_.n_past) throw std::logic_error("the MTP block's cache is not at the main model's position");
     std::vector<int32_t> out;
@@ -109,45 +189,39 @@ std::vector<int32_t> Speculator::draft(int32_t last, int k) {
     return out;
 }
 
+std::vector<int32_t> Speculator::draft_model(int32_t last, int k) {
+    const Model& dm = *source_.model;
+    Sequence& ds = *draft_seq_;
+    // The tokens kept since the last draft, for good (in steps of up to kMaxStepRows).
+    for (size_t i = 0; i < draft_behind_.size(); i += static_cast<size_t>(Model::kMaxStepRows)) {
+        const auto n = static_cast<int64_t>(std::min(draft_behind_.size() - i, static_cast<size_t>(Model::kMaxStepRows)));
+        dm.step({Segment{&ds, draft_behind_.data() + i, n, nullptr, false}});
+    }
+    draft_behind_.clear();
+    // Then `last` and the drafts one by one, undone afterwards: verify decides what stays.
+    if (ds.n_past + k >= dm.hparams().context_length) return {};
+    const int64_t base = ds.n_past;
+    ds.save_recurrent(draft_checkpoint_);
+    std::vector<int32_t> out;
+    std::vector<float> logits(static_cast<size_t>(V_));
+    int32_t tok = last;
+    for (int i = 0; i < k; ++i) {
+        dm.step({Segment{&ds, &tok, 1, logits.data(), false}});
+        tok = argmax(logits.data(), V_);
+        out.push_back(tok);
+    }
+    ds.restore_recurrent(draft_checkpoint_);
+    ds.n_past = base;
+    return out;
+}
+
 std::vector<int32_t> Speculator::verify(int32_t last, const std::vector<int32_t>& drafts) {
-    const auto k = static_cast<int64_t>(drafts.size());
-    if (k > kMaxDraft) throw std::invalid_argument("at most " + std::to_string(kMaxDraft) + " drafts per step");
     std::vector<int32_t> rows{last};
     rows.insert(rows.end(), drafts.begin(), drafts.end());
-    const int64_t base = seq_.n_past;
-    if (k) seq_.save_recurrent(checkpoint_);
-    std::vector<float> all;
-    // The main step alone: the MTP block catches up below, on the accepted rows only.
-    hidden_.resize(static_cast<size_t>((k + 1) * E_));
-    all.resize(static_cast<size_t>((k + 1) * V_));
-    model_.step({Segment{&seq_, rows.data(), k + 1, all.data(), true, hidden_.data()}});
-    const std::vector<int32_t> out = accept_drafts(all.data(), V_, drafts, sampler_);
-    const auto m = static_cast<int64_t>(out.size()) - 1;
-    logits_.assign(all.begin(), all.begin() + (m + 1) * V_);
-    rows.resize(static_cast<size_t>(m + 1));
-    if (m < k) {  // rejected drafts ran through the recurrent layers: undo, run the kept rows again
-        seq_.restore_recurrent(checkpoint_);
-        seq_.n_past = base;
-        model_.step({Segment{&seq_, rows.data(), m + 1, nullptr, false, hidden_.data()}});
-        stats_.recomputed_rows += m + 1;
-    }
-    hidden_.resize(static_cast<size_t>((m + 1) * E_));
-    if (model_.has_mtp()) catch_up(rows);
-    std::copy(hidden_.end() - E_, hidden_.end(), pending_.begin());
-    ++stats_.steps;
-    stats_.drafted += k;
-    stats_.accepted += m;
-    stats_.tokens += m + 1;
-    if (!k) ++stats_.plain_steps;
-    for (int64_t i = 0; i < k; ++i) {
-        ++stats_.drafted_at[static_cast<size_t>(i)];
-        if (i < m) ++stats_.accepted_at[static_cast<size_t>(i)];
-        // Draft i was judged (kept or not) when all before it were kept.
-        if (i <= m && i < static_cast<int64_t>(kept_after_.size())) {
-            double& rate = kept_after_[static_cast<size_t>(i)];
-            rate += kRateWeight * ((i < m ? 1.0 : 0.0) - rate);
-        }
-    }
+    model_.step({main_rows(rows.data(), static_cast<int64_t>(rows.size()), static_cast<int64_t>(drafts.size()), true)});
+    const std::vector<int32_t> out = judge();
+    if (auto s = keep(static_cast<int64_t>(out.size()))) model_.step({*s});
+    if (auto s = catch_up()) model_.mtp_step({*s});
     return out;
 }
 

@@ -8,10 +8,15 @@
 // The hybrid model's Gated DeltaNet layers keep no per-position history: after a step that ran
 // rejected drafts, their conv windows and states are put back from a copy taken before the step
 // and the accepted rows are run again (attention caches need no undo: positions past n_past are
-// overwritten). A step whose drafts are all kept runs once.
+// overwritten). A step whose drafts are all kept runs once. A draft model (DraftSource) is
+// undone the same way: its speculative rows are dropped and the tokens kept run in its next
+// draft, as one batched step.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "model.h"
@@ -42,18 +47,36 @@ struct SpeculationStats {
     int64_t tokens = 0;                  // tokens decoded by those steps (accepted + one each)
     int64_t recomputed_rows = 0;         // rows run again to restore the recurrent state
     int64_t plain_steps = 0;             // adaptive: steps run without drafts (counted in steps)
+    static SpeculationStats zero();      // with the by-position counts sized
+};
+
+// Where drafts come from: the model's MTP block (the default), or a second, smaller model with
+// the same vocabulary (classic draft-model speculation, llama.cpp's -md).
+struct DraftSource {
+    const Model* model = nullptr;  // null: the main model's MTP block
+};
+
+// A draft setting as configured (`pulse decode --draft`, the decoder backend's `draft` option):
+// "off", "mtp", or "model:PATH". Throws std::invalid_argument naming what is accepted.
+struct DraftSetting {
+    enum Kind { off, mtp, model } kind = off;
+    std::string path;  // model: the draft model's GGUF file
+    static DraftSetting parse(const std::string& text);
 };
 
 class Speculator {
 public:
     static constexpr int kMaxDraft = 16;
-    // `seq` must be fresh (nothing run). `k`: drafts per step, 1..kMaxDraft. The model needs an
-    // MTP block for step(); verify() takes drafts from anywhere.
-    // `adaptive`: k is at most the given k, chosen per step by drafts_worth.
-    Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling = {}, bool adaptive = false);
+    // `seq` must be fresh (nothing run), or a checkpoint resumed with `from` (carry()). `k`:
+    // drafts per step, 1..kMaxDraft. `adaptive`: k is at most the given k, chosen per step by
+    // drafts_worth. With the MTP source the model needs the block for step(); verify() takes
+    // drafts from anywhere.
+    struct Carry;
+    Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling = {}, bool adaptive = false, DraftSource source = {},
+               const Carry* from = nullptr);
 
-    // Runs the prompt through the main model and the MTP block; returns the logits of its last
-    // token (the first token is chosen from them: sample()).
+    // Runs the prompt through the main model (and the MTP block, or queues it for the draft
+    // model); returns the logits of its last token (the first token is chosen from them: sample()).
     std::vector<float> prefill(const std::vector<int32_t>& prompt);
     int32_t sample(const std::vector<float>& logits) { return sampler_.sample(logits.data(), V_); }
     // One speculative step after `last` (the newest token, not yet run): draft, verify, keep.
@@ -61,33 +84,71 @@ public:
     std::vector<int32_t> step(int32_t last);
     // The drafts the next step() proposes (k, or adaptive k).
     int next_k() const;
-    // The MTP block's greedy drafts after `last` (up to `k`); leaves the sequence as it was.
+    // Greedy drafts after `last` (up to `k`); leaves the sequence as it was.
     std::vector<int32_t> draft(int32_t last, int k);
     // Verifies `drafts` after `last` in one main-model step, as step() does with its own drafts.
     std::vector<int32_t> verify(int32_t last, const std::vector<int32_t>& drafts);
+
+    // verify() and prefill() in phases, for a caller that runs several sequences' segments in
+    // one batched step (the serving engine):
+    //  1. main_rows: this sequence's segment of the main step: a prompt chunk (no drafts; the
+    //     last row's logits when `logits`), or the newest token and its drafts (all logits).
+    //  2. judge (after the step, drafts only): the tokens decoded, by the acceptance rule; the
+    //     step's logits (step_logits) may be masked before it.
+    //  3. keep(n): the first n rows stand (the caller may stop short of what judge returned);
+    //     when fewer than ran, the recurrent state is put back and the segment that runs the
+    //     kept rows again is returned, for a main step.
+    //  4. catch_up: the MTP block's segment over the kept rows (for Model::mtp_step), or none.
+    Segment main_rows(const int32_t* tokens, int64_t n, int64_t drafts, bool logits);
+    std::vector<int32_t> judge();
+    std::vector<float>& step_logits() { return logits_; }
+    std::optional<Segment> keep(int64_t n);
+    std::optional<Segment> catch_up();
+
     // The main model's logits for each token the last step()/verify() returned (rows of n_vocab).
     const std::vector<float>& logits() const { return logits_; }
     const SpeculationStats& stats() const { return stats_; }
+    // What the last judge() did: drafts proposed and kept.
+    int64_t last_drafted() const { return last_drafted_; }
+    int64_t last_accepted() const { return last_accepted_; }
+
+    // What a checkpoint of the sequence (a copy of it) needs beside it to draft on from there:
+    // the main hidden state of its last position (MTP), or the draft model's own sequence and
+    // the tokens it has not run yet.
+    struct Carry {
+        std::vector<float> hidden;
+        std::shared_ptr<Sequence> draft_seq;
+        std::vector<int32_t> draft_behind;
+    };
+    Carry carry() const;
 
 private:
-    // The main model's step over `tokens` with every row's hidden state into hidden_ (and all
-    // logits into `logits` when set), then the MTP block over the same tokens paired with the
-    // hidden state one row earlier.
-    void run(const std::vector<int32_t>& tokens, std::vector<float>* logits);
-    void catch_up(const std::vector<int32_t>& tokens);
+    std::vector<int32_t> draft_mtp(int32_t last, int k);
+    std::vector<int32_t> draft_model(int32_t last, int k);
+    bool uses_mtp() const { return !source_.model; }
 
     const Model& model_;
     Sequence& seq_;
     int k_;
     bool adaptive_;
+    DraftSource source_;
     std::vector<double> kept_after_;  // adaptive: running rate of keeping draft i after 0..i-1
     int64_t E_, V_;
-    std::vector<float> pending_;  // the main hidden state of the last position run (zeros at first)
-    std::vector<float> hidden_;   // the last main step's hidden rows
+    std::vector<float> pending_;  // MTP: the main hidden state of the last position run (zeros at first)
+    // The current step: its rows (token then drafts), their hidden states and logits, where the
+    // sequence stood before it.
+    std::vector<int32_t> rows_;
+    int64_t drafts_ = 0, base_ = 0;
+    std::vector<float> hidden_, paired_;
     std::vector<float> logits_;
     Sequence::RecurrentCheckpoint checkpoint_;
+    // Draft model: its sequence, the tokens decoded that it has not run yet, its undo copy.
+    std::unique_ptr<Sequence> draft_seq_;
+    std::vector<int32_t> draft_behind_;
+    Sequence::RecurrentCheckpoint draft_checkpoint_;
     Sampler sampler_;
     SpeculationStats stats_;
+    int64_t last_drafted_ = 0, last_accepted_ = 0;
 };
 
 }  // namespace pulse::decoder

@@ -46,8 +46,9 @@ const char* kDecodeHelp =
     "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
     "  --no-special      read <|...|> in --prompt as plain text\n"
     "  --exact           f32 activations in every matmul (default: int8 for Q8_0, TQ2_0, Q2_0 layouts)\n"
-    "  --draft mtp|off   speculative decoding with the file's MTP block (greedy or sampled); --json reports\n"
-    "                    steps, drafts, acceptance by position and tokens per step (default: off)\n"
+    "  --draft mtp|model:PATH|off  speculative decoding with the file's MTP block, or with a smaller\n"
+    "                    draft model of the same vocabulary (greedy or sampled); --json reports steps,\n"
+    "                    drafts, acceptance by position and tokens per step (default: off)\n"
     "  --draft-k K       drafts per step, 1-16 (default 4); auto[:MAX]: each step as many as the running\n"
     "                    acceptance makes worth verifying (up to MAX, default 8; none while none is)\n"
     "  --streams N       serve N requests at once through the serving engine (continuous batching):\n"
@@ -67,9 +68,21 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 
 // `pulse decode --streams N`: N chat requests submitted together to one Engine, each waited on
 // by its own thread; what the batching gives in aggregate and what each stream waits first.
+// --draft and --draft-k as given.
+struct DraftArgs {
+    decoder::DraftSetting setting;
+    int k = 4;
+    bool adaptive = false;
+};
+
+void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, const DraftArgs& d);
+
 int decode_streams(const std::string& path, const std::string& prompt, int64_t streams, int64_t max_sequences, int64_t n, int threads,
-                   const std::string& device, bool exact, const decoder::SamplerParams& sp) {
+                   const std::string& device, bool exact, const decoder::SamplerParams& sp, const DraftArgs& draft) {
     decoder::EngineOptions o;
+    o.draft = draft.setting;
+    o.draft_k = draft.k;
+    o.draft_adaptive = draft.adaptive;
     o.model = path;
     o.threads = threads;
     o.device = device;
@@ -175,9 +188,12 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
     w.Key("aggregate_tokens_per_s");
     w.Double(static_cast<double>(total) / std::max(wall, 1e-9));
     w.Key("decode_tokens_per_s");
-    w.Double(st.decode_only_s > 0 ? static_cast<double>(st.decode_only_rows) / st.decode_only_s : 0);
+    w.Double(st.decode_only_s > 0 ? static_cast<double>(st.decode_only_tokens) / st.decode_only_s : 0);
     w.Key("steps");
     w.Uint64(st.steps);
+    if (draft.setting.kind != decoder::DraftSetting::off) {
+        write_speculation(w, st.speculation, draft);
+    }
     w.Key("peak_batch");
     w.Int64(st.peak_batch);
     w.Key("device");
@@ -191,19 +207,18 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
     return 0;
 }
 
-}  // namespace
-
 // --json's "speculation": what drafting did (acceptance by draft position; the tokens per
 // verification step are what speculation can gain at best, before the cost of a step).
-void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, int k, bool adaptive) {
+void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, const DraftArgs& d) {
+    const int k = d.k;
     w.Key("speculation");
     w.StartObject();
     w.Key("draft");
-    w.String("mtp");
+    w.String(d.setting.kind == decoder::DraftSetting::mtp ? "mtp" : ("model:" + d.setting.path).c_str());
     w.Key("k");
     w.Int(k);
     w.Key("adaptive");
-    w.Bool(adaptive);
+    w.Bool(d.adaptive);
     w.Key("plain_steps");
     w.Int64(st.plain_steps);
     w.Key("steps");
@@ -226,13 +241,14 @@ void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const deco
     w.EndObject();
 }
 
+}  // namespace
+
 int cmd_decode(const std::vector<std::string>& args) {
     std::string path, prompt, tokens_csv;
     bool json = false, special = true, have_prompt = false, exact = false;
     int64_t n = 32, topk_print = 0, streams = 0, max_sequences = 0;
-    int threads = 0, draft_k = 4;
-    bool adaptive = false;
-    std::string draft = "off";
+    int threads = 0;
+    DraftArgs draft;
     std::string device;
     decoder::SamplerParams sp;
     for (size_t i = 0; i < args.size(); ++i) {
@@ -257,11 +273,11 @@ int cmd_decode(const std::vector<std::string>& args) {
             else if (a == "--json") json = true;
             else if (a == "--no-special") special = false;
             else if (a == "--exact") exact = true;
-            else if (a == "--draft") draft = next();
+            else if (a == "--draft") draft.setting = decoder::DraftSetting::parse(next());
             else if (a == "--draft-k") {
                 const std::string v = next();
-                adaptive = v.rfind("auto", 0) == 0;  // auto or auto:MAX
-                draft_k = adaptive ? (v.size() > 5 && v[4] == ':' ? std::stoi(v.substr(5)) : 8) : std::stoi(v);
+                draft.adaptive = v.rfind("auto", 0) == 0;  // auto or auto:MAX
+                draft.k = draft.adaptive ? (v.size() > 5 && v[4] == ':' ? std::stoi(v.substr(5)) : 8) : std::stoi(v);
             }
             else if (a == "--streams") streams = std::stoll(next());
             else if (a == "--max-sequences") max_sequences = std::stoll(next());
@@ -281,32 +297,29 @@ int cmd_decode(const std::vector<std::string>& args) {
         std::fprintf(stderr, "pulse decode: give MODEL.gguf and exactly one of --prompt or --tokens\n%s", kDecodeHelp);
         return 2;
     }
-    if ((draft != "off" && draft != "mtp") || draft_k < 1 || draft_k > decoder::Speculator::kMaxDraft) {
-        std::fprintf(stderr, "pulse decode: --draft takes mtp or off, --draft-k 1 to %d\n%s", decoder::Speculator::kMaxDraft, kDecodeHelp);
+    if (draft.k < 1 || draft.k > decoder::Speculator::kMaxDraft) {
+        std::fprintf(stderr, "pulse decode: --draft-k takes 1 to %d or auto[:MAX]\n%s", decoder::Speculator::kMaxDraft, kDecodeHelp);
         return 2;
     }
-    const bool speculate = draft == "mtp";
-    if (speculate && streams != 0) {
-        std::fprintf(stderr, "pulse decode: --draft mtp decodes one stream (the serving engine does not draft yet)\n");
-        return 2;
-    }
+    const bool speculate = draft.setting.kind != decoder::DraftSetting::off;
     if (streams != 0 || max_sequences != 0) {
         if (streams < 1 || !have_prompt || topk_print || n < 1 || max_sequences < 0) {
             std::fprintf(stderr, "pulse decode: --streams N (N >= 1) takes --prompt, -n >= 1 and no --logits\n%s", kDecodeHelp);
             return 2;
         }
-        return decode_streams(path, prompt, streams, max_sequences, n, threads, device, exact, sp);
+        return decode_streams(path, prompt, streams, max_sequences, n, threads, device, exact, sp, draft);
     }
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
     std::shared_ptr<decoder::GgufFile> file;
-    std::shared_ptr<decoder::Model> model;
+    std::shared_ptr<decoder::Model> model, draft_model;
     decoder::Tokenizer tok;
     try {
         file = decoder::GgufFile::open(path);
         model = decoder::Model::load(file, device);
         tok = decoder::Tokenizer::load(*file);
+        if (draft.setting.kind == decoder::DraftSetting::model) draft_model = decoder::Model::load(decoder::GgufFile::open(draft.setting.path), device);
     } catch (const std::invalid_argument& e) {  // a device this build does not have
         std::fprintf(stderr, "pulse decode: %s\n", e.what());
         return 2;
@@ -315,7 +328,8 @@ int cmd_decode(const std::vector<std::string>& args) {
         return 3;
     }
     model->exact = exact;
-    if (speculate && !model->has_mtp()) {
+    if (draft_model) draft_model->exact = exact;
+    if (draft.setting.kind == decoder::DraftSetting::mtp && !model->has_mtp()) {
         std::fprintf(stderr, "pulse decode: --draft mtp: %s has no MTP block (no %s.nextn_predict_layers)\n", path.c_str(),
                      file->get_string("general.architecture").c_str());
         return 3;
@@ -341,7 +355,12 @@ int cmd_decode(const std::vector<std::string>& args) {
     }
     auto seq = model->new_sequence();
     std::unique_ptr<decoder::Speculator> spec;
-    if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft_k, sp, adaptive);
+    try {
+        if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft.k, sp, draft.adaptive, decoder::DraftSource{draft_model.get()});
+    } catch (const std::invalid_argument& e) {  // a draft model of another vocabulary
+        std::fprintf(stderr, "pulse decode: %s\n", e.what());
+        return 3;
+    }
     double t0 = now_s();
     std::vector<float> logits = spec ? spec->prefill(ids) : model->forward(*seq, ids);
     double t1 = now_s();
@@ -458,7 +477,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     w.String(model->device_note().c_str());
     w.Key("kernels");
     w.String(decoder::kernel_name());
-    if (spec) write_speculation(w, spec->stats(), draft_k, adaptive);
+    if (spec) write_speculation(w, spec->stats(), draft);
     w.EndObject();
     std::printf("%s\n", b.GetString());
     return 0;

@@ -287,7 +287,7 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto sampled = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--temperature", "0.7", "--seed", "3", "--json"});
     CHECK(sampled.code == 0);
     CHECK(has(sampled.out, R"("speculation":{"draft":"mtp","k":4,"adaptive":false,)"));
-    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--prompt", "hi", "--draft", "mtp", "--streams", "2"}).code == 2);
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--prompt", "hi", "--draft", "mtp", "--streams", "2", "-n", "3"}).code == 0);  // the engine drafts too
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-k", "0"}).code == 2);
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "eagle"}).code == 2);
     // Self-distillation data from a JSONL prompt set: a raw prompt and a chat request.
@@ -347,7 +347,10 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
                                    (tmp / "demo.gguf").string() + "\"\n[models.m.endpoints.options]\n" + option + "\n");
     };
     for (const auto& [option, message] : {std::pair{"max_sequences = 0", "decoder: option 'max_sequences' must be 1 to 32, not 0"},
-                                          std::pair{"checkpoints = -1", "decoder: option 'checkpoints' must be 0 (two per max_sequences) or more"}}) {
+                                          std::pair{"checkpoints = -1", "decoder: option 'checkpoints' must be 0 (two per max_sequences) or more"},
+                                          std::pair{"draft = \"eagle\"", "decoder: option draft must be \"off\", \"mtp\" (the file's MTP block) or \"model:PATH\""},
+                                          std::pair{"draft_k = 0", "decoder: option 'draft_k' must be 1 to 16, not 0"},
+                                          std::pair{"draft = \"mtp\"", "draft = \"mtp\" but the file has no MTP block"}}) {
         auto bad = run({exe(), "serve", "--config", decoder_cfg("bad.toml", option).string()}, kNoEnvOverrides, 30);
         CHECK(bad.code == 3);
         CHECK(has(bad.err, message));
@@ -364,6 +367,13 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(has(streams.out, "\"streams\":3,\"max_sequences\":3,"));
     CHECK(has(streams.out, "\"completion_tokens\":[5,5,5]"));
     CHECK(has(streams.out, "\"peak_batch\":3"));
+    // Drafting in the serving engine: the demo file drafting for itself keeps every draft.
+    auto batched_drafts = run({exe(), "decode", (tmp / "demo.gguf").string(), "--prompt", "hi", "--streams", "2", "-n", "9", "--draft",
+                        "model:" + (tmp / "demo.gguf").string(), "--draft-k", "3"});
+    CHECK(batched_drafts.code == 0);
+    CHECK(has(batched_drafts.out, "\"completion_tokens\":[9,9]"));
+    CHECK(has(batched_drafts.out, "\"speculation\":{\"draft\":\"model:"));
+    CHECK(has(batched_drafts.out, "\"acceptance\":1.0,"));
     auto queued = run({exe(), "decode", (tmp / "demo.gguf").string(), "--prompt", "hi", "--streams", "3", "--max-sequences", "1", "-n", "5"});
     CHECK(queued.code == 0);
     CHECK(has(queued.out, "\"peak_batch\":1"));

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <rapidjson/document.h>
 
@@ -366,6 +367,89 @@ TEST_CASE("engine: conversations served side by side each keep their prefix chec
     }
 }
 
+TEST_CASE("engine: speculative decoding (MTP block, draft model, adaptive) in the batched step: every answer as without drafts") {
+    // The untied tiny shape (its greedy text varies; the tied one repeats a token), with an MTP
+    // block; the draft model is its first layer alone (right about 5 times in 6).
+    TempDir d;
+    SynthShape shape = tiny_shape();
+    shape.tied_output = false;
+    shape.mtp = true;
+    write_synthetic(d / "m.gguf", shape, kF32, 9);
+    shape.n_layer = 1;
+    write_synthetic(d / "short.gguf", shape, kF32, 9);
+    auto options = [&](const std::string& draft, int k, bool adaptive, int64_t max_sequences) {
+        EngineOptions o;
+        o.model = d / "m.gguf";
+        o.threads = 1;
+        o.exact = true;
+        o.max_sequences = max_sequences;
+        o.max_checkpoints = 16;  // every request's two
+        o.draft = DraftSetting::parse(draft);
+        o.draft_k = k;
+        o.draft_adaptive = adaptive;
+        return o;
+    };
+    // Thinking with a budget, max tokens, ignore_eos, a long prompt (prefill in chunks beside
+    // decoding requests), plain answers.
+    std::vector<std::string> reqs = {
+        R"({"max_tokens":40,"temperature":0,"messages":[{"role":"user","content":"first question"}]})",
+        R"({"max_tokens":33,"temperature":0,"thinking_token_budget":7,"messages":[{"role":"user","content":"think a little"}]})",
+        R"({"max_tokens":25,"temperature":0,"ignore_eos":true,"chat_template_kwargs":{"enable_thinking":false},"messages":[{"role":"user","content":"go"}]})",
+        R"({"max_tokens":30,"temperature":0,"messages":[{"role":"user","content":")" + std::string(300, 'x') + R"("}]})",
+        R"({"max_tokens":1,"temperature":0,"messages":[{"role":"user","content":"one token"}]})",
+    };
+    std::vector<Answer> plain;
+    {
+        Engine one(options("off", 4, false, 1));
+        for (const auto& r : reqs) plain.push_back(answer(drain(*one.submit(json(r)))));
+    }
+    for (const auto& [draft, k, adaptive] : {std::tuple<std::string, int, bool>{"mtp", 3, false}, {"model:" + (d / "short.gguf").string(), 4, false},
+                                             {"model:" + (d / "short.gguf").string(), 6, true}}) {
+        CAPTURE(draft);
+        CAPTURE(k);
+        CAPTURE(adaptive);
+        EngineOptions o = options(draft, k, adaptive, 3);
+        std::atomic<int64_t> reported_drafts{0}, reported_kept{0};
+        o.on_speculation = [&](int64_t drafted, int64_t kept) { reported_drafts += drafted, reported_kept += kept; };
+        Engine e(o);
+        for (int turn = 0; turn < 2; ++turn) {  // the second turn starts from prefix checkpoints
+            std::vector<rapidjson::Document> docs;
+            for (const auto& r : reqs) docs.push_back(json(r));
+            auto jobs = e.submit_all(std::move(docs));
+            for (size_t i = 0; i < jobs.size(); ++i) {
+                CAPTURE(i);
+                auto chunks = drain(*jobs[i]);
+                CHECK(answer(chunks) == plain[i]);
+                if (turn == 1) CHECK(chunks.back()["usage"]["prompt_tokens_details"]["cached_tokens"].GetInt() > 0);
+            }
+        }
+        const auto st = e.stats();
+        CHECK(st.peak_batch == 3);
+        CHECK(st.speculation.steps > 0);
+        CHECK(st.speculation.drafted == reported_drafts);
+        CHECK(st.speculation.accepted == reported_kept);
+        CHECK(st.speculation.accepted <= st.speculation.drafted);
+        if (draft != "mtp") CHECK(st.speculation.accepted * 4 > st.speculation.drafted);  // the one-layer drafter is often right
+        MESSAGE(draft << " k " << k << std::string(adaptive ? " adaptive" : "") << ": " << st.speculation.accepted << " of " << st.speculation.drafted
+                      << " drafts kept in " << st.speculation.steps << " steps; " << st.steps << " engine steps");
+    }
+}
+
+TEST_CASE("engine: a draft setting the model cannot serve is refused at start, by name") {
+    TempDir d;
+    write_synthetic(d / "plain.gguf", tiny_shape(), kF32, 7);
+    EngineOptions o;
+    o.model = d / "plain.gguf";
+    o.threads = 1;
+    o.draft = DraftSetting::parse("mtp");
+    CHECK_THROWS_WITH(Engine{o}, doctest::Contains("has no MTP block"));
+    o.draft = DraftSetting::parse("model:" + (d / "missing.gguf").string());
+    CHECK_THROWS_WITH(Engine{o}, doctest::Contains("missing.gguf"));
+    o.draft = DraftSetting::parse("model:" + (d / "plain.gguf").string());
+    o.draft_k = 17;
+    CHECK_THROWS_WITH(Engine{o}, doctest::Contains("draft_k must be 1 to 16"));
+}
+
 TEST_CASE("engine: submit_all queues all or none") {
     TinyEngine t;
     std::vector<rapidjson::Document> docs;
@@ -580,6 +664,30 @@ TEST_CASE("backend plugin through the gateway: a decoder:// endpoint answers, /h
     // Which device serves it (cuda where a GPU answered the probe).
     CHECK((health.find(R"("device":"cpu")") != std::string::npos || health.find(R"("device":"cuda")") != std::string::npos));
     CHECK(health.find(R"("steps":0,)") == std::string::npos);
+}
+
+TEST_CASE("backend plugin: draft options turn on speculative decoding; /metrics counts drafts, kept drafts and kept by position") {
+    TempDir d;
+    write_synthetic(d / "tiny.gguf", tiny_shape(), kF32, 7);
+    Gateway gw("[models.tiny]\nprofile = \"qwen38\"\n[[models.tiny.endpoints]]\nname = \"local\"\nurl = \"decoder://" + (d / "tiny.gguf").string() +
+               "\"\n[models.tiny.endpoints.options]\ndraft = \"model:" + (d / "tiny.gguf").string() +
+               "\"\ndraft_k = 3\n[models.tiny.sampling]\nmax_output_tokens = 12\n[models.tiny.profile_options]\nthinking = \"off\"\n");
+    auto r = post(gw.port, "/v1/responses", R"({"model":"tiny","input":"hi","stream":false,"store":false,"temperature":0})");
+    REQUIRE_MESSAGE(r.status == 200, r.body << gw.log());
+    const std::string metrics = get(gw.port, "/metrics");
+    CAPTURE(metrics);
+    // The model drafting for itself: every draft is kept, at every position.
+    auto value = [&](const std::string& series) {
+        const size_t at = metrics.find(series + " ");
+        return at == std::string::npos ? -1.0 : std::stod(metrics.substr(at + series.size() + 1));
+    };
+    const double steps = value(R"(pulse_decoder_spec_decode_num_drafts_total{plugin="pulse.backend.decoder"})");
+    const double drafted = value(R"(pulse_decoder_spec_decode_num_draft_tokens_total{plugin="pulse.backend.decoder"})");
+    CHECK(steps >= 2);
+    CHECK(drafted == 3 * steps);
+    CHECK(value(R"(pulse_decoder_spec_decode_num_accepted_tokens_total{plugin="pulse.backend.decoder"})") == drafted);
+    CHECK(value(R"(pulse_decoder_spec_decode_num_accepted_tokens_per_pos_total{plugin="pulse.backend.decoder",position="2"})") == steps);
+    CHECK(gw.log().find("speculative decoding with the draft model") != std::string::npos);
 }
 
 TEST_CASE("backend plugin: make_demo writes the demo model, or into ~/.cache when the path is not writable") {

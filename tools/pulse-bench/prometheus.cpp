@@ -16,7 +16,7 @@ SpecCounters parse_spec_counters(const std::string& text) {
         if (space == std::string::npos) continue;
         std::string name = line.substr(0, std::min(brace, line.find(' ')));
         double v = std::strtod(line.c_str() + space + 1, nullptr);
-        for (const char* prefix : {"vllm:", "llamacpp:"}) {
+        for (const char* prefix : {"vllm:", "llamacpp:", "pulse_decoder_"}) {
             if (name.rfind(prefix, 0) != 0) continue;
             std::string n = name.substr(std::strlen(prefix));
             auto is = [&](const char* base) { return n == std::string(base) || n == std::string(base) + "_total"; };
