@@ -345,7 +345,8 @@ bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     // A step that fails (device memory, a bad token) fails every request in it, none is left
     // half-run; the others wait in the queue.
     auto fail_all = [&](const std::exception& e) {
-        for (auto& a : active) end_job(*a->job, std::string("decoder: ") + e.what()), a->failed = true;
+        for (auto& a : active)
+            if (!a->failed) end_job(*a->job, std::string("decoder: ") + e.what()), a->failed = true;
         return false;
     };
     try {
