@@ -1,11 +1,14 @@
 #include "distill.h"
 
+#include "quants.h"
+
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 namespace pulse::decoder {
@@ -119,6 +122,166 @@ CollectSummary collect_hidden(const Model& model, const std::string& model_name,
     meta << b.GetString() << "\n";
     if (!meta) throw std::runtime_error("cannot write " + (dir / "meta.json").string());
     return sum;
+}
+
+}  // namespace pulse::decoder
+
+namespace pulse::decoder {
+
+namespace {
+
+// A tensor as f32 in the layout export_head documents.
+void write_tensor_npy(const TensorInfo& t, const std::filesystem::path& path) {
+    std::vector<float> v(static_cast<size_t>(t.elements()));
+    const uint64_t rows = t.rows(), cols = t.ne[0], row_bytes = t.row_bytes();
+    for (uint64_t r = 0; r < rows; ++r) dequantize_row(t.type, t.data + r * row_bytes, v.data() + r * cols, static_cast<int64_t>(cols));
+    NpyWriter w(path, "<f4", t.ne.size() > 1 ? static_cast<int64_t>(cols) : 0);
+    w.append(v.data(), t.ne.size() > 1 ? static_cast<int64_t>(rows) : static_cast<int64_t>(cols), sizeof(float));
+    w.close();
+}
+
+void write_f32_npy(const std::filesystem::path& path, const std::vector<float>& v, int64_t width) {
+    NpyWriter w(path, "<f4", width);
+    w.append(v.data(), width ? static_cast<int64_t>(v.size()) / width : static_cast<int64_t>(v.size()), sizeof(float));
+    w.close();
+}
+
+}  // namespace
+
+void export_head(Model& model, const std::filesystem::path& dir) {
+    const GgufFile& f = model.file();
+    const HParams& hp = model.hparams();
+    if (!model.has_mtp()) throw GgufError(f.name() + ": no MTP block to train (no nextn_predict_layers)");
+    for (const auto& [key, value] : f.metadata())
+        if (key.rfind("prism.hadamard", 0) == 0) throw GgufError(f.name() + ": Hadamard-folded weights (" + key + "): export the unfolded twin instead");
+    std::filesystem::create_directories(dir);
+    const std::string block = "blk." + std::to_string(hp.n_layer) + ".";
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.StartObject();
+    w.Key("format");
+    w.String("pulse MTP head 1");
+    w.Key("model");
+    w.String(f.name().c_str());
+    for (auto [key, v] : {std::pair<const char*, int64_t>{"n_embd", hp.n_embd}, {"n_vocab", hp.n_vocab}, {"n_ff", hp.n_ff}, {"n_head", hp.n_head},
+                          {"n_head_kv", hp.n_head_kv}, {"head_dim", hp.head_dim}, {"rope_dim", hp.rope_dim}, {"block", hp.n_layer}}) {
+        w.Key(key);
+        w.Int64(v);
+    }
+    for (auto [key, v] : {std::pair<const char*, double>{"rope_base", hp.rope_base}, {"rms_eps", hp.rms_eps}, {"attn_scale", hp.attn_scale}}) {
+        w.Key(key);
+        w.Double(v);
+    }
+    w.Key("tensors");
+    w.StartArray();
+    for (const auto& t : f.tensors()) {
+        if (t.name.rfind(block, 0) != 0) continue;
+        write_tensor_npy(t, dir / (t.name + ".npy"));
+        w.StartObject();
+        w.Key("name");
+        w.String(t.name.c_str());
+        w.Key("type");
+        w.String(type_name(t.type).c_str());
+        w.Key("ne");
+        w.StartArray();
+        for (uint64_t x : t.ne) w.Uint64(x);
+        w.EndArray();
+        w.EndObject();
+    }
+    w.EndArray();
+    // The tables the block reads: its own copies where the file has them.
+    auto first = [&](std::initializer_list<std::string> names) -> const TensorInfo& {
+        for (const auto& n : names)
+            if (const TensorInfo* t = f.tensor(n)) return *t;
+        throw GgufError(f.name() + ": none of " + *names.begin() + "... in the file");
+    };
+    const std::pair<const char*, const TensorInfo*> tables[] = {
+        {"embed", &first({block + "nextn.embed_tokens.weight", "token_embd.weight"})},
+        {"head", &first({block + "nextn.shared_head_head.weight", "output.weight", "token_embd.weight"})},
+        {"head_norm", &first({block + "nextn.shared_head_norm.weight", "output_norm.weight"})}};
+    w.Key("tables");
+    w.StartObject();
+    for (const auto& [key, t] : tables) {
+        write_tensor_npy(*t, dir / (std::string(key) + ".npy"));
+        w.Key(key);
+        w.String(t->name.c_str());
+    }
+    w.EndObject();
+    w.EndObject();
+    std::ofstream(dir / "head.json") << b.GetString() << "\n";
+
+    // The check: the decoder's own block on a short sequence (the exact path: f32 activations).
+    const int64_t E = hp.n_embd, V = hp.n_vocab, n = std::min<int64_t>(24, hp.context_length / 2);
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % V);
+    auto seq = model.new_sequence();
+    std::vector<float> hidden(static_cast<size_t>(n * E)), paired(static_cast<size_t>(n * E), 0.f), logits(static_cast<size_t>(n * V));
+    const bool exact = model.exact;
+    model.exact = true;
+    model.step({Segment{seq.get(), tokens.data(), n, nullptr, false, hidden.data()}});
+    std::copy(hidden.begin(), hidden.end() - E, paired.begin() + E);
+    model.mtp_step({Segment{seq.get(), tokens.data(), n, logits.data(), true, nullptr, paired.data()}});
+    model.exact = exact;
+    NpyWriter tw(dir / "check_tokens.npy", "<i4", 0);
+    tw.append(tokens.data(), n, sizeof(int32_t));
+    tw.close();
+    write_f32_npy(dir / "check_hidden_in.npy", paired, E);
+    write_f32_npy(dir / "check_logits.npy", logits, V);
+}
+
+std::vector<float> read_npy_f32(const std::filesystem::path& path, std::vector<int64_t>& shape) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read " + path.string());
+    char pre[10];
+    in.read(pre, 10);
+    if (!in || std::string(pre, 6) != "\x93NUMPY") throw std::runtime_error(path.string() + ": not a .npy file");
+    size_t len = static_cast<uint8_t>(pre[8]) | (static_cast<size_t>(static_cast<uint8_t>(pre[9])) << 8);
+    if (pre[6] >= 2) {  // version 2 and 3: a four-byte header length
+        char more[2];
+        in.read(more, 2);
+        len |= (static_cast<size_t>(static_cast<uint8_t>(more[0])) << 16) | (static_cast<size_t>(static_cast<uint8_t>(more[1])) << 24);
+    }
+    std::string header(len, '\0');
+    in.read(header.data(), static_cast<std::streamsize>(len));
+    if (header.find("'descr': '<f4'") == std::string::npos || header.find("'fortran_order': False") == std::string::npos)
+        throw std::runtime_error(path.string() + ": expected little-endian float32 in C order (" + header.substr(0, header.find('}') + 1) + ")");
+    const size_t open = header.find("'shape': ("), close = header.find(')', open);
+    if (open == std::string::npos || close == std::string::npos) throw std::runtime_error(path.string() + ": no shape in the header");
+    shape.clear();
+    int64_t count = 1;
+    std::stringstream dims(header.substr(open + 10, close - open - 10));
+    for (std::string d; std::getline(dims, d, ',');)
+        if (d.find_first_not_of(' ') != std::string::npos) shape.push_back(std::stoll(d)), count *= shape.back();
+    std::vector<float> v(static_cast<size_t>(count));
+    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    if (!in) throw std::runtime_error(path.string() + ": shorter than its shape");
+    return v;
+}
+
+int import_head(const GgufFile& f, const std::filesystem::path& dir, const std::filesystem::path& out) {
+    GgufWriter w;
+    for (const auto& [key, value] : f.metadata())
+        if (key != "general.alignment") w.set_value(key, value);
+    int replaced = 0;
+    for (const auto& t : f.tensors()) {
+        const std::filesystem::path trained = dir / (t.name + ".npy");
+        std::vector<uint8_t> bytes;
+        if (std::filesystem::exists(trained)) {
+            std::vector<int64_t> shape;
+            const std::vector<float> v = read_npy_f32(trained, shape);
+            std::vector<int64_t> want;
+            if (t.ne.size() > 1) want = {static_cast<int64_t>(t.rows()), static_cast<int64_t>(t.ne[0])};
+            else want = {static_cast<int64_t>(t.ne[0])};
+            if (shape != want) throw GgufError(trained.string() + ": shape does not match " + t.name + " in " + f.name());
+            bytes = quantize(t.type, v.data(), static_cast<int64_t>(v.size()));
+            ++replaced;
+        } else {
+            bytes.assign(t.data, t.data + t.rows() * t.row_bytes());
+        }
+        w.add_tensor(t.name, t.ne, t.type, std::move(bytes));
+    }
+    w.write(out);
+    return replaced;
 }
 
 }  // namespace pulse::decoder

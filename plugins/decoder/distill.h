@@ -34,6 +34,26 @@ struct CollectSummary {
 CollectSummary collect_hidden(const Model& model, const std::string& model_name, const std::vector<std::vector<int32_t>>& prompts,
                               const std::vector<int32_t>& end_tokens, const CollectOptions& options, const std::filesystem::path& dir);
 
+// The MTP block for training (docs/DECODER.md, "Self-distillation"). export_head writes into `dir`:
+//   head.json       the block's hyperparameters, and each tensor's GGUF name, type and shape
+//   NAME.npy        every tensor of the block (blk.L.*, L = the main layer count), f32, shaped
+//                   [ne1, ne0] (a torch Linear's [out, in]) or [ne0]
+//   embed.npy, head.npy, head_norm.npy   the tables the block reads but a trainer keeps (its
+//                   nextn copies where the file has them, else the main model's)
+//   check_tokens.npy, check_hidden_in.npy, check_logits.npy   a short sequence, the hidden state
+//                   paired with each token, and the decoder's MTP logits for it (exact path): a
+//                   trainer proves it computes the same block before it trains it
+// Throws GgufError for a file without a block, or with Hadamard-folded weights.
+void export_head(Model& model, const std::filesystem::path& dir);  // runs the check on the exact path
+// Writes `out`: the file with every block tensor that `dir` has as NAME.npy (a trained head, f32,
+// the shape export_head gave) replaced, quantized to the tensor's own type; all else copied.
+// Returns the number replaced; throws naming a tensor whose shape differs or a file it cannot read.
+// Holds the whole output in memory while writing.
+int import_head(const GgufFile& file, const std::filesystem::path& dir, const std::filesystem::path& out);
+
+// A little-endian f32 .npy file (C order) read whole; `shape` receives its dimensions.
+std::vector<float> read_npy_f32(const std::filesystem::path& path, std::vector<int64_t>& shape);
+
 // A .npy file of `shape` with little-endian elements of `descr` ("<i4", "<i8", "<f4"), written
 // as data arrives; close() writes the final shape into the header.
 class NpyWriter {

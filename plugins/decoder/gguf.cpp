@@ -387,7 +387,36 @@ void put_str(std::vector<uint8_t>& out, const std::string& s) {
     put<uint64_t>(out, s.size());
     out.insert(out.end(), s.begin(), s.end());
 }
+// A value's payload as the file stores it (its type written by the caller).
+void put_value(std::vector<uint8_t>& out, const Value& v) {
+    switch (v.type) {
+        case ValueType::u8: put<uint8_t>(out, static_cast<uint8_t>(v.u)); break;
+        case ValueType::i8: put<int8_t>(out, static_cast<int8_t>(v.i)); break;
+        case ValueType::u16: put<uint16_t>(out, static_cast<uint16_t>(v.u)); break;
+        case ValueType::i16: put<int16_t>(out, static_cast<int16_t>(v.i)); break;
+        case ValueType::u32: put<uint32_t>(out, static_cast<uint32_t>(v.u)); break;
+        case ValueType::i32: put<int32_t>(out, static_cast<int32_t>(v.i)); break;
+        case ValueType::f32: put<float>(out, static_cast<float>(v.f)); break;
+        case ValueType::u64: put<uint64_t>(out, v.u); break;
+        case ValueType::i64: put<int64_t>(out, v.i); break;
+        case ValueType::f64: put<double>(out, v.f); break;
+        case ValueType::boolean: put<uint8_t>(out, v.b ? 1 : 0); break;
+        case ValueType::string: put_str(out, v.s); break;
+        case ValueType::array:
+            put<uint32_t>(out, static_cast<uint32_t>(v.elem));
+            put<uint64_t>(out, v.items.size());
+            for (const auto& item : v.items) put_value(out, item);
+            break;
+    }
+}
 }  // namespace
+
+void GgufWriter::set_value(const std::string& key, const Value& v) {
+    Kv kv{key, {}};
+    put<uint32_t>(kv.encoded, static_cast<uint32_t>(v.type));
+    put_value(kv.encoded, v);
+    store(std::move(kv));
+}
 
 void GgufWriter::store(Kv kv) {
     for (auto& e : kv_)

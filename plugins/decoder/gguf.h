@@ -139,6 +139,7 @@ public:
     void set_strings(const std::string& key, const std::vector<std::string>& v);
     void set_i32s(const std::string& key, const std::vector<int32_t>& v);
     void set_i64s(const std::string& key, const std::vector<int64_t>& v);
+    void set_value(const std::string& key, const Value& v);  // any value as read (copying a file's metadata)
     void add_tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::vector<uint8_t> data);
     std::vector<uint8_t> bytes(uint32_t alignment = 32) const;
     void write(const std::filesystem::path& path) const;

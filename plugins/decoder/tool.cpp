@@ -557,7 +557,13 @@ const char* kDistillHelp =
     "state at every position (NumPy files in DIR: tokens, hidden, starts, generated_from, meta.json):\n"
     "the data an MTP draft head is trained on (docs/DECODER.md, \"Self-distillation\").\n"
     "FILE.jsonl: one JSON object per line, {\"prompt\": TEXT} (special tokens read) or a chat request\n"
-    "{\"messages\": [...], \"tools\": [...]} (rendered with the Qwen3.5 chat format).\n";
+    "{\"messages\": [...], \"tools\": [...]} (rendered with the Qwen3.5 chat format).\n"
+    "       pulse distill export-head MODEL.gguf --out DIR\n"
+    "The file's MTP block as f32 NumPy files with head.json and a check of the decoder's own logits:\n"
+    "what tools/distill/train.py trains.\n"
+    "       pulse distill import-head MODEL.gguf --head DIR --out NEW.gguf\n"
+    "A copy of MODEL.gguf with the block's tensors replaced by DIR's trained ones (quantized to each\n"
+    "tensor's type).\n";
 
 // The prompts of a JSONL file as token ids; a bad line is an error naming it.
 std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const decoder::Tokenizer& tok) {
@@ -581,8 +587,39 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const de
     return out;
 }
 
+// pulse distill export-head / import-head: the block out to the trainer and back.
+int cmd_distill_head(const std::vector<std::string>& args) {
+    const bool exporting = args[0] == "export-head";
+    std::string path, head, out;
+    for (size_t i = 1; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        if ((a == "--out" || a == "--head") && i + 1 < args.size()) (a == "--out" ? out : head) = args[++i];
+        else if (!a.empty() && a[0] != '-' && path.empty()) path = a;
+        else return std::fprintf(stderr, "pulse distill %s: unexpected argument %s\n%s", args[0].c_str(), a.c_str(), kDistillHelp), 2;
+    }
+    if (path.empty() || out.empty() || exporting == !head.empty())
+        return std::fprintf(stderr, "pulse distill %s: give MODEL.gguf and %s\n%s", args[0].c_str(), exporting ? "--out DIR" : "--head DIR --out NEW.gguf", kDistillHelp), 2;
+    try {
+        auto file = decoder::GgufFile::open(path);
+        if (exporting) {
+            auto model = decoder::Model::load(file, "cpu");
+            decoder::export_head(*model, out);
+            std::printf("wrote %s: the MTP block of %s (head.json, tensors, check)\n", out.c_str(), path.c_str());
+        } else {
+            const int n = decoder::import_head(*file, head, out);
+            if (n == 0) throw decoder::GgufError(head + ": no trained tensor of " + path + "'s block (NAME.npy)");
+            std::printf("wrote %s: %d tensors of the block from %s, the rest from %s\n", out.c_str(), n, head.c_str(), path.c_str());
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse distill %s: %s\n", args[0].c_str(), e.what());
+        return 3;
+    }
+    return 0;
+}
+
 int cmd_distill(const std::vector<std::string>& args) {
     if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) return std::fputs(kDistillHelp, stdout), 0;
+    if (!args.empty() && (args[0] == "export-head" || args[0] == "import-head")) return cmd_distill_head(args);
     if (args.empty() || args[0] != "collect") {
         std::fprintf(stderr, "pulse distill: %s\n%s", args.empty() ? "give a subcommand" : ("unknown subcommand '" + args[0] + "'").c_str(), kDistillHelp);
         return 2;

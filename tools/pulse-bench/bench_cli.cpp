@@ -56,7 +56,8 @@ const char* const kBenchHelp =
     "  --reps N --max-tokens N --prompts FILE --temperature T\n"
     "  --chat-template-kwargs JSON   default {\"enable_thinking\": false}\n"
     "decode: --reps 3, --max-tokens 600, --ignore-eos, --api chat|responses (a Pulse gateway), --effort E\n"
-    "accept: --metrics URL, --max-tokens 256\n"
+    "accept: --metrics URL, --max-tokens 256, --api chat|responses (responses: a Pulse gateway, whose own\n"
+    "        /metrics has its in-process decoder's counters)\n"
     "ttft: --cases cold,warm,restart --restart-cmd CMD --api chat|responses --prompt-words N\n"
     "quality: --dataset PATH (HumanEval .jsonl[.gz]) --samples N --k 1,10 --limit N --mode chat|completions\n"
     "         --exec-timeout S --cpu-s S\n"
@@ -449,7 +450,9 @@ int accept(Options& o) {
     bool have_timings = false;
     for (const auto& p : prompts) {
         progress.step(p.id);
-        RunRecord x{ep.name, p.id, p.kind, 0, stream_chat(ep, chat_body(o, p, max_tokens), o.timeout)};
+        RunRecord x{ep.name, p.id, p.kind, 0,
+                    o.api == "responses" ? stream_responses(ep, responses_body(o, p, max_tokens), o.timeout)
+                                         : stream_chat(ep, chat_body(o, p, max_tokens), o.timeout)};
         failed = failed || !x.r.ok;
         if (x.r.draft_n >= 0) have_timings = true, t_draft += x.r.draft_n, t_acc += std::max<int64_t>(0, x.r.draft_accepted);
         runs.push_back(std::move(x));
