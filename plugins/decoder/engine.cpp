@@ -354,9 +354,9 @@ bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     } catch (const std::exception& e) {
         return fail_all(e);
     }
-    // Speculation: rows past what a request keeps are undone and its kept rows run again, all in
-    // one step; then the MTP block catches up on every request's kept rows, in one more.
-    std::vector<Segment> reruns, catch_ups;
+    // Speculation: rows past what a request keeps are undone (keep), then the MTP block catches
+    // up on every request's kept rows in one more step.
+    std::vector<Segment> catch_ups;
     for (auto& ap : active) {
         Active& a = *ap;
         if (!a.in_step) continue;
@@ -365,15 +365,13 @@ bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
             a.logits_in_step = was_decoding;
             if (was_decoding) a.ended = !advance(a);
             else a.fed += static_cast<size_t>(a.chunk);
-            if (a.spec)
-                if (auto s = a.spec->keep(was_decoding ? a.kept : a.chunk)) reruns.push_back(*s);
+            if (a.spec) a.spec->keep(was_decoding ? a.kept : a.chunk);
         } catch (const std::exception& e) {
             end_job(*a.job, std::string("decoder: ") + e.what());
             a.failed = true;
         }
     }
     try {
-        if (!reruns.empty()) model_->step(reruns);
         for (auto& a : active)
             if (a->spec && a->in_step && !a->failed)
                 if (auto s = a->spec->catch_up()) catch_ups.push_back(*s);

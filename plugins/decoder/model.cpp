@@ -599,8 +599,52 @@ void Model::deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gi
                                  seq.conv[gi].ptr(), seq.state[gi].ptr(), w.o.ptr() + r0 * VD});
         r0 += s.n;
     }
+    keep_recurrent_inputs(segs, gi, w);  // before the op: it may work in place on them
     dev_->deltanet(ops.data(), ops.size());
     matmul(L.out, w.o.ptr(), B, out, w);
+}
+
+void Model::keep_recurrent_inputs(const std::vector<Segment>& segs, size_t gi, Work& w) const {
+    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads;
+    const size_t n_gdn = static_cast<size_t>(std::count(hp_.recurrent.begin(), hp_.recurrent.end(), true));
+    int64_t r0 = 0;
+    for (const auto& s : segs) {
+        if (s.keep_recurrent_inputs) {
+            auto& in = s.seq->recurrent_inputs;
+            if (in.capacity < s.n || in.qkv.size() != n_gdn) {
+                in = {};
+                for (size_t i = 0; i < n_gdn; ++i) {
+                    in.qkv.push_back(dev_->alloc(static_cast<size_t>(s.n * C)));
+                    in.beta.push_back(dev_->alloc(static_cast<size_t>(s.n * Hv)));
+                    in.alpha.push_back(dev_->alloc(static_cast<size_t>(s.n * Hv)));
+                }
+                in.capacity = s.n;
+            }
+            dev_->copy(w.qkv.ptr() + r0 * C, in.qkv[gi].ptr(), static_cast<size_t>(s.n * C));
+            dev_->copy(w.beta.ptr() + r0 * Hv, in.beta[gi].ptr(), static_cast<size_t>(s.n * Hv));
+            dev_->copy(w.alpha.ptr() + r0 * Hv, in.alpha[gi].ptr(), static_cast<size_t>(s.n * Hv));
+            in.rows = s.n;
+        }
+        r0 += s.n;
+    }
+}
+
+void Model::replay_recurrent(Sequence& seq, int64_t n) const {
+    auto& in = seq.recurrent_inputs;
+    if (n < 1 || n > in.rows) throw std::logic_error("replay_recurrent: the last step kept the inputs of " + std::to_string(in.rows) + " rows, not " + std::to_string(n));
+    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads, VD = hp_.value_dim();
+    // The outputs are not wanted: scratch rows; the gate rows are zeros. One call per layer: the
+    // ops of one call share its weights (device.h).
+    Buffer z = dev_->alloc(static_cast<size_t>(n * VD)), out = dev_->alloc(static_cast<size_t>(n * VD));
+    size_t gi = 0;
+    for (const Layer& L : layers_) {
+        if (!L.recurrent) continue;
+        const DeltaNetOp op{in.qkv[gi].ptr(), z.ptr(), in.beta[gi].ptr(), in.alpha[gi].ptr(), n, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv,
+                            hp_.rms_eps, L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(), seq.conv[gi].ptr(), seq.state[gi].ptr(), out.ptr()};
+        dev_->deltanet(&op, 1);
+        ++gi;
+    }
+    in.rows = 0;  // used: a second replay would start from the replayed states
 }
 
 }  // namespace pulse::decoder

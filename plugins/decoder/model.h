@@ -76,6 +76,10 @@ struct Segment {
     // at position p, the main model's `hidden` of position p-1 (or, drafting further, the MTP
     // block's own `hidden` of the token before).
     const float* hidden_in = nullptr;
+    // Model::step only: keep the Gated DeltaNet layers' inputs of these rows in the sequence, so
+    // that Model::replay_recurrent can run the recurrence again over a prefix of them (a
+    // speculative step whose later drafts were rejected) without running the layers again.
+    bool keep_recurrent_inputs = false;
 };
 
 class Model {
@@ -114,6 +118,12 @@ public:
     // prediction of the token after each, `hidden` its own hidden state (the next draft's input).
     // Same limits as step(); throws std::logic_error on a model without the block.
     void mtp_step(const std::vector<Segment>& segments) const;
+    // Runs the Gated DeltaNet recurrences (conv windows and delta-rule states) of `seq` over the
+    // first `n` rows its last step kept inputs of (Segment::keep_recurrent_inputs), from the
+    // states they hold now: after restore_recurrent, the states as if only those rows had run.
+    // Outputs are not computed again: a row's outputs do not depend on the rows after it.
+    // No matmul runs: a fraction of a step's cost. Throws std::logic_error when fewer are kept.
+    void replay_recurrent(Sequence& seq, int64_t n) const;
     // Device memory of the step buffers kept for the next step (sized to the largest step so
     // far, up to kMaxStepRows rows): with each sequence's bytes(), what memory beyond the
     // weights holds.
@@ -146,6 +156,8 @@ private:
     // B token embeddings from `table` into `out` (rotated back where the file stores them folded).
     void embed(const Matrix& table, const Rotation* rot, const std::vector<int32_t>& tokens, Work& w, DevPtr out) const;
     void deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gdn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
+    // Copies the GDN layer's inputs of the segments that ask (Segment::keep_recurrent_inputs).
+    void keep_recurrent_inputs(const std::vector<Segment>& segs, size_t gdn_index, Work& w) const;
     // y = W·x for each product, all reading x: one device pass (Device::matmuls). Folded
     // weights rotate x first (into w.rot): once where they share the rotation, else one by one.
     struct Product {
@@ -198,6 +210,12 @@ public:
     KvCache mtp;
     int64_t mtp_n_past = 0;
     std::vector<Buffer> conv, state;  // per GDN layer: [(K-1)][conv_dim], [Hv][S key][S value]
+    // The last step's Gated DeltaNet inputs per GDN layer (Segment::keep_recurrent_inputs):
+    // projected qkv, beta and alpha rows. Not part of a copy.
+    struct RecurrentInputs {
+        std::vector<Buffer> qkv, beta, alpha;
+        int64_t rows = 0, capacity = 0;
+    } recurrent_inputs;
     size_t bytes() const;            // device memory in use (the caches up to n_past)
 
     // The Gated DeltaNet conv windows and states (not the KV caches): what a step that ran

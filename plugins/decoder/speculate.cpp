@@ -107,7 +107,9 @@ Segment Speculator::main_rows(const int32_t* tokens, int64_t n, int64_t drafts, 
     const bool hidden = uses_mtp() && model_.has_mtp();
     hidden_.resize(hidden ? static_cast<size_t>(n * E_) : 0);
     logits_.resize(logits ? static_cast<size_t>((drafts ? n : 1) * V_) : 0);
-    return Segment{&seq_, rows_.data(), n, logits ? logits_.data() : nullptr, drafts > 0, hidden ? hidden_.data() : nullptr};
+    Segment seg{&seq_, rows_.data(), n, logits ? logits_.data() : nullptr, drafts > 0, hidden ? hidden_.data() : nullptr};
+    seg.keep_recurrent_inputs = drafts > 0;
+    return seg;
 }
 
 std::vector<int32_t> Speculator::judge() {
@@ -133,16 +135,17 @@ std::vector<int32_t> Speculator::judge() {
     return out;
 }
 
-std::optional<Segment> Speculator::keep(int64_t n) {
+void Speculator::keep(int64_t n) {
     if (n < 1 || n > static_cast<int64_t>(rows_.size())) throw std::logic_error("keep: 1 to " + std::to_string(rows_.size()) + " rows");
     const bool all = n == static_cast<int64_t>(rows_.size());
     rows_.resize(static_cast<size_t>(n));
-    if (all) return std::nullopt;
-    // Rejected drafts ran through the recurrent layers: undo, run the kept rows again.
+    if (all) return;
+    // Rejected drafts ran through the recurrent layers: put the states back and run the
+    // recurrence again over the kept rows only, from the inputs the step kept.
     seq_.restore_recurrent(checkpoint_);
-    seq_.n_past = base_;
+    model_.replay_recurrent(seq_, n);
+    seq_.n_past = base_ + n;
     stats_.recomputed_rows += n;
-    return Segment{&seq_, rows_.data(), n, nullptr, false, hidden_.empty() ? nullptr : hidden_.data()};
 }
 
 std::optional<Segment> Speculator::catch_up() {
@@ -220,7 +223,7 @@ std::vector<int32_t> Speculator::verify(int32_t last, const std::vector<int32_t>
     rows.insert(rows.end(), drafts.begin(), drafts.end());
     model_.step({main_rows(rows.data(), static_cast<int64_t>(rows.size()), static_cast<int64_t>(drafts.size()), true)});
     const std::vector<int32_t> out = judge();
-    if (auto s = keep(static_cast<int64_t>(out.size()))) model_.step({*s});
+    keep(static_cast<int64_t>(out.size()));
     if (auto s = catch_up()) model_.mtp_step({*s});
     return out;
 }

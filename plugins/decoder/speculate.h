@@ -7,8 +7,9 @@
 //
 // The hybrid model's Gated DeltaNet layers keep no per-position history: after a step that ran
 // rejected drafts, their conv windows and states are put back from a copy taken before the step
-// and the accepted rows are run again (attention caches need no undo: positions past n_past are
-// overwritten). A step whose drafts are all kept runs once. A draft model (DraftSource) is
+// and their recurrence is replayed over the accepted rows from the inputs the step kept — the
+// layers themselves do not run again, since a row's outputs do not depend on later rows
+// (attention caches need no undo: positions past n_past are overwritten). A draft model (DraftSource) is
 // undone the same way: its speculative rows are dropped and the tokens kept run in its next
 // draft, as one batched step.
 #pragma once
@@ -45,7 +46,7 @@ struct SpeculationStats {
     int64_t drafted = 0, accepted = 0;   // draft tokens proposed and kept
     std::vector<int64_t> drafted_at, accepted_at;  // the same by draft position (index 0 = first draft)
     int64_t tokens = 0;                  // tokens decoded by those steps (accepted + one each)
-    int64_t recomputed_rows = 0;         // rows run again to restore the recurrent state
+    int64_t recomputed_rows = 0;         // rows whose recurrence was replayed to restore the recurrent state
     int64_t plain_steps = 0;             // adaptive: steps run without drafts (counted in steps)
     static SpeculationStats zero();      // with the by-position counts sized
 };
@@ -96,13 +97,13 @@ public:
     //  2. judge (after the step, drafts only): the tokens decoded, by the acceptance rule; the
     //     step's logits (step_logits) may be masked before it.
     //  3. keep(n): the first n rows stand (the caller may stop short of what judge returned);
-    //     when fewer than ran, the recurrent state is put back and the segment that runs the
-    //     kept rows again is returned, for a main step.
+    //     when fewer than ran, the recurrent states are put back and their recurrence replayed
+    //     over the kept rows (Model::replay_recurrent: no layer runs again).
     //  4. catch_up: the MTP block's segment over the kept rows (for Model::mtp_step), or none.
     Segment main_rows(const int32_t* tokens, int64_t n, int64_t drafts, bool logits);
     std::vector<int32_t> judge();
     std::vector<float>& step_logits() { return logits_; }
-    std::optional<Segment> keep(int64_t n);
+    void keep(int64_t n);
     std::optional<Segment> catch_up();
 
     // The main model's logits for each token the last step()/verify() returned (rows of n_vocab).

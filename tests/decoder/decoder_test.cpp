@@ -1578,6 +1578,36 @@ TEST_CASE("speculate: drafts right up to every position: that many kept, the mai
     }
 }
 
+TEST_CASE("speculate: replaying the recurrence over a prefix of a step's rows leaves the states a run of only that prefix leaves") {
+    TempDir d;
+    auto m = exact_mtp_model(d, 7);
+    const std::vector<int32_t> head = {297, 72, 101, 108}, rows = {111, 44, 32, 119, 111};
+    for (int64_t n = 1; n <= static_cast<int64_t>(rows.size()); ++n) {
+        CAPTURE(n);
+        auto plain = m->new_sequence();
+        m->forward(*plain, head);
+        const auto want = m->forward(*plain, std::vector<int32_t>(rows.begin(), rows.begin() + n));
+        auto seq = m->new_sequence();
+        m->forward(*seq, head);
+        Sequence::RecurrentCheckpoint before;
+        seq->save_recurrent(before);
+        Segment all{seq.get(), rows.data(), static_cast<int64_t>(rows.size())};
+        all.keep_recurrent_inputs = true;
+        m->step({all});
+        seq->restore_recurrent(before);
+        m->replay_recurrent(*seq, n);
+        seq->n_past = static_cast<int64_t>(head.size()) + n;
+        // The next token's logits read every state: the plain run's (within rounding: a row's
+        // layer outputs in a step of 5 rows may round differently from a step of n).
+        const auto got = m->forward(*seq, {5}), plain_next = m->forward(*plain, {5});
+        double worst = 0;
+        for (size_t v = 0; v < got.size(); ++v) worst = std::max(worst, std::fabs(static_cast<double>(got[v]) - plain_next[v]));
+        CHECK(worst < 1e-4);
+        CHECK(want.size() == static_cast<size_t>(m->hparams().n_vocab));
+        CHECK_THROWS_WITH_AS(m->replay_recurrent(*seq, 1), doctest::Contains("kept the inputs of 0 rows"), std::logic_error);
+    }
+}
+
 TEST_CASE("speculate: with the MTP block's own drafts the output is plain greedy decoding, token for token, for k = 1..8") {
     TempDir d;
     for (uint32_t type : {kF32, kQ8_0}) {
