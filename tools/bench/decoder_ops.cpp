@@ -165,7 +165,22 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
     };
     std::vector<int32_t> tokens(17, 200);
     auto step_rows = [&](int64_t n) { model->step({Segment{seq.get(), tokens.data(), n, logits.data(), true, rows.data()}}); };
-    std::printf("| round | k | one token ms | verify (1 + k rows) ms | × one token | GDN state save + restore ms | MTP draft token ms |\n|---:|---:|---:|---:|---:|---:|---:|\n");
+    // The undo after a rejection halfway: the recurrences replayed over the kept rows (what the
+    // speculator does) against those rows run through the model again (what it did before).
+    auto undo_replay = [&](int64_t k, int64_t kept) {
+        Segment s{seq.get(), tokens.data(), 1 + k, logits.data(), true, rows.data()};
+        s.keep_recurrent_inputs = true;
+        model->step({s});
+        seq->n_past = base;
+        seq->restore_recurrent(cp);
+        const int64_t inputs = seq->recurrent_inputs.rows;
+        return time([&] {
+            seq->recurrent_inputs.rows = inputs;
+            model->replay_recurrent(*seq, kept);
+        });
+    };
+    std::printf("| round | k | one token ms | verify (1 + k rows) ms | × one token | GDN state save + restore ms | MTP draft token ms |"
+                " undo: replay of 1 + k/2 rows ms | undo: re-run of them ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int r = 1; r <= rounds; ++r) {
         std::vector<int> order = ks;
         if (r % 2 == 0) std::reverse(order.begin(), order.end());
@@ -177,7 +192,10 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
             const double draft = model->has_mtp() ? time([&] { model->mtp_step({Segment{seq.get(), tokens.data(), 1, logits.data(), false, rows.data(), h.data()}}); }) : 0;
             char drafted[32] = "(no block)";
             if (model->has_mtp()) std::snprintf(drafted, sizeof drafted, "%.2f", draft);
-            std::printf("| %d | %d | %.2f | %.2f | %.2f | %.3f | %s |\n", r, k, one, verify, verify / one, copy, drafted);
+            const int64_t kept = 1 + k / 2;
+            const double replay = undo_replay(k, kept);
+            const double rerun = time([&] { model->step({Segment{seq.get(), tokens.data(), kept, nullptr, false, rows.data()}}); });
+            std::printf("| %d | %d | %.2f | %.2f | %.2f | %.3f | %s | %.3f | %.2f |\n", r, k, one, verify, verify / one, copy, drafted, replay, rerun);
         }
     }
     std::printf("\nconditions: %d threads, a 64-token prompt, %d runs each, kernels %s, %s activations\n", threads, steps, kernel_name(),
