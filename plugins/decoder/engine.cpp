@@ -65,7 +65,7 @@ struct Engine::Active {
     // its sampler is then the one that decides. The step's bookkeeping: whether the request has
     // a segment in it, how many of its rows stand, whether it ended.
     std::unique_ptr<Speculator> spec;
-    bool in_step = false, logits_in_step = false, ended = false, failed = false;
+    bool in_step = false, ended = false, failed = false;
     int64_t kept = 0;
 
     Active(std::shared_ptr<Job> j, SamplerParams sp)
@@ -318,7 +318,7 @@ void Engine::plan(Active& a, std::vector<Segment>& segs, int64_t& rows, int64_t 
     a.in_step = true;
 }
 
-bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
+void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     // Every decoding request's next token (and drafts), then prompt chunks in arrival order with
     // the rows left (max_sequences <= kMaxSequences keeps at least half for them; drafts share
     // that half's other part).
@@ -347,7 +347,6 @@ bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     auto fail_all = [&](const std::exception& e) {
         for (auto& a : active)
             if (!a->failed) end_job(*a->job, std::string("decoder: ") + e.what()), a->failed = true;
-        return false;
     };
     try {
         model_->step(segs);
@@ -362,7 +361,6 @@ bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
         if (!a.in_step) continue;
         try {
             const bool was_decoding = a.decoding();
-            a.logits_in_step = was_decoding;
             if (was_decoding) a.ended = !advance(a);
             else a.fed += static_cast<size_t>(a.chunk);
             if (a.spec) a.spec->keep(was_decoding ? a.kept : a.chunk);
@@ -379,9 +377,9 @@ bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     } catch (const std::exception& e) {
         return fail_all(e);
     }
-    uint64_t decided = 0;
+    uint64_t decided = 0;  // before a finished prompt's last token makes its request decoding
     for (auto& a : active)
-        if (a->in_step && a->logits_in_step) decided += static_cast<uint64_t>(a->kept);
+        if (a->in_step && a->decoding()) decided += static_cast<uint64_t>(a->kept);
     for (auto& a : active)  // the prompt but its last token: a checkpoint
         if (a->in_step && !a->failed && !a->decoding() && a->fed + 1 == a->job->tokens.size()) {
             remember(std::vector<int32_t>(a->job->tokens.begin(), a->job->tokens.end() - 1), *a);
@@ -393,7 +391,6 @@ bool Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
         stats_.decode_only_tokens += decided;
         stats_.decode_only_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     }
-    return true;
 }
 
 void Engine::remember(std::vector<int32_t> tokens, const Active& a) {

@@ -118,9 +118,9 @@ private:
     struct Active;  // a request being served: its sequence, sampler, parser and progress
     void worker();
     std::unique_ptr<Active> admit(std::shared_ptr<Job> job);
-    // One batched step over the requests being served (their segments, then the re-runs and
-    // MTP catch-ups speculation needs); false when the step failed (every request in it did).
-    bool run_step(std::vector<std::unique_ptr<Active>>& active);
+    // One batched step over the requests being served (their segments, then the MTP catch-ups
+    // speculation needs); a request that failed or ended is marked so (Active::failed, ended).
+    void run_step(std::vector<std::unique_ptr<Active>>& active);
     void plan(Active& a, std::vector<Segment>& segs, int64_t& rows, int64_t draft_room);
     bool advance(Active& a);  // after a's logits came: choose, emit; false when it ended
     bool take(Active& a, int32_t t);  // emit one decoded token; false when it ended
