@@ -67,36 +67,60 @@ CollectSummary collect_hidden(const Model& model, const std::string& model_name,
     CollectSummary sum;
     const int64_t zero = 0;
     starts.append(&zero, 1, sizeof zero);
-    for (const auto& prompt : prompts) {
-        if (prompt.empty()) continue;
-        auto seq = model.new_sequence();
-        std::vector<int32_t> toks = prompt;
-        std::vector<float> rows, logits(static_cast<size_t>(V));
-        // The prompt in steps of up to kMaxStepRows; each generated token run in turn, the last
-        // one too (its hidden state is a row like any other).
-        for (size_t i = 0; i < toks.size(); i += static_cast<size_t>(Model::kMaxStepRows)) {
-            const auto n = static_cast<int64_t>(std::min(toks.size() - i, static_cast<size_t>(Model::kMaxStepRows)));
-            rows.resize(rows.size() + static_cast<size_t>(n * E));
-            const bool last = i + static_cast<size_t>(n) == toks.size();
-            model.step({Segment{seq.get(), toks.data() + i, n, last ? logits.data() : nullptr, false, rows.data() + rows.size() - static_cast<size_t>(n * E)}});
+    // A running sequence: its tokens, their hidden rows, the logits of its last row.
+    struct Run {
+        const std::vector<int32_t>* prompt;
+        std::unique_ptr<Sequence> seq;
+        std::vector<int32_t> toks;
+        std::vector<float> rows, logits;
+        int64_t left = 0;  // tokens still to generate
+    };
+    std::vector<const std::vector<int32_t>*> todo;
+    for (int s = 0; s < std::max(o.samples, 1); ++s)
+        for (const auto& p : prompts)
+            if (!p.empty()) todo.push_back(&p);
+    const auto batch = static_cast<size_t>(std::clamp<int64_t>(o.batch, 1, Model::kMaxStepRows));
+    for (size_t first = 0; first < todo.size(); first += batch) {
+        std::vector<Run> runs;
+        for (size_t i = first; i < std::min(todo.size(), first + batch); ++i) {
+            Run r{todo[i], model.new_sequence(), *todo[i], {}, std::vector<float>(static_cast<size_t>(V)), 0};
+            // The prompt in steps of up to kMaxStepRows rows.
+            for (size_t j = 0; j < r.toks.size(); j += static_cast<size_t>(Model::kMaxStepRows)) {
+                const auto n = static_cast<int64_t>(std::min(r.toks.size() - j, static_cast<size_t>(Model::kMaxStepRows)));
+                r.rows.resize(r.rows.size() + static_cast<size_t>(n * E));
+                const bool last = j + static_cast<size_t>(n) == r.toks.size();
+                model.step({Segment{r.seq.get(), r.toks.data() + j, n, last ? r.logits.data() : nullptr, false, r.rows.data() + r.rows.size() - static_cast<size_t>(n * E)}});
+            }
+            r.left = std::min(o.max_new, model.hparams().context_length - static_cast<int64_t>(r.toks.size()));
+            runs.push_back(std::move(r));
         }
-        const int64_t room = model.hparams().context_length - static_cast<int64_t>(toks.size());
-        for (int64_t g = 0; g < std::min(o.max_new, room); ++g) {
-            const int32_t t = sampler.sample(logits.data(), V);
-            toks.push_back(t);
-            rows.resize(rows.size() + static_cast<size_t>(E));
-            const bool end = std::find(end_tokens.begin(), end_tokens.end(), t) != end_tokens.end() || g + 1 == std::min(o.max_new, room);
-            model.step({Segment{seq.get(), &toks.back(), 1, end ? nullptr : logits.data(), false, rows.data() + rows.size() - static_cast<size_t>(E)}});
-            if (end) break;
+        // The continuations in lockstep, one row per running sequence per step: the weights are
+        // read once for all of them. Each generated token runs too, the last one included (its
+        // hidden state is a row like any other).
+        for (;;) {
+            std::vector<Segment> step;
+            for (auto& r : runs) {
+                if (r.left <= 0) continue;
+                const int32_t t = sampler.sample(r.logits.data(), V);
+                r.toks.push_back(t);
+                r.rows.resize(r.rows.size() + static_cast<size_t>(E));
+                const bool end = std::find(end_tokens.begin(), end_tokens.end(), t) != end_tokens.end() || --r.left == 0;
+                if (end) r.left = 0;
+                step.push_back(Segment{r.seq.get(), &r.toks.back(), 1, end ? nullptr : r.logits.data(), false, r.rows.data() + r.rows.size() - static_cast<size_t>(E)});
+            }
+            if (step.empty()) break;
+            model.step(step);
         }
-        const int64_t first_generated = sum.tokens + static_cast<int64_t>(prompt.size());
-        tokens.append(toks.data(), static_cast<int64_t>(toks.size()), sizeof(int32_t));
-        hidden.append(rows.data(), static_cast<int64_t>(toks.size()), sizeof(float));
-        sum.tokens += static_cast<int64_t>(toks.size());
-        sum.generated += static_cast<int64_t>(toks.size() - prompt.size());
-        ++sum.sequences;
-        starts.append(&sum.tokens, 1, sizeof sum.tokens);
-        generated_from.append(&first_generated, 1, sizeof first_generated);
+        for (const auto& r : runs) {
+            const int64_t first_generated = sum.tokens + static_cast<int64_t>(r.prompt->size());
+            tokens.append(r.toks.data(), static_cast<int64_t>(r.toks.size()), sizeof(int32_t));
+            hidden.append(r.rows.data(), static_cast<int64_t>(r.toks.size()), sizeof(float));
+            sum.tokens += static_cast<int64_t>(r.toks.size());
+            sum.generated += static_cast<int64_t>(r.toks.size() - r.prompt->size());
+            ++sum.sequences;
+            starts.append(&sum.tokens, 1, sizeof sum.tokens);
+            generated_from.append(&first_generated, 1, sizeof first_generated);
+        }
     }
     for (NpyWriter* w : {&tokens, &hidden, &starts, &generated_from}) w->close();
     rapidjson::StringBuffer b;
@@ -107,7 +131,7 @@ CollectSummary collect_hidden(const Model& model, const std::string& model_name,
     w.Key("model");
     w.String(model_name.c_str());
     for (auto [key, v] : {std::pair<const char*, int64_t>{"n_embd", E}, {"n_vocab", V}, {"sequences", sum.sequences}, {"tokens", sum.tokens},
-                          {"generated", sum.generated}, {"max_new", o.max_new}}) {
+                          {"generated", sum.generated}, {"max_new", o.max_new}, {"samples", o.samples}}) {
         w.Key(key);
         w.Int64(v);
     }

@@ -18,6 +18,8 @@ namespace pulse::decoder {
 struct CollectOptions {
     int64_t max_new = 128;       // tokens generated per prompt (fewer at an end-of-generation token)
     SamplerParams sampling;      // greedy by default
+    int samples = 1;             // continuations per prompt (> 1 wants temperature > 0)
+    int64_t batch = 8;           // sequences generated together, one row each per step
 };
 
 struct CollectSummary {
@@ -30,7 +32,8 @@ struct CollectSummary {
 //   starts.npy          int64 [S + 1]  sequence s is rows starts[s] .. starts[s+1] - 1
 //   generated_from.npy  int64 [S]      the first generated row of each sequence
 //   meta.json           model, sizes, sampling, and this layout in words
-// Rows are written as they are made: memory holds one sequence, the files grow.
+// Sequences are written as each batch ends: memory holds one batch, the files grow. With
+// sampling, the draws depend on the batch (one sampler, the batch's sequences in turn).
 CollectSummary collect_hidden(const Model& model, const std::string& model_name, const std::vector<std::vector<int32_t>>& prompts,
                               const std::vector<int32_t>& end_tokens, const CollectOptions& options, const std::filesystem::path& dir);
 

@@ -552,10 +552,12 @@ int cmd_gguf(const std::vector<std::string>& args) {
 
 const char* kDistillHelp =
     "usage: pulse distill collect MODEL.gguf --prompts FILE.jsonl --out DIR [-n 128] [--threads N]\n"
-    "                             [--temperature T --seed S] [--device NAME]\n"
+    "                             [--temperature T --seed S] [--samples N] [--batch 8] [--device NAME]\n"
     "Generates the model's own continuations of each prompt and writes them with the model's hidden\n"
     "state at every position (NumPy files in DIR: tokens, hidden, starts, generated_from, meta.json):\n"
     "the data an MTP draft head is trained on (docs/DECODER.md, \"Self-distillation\").\n"
+    "--samples N: N sampled continuations per prompt (needs --temperature > 0); --batch: sequences\n"
+    "generated together, one row each per step (the weights read once for all).\n"
     "FILE.jsonl: one JSON object per line, {\"prompt\": TEXT} (special tokens read) or a chat request\n"
     "{\"messages\": [...], \"tools\": [...]} (rendered with the Qwen3.5 chat format).\n"
     "       pulse distill export-head MODEL.gguf --out DIR\n"
@@ -641,12 +643,18 @@ int cmd_distill(const std::vector<std::string>& args) {
             else if (a == "--threads") threads = std::stoi(next());
             else if (a == "--temperature") opt.sampling.temperature = std::stod(next());
             else if (a == "--seed") opt.sampling.seed = std::stoull(next());
+            else if (a == "--samples") opt.samples = std::stoi(next());
+            else if (a == "--batch") opt.batch = std::stoll(next());
             else if (a == "--device") device = next();
             else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unknown option " + a);
             else if (path.empty()) path = a;
             else throw std::invalid_argument("unexpected argument " + a);
         }
         if (path.empty() || prompts.empty() || out.empty() || opt.max_new < 1) throw std::invalid_argument("give MODEL.gguf, --prompts FILE, --out DIR and -n >= 1");
+        if (opt.samples < 1 || opt.batch < 1 || opt.batch > decoder::Model::kMaxStepRows)
+            throw std::invalid_argument("--samples must be >= 1 and --batch 1.." + std::to_string(decoder::Model::kMaxStepRows));
+        if (opt.samples > 1 && opt.sampling.temperature <= 0)
+            throw std::invalid_argument("--samples " + std::to_string(opt.samples) + " with greedy decoding would repeat each continuation: give --temperature > 0");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "pulse distill: %s\n%s", e.what(), kDistillHelp);
         return 2;

@@ -302,6 +302,17 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(has(collect.out, "2 sequences"));
     CHECK(has(collect.out, "(16 generated)"));
     for (const char* f : {"tokens.npy", "hidden.npy", "starts.npy", "generated_from.npy", "meta.json"}) CHECK(std::filesystem::exists(tmp / "data" / f));
+    // Several sampled continuations per prompt; repeated greedy ones are refused.
+    auto several = run({exe(), "distill", "collect", (tmp / "mtp.gguf").string(), "--prompts", (tmp / "prompts.jsonl").string(), "--out",
+                        (tmp / "sampled").string(), "-n", "4", "--samples", "3", "--temperature", "0.8", "--batch", "2"});
+    CHECK(several.code == 0);
+    CHECK(has(several.out, "6 sequences"));
+    auto greedy_copies = run({exe(), "distill", "collect", (tmp / "mtp.gguf").string(), "--prompts", (tmp / "prompts.jsonl").string(), "--out",
+                              (tmp / "copies").string(), "--samples", "2"});
+    CHECK(greedy_copies.code == 2);
+    CHECK(has(greedy_copies.err, "give --temperature > 0"));
+    CHECK(run({exe(), "distill", "collect", (tmp / "mtp.gguf").string(), "--prompts", (tmp / "prompts.jsonl").string(), "--out", (tmp / "b").string(),
+               "--batch", "65"}).code == 2);
     {
         std::ofstream p(tmp / "bad.jsonl");
         p << R"({"prompt":"fine"})" << "\n" << R"({"text":"no"})" << "\n";

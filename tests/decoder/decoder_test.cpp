@@ -1887,6 +1887,16 @@ TEST_CASE("distill: collected data are the model's own continuations and its hid
     double worst = 0;
     for (size_t i = 0; i < rows.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(rows[i]) - h[i]));
     CHECK(worst < 2e-4);
+    // Generated one sequence at a time instead of in one batch: the same tokens and rows.
+    CollectOptions one = o;
+    one.batch = 1;
+    collect_hidden(*m, "mtp.gguf", prompts, {}, one, d / "one");
+    CHECK(values<int32_t>(read_npy(d / "one/tokens.npy")) == t);
+    const auto h1 = values<float>(read_npy(d / "one/hidden.npy"));
+    REQUIRE(h1.size() == h.size());
+    double apart = 0;
+    for (size_t i = 0; i < h.size(); ++i) apart = std::max(apart, std::fabs(static_cast<double>(h1[i]) - h[i]));
+    CHECK(apart < 2e-4);
     // An end-of-generation token ends a sequence early; the meta file describes the layout.
     const auto ended = collect_hidden(*m, "mtp.gguf", {kSpecPrompt}, {greedy[2]}, o, d / "ended");
     CHECK(ended.generated == std::find(greedy.begin(), greedy.end(), greedy[2]) - greedy.begin() + 1);  // through its first appearance
