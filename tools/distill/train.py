@@ -22,7 +22,9 @@ at every position). The embedding, head and head norm stay fixed (they are the m
 its copies); everything else trains with Adam. Sequences are split into training and held-out
 sets before anything is trained.
 
-Needs Debian's python3-torch and python3-numpy only.
+Needs Debian's python3-torch and python3-numpy only. Debian's torch does its matrix products through
+the system BLAS: with libopenblas0-pthread installed they run ~20x faster than with the reference
+BLAS it falls back to (measured on 2 cores: 70 against 3.8 GFLOP/s).
 """
 import argparse
 import json
@@ -106,6 +108,9 @@ def load_head(head_dir):
 
 
 def check(block, head_dir):
+    """The largest logit difference to the decoder's, the largest logit, and the share of rows with
+    the decoder's top token among the rows whose top two are further apart than the tolerance
+    allows to swap (the decoder keeps its KV cache in f16: near-ties may flip)."""
     tokens = torch.from_numpy(np.load(os.path.join(head_dir, "check_tokens.npy")).astype(np.int64))
     hidden = torch.from_numpy(np.load(os.path.join(head_dir, "check_hidden_in.npy")))
     want = torch.from_numpy(np.load(os.path.join(head_dir, "check_logits.npy")))
@@ -113,28 +118,47 @@ def check(block, head_dir):
         got = block(tokens, hidden)
     worst = (got - want).abs().max().item()
     spread = want.abs().max().item()
-    same_top = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    top2 = want.topk(2, dim=-1).values
+    decided = (top2[:, 0] - top2[:, 1]) > 2 * tolerance(spread)
+    same = got.argmax(-1) == want.argmax(-1)
+    same_top = same[decided].float().mean().item() if decided.any() else 1.0
     return worst, spread, same_top
 
 
+def tolerance(spread):
+    return 1e-3 * max(spread, 1.0)
+
+
 def sequences(data_dir, E):
+    """The data's sequences as (tokens, hidden, prompt key): sampled continuations of one prompt
+    share the key, so that the held-out split keeps them together."""
     tokens = np.load(os.path.join(data_dir, "tokens.npy")).astype(np.int64)
     hidden = np.load(os.path.join(data_dir, "hidden.npy"), mmap_mode="r")
     starts = np.load(os.path.join(data_dir, "starts.npy"))
+    generated_from = np.load(os.path.join(data_dir, "generated_from.npy"))
     if hidden.shape[1] != E:
         sys.exit("train: the data's hidden states have %d values, the head's model %d: collected from another model" % (hidden.shape[1], E))
     out = []
     for s in range(len(starts) - 1):
         a, b = int(starts[s]), int(starts[s + 1])
         if b - a >= 3:
-            out.append((tokens[a:b], np.array(hidden[a:b], dtype=np.float32)))
+            out.append((tokens[a:b], np.array(hidden[a:b], dtype=np.float32), tokens[a:int(generated_from[s])].tobytes()))
     return out
+
+
+def split(seqs, share, seed):
+    """Held-out and training sequences, split by prompt."""
+    keys = sorted({s[2] for s in seqs})
+    order = np.random.default_rng(seed).permutation(len(keys))
+    n_held = max(1, int(round(len(keys) * share)))
+    held_keys = {keys[i] for i in order[:n_held]}
+    return [s for s in seqs if s[2] in held_keys], [s for s in seqs if s[2] not in held_keys]
 
 
 def batch(seq, head):
     """Row p: token p and the main hidden state of p-1 in (zeros at 0); the target is the main
     model's distribution for token p+1, its head applied to its hidden state at p."""
-    toks, hid = seq
+    toks, hid = seq[0], seq[1]
     h = torch.from_numpy(hid)
     hidden_in = torch.cat([torch.zeros(1, h.shape[1]), h[:-1]], dim=0)
     return torch.from_numpy(toks), hidden_in, h @ head.T
@@ -236,26 +260,25 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--held-out", type=float, default=0.2, help="share of sequences kept out of training")
+    ap.add_argument("--held-out", type=float, default=0.2, help="share of prompts whose sequences are kept out of training")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=0, help="0: one per CPU")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
-    if a.threads > 0:
-        torch.set_num_threads(a.threads)
+    # torch may start with one thread whatever the machine has; 0 means all of them.
+    torch.set_num_threads(a.threads if a.threads > 0 else (os.cpu_count() or 1))
     cfg, tensors, tables = load_head(a.head)
     block = Block(cfg, tensors, tables)
     worst, spread, same_top = check(block, a.head)
-    print("check against the decoder's block: max |logit difference| %.2e (logits up to %.2f), same top token %.0f%%" % (worst, spread, 100 * same_top))
-    if worst > 1e-3 * max(spread, 1.0) or same_top < 1.0:
+    print("check against the decoder's block: max |logit difference| %.2e (logits up to %.2f), same top token %.0f%% (rows not tied)" % (worst, spread, 100 * same_top))
+    if worst > tolerance(spread) or same_top < 1.0:
         sys.exit("train: this block does not compute what the decoder's does; not training it")
     seqs = sequences(a.data, cfg["n_embd"])
     if len(seqs) < 2:
         sys.exit("train: need at least 2 sequences of 3 or more tokens in %s" % a.data)
-    order = np.random.default_rng(a.seed).permutation(len(seqs))
-    n_held = max(1, int(round(len(seqs) * a.held_out)))
-    held = [seqs[i] for i in order[:n_held]]
-    train = [seqs[i] for i in order[n_held:]]
+    held, train = split(seqs, a.held_out, a.seed)
+    if not train:
+        sys.exit("train: every prompt went to the held-out set: need at least 2 prompts in %s" % a.data)
     opt = torch.optim.Adam([p for p in block.parameters()], lr=a.lr)
     os.makedirs(a.out, exist_ok=True)
     before = evaluate(block, held)
