@@ -618,6 +618,8 @@ void Model::keep_recurrent_inputs(const std::vector<Segment>& segs, size_t gi, W
                     in.beta.push_back(dev_->alloc(static_cast<size_t>(s.n * Hv)));
                     in.alpha.push_back(dev_->alloc(static_cast<size_t>(s.n * Hv)));
                 }
+                in.gate = dev_->alloc(static_cast<size_t>(s.n * hp_.value_dim()));
+                in.out = dev_->alloc(static_cast<size_t>(s.n * hp_.value_dim()));
                 in.capacity = s.n;
             }
             dev_->copy(w.qkv.ptr() + r0 * C, in.qkv[gi].ptr(), static_cast<size_t>(s.n * C));
@@ -632,15 +634,15 @@ void Model::keep_recurrent_inputs(const std::vector<Segment>& segs, size_t gi, W
 void Model::replay_recurrent(Sequence& seq, int64_t n) const {
     auto& in = seq.recurrent_inputs;
     if (n < 1 || n > in.rows) throw std::logic_error("replay_recurrent: the last step kept the inputs of " + std::to_string(in.rows) + " rows, not " + std::to_string(n));
-    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads, VD = hp_.value_dim();
-    // The outputs are not wanted: scratch rows; the gate rows are zeros. One call per layer: the
-    // ops of one call share its weights (device.h).
-    Buffer z = dev_->alloc(static_cast<size_t>(n * VD)), out = dev_->alloc(static_cast<size_t>(n * VD));
+    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads;
+    // The outputs are not wanted: they go to the kept scratch rows (whatever the gate rows hold,
+    // the states do not read them). One call per layer: the ops of one call share its weights
+    // (device.h).
     size_t gi = 0;
     for (const Layer& L : layers_) {
         if (!L.recurrent) continue;
-        const DeltaNetOp op{in.qkv[gi].ptr(), z.ptr(), in.beta[gi].ptr(), in.alpha[gi].ptr(), n, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv,
-                            hp_.rms_eps, L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(), seq.conv[gi].ptr(), seq.state[gi].ptr(), out.ptr()};
+        const DeltaNetOp op{in.qkv[gi].ptr(), in.gate.ptr(), in.beta[gi].ptr(), in.alpha[gi].ptr(), n, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv,
+                            hp_.rms_eps, L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(), seq.conv[gi].ptr(), seq.state[gi].ptr(), in.out.ptr()};
         dev_->deltanet(&op, 1);
         ++gi;
     }

@@ -211,9 +211,11 @@ public:
     int64_t mtp_n_past = 0;
     std::vector<Buffer> conv, state;  // per GDN layer: [(K-1)][conv_dim], [Hv][S key][S value]
     // The last step's Gated DeltaNet inputs per GDN layer (Segment::keep_recurrent_inputs):
-    // projected qkv, beta and alpha rows. Not part of a copy.
+    // projected qkv, beta and alpha rows; and the replay's scratch rows (its output gate and
+    // output, which it does not keep), allocated once with them. Not part of a copy.
     struct RecurrentInputs {
         std::vector<Buffer> qkv, beta, alpha;
+        Buffer gate, out;
         int64_t rows = 0, capacity = 0;
     } recurrent_inputs;
     size_t bytes() const;            // device memory in use (the caches up to n_past)
