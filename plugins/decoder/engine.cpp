@@ -288,23 +288,25 @@ void Engine::worker() {
     }
 }
 
-void Engine::plan(Active& a, std::vector<Segment>& segs, int64_t& rows, int64_t draft_room) {
+int64_t Engine::drafts_for(const Active& a, int64_t draft_room) const {
+    // Never more drafts than tokens the request may still take, nor past its reasoning budget
+    // (the forced end of the think block comes in a step of its own).
+    if (!a.spec || !a.forced.empty()) return 0;
+    int64_t k = std::min<int64_t>(a.spec->next_k(), draft_room);
+    k = std::min(k, a.max_new - static_cast<int64_t>(a.generated.size()) - 1);
+    if (a.budget >= 0 && a.parser.thinking()) k = std::min(k, a.budget - a.reasoning_tokens - 1);
+    return std::max<int64_t>(k, 0);
+}
+
+void Engine::plan(Active& a, std::vector<Segment>& segs, int64_t& rows, const std::vector<int32_t>& drafts) {
     a.in_step = false;
     a.chunk = 0;
     if (a.decoding()) {
         if (!a.spec) {
             segs.push_back(Segment{&a.seq, &a.next, 1, a.logits.data(), false});
         } else {
-            // Never more drafts than tokens the request may still take, nor past its reasoning
-            // budget (the forced end of the think block comes in a step of its own).
-            int64_t k = a.forced.empty() ? std::min<int64_t>(a.spec->next_k(), draft_room) : 0;
-            k = std::min(k, a.max_new - static_cast<int64_t>(a.generated.size()) - 1);
-            if (a.budget >= 0 && a.parser.thinking()) k = std::min(k, a.budget - a.reasoning_tokens - 1);
             std::vector<int32_t> r{a.next};
-            if (k > 0) {
-                const auto d = a.spec->draft(a.next, static_cast<int>(k));
-                r.insert(r.end(), d.begin(), d.end());
-            }
+            r.insert(r.end(), drafts.begin(), drafts.end());
             segs.push_back(a.spec->main_rows(r.data(), static_cast<int64_t>(r.size()), static_cast<int64_t>(r.size()) - 1, true));
         }
     } else {
@@ -321,15 +323,43 @@ void Engine::plan(Active& a, std::vector<Segment>& segs, int64_t& rows, int64_t 
 void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     // Every decoding request's next token (and drafts), then prompt chunks in arrival order with
     // the rows left (max_sequences <= kMaxSequences keeps at least half for them; drafts share
-    // that half's other part).
+    // that half's other part). The decoding requests' drafts are made together (the MTP block's
+    // rows of each draft position in one pass).
+    // A step that fails (its drafting included: device memory, a bad token) fails every request
+    // in it, none is left half-run; the others wait in the queue.
+    auto fail_all = [&](const std::exception& e) {
+        for (auto& a : active)
+            if (!a->failed) end_job(*a->job, std::string("decoder: ") + e.what()), a->failed = true;
+    };
     std::vector<Segment> segs;
     int64_t rows = 0, decoding = 0;
     for (auto& a : active) decoding += a->decoding();
     const int64_t draft_room = decoding ? (Model::kMaxStepRows / 2 - decoding) / decoding : 0;
+    std::vector<Active*> drafting;
+    std::vector<Speculator*> specs;
+    std::vector<int32_t> lasts;
+    std::vector<int> ks;
     for (auto& a : active)
-        if (a->decoding()) plan(*a, segs, rows, draft_room);
+        if (a->decoding() && a->spec) {
+            drafting.push_back(a.get());
+            specs.push_back(a->spec.get());
+            lasts.push_back(a->next);
+            ks.push_back(static_cast<int>(drafts_for(*a, draft_room)));
+        }
+    std::vector<std::vector<int32_t>> drafts;
+    try {
+        drafts = Speculator::draft_together(specs, lasts, ks);
+    } catch (const std::exception& e) {
+        return fail_all(e);
+    }
+    const std::vector<int32_t> none;
     for (auto& a : active)
-        if (!a->decoding()) plan(*a, segs, rows, draft_room);
+        if (a->decoding()) {
+            const auto at = std::find(drafting.begin(), drafting.end(), a.get());
+            plan(*a, segs, rows, at == drafting.end() ? none : drafts[static_cast<size_t>(at - drafting.begin())]);
+        }
+    for (auto& a : active)
+        if (!a->decoding()) plan(*a, segs, rows, none);
     bool decode_only = true;
     {
         std::lock_guard lock(mu_);
@@ -342,12 +372,6 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
         stats_.last_batch = static_cast<int64_t>(segs.size());
     }
     const auto started = std::chrono::steady_clock::now();
-    // A step that fails (device memory, a bad token) fails every request in it, none is left
-    // half-run; the others wait in the queue.
-    auto fail_all = [&](const std::exception& e) {
-        for (auto& a : active)
-            if (!a->failed) end_job(*a->job, std::string("decoder: ") + e.what()), a->failed = true;
-    };
     try {
         model_->step(segs);
     } catch (const std::exception& e) {

@@ -121,7 +121,10 @@ private:
     // One batched step over the requests being served (their segments, then the MTP catch-ups
     // speculation needs); a request that failed or ended is marked so (Active::failed, ended).
     void run_step(std::vector<std::unique_ptr<Active>>& active);
-    void plan(Active& a, std::vector<Segment>& segs, int64_t& rows, int64_t draft_room);
+    // How many drafts a decoding request proposes this step (0 without a speculator).
+    int64_t drafts_for(const Active& a, int64_t draft_room) const;
+    // Adds `a`'s segment to the step: its next token and `drafts`, or its next prompt chunk.
+    void plan(Active& a, std::vector<Segment>& segs, int64_t& rows, const std::vector<int32_t>& drafts);
     bool advance(Active& a);  // after a's logits came: choose, emit; false when it ended
     bool take(Active& a, int32_t t);  // emit one decoded token; false when it ended
     void note_speculation(const Speculator& spec);

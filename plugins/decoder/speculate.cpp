@@ -174,21 +174,50 @@ std::vector<float> Speculator::prefill(const std::vector<int32_t>& prompt) {
     return logits_;
 }
 
-std::vector<int32_t> Speculator::draft(int32_t last, int k) { return uses_mtp() ? draft_mtp(last, k) : draft_model(last, k); }
+std::vector<int32_t> Speculator::draft(int32_t last, int k) { return draft_together({this}, {last}, {k})[0]; }
 
-std::vector<int32_t> Speculator::draft_mtp(int32_t last, int k) {
-    if (!model_.has_mtp()) throw std::logic_error("drafting needs the model's MTP block");
-    if (seq_.mtp_n_past != seq_.n_past) throw std::logic_error("the MTP block's cache is not at the main model's position");
-    std::vector<int32_t> out;
-    std::vector<float> h = pending_, next_h(static_cast<size_t>(E_)), logits(static_cast<size_t>(V_));
-    int32_t tok = last;
-    for (int i = 0; i < k; ++i) {
-        model_.mtp_step({Segment{&seq_, &tok, 1, logits.data(), false, next_h.data(), h.data()}});
-        tok = argmax(logits.data(), V_);
-        out.push_back(tok);
-        h.swap(next_h);
+std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<Speculator*>& specs, const std::vector<int32_t>& lasts,
+                                                             const std::vector<int>& ks) {
+    if (lasts.size() != specs.size() || ks.size() != specs.size()) throw std::invalid_argument("draft_together: one last token and k per speculator");
+    std::vector<std::vector<int32_t>> out(specs.size());
+    // A speculator drafting with the MTP block: the hidden state its next row pairs with, the
+    // row's outputs, the token it feeds.
+    struct Run {
+        Speculator* s;
+        size_t i;
+        std::vector<float> h, next_h, logits;
+        int32_t tok;
+    };
+    std::vector<Run> runs;
+    for (size_t i = 0; i < specs.size(); ++i) {
+        Speculator& s = *specs[i];
+        if (ks[i] <= 0) continue;
+        if (!s.uses_mtp()) {
+            out[i] = s.draft_model(lasts[i], ks[i]);
+            continue;
+        }
+        if (!s.model_.has_mtp()) throw std::logic_error("drafting needs the model's MTP block");
+        if (!runs.empty() && &s.model_ != &runs.front().s->model_) throw std::logic_error("draft_together: speculators of different models");
+        if (s.seq_.mtp_n_past != s.seq_.n_past) throw std::logic_error("the MTP block's cache is not at the main model's position");
+        runs.push_back(Run{&s, i, s.pending_, std::vector<float>(static_cast<size_t>(s.E_)), std::vector<float>(static_cast<size_t>(s.V_)), lasts[i]});
     }
-    seq_.mtp_n_past = seq_.n_past;  // the drafts' cache entries are dropped; catch_up rewrites them
+    for (int pos = 0;; ++pos) {
+        std::vector<Segment> segs;
+        std::vector<Run*> in;
+        for (Run& r : runs)
+            if (pos < ks[r.i]) {
+                segs.push_back(Segment{&r.s->seq_, &r.tok, 1, r.logits.data(), false, r.next_h.data(), r.h.data()});
+                in.push_back(&r);
+            }
+        if (segs.empty()) break;
+        runs.front().s->model_.mtp_step(segs);
+        for (Run* r : in) {
+            r->tok = argmax(r->logits.data(), r->s->V_);
+            out[r->i].push_back(r->tok);
+            r->h.swap(r->next_h);
+        }
+    }
+    for (Run& r : runs) r.s->seq_.mtp_n_past = r.s->seq_.n_past;  // the drafts' cache entries are dropped; catch_up rewrites them
     return out;
 }
 

@@ -87,6 +87,12 @@ public:
     int next_k() const;
     // Greedy drafts after `last` (up to `k`); leaves the sequence as it was.
     std::vector<int32_t> draft(int32_t last, int k);
+    // draft(lasts[i], ks[i]) of several speculators of one model at once (ks[i] <= 0: none):
+    // their MTP rows of each draft position run in one Model::mtp_step, so that the block's
+    // weights are read once per position for all of them; draft-model speculators draft one
+    // after another. The drafts are each one's own draft() would give.
+    static std::vector<std::vector<int32_t>> draft_together(const std::vector<Speculator*>& specs, const std::vector<int32_t>& lasts,
+                                                            const std::vector<int>& ks);
     // Verifies `drafts` after `last` in one main-model step, as step() does with its own drafts.
     std::vector<int32_t> verify(int32_t last, const std::vector<int32_t>& drafts);
 
@@ -124,7 +130,6 @@ public:
     Carry carry() const;
 
 private:
-    std::vector<int32_t> draft_mtp(int32_t last, int k);
     std::vector<int32_t> draft_model(int32_t last, int k);
     bool uses_mtp() const { return !source_.model; }
 

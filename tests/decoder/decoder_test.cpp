@@ -1578,6 +1578,37 @@ TEST_CASE("speculate: drafts right up to every position: that many kept, the mai
     }
 }
 
+TEST_CASE("speculate: several speculators drafting together (one MTP pass per draft position) draft what each drafts alone") {
+    TempDir d;
+    auto m = exact_mtp_model(d, 7);
+    const std::vector<std::vector<int32_t>> prompts = {kSpecPrompt, {5, 9, 200, 17, 33}, {101, 7, 7, 64, 250, 3, 12, 88}, {42, 43}};
+    const std::vector<int> ks = {4, 1, 6, 0};  // different lengths, one not drafting
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    std::vector<std::unique_ptr<Speculator>> owned;
+    std::vector<Speculator*> specs;
+    std::vector<int32_t> lasts;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        seqs.push_back(m->new_sequence());
+        owned.push_back(std::make_unique<Speculator>(*m, *seqs.back(), 8));
+        const auto logits = owned.back()->prefill(prompts[i]);
+        lasts.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+        specs.push_back(owned.back().get());
+    }
+    for (int round = 0; round < 3; ++round) {  // and again after a verification step of each
+        CAPTURE(round);
+        const auto together = Speculator::draft_together(specs, lasts, ks);
+        REQUIRE(together.size() == specs.size());
+        for (size_t i = 0; i < specs.size(); ++i) {
+            CAPTURE(i);
+            CHECK(together[i].size() == static_cast<size_t>(ks[i]));
+            CHECK(together[i] == specs[i]->draft(lasts[i], ks[i]));
+            CHECK(seqs[i]->mtp_n_past == seqs[i]->n_past);
+        }
+        for (size_t i = 0; i < specs.size(); ++i) lasts[i] = specs[i]->verify(lasts[i], together[i]).back();
+    }
+    CHECK_THROWS_AS(Speculator::draft_together(specs, lasts, {1}), std::invalid_argument);
+}
+
 TEST_CASE("speculate: replaying the recurrence over a prefix of a step's rows leaves the states a run of only that prefix leaves") {
     TempDir d;
     auto m = exact_mtp_model(d, 7);
