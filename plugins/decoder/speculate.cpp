@@ -37,6 +37,22 @@ std::vector<int32_t> accept_drafts(const float* logits, int64_t V, const std::ve
     return out;
 }
 
+SyntheticAcceptance SyntheticAcceptance::for_length(double length, int k) {
+    if (k < 1 || !(length >= 1.0 && length <= k + 1.0))
+        throw std::invalid_argument("a synthetic acceptance length is 1 to k + 1 = " + std::to_string(k + 1) + " tokens per step");
+    // p + p^2 + ... + p^k grows with p: bisect it to length - 1.
+    double lo = 0, hi = 1;
+    for (int it = 0; it < 60; ++it) {
+        const double p = (lo + hi) / 2;
+        double sum = 0, term = 1;
+        for (int j = 0; j < k; ++j) sum += term *= p;
+        (sum < length - 1.0 ? lo : hi) = p;
+    }
+    SyntheticAcceptance s;
+    s.keep.assign(static_cast<size_t>(k), length == k + 1.0 ? 1.0 : (lo + hi) / 2);
+    return s;
+}
+
 SpeculationStats SpeculationStats::zero() {
     SpeculationStats s;
     s.drafted_at.assign(Speculator::kMaxDraft, 0);
@@ -112,9 +128,27 @@ Segment Speculator::main_rows(const int32_t* tokens, int64_t n, int64_t drafts, 
     return seg;
 }
 
+void Speculator::set_synthetic(SyntheticAcceptance s) {
+    if (static_cast<int>(s.keep.size()) < k_) throw std::invalid_argument("synthetic acceptance: a keep rate for each of the k drafts");
+    synthetic_rng_.seed(s.seed);
+    synthetic_ = std::move(s);
+}
+
 std::vector<int32_t> Speculator::judge() {
     const std::vector<int32_t> drafts(rows_.begin() + 1, rows_.end());
-    const std::vector<int32_t> out = accept_drafts(logits_.data(), V_, drafts, sampler_);
+    std::vector<int32_t> out;
+    if (!synthetic_) {
+        out = accept_drafts(logits_.data(), V_, drafts, sampler_);
+    } else {
+        std::uniform_real_distribution<double> u(0, 1);
+        const auto& never = synthetic_->never;
+        for (size_t i = 0; i <= drafts.size(); ++i) {
+            const bool kept = i < drafts.size() && u(synthetic_rng_) < synthetic_->keep[i] &&
+                              std::find(never.begin(), never.end(), drafts[i]) == never.end();
+            out.push_back(kept ? drafts[i] : sampler_.sample(logits_.data() + static_cast<int64_t>(i) * V_, V_));
+            if (!kept) break;
+        }
+    }
     const auto k = drafts_, m = static_cast<int64_t>(out.size()) - 1;
     ++stats_.steps;
     stats_.drafted += k;

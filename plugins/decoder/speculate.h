@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,21 @@ namespace pulse::decoder {
 // drafts, from p_k. The tokens returned are then distributed exactly as tokens sampled from the
 // main model one at a time (p_i: the sampler's distribution, with its top-k/top-p/min-p).
 std::vector<int32_t> accept_drafts(const float* logits, int64_t n_vocab, const std::vector<int32_t>& drafts, Sampler& sampler);
+
+// Benchmarking only (llama.cpp's --spec-synth-len): drafts kept at random, whatever the main model
+// says, draft i with probability keep[i] once drafts 0..i-1 were kept; a draft in `never` (end of
+// generation) is never kept. At the first draft not kept the main model's own token follows, as
+// after a real rejection. The text is then not the model's; the work is a real speculation's at
+// that acceptance (drafting, verification, undo, catch-up), which is what a benchmark times.
+struct SyntheticAcceptance {
+    std::vector<double> keep;
+    std::vector<int32_t> never;
+    uint64_t seed = 1;
+    // The same keep rate p at every position, chosen so that a step yields `length` tokens on
+    // average (1 + p + p^2 + ... + p^k = length), as llama.cpp resolves it. Throws
+    // std::invalid_argument outside [1, k + 1].
+    static SyntheticAcceptance for_length(double length, int k);
+};
 
 // Adaptive k: how many drafts are worth proposing, from the running rate at which draft i is
 // kept once drafts 0..i-1 were (`kept_after`). Draft i adds a token with the chance that all of
@@ -85,6 +101,8 @@ public:
     std::vector<int32_t> step(int32_t last);
     // The drafts the next step() proposes (k, or adaptive k).
     int next_k() const;
+    // Benchmarking only: judge drafts by `s` instead of by the main model (SyntheticAcceptance).
+    void set_synthetic(SyntheticAcceptance s);
     // Greedy drafts after `last` (up to `k`); leaves the sequence as it was.
     std::vector<int32_t> draft(int32_t last, int k);
     // draft(lasts[i], ks[i]) of several speculators of one model at once (ks[i] <= 0: none):
@@ -153,6 +171,8 @@ private:
     std::vector<int32_t> draft_behind_;
     Sequence::RecurrentCheckpoint draft_checkpoint_;
     Sampler sampler_;
+    std::optional<SyntheticAcceptance> synthetic_;
+    std::mt19937_64 synthetic_rng_;
     SpeculationStats stats_;
     int64_t last_drafted_ = 0, last_accepted_ = 0;
 };

@@ -51,6 +51,9 @@ const char* kDecodeHelp =
     "                    drafts, acceptance by position and tokens per step (default: off)\n"
     "  --draft-k K       drafts per step, 1-16 (default 4); auto[:MAX]: each step as many as the running\n"
     "                    acceptance makes worth verifying (up to MAX, default 8; none while none is)\n"
+    "  --synthetic-acceptance L  benchmarking only: drafts kept at random so that a step yields L\n"
+    "                    tokens on average (1 to k+1; llama.cpp's --spec-synth-len): the cost of\n"
+    "                    speculation at that acceptance; the text is NOT the model's\n"
     "  --streams N       serve N requests at once through the serving engine (continuous batching):\n"
     "                    each a chat turn of --prompt TEXT (+ its number), N tokens each; reports\n"
     "                    aggregate tok/s and per-stream time to first token\n"
@@ -73,6 +76,7 @@ struct DraftArgs {
     decoder::DraftSetting setting;
     int k = 4;
     bool adaptive = false;
+    double synthetic_length = 0;  // --synthetic-acceptance (0: drafts judged by the model)
 };
 
 void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, const DraftArgs& d);
@@ -219,6 +223,10 @@ void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const deco
     w.Int(k);
     w.Key("adaptive");
     w.Bool(d.adaptive);
+    if (d.synthetic_length != 0) {
+        w.Key("synthetic_acceptance");
+        w.Double(d.synthetic_length);
+    }
     w.Key("plain_steps");
     w.Int64(st.plain_steps);
     w.Key("steps");
@@ -279,6 +287,7 @@ int cmd_decode(const std::vector<std::string>& args) {
                 draft.adaptive = v.rfind("auto", 0) == 0;  // auto or auto:MAX
                 draft.k = draft.adaptive ? (v.size() > 5 && v[4] == ':' ? std::stoi(v.substr(5)) : 8) : std::stoi(v);
             }
+            else if (a == "--synthetic-acceptance") draft.synthetic_length = std::stod(next());
             else if (a == "--streams") streams = std::stoll(next());
             else if (a == "--max-sequences") max_sequences = std::stoll(next());
             else if (a == "--int8-prefill") throw std::invalid_argument("--int8-prefill is gone: int8 activations are the default; --exact turns them off");
@@ -302,6 +311,10 @@ int cmd_decode(const std::vector<std::string>& args) {
         return 2;
     }
     const bool speculate = draft.setting.kind != decoder::DraftSetting::off;
+    if (draft.synthetic_length != 0 && (!speculate || streams != 0 || !(draft.synthetic_length >= 1 && draft.synthetic_length <= draft.k + 1))) {
+        std::fprintf(stderr, "pulse decode: --synthetic-acceptance L needs --draft, one stream and 1 <= L <= k + 1\n%s", kDecodeHelp);
+        return 2;
+    }
     if (streams != 0 || max_sequences != 0) {
         if (streams < 1 || !have_prompt || topk_print || n < 1 || max_sequences < 0) {
             std::fprintf(stderr, "pulse decode: --streams N (N >= 1) takes --prompt, -n >= 1 and no --logits\n%s", kDecodeHelp);
@@ -357,6 +370,14 @@ int cmd_decode(const std::vector<std::string>& args) {
     std::unique_ptr<decoder::Speculator> spec;
     try {
         if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft.k, sp, draft.adaptive, decoder::DraftSource{draft_model.get()});
+        if (spec && draft.synthetic_length != 0) {
+            auto synthetic = decoder::SyntheticAcceptance::for_length(draft.synthetic_length, draft.k);
+            for (int32_t t = 0; t < V; ++t)
+                if (tok.is_eog(t)) synthetic.never.push_back(t);
+            synthetic.seed = sp.seed;
+            spec->set_synthetic(std::move(synthetic));
+            std::fprintf(stderr, "pulse decode: synthetic acceptance (%.2f tokens per step): the text is not the model's\n", draft.synthetic_length);
+        }
     } catch (const std::invalid_argument& e) {  // a draft model of another vocabulary
         std::fprintf(stderr, "pulse decode: %s\n", e.what());
         return 3;

@@ -290,6 +290,14 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--prompt", "hi", "--draft", "mtp", "--streams", "2", "-n", "3"}).code == 0);  // the engine drafts too
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-k", "0"}).code == 2);
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "eagle"}).code == 2);
+    // Synthetic acceptance (benchmarking): with drafts only, 1..k+1 tokens per step, said loudly.
+    auto synth = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "-n", "12", "--draft", "mtp", "--draft-k", "2",
+                      "--synthetic-acceptance", "3", "--json"});
+    CHECK(synth.code == 0);
+    CHECK(has(synth.out, R"("synthetic_acceptance":3)"));
+    CHECK(has(synth.err, "the text is not the model's"));
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--synthetic-acceptance", "2"}).code == 2);
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-k", "2", "--synthetic-acceptance", "3.5"}).code == 2);
     // Self-distillation data from a JSONL prompt set: a raw prompt and a chat request.
     {
         std::ofstream p(tmp / "prompts.jsonl");

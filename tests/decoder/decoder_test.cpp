@@ -1609,6 +1609,53 @@ TEST_CASE("speculate: several speculators drafting together (one MTP pass per dr
     CHECK_THROWS_AS(Speculator::draft_together(specs, lasts, {1}), std::invalid_argument);
 }
 
+TEST_CASE("speculate: synthetic acceptance (benchmarking) keeps drafts at the rate asked, never an end token, and leaves the sequence consistent") {
+    // The rate for a mean length: p + p^2 + ... + p^k = length - 1, as llama.cpp resolves it.
+    for (double length : {1.0, 2.0, 3.0, 4.5, 5.0}) {
+        const auto s = SyntheticAcceptance::for_length(length, 4);
+        REQUIRE(s.keep.size() == 4);
+        double sum = 0, term = 1;
+        for (int j = 0; j < 4; ++j) sum += term *= s.keep[0];
+        CHECK(sum == doctest::Approx(length - 1).epsilon(1e-9));
+    }
+    CHECK_THROWS_AS(SyntheticAcceptance::for_length(0.5, 4), std::invalid_argument);
+    CHECK_THROWS_AS(SyntheticAcceptance::for_length(5.5, 4), std::invalid_argument);
+    TempDir d;
+    auto m = exact_mtp_model(d, 7);
+    const auto truth = plain_greedy(*m, kSpecPrompt, 1);
+    for (double length : {1.0, 2.5, 5.0}) {
+        CAPTURE(length);
+        auto seq = m->new_sequence();
+        Speculator spec(*m, *seq, 4);
+        auto synthetic = SyntheticAcceptance::for_length(length, 4);
+        spec.prefill(kSpecPrompt);
+        int32_t last = truth[0];
+        const int32_t never = spec.draft(last, 1)[0];  // the first draft: never kept
+        synthetic.never = {never};
+        spec.set_synthetic(synthetic);
+        int64_t tokens = 0, kept_never = 0;
+        for (int i = 0; i < 120; ++i) {
+            const auto drafts = spec.draft(last, 4);
+            const auto got = spec.step(last);
+            REQUIRE(got.size() >= 1);
+            // Kept drafts are the drafts themselves; the token after them is the main model's.
+            for (size_t j = 0; j + 1 < got.size(); ++j) {
+                CHECK(got[j] == drafts[j]);
+                kept_never += got[j] == never;
+            }
+            tokens += static_cast<int64_t>(got.size());
+            last = got.back();
+            CHECK(seq->mtp_n_past == seq->n_past);
+            CHECK(seq->n_past == static_cast<int64_t>(kSpecPrompt.size()) + tokens);
+        }
+        CHECK(kept_never == 0);
+        const double per_step = static_cast<double>(tokens) / 120;
+        MESSAGE("length " << length << ": " << per_step << " tokens per step");
+        if (length == 1.0) CHECK(per_step == 1.0);
+        else CHECK(per_step == doctest::Approx(length).epsilon(0.2));  // the never token lowers it a little
+    }
+}
+
 TEST_CASE("speculate: replaying the recurrence over a prefix of a step's rows leaves the states a run of only that prefix leaves") {
     TempDir d;
     auto m = exact_mtp_model(d, 7);
