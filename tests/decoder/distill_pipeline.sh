@@ -32,6 +32,7 @@ assert tr["sequences"]["held_out"] >= 1 and tr["sequences"]["train"] > tr["seque
 assert tr["check"]["same_top"] == 1.0 and tr["check"]["max_abs_logit_diff"] < 1e-3, tr["check"]
 assert tr["held_out_after"]["loss"] < tr["held_out_before"]["loss"], "held-out loss did not fall"
 assert tr["held_out_after"]["top1"] > tr["held_out_before"]["top1"] + 0.3, "held-out agreement did not rise"
+assert 1 <= tr["kept_epoch"] <= tr["epochs"], tr["kept_epoch"]
 assert acc["before"]["draft_tokens"] > 0 and acc["after"]["draft_tokens"] > 0, acc
 assert acc["after"]["rate"] > acc["before"]["rate"] + 0.3, "acceptance did not rise"
 lines = open(out + "/trained/loss.csv").read().split()
