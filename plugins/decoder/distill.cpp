@@ -154,20 +154,18 @@ namespace pulse::decoder {
 
 namespace {
 
+void write_f32_npy(const std::filesystem::path& path, const std::vector<float>& v, int64_t width) {
+    NpyWriter w(path, "<f4", width);
+    w.append(v.data(), width ? static_cast<int64_t>(v.size()) / width : static_cast<int64_t>(v.size()), sizeof(float));
+    w.close();
+}
+
 // A tensor as f32 in the layout export_head documents.
 void write_tensor_npy(const TensorInfo& t, const std::filesystem::path& path) {
     std::vector<float> v(static_cast<size_t>(t.elements()));
     const uint64_t rows = t.rows(), cols = t.ne[0], row_bytes = t.row_bytes();
     for (uint64_t r = 0; r < rows; ++r) dequantize_row(t.type, t.data + r * row_bytes, v.data() + r * cols, static_cast<int64_t>(cols));
-    NpyWriter w(path, "<f4", t.ne.size() > 1 ? static_cast<int64_t>(cols) : 0);
-    w.append(v.data(), t.ne.size() > 1 ? static_cast<int64_t>(rows) : static_cast<int64_t>(cols), sizeof(float));
-    w.close();
-}
-
-void write_f32_npy(const std::filesystem::path& path, const std::vector<float>& v, int64_t width) {
-    NpyWriter w(path, "<f4", width);
-    w.append(v.data(), width ? static_cast<int64_t>(v.size()) / width : static_cast<int64_t>(v.size()), sizeof(float));
-    w.close();
+    write_f32_npy(path, v, t.ne.size() > 1 ? static_cast<int64_t>(cols) : 0);
 }
 
 }  // namespace
@@ -240,12 +238,18 @@ void export_head(Model& model, const std::filesystem::path& dir) {
     for (int64_t i = 0; i < n; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + 13) % V);
     auto seq = model.new_sequence();
     std::vector<float> hidden(static_cast<size_t>(n * E)), paired(static_cast<size_t>(n * E), 0.f), logits(static_cast<size_t>(n * V));
-    const bool exact = model.exact;
-    model.exact = true;
-    model.step({Segment{seq.get(), tokens.data(), n, nullptr, false, hidden.data()}});
-    std::copy(hidden.begin(), hidden.end() - E, paired.begin() + E);
-    model.mtp_step({Segment{seq.get(), tokens.data(), n, logits.data(), true, nullptr, paired.data()}});
-    model.exact = exact;
+    {
+        // The model's own setting comes back however the check ends.
+        struct ExactFor {
+            Model& m;
+            bool was;
+            ~ExactFor() { m.exact = was; }
+        } guard{model, model.exact};
+        model.exact = true;
+        model.step({Segment{seq.get(), tokens.data(), n, nullptr, false, hidden.data()}});
+        std::copy(hidden.begin(), hidden.end() - E, paired.begin() + E);
+        model.mtp_step({Segment{seq.get(), tokens.data(), n, logits.data(), true, nullptr, paired.data()}});
+    }
     NpyWriter tw(dir / "check_tokens.npy", "<i4", 0);
     tw.append(tokens.data(), n, sizeof(int32_t));
     tw.close();

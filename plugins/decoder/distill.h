@@ -47,7 +47,9 @@ CollectSummary collect_hidden(const Model& model, const std::string& model_name,
 //                   paired with each token, and the decoder's MTP logits for it (exact path): a
 //                   trainer proves it computes the same block before it trains it
 // Throws GgufError for a file without a block, or with Hadamard-folded weights.
-void export_head(Model& model, const std::filesystem::path& dir);  // runs the check on the exact path
+// Runs the check on the exact path: it sets model.exact for the check (and puts it back), so no
+// other thread may step `model` meanwhile.
+void export_head(Model& model, const std::filesystem::path& dir);
 // Writes `out`: the file with every block tensor that `dir` has as NAME.npy (a trained head, f32,
 // the shape export_head gave) replaced, quantized to the tensor's own type; all else copied.
 // Returns the number replaced; throws naming a tensor whose shape differs or a file it cannot read.
