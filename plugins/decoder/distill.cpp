@@ -293,7 +293,6 @@ int import_head(const GgufFile& f, const std::filesystem::path& dir, const std::
     int replaced = 0;
     for (const auto& t : f.tensors()) {
         const std::filesystem::path trained = dir / (t.name + ".npy");
-        std::vector<uint8_t> bytes;
         if (std::filesystem::exists(trained)) {
             std::vector<int64_t> shape;
             const std::vector<float> v = read_npy_f32(trained, shape);
@@ -301,12 +300,11 @@ int import_head(const GgufFile& f, const std::filesystem::path& dir, const std::
             if (t.ne.size() > 1) want = {static_cast<int64_t>(t.rows()), static_cast<int64_t>(t.ne[0])};
             else want = {static_cast<int64_t>(t.ne[0])};
             if (shape != want) throw GgufError(trained.string() + ": shape does not match " + t.name + " in " + f.name());
-            bytes = quantize(t.type, v.data(), static_cast<int64_t>(v.size()));
+            w.add_tensor(t.name, t.ne, t.type, quantize(t.type, v.data(), static_cast<int64_t>(v.size())));
             ++replaced;
         } else {
-            bytes.assign(t.data, t.data + t.rows() * t.row_bytes());
+            w.add_tensor_view(t.name, t.ne, t.type, t.data, t.rows() * t.row_bytes());  // the source file's mapped bytes
         }
-        w.add_tensor(t.name, t.ne, t.type, std::move(bytes));
     }
     w.write(out);
     return replaced;

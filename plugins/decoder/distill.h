@@ -53,7 +53,7 @@ void export_head(Model& model, const std::filesystem::path& dir);
 // Writes `out`: the file with every block tensor that `dir` has as NAME.npy (a trained head, f32,
 // the shape export_head gave) replaced, quantized to the tensor's own type; all else copied.
 // Returns the number replaced; throws naming a tensor whose shape differs or a file it cannot read.
-// Holds the whole output in memory while writing.
+// Streams the copy: memory holds the trained tensors only, the rest is read from `file`'s mapping.
 int import_head(const GgufFile& file, const std::filesystem::path& dir, const std::filesystem::path& out);
 
 // A little-endian f32 .npy file (C order) read whole; `shape` receives its dimensions.

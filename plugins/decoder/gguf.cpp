@@ -490,10 +490,17 @@ void GgufWriter::set_i64s(const std::string& key, const std::vector<int64_t>& v)
     store(std::move(kv));
 }
 void GgufWriter::add_tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::vector<uint8_t> data) {
-    tensors_.push_back({name, std::move(ne), type, std::move(data)});
+    tensors_.push_back({name, std::move(ne), type, std::move(data), nullptr, 0});
+    T& t = tensors_.back();
+    t.data = t.owned.data();
+    t.size = t.owned.size();
 }
 
-std::vector<uint8_t> GgufWriter::bytes(uint32_t alignment) const {
+void GgufWriter::add_tensor_view(const std::string& name, std::vector<uint64_t> ne, uint32_t type, const uint8_t* data, uint64_t size) {
+    tensors_.push_back({name, std::move(ne), type, {}, data, size});
+}
+
+std::vector<uint8_t> GgufWriter::header(uint32_t alignment) const {
     std::vector<uint8_t> out;
     put<uint32_t>(out, 0x46554747u);
     put<uint32_t>(out, 3);
@@ -514,20 +521,31 @@ std::vector<uint8_t> GgufWriter::bytes(uint32_t alignment) const {
         for (uint64_t x : t.ne) put<uint64_t>(out, x);
         put<uint32_t>(out, t.type);
         put<uint64_t>(out, offset);
-        offset = pad(offset + t.data.size());
+        offset = pad(offset + t.size);
     }
     out.resize(pad(out.size()), 0);
+    return out;
+}
+
+std::vector<uint8_t> GgufWriter::bytes(uint32_t alignment) const {
+    std::vector<uint8_t> out = header(alignment);
     for (const auto& t : tensors_) {
-        out.insert(out.end(), t.data.begin(), t.data.end());
-        out.resize(pad(out.size()), 0);
+        out.insert(out.end(), t.data, t.data + t.size);
+        out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
     }
     return out;
 }
 
 void GgufWriter::write(const std::filesystem::path& path) const {
-    auto b = bytes();
+    constexpr uint32_t kAlignment = 32;
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    const auto head = header(kAlignment);
+    out.write(reinterpret_cast<const char*>(head.data()), static_cast<std::streamsize>(head.size()));
+    static const char zeros[kAlignment] = {};
+    for (const auto& t : tensors_) {
+        out.write(reinterpret_cast<const char*>(t.data), static_cast<std::streamsize>(t.size));
+        out.write(zeros, static_cast<std::streamsize>((kAlignment - t.size % kAlignment) % kAlignment));
+    }
     if (!out) throw GgufError(path.string() + ": cannot write");
 }
 

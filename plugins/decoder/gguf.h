@@ -141,7 +141,11 @@ public:
     void set_i64s(const std::string& key, const std::vector<int64_t>& v);
     void set_value(const std::string& key, const Value& v);  // any value as read (copying a file's metadata)
     void add_tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, std::vector<uint8_t> data);
+    // A tensor whose `size` bytes stay where they are (a mapped file's) until write(): a copy of
+    // a large file is written without holding its tensors in memory.
+    void add_tensor_view(const std::string& name, std::vector<uint64_t> ne, uint32_t type, const uint8_t* data, uint64_t size);
     std::vector<uint8_t> bytes(uint32_t alignment = 32) const;
+    // Streams the file: the header, then each tensor's bytes in turn.
     void write(const std::filesystem::path& path) const;
 
 private:
@@ -153,9 +157,12 @@ private:
         std::string name;
         std::vector<uint64_t> ne;
         uint32_t type;
-        std::vector<uint8_t> data;
+        std::vector<uint8_t> owned;
+        const uint8_t* data;  // owned.data() or a view
+        uint64_t size;
     };
     void store(Kv kv);
+    std::vector<uint8_t> header(uint32_t alignment) const;  // up to the first tensor's bytes, padded
     std::vector<Kv> kv_;
     std::vector<T> tensors_;
 };

@@ -124,6 +124,23 @@ TEST_CASE("gguf: a synthetic model parses; metadata and tensors are typed and in
     CHECK_THROWS_WITH_AS(f->get_tensor("blk.99.attn_q.weight"), doctest::Contains("tensor 'blk.99.attn_q.weight' is required"), GgufError);
 }
 
+TEST_CASE("gguf: the writer streams a file equal to its in-memory bytes, with owned and borrowed tensor data") {
+    TempDir d;
+    const std::vector<uint8_t> borrowed = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};  // 5 f32, not a multiple of 32 bytes
+    GgufWriter w;
+    w.set_string("general.architecture", "qwen35");
+    w.add_tensor("a", {3}, kF32, {0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64});
+    w.add_tensor_view("b", {5}, kF32, borrowed.data(), borrowed.size());
+    w.add_tensor("c", {1}, kF32, {0, 0, 128, 191});
+    w.write(d / "w.gguf");
+    const std::string file = pulse::test::read_file(d / "w.gguf");
+    const auto mem = w.bytes();
+    CHECK(std::vector<uint8_t>(file.begin(), file.end()) == mem);
+    auto f = GgufFile::parse(mem.data(), mem.size(), "w.gguf");
+    CHECK(std::vector<uint8_t>(f->get_tensor("b").data, f->get_tensor("b").data + 20) == borrowed);
+    CHECK(reinterpret_cast<const float*>(f->get_tensor("c").data)[0] == -1.0f);
+}
+
 TEST_CASE("gguf: every truncation of a valid file is one clear error, never a crash") {
     auto b = tiny_bytes();
     int errors = 0;
