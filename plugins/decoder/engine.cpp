@@ -133,8 +133,7 @@ Engine::Engine(EngineOptions o, std::unique_ptr<Device> device) : opts_(std::mov
             model_->exact = opts_.exact;
             tok_ = Tokenizer::load(*file);
             name_ = file->opt_string("general.name").value_or(opts_.model.stem().string());
-            for (int32_t t = 0; t < static_cast<int32_t>(tok_.size()); ++t)
-                if (tok_.is_eog(t)) eog_.push_back(t);
+            eog_ = tok_.eog_tokens();
             if (static_cast<int64_t>(tok_.size()) != model_->hparams().n_vocab)
                 throw GgufError(file->name() + ": the vocabulary has " + std::to_string(tok_.size()) + " tokens but token_embd has " +
                                 std::to_string(model_->hparams().n_vocab) + " rows");
@@ -335,13 +334,11 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     int64_t rows = 0, decoding = 0;
     for (auto& a : active) decoding += a->decoding();
     const int64_t draft_room = decoding ? (Model::kMaxStepRows / 2 - decoding) / decoding : 0;
-    std::vector<Active*> drafting;
     std::vector<Speculator*> specs;
     std::vector<int32_t> lasts;
     std::vector<int> ks;
     for (auto& a : active)
         if (a->decoding() && a->spec) {
-            drafting.push_back(a.get());
             specs.push_back(a->spec.get());
             lasts.push_back(a->next);
             ks.push_back(static_cast<int>(drafts_for(*a, draft_room)));
@@ -353,11 +350,9 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
         return fail_all(e);
     }
     const std::vector<int32_t> none;
+    size_t next_drafts = 0;  // drafts[] follows the decoding requests with a speculator, in order
     for (auto& a : active)
-        if (a->decoding()) {
-            const auto at = std::find(drafting.begin(), drafting.end(), a.get());
-            plan(*a, segs, rows, at == drafting.end() ? none : drafts[static_cast<size_t>(at - drafting.begin())]);
-        }
+        if (a->decoding()) plan(*a, segs, rows, a->spec ? drafts[next_drafts++] : none);
     for (auto& a : active)
         if (!a->decoding()) plan(*a, segs, rows, none);
     bool decode_only = true;

@@ -527,25 +527,25 @@ std::vector<uint8_t> GgufWriter::header(uint32_t alignment) const {
     return out;
 }
 
-std::vector<uint8_t> GgufWriter::bytes(uint32_t alignment) const {
-    std::vector<uint8_t> out = header(alignment);
+void GgufWriter::emit(uint32_t alignment, const std::function<void(const uint8_t*, size_t)>& put_bytes) const {
+    const auto head = header(alignment);
+    put_bytes(head.data(), head.size());
+    const std::vector<uint8_t> zeros(alignment, 0);
     for (const auto& t : tensors_) {
-        out.insert(out.end(), t.data, t.data + t.size);
-        out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
+        put_bytes(t.data, t.size);
+        put_bytes(zeros.data(), (alignment - t.size % alignment) % alignment);
     }
+}
+
+std::vector<uint8_t> GgufWriter::bytes(uint32_t alignment) const {
+    std::vector<uint8_t> out;
+    emit(alignment, [&](const uint8_t* p, size_t n) { out.insert(out.end(), p, p + n); });
     return out;
 }
 
 void GgufWriter::write(const std::filesystem::path& path) const {
-    constexpr uint32_t kAlignment = 32;
     std::ofstream out(path, std::ios::binary);
-    const auto head = header(kAlignment);
-    out.write(reinterpret_cast<const char*>(head.data()), static_cast<std::streamsize>(head.size()));
-    static const char zeros[kAlignment] = {};
-    for (const auto& t : tensors_) {
-        out.write(reinterpret_cast<const char*>(t.data), static_cast<std::streamsize>(t.size));
-        out.write(zeros, static_cast<std::streamsize>((kAlignment - t.size % kAlignment) % kAlignment));
-    }
+    emit(32, [&](const uint8_t* p, size_t n) { out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n)); });
     if (!out) throw GgufError(path.string() + ": cannot write");
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -163,6 +164,8 @@ private:
     };
     void store(Kv kv);
     std::vector<uint8_t> header(uint32_t alignment) const;  // up to the first tensor's bytes, padded
+    // The file in order, piece by piece: the header, then each tensor's bytes and padding.
+    void emit(uint32_t alignment, const std::function<void(const uint8_t*, size_t)>& put_bytes) const;
     std::vector<Kv> kv_;
     std::vector<T> tensors_;
 };

@@ -34,6 +34,7 @@ public:
     int32_t type(int32_t id) const { return types_[static_cast<size_t>(id)]; }
     // End of generation: eos, <|im_end|>, <|endoftext|>, <|eot_id|> when present.
     bool is_eog(int32_t id) const;
+    const std::vector<int32_t>& eog_tokens() const { return eog_; }
 
 private:
     void bpe(std::string_view piece, std::vector<int32_t>& out) const;

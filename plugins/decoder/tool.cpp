@@ -372,8 +372,7 @@ int cmd_decode(const std::vector<std::string>& args) {
         if (speculate) spec = std::make_unique<decoder::Speculator>(*model, *seq, draft.k, sp, draft.adaptive, decoder::DraftSource{draft_model.get()});
         if (spec && draft.synthetic_length != 0) {
             auto synthetic = decoder::SyntheticAcceptance::for_length(draft.synthetic_length, draft.k);
-            for (int32_t t = 0; t < V; ++t)
-                if (tok.is_eog(t)) synthetic.never.push_back(t);
+            synthetic.never = tok.eog_tokens();
             synthetic.seed = sp.seed;
             spec->set_synthetic(std::move(synthetic));
             std::fprintf(stderr, "pulse decode: synthetic acceptance (%.2f tokens per step): the text is not the model's\n", draft.synthetic_length);
@@ -688,11 +687,8 @@ int cmd_distill(const std::vector<std::string>& args) {
         auto model = decoder::Model::load(file, device);
         const auto tok = decoder::Tokenizer::load(*file);
         const auto ids = read_prompts(prompts, tok);
-        std::vector<int32_t> ends;
-        for (int32_t t = 0; t < model->hparams().n_vocab; ++t)
-            if (tok.is_eog(t)) ends.push_back(t);
         const double t0 = now_s();
-        const auto sum = decoder::collect_hidden(*model, path, ids, ends, opt, out);
+        const auto sum = decoder::collect_hidden(*model, path, ids, tok.eog_tokens(), opt, out);
         std::printf("wrote %s: %lld sequences, %lld tokens (%lld generated), hidden states of %lld values, in %.1f s\n", out.c_str(),
                     static_cast<long long>(sum.sequences), static_cast<long long>(sum.tokens), static_cast<long long>(sum.generated),
                     static_cast<long long>(model->hparams().n_embd), now_s() - t0);
