@@ -26,7 +26,7 @@ sets before anything is trained.
 
 Needs Debian's python3-torch and python3-numpy only. Debian's torch does its matrix products through
 the system BLAS: with libopenblas0-pthread installed they run ~20x faster than with the reference
-BLAS it falls back to (measured on 2 cores: 70 against 3.8 GFLOP/s).
+BLAS it falls back to (measured here on one thread: 70 against 3.8 GFLOP/s).
 """
 import argparse
 import json
