@@ -117,11 +117,11 @@ private:
     size_t used_ = 0;
 };
 
-// f(b, T) over tokens 0..B-1: four at a time (T = 4), then the rest (T = 1 to 3) in one call.
+// f(b, T) over tokens 0..B-1: `most` at a time, then the rest (T < most) in one call.
 template <class F>
-void by_fours(int64_t B, F f) {
+void by_up_to(int most, int64_t B, F f) {
     int64_t b = 0;
-    for (; b + 4 <= B; b += 4) f(b, 4);
+    for (; b + most <= B; b += most) f(b, most);
     if (b < B) f(b, static_cast<int>(B - b));
 }
 
@@ -201,8 +201,8 @@ void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float
             const int64_t g = 2 * (u - pt.pairs_begin), n_out = pt.w->n_out;
             const int rows = g + 1 < pk.groups ? 16 : 8;
             const uint8_t* p = pk.data + static_cast<uint64_t>(g) * pk.group_bytes;
-            by_fours(B, [&](int64_t b, int T) {
-                float r[64];
+            by_up_to(dot_x16_tokens(pk.type), B, [&](int64_t b, int T) {
+                float r[16 * kDotX16MaxTokens];
                 dot_x16(pk.type, p, rows == 16 ? pk.group_bytes : 0, pt.x + b, T, n_in, r);
                 for (int k = 0; k < rows; ++k)
                     for (int t = 0; t < T; ++t) pt.y[(b + t) * n_out + 8 * g + k] = r[k * T + t] * pt.w->scale;
@@ -215,7 +215,7 @@ void matmats_i8(const Matrix* const* ws, float* const* ys, size_t n, const float
             const Part& pt = parts[i];
             const Matrix& w = *pt.w;
             const int64_t o0 = pt.first_row + (c - pt.chunks_begin) * kChunk, o1 = std::min(w.n_out, o0 + kChunk);
-            by_fours(B, [&](int64_t b, int T) {
+            by_up_to(4, B, [&](int64_t b, int T) {
                 matmul_rows_i8(w.t->type, RowRange{w.t->data, w.t->row_bytes(), o0, o1, pt.y + b * w.n_out, w.n_out, w.scale}, pt.x + b, T, n_in);
             });
         }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -1042,10 +1043,17 @@ void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t*
     }
 }
 
+int dot_x16_tokens(uint32_t type) { return type == kQ8_0 ? kDotX16MaxTokens : 4; }
+
 void dot_x16(uint32_t type, const uint8_t* packed, uint64_t next, const QuantRow* x, int T, int64_t n, float* out) {
+    if (T < 1 || T > dot_x16_tokens(type)) throw std::invalid_argument("dot_x16: " + std::to_string(T) + " tokens in one pass");
 #ifdef PULSE_X86
     if (have_vnni()) {
         if (type == kQ8_0) switch (T) {
+                case 8: return q8_0x16_vnni<8>(packed, next, x, n, out);
+                case 7: return q8_0x16_vnni<7>(packed, next, x, n, out);
+                case 6: return q8_0x16_vnni<6>(packed, next, x, n, out);
+                case 5: return q8_0x16_vnni<5>(packed, next, x, n, out);
                 case 4: return q8_0x16_vnni<4>(packed, next, x, n, out);
                 case 3: return q8_0x16_vnni<3>(packed, next, x, n, out);
                 case 2: return q8_0x16_vnni<2>(packed, next, x, n, out);

@@ -655,27 +655,29 @@ TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int
             if (q8) repack_q8_0x8(rows.data() + 8 * k * rb, rb, n, packed.data() + k * group_bytes);
             else repack_tq2_0x8(rows.data() + 8 * k * rb, rb, n, packed.data() + k * group_bytes);
         }
-        std::vector<float> x(static_cast<size_t>(4 * n));
+        const int tokens = dot_x16_tokens(type);
+        CHECK(tokens == (q8 ? 8 : 4));
+        std::vector<float> x(static_cast<size_t>(tokens * n));
         for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
         QuantizedRows xq;
-        xq.quantize(type, x.data(), 4, n);
+        xq.quantize(type, x.data(), tokens, n);
         const QuantRow* xr = xq.rows.data();
         // Each row against each token by the row-at-a-time kernel.
-        float plain[16][4];
+        float plain[16][8];
         int real = 0;
         for (int r = 0; r < 16; ++r)
-            for (int t = 0; t < 4; ++t) {
+            for (int t = 0; t < tokens; ++t) {
                 matmul_rows_i8(type, RowRange{rows.data() + static_cast<uint64_t>(r) * rb, rb, 0, 1, &plain[r][t], 1, 1.0f}, xr + t, 1, n);
                 real += std::fabs(plain[r][t]) > 1.0f;
             }
-        CHECK(real >= 56);  // real dots, not empty ones
-        for (int T = 1; T <= 4; ++T)
-            for (int first = 0; first + T <= 4; ++first) {
+        CHECK(real >= 14 * tokens);  // real dots, not empty ones
+        for (int T = 1; T <= tokens; ++T)
+            for (int first = 0; first + T <= tokens; ++first) {
                 CAPTURE(T);
                 CAPTURE(first);
                 // Both groups in one pass; each group alone as both halves (a matrix's odd last
                 // group), whose high half repeats its low half.
-                float pair[64], lo[64], hi[64];
+                float pair[128], lo[128], hi[128];
                 dot_x16(type, packed.data(), group_bytes, xr + first, T, n, pair);
                 dot_x16(type, packed.data(), 0, xr + first, T, n, lo);
                 dot_x16(type, packed.data() + group_bytes, 0, xr + first, T, n, hi);
@@ -683,7 +685,9 @@ TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int
                     for (int t = 0; t < T; ++t) {
                         CAPTURE(r);
                         const float want = plain[r][first + t];
-                        CHECK(pair[r * T + t] == doctest::Approx(want).epsilon(1e-5));
+                        // Float sums in another order: 1e-5 of the dots' scale (~10), not of a
+                        // dot that happens to cancel to near zero.
+                        CHECK(pair[r * T + t] == doctest::Approx(want).epsilon(1e-5).scale(10));
                         const float* alone = r < 8 ? lo : hi;
                         CHECK(alone[r % 8 * T + t] == pair[r * T + t]);  // the same lanes' arithmetic
                         CHECK(alone[(8 + r % 8) * T + t] == alone[r % 8 * T + t]);
