@@ -139,14 +139,18 @@ struct DeltaNetOp {
     DevPtr dt_bias;     // [Hv]
     DevPtr ssm_a;       // [Hv] (already -exp(A_log))
     DevPtr ssm_norm;    // [S]
-    DevPtr conv_state;  // [(K-1)][C]
-    DevPtr state;       // [Hv][S][S]
+    DevPtr conv_state;  // [(K-1)][C]: the window after the B tokens
+    DevPtr state;       // [Hv][S][S]: the state after them
     DevPtr out;         // [B][Hv*S]
+    // Where set, the window and state before the tokens are read from here and left as they
+    // are (a tentative step: Model::keep_tentative may go back to them); else from conv_state
+    // and state, updated in place.
+    DevPtr conv_state_in = {}, state_in = {};
 };
 
 // Bumped whenever this header changes: a device library built from another revision is
 // refused by its number, not run against a different layout.
-constexpr int kDeviceInterfaceVersion = 4;
+constexpr int kDeviceInterfaceVersion = 5;
 
 class Device {
 public:

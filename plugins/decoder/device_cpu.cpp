@@ -603,7 +603,7 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
         for (int64_t c = 0; c < nc; ++c)
             for (int64_t t = 0; t < K; ++t) w[t][c] = conv[(c0 + c) * K + t];
         for (int64_t i = 0; i < n; ++i) {
-            const float *window = raw(ops[i].conv_state), *in = raw(ops[i].qkv);
+            const float *window = raw(ops[i].conv_state_in ? ops[i].conv_state_in : ops[i].conv_state), *in = raw(ops[i].qkv);
             for (int64_t b = 0; b < ops[i].B; ++b) {
                 float* yo = y + y_at[static_cast<size_t>(i)] + b * C + c0;
                 std::fill(yo, yo + nc, 0.f);
@@ -616,16 +616,17 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
             }
         }
     }
-    // Each op's window moves on: its last K-1 rows of [state; new rows].
+    // Each op's window moves on: its last K-1 rows of [window; new rows].
     for (size_t i = 0; i < n_ops; ++i) {
         const int64_t B = ops[i].B, keep = K - 1;
-        float* state = raw(ops[i].conv_state);
+        float* after = raw(ops[i].conv_state);
+        const float* before = ops[i].conv_state_in ? raw(ops[i].conv_state_in) : after;
         const float* in = raw(ops[i].qkv);
         if (B >= keep) {
-            std::memcpy(state, in + (B - keep) * C, static_cast<size_t>(keep * C) * 4);
+            std::memcpy(after, in + (B - keep) * C, static_cast<size_t>(keep * C) * 4);
         } else {
-            std::memmove(state, state + B * C, static_cast<size_t>((keep - B) * C) * 4);
-            std::memcpy(state + (keep - B) * C, in, static_cast<size_t>(B * C) * 4);
+            std::memmove(after, before + B * C, static_cast<size_t>((keep - B) * C) * 4);
+            std::memcpy(after + (keep - B) * C, in, static_cast<size_t>(B * C) * 4);
         }
     }
     // Per token: q and k L2-normalised per key head; the gates per value head.
@@ -669,7 +670,8 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
                 float* outp = raw(op.out);
                 const int64_t m = hh % Hk;  // tiled key head for this value head
                 GdnHeadArgs g{raw(op.state) + hh * S * S, S, op.B, yi + m * S, yi + kd + m * S, yi + 2 * kd + hh * S,
-                              beta[static_cast<size_t>(i)].data() + hh, log_decay[static_cast<size_t>(i)].data() + hh, C, C, Hv, outp + hh * S, VD};
+                              beta[static_cast<size_t>(i)].data() + hh, log_decay[static_cast<size_t>(i)].data() + hh, C, C, Hv, outp + hh * S, VD,
+                              op.state_in ? raw(op.state_in) + hh * S * S : nullptr};
                 gdn_head(g);
                 // Gated RMSNorm of each token's head output, in place.
                 const float* zp = raw(op.z);

@@ -677,11 +677,13 @@ namespace {
 inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
     const int64_t S = g.S;
     float* st = g.state;
+    // The first token reads the state before the step; later ones the one being written.
+    const float* src = g.state_in ? g.state_in : st;
     const float inv_sqrt = 1.f / std::sqrt(static_cast<float>(S));
     float a[512], b[512], delta[512];  // S <= 512 (checked by the caller)
     for (int64_t j = 0; j < S; ++j) a[j] = b[j] = 0;
     for (int64_t i = 0; i < S; ++i) {
-        const float* row = st + i * S;
+        const float* row = src + i * S;
         const float ki = g.k[i], qi = g.q[i];
 #pragma omp simd
         for (int64_t j = 0; j < S; ++j) {
@@ -703,12 +705,14 @@ inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
             o[j] = (e * b[j] + delta[j] * kq) * inv_sqrt;
             a[j] = b[j] = 0;
         }
+        const float* from = t == 0 ? src : st;
         if (t + 1 == g.T) {  // the last token: the update alone
             for (int64_t i = 0; i < S; ++i) {
                 float* row = st + i * S;
+                const float* old = from + i * S;
                 const float ki = k[i];
 #pragma omp simd
-                for (int64_t j = 0; j < S; ++j) row[j] = e * row[j] + ki * delta[j];
+                for (int64_t j = 0; j < S; ++j) row[j] = e * old[j] + ki * delta[j];
             }
             break;
         }
@@ -716,10 +720,11 @@ inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
         const float* qn = q + g.qk_stride;
         for (int64_t i = 0; i < S; ++i) {
             float* row = st + i * S;
+            const float* old = from + i * S;
             const float ki = k[i], kni = kn[i], qni = qn[i];
 #pragma omp simd
             for (int64_t j = 0; j < S; ++j) {
-                const float r = e * row[j] + ki * delta[j];
+                const float r = e * old[j] + ki * delta[j];
                 row[j] = r;
                 a[j] += r * kni;
                 b[j] += r * qni;
@@ -735,6 +740,7 @@ inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
 inline __attribute__((always_inline)) void gdn_chunked_body(const GdnHeadArgs& g) {
     const int64_t S = g.S, L = kGdnChunk;
     float* st = g.state;
+    const float* src = g.state_in ? g.state_in : st;  // the first chunk's state (the next ones': st)
     const float inv_sqrt = 1.f / std::sqrt(static_cast<float>(S));
     // Kᵀ [S][L]; k·k and q·k [L][L]; S₀ᵀk, S₀ᵀq, Δ [L][S]; the solve's row [L].
     thread_local std::vector<float> buf;
@@ -762,8 +768,9 @@ inline __attribute__((always_inline)) void gdn_chunked_body(const GdnHeadArgs& g
             for (int64_t i = 0; i < S; ++i) kt[i * L + t] = K[t * g.qk_stride + i];
         gemm_f32(n, n, S, K, g.qk_stride, kt, L, kk, L, false);
         gemm_f32(n, n, S, Q, g.qk_stride, kt, L, qk, L, false);
-        gemm_f32(n, S, S, K, g.qk_stride, st, S, ks, S, false);
-        gemm_f32(n, S, S, Q, g.qk_stride, st, S, qs, S, false);
+        const float* s0 = c0 == 0 ? src : st;
+        gemm_f32(n, S, S, K, g.qk_stride, s0, S, ks, S, false);
+        gemm_f32(n, S, S, Q, g.qk_stride, s0, S, qs, S, false);
         // Δ row by row: δ_t = β_t(v_t − e^Γt·S₀ᵀk_t) − Σ_{s<t} A[t][s]·δ_s.
         for (int64_t t = 0; t < n; ++t) {
             const float eg = std::exp(gam[t]), bt = bet[t];
@@ -802,7 +809,7 @@ inline __attribute__((always_inline)) void gdn_chunked_body(const GdnHeadArgs& g
             for (int64_t j = 0; j < S; ++j) d[j] *= w;
         }
 #pragma omp simd
-        for (int64_t i = 0; i < S * S; ++i) st[i] *= elast;
+        for (int64_t i = 0; i < S * S; ++i) st[i] = elast * s0[i];
         gemm_f32(S, S, n, kt, L, dl, S, st, S, true);
     }
 }
@@ -817,11 +824,12 @@ template <int NV>
 __attribute__((target("avx512f,avx512vl,avx2,fma"))) void gdn_head_avx512(const GdnHeadArgs& g) {
     constexpr int64_t S = 16 * NV;
     float* st = g.state;
+    const float* src = g.state_in ? g.state_in : st;  // as in gdn_head_body
     const __m512 inv_sqrt = _mm512_set1_ps(1.f / std::sqrt(static_cast<float>(S)));
     __m512 a[NV], b[NV], d[NV];
     PULSE_UNROLL for (int v = 0; v < NV; ++v) a[v] = b[v] = _mm512_setzero_ps();
     for (int64_t i = 0; i < S; ++i) {
-        const float* row = st + i * S;
+        const float* row = src + i * S;
         const __m512 ki = _mm512_set1_ps(g.k[i]), qi = _mm512_set1_ps(g.q[i]);
         PULSE_UNROLL for (int v = 0; v < NV; ++v) {
             const __m512 r = _mm512_loadu_ps(row + 16 * v);
@@ -843,12 +851,14 @@ __attribute__((target("avx512f,avx512vl,avx2,fma"))) void gdn_head_avx512(const 
             _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_fmadd_ps(ev, b[v], _mm512_mul_ps(d[v], kqv)), inv_sqrt));
             a[v] = b[v] = _mm512_setzero_ps();
         }
+        const float* from = t == 0 ? src : st;
         if (t + 1 == g.T) {  // the last token: the update alone
             for (int64_t i = 0; i < S; ++i) {
                 float* row = st + i * S;
+                const float* old = from + i * S;
                 const __m512 ki = _mm512_set1_ps(k[i]);
                 PULSE_UNROLL for (int v = 0; v < NV; ++v)
-                    _mm512_storeu_ps(row + 16 * v, _mm512_fmadd_ps(ki, d[v], _mm512_mul_ps(ev, _mm512_loadu_ps(row + 16 * v))));
+                    _mm512_storeu_ps(row + 16 * v, _mm512_fmadd_ps(ki, d[v], _mm512_mul_ps(ev, _mm512_loadu_ps(old + 16 * v))));
             }
             break;
         }
@@ -856,9 +866,10 @@ __attribute__((target("avx512f,avx512vl,avx2,fma"))) void gdn_head_avx512(const 
         const float* qn = q + g.qk_stride;
         for (int64_t i = 0; i < S; ++i) {
             float* row = st + i * S;
+            const float* old = from + i * S;
             const __m512 ki = _mm512_set1_ps(k[i]), kni = _mm512_set1_ps(kn[i]), qni = _mm512_set1_ps(qn[i]);
             PULSE_UNROLL for (int v = 0; v < NV; ++v) {
-                const __m512 r = _mm512_fmadd_ps(ki, d[v], _mm512_mul_ps(ev, _mm512_loadu_ps(row + 16 * v)));
+                const __m512 r = _mm512_fmadd_ps(ki, d[v], _mm512_mul_ps(ev, _mm512_loadu_ps(old + 16 * v)));
                 _mm512_storeu_ps(row + 16 * v, r);
                 a[v] = _mm512_fmadd_ps(r, kni, a[v]);
                 b[v] = _mm512_fmadd_ps(r, qni, b[v]);

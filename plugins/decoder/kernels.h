@@ -117,6 +117,9 @@ struct GdnHeadArgs {
     int64_t qk_stride, v_stride, gate_stride;
     float* out;  // T rows of S
     int64_t out_stride;
+    // Where set, the state before the tokens, read and left as it is (`state` is then only
+    // written: the state after them); else `state` is updated in place.
+    const float* state_in = nullptr;
 };
 constexpr int64_t kGdnChunk = 32;
 constexpr int64_t kGdnChunkedFrom = 8;  // runs this long (tokens) take the chunked form

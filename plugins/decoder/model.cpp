@@ -290,6 +290,7 @@ std::unique_ptr<Sequence> Model::new_sequence() const {
 
 Sequence& Sequence::operator=(const Sequence& o) {
     if (this == &o) return *this;
+    if (o.tentative.rows) throw std::logic_error("a sequence is copied with a tentative step not yet settled (Model::keep_tentative)");
     dev_ = o.dev_;
     n_past = o.n_past;
     mtp_n_past = o.mtp_n_past;
@@ -360,8 +361,9 @@ void Sequence::reserve_mtp(int64_t positions) { grow(mtp, positions, mtp_n_past)
 
 size_t Sequence::bytes() const {
     size_t n = 0;
-    for (const auto& b : conv) n += b.size();
-    for (const auto& b : state) n += b.size();
+    for (const auto* group : {&conv, &state, &tentative.conv, &tentative.state, &tentative.qkv, &tentative.beta, &tentative.alpha})
+        for (const auto& b : *group) n += b.size();
+    n += tentative.gate.size() + tentative.out.size();
     const size_t kv_slots = 2 * (kv.size() * HalfBuffer::slots(static_cast<size_t>(n_past * kv_values)) +
                                  HalfBuffer::slots(static_cast<size_t>(mtp_n_past * kv_values)));
     return (n + kv_slots) * sizeof(float);
@@ -448,6 +450,10 @@ void Model::embed(const Matrix& table, const Rotation* rot, const std::vector<in
 
 void Model::step(const std::vector<Segment>& segs) const {
     const auto [B, out_rows] = check(segs);
+    for (const auto& s : segs)
+        if (s.seq->tentative.rows)
+            throw std::logic_error("a sequence's tentative step of " + std::to_string(s.seq->tentative.rows) +
+                                   " rows is not settled (Model::keep_tentative) before its next step");
     if (B == 0) return;
     std::unique_lock<std::mutex> reuse;
     std::unique_ptr<Work> own;
@@ -456,12 +462,16 @@ void Model::step(const std::vector<Segment>& segs) const {
     tokens.reserve(static_cast<size_t>(B));
     for (const auto& s : segs) {
         s.seq->reserve(s.seq->n_past + s.n);
+        if (s.tentative) prepare_tentative(*s.seq, s.n);
         tokens.insert(tokens.end(), s.tokens, s.tokens + s.n);
     }
     embed(embd_, embd_rot_, tokens, w, w.x.ptr());
     size_t ai = 0, gi = 0;
     for (const auto& L : layers_) layer(L, segs, L.recurrent ? gi++ : ai++, w, B);
-    for (const auto& s : segs) s.seq->n_past += s.n;
+    for (const auto& s : segs) {
+        s.seq->n_past += s.n;
+        if (s.tentative) s.seq->tentative.rows = s.n;
+    }
     finish(segs, output_norm_.ptr(), output_, w, B, out_rows);
 }
 
@@ -594,59 +604,79 @@ void Model::deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gi
     int64_t r0 = 0;
     for (const auto& s : segs) {
         Sequence& seq = *s.seq;
-        ops.push_back(DeltaNetOp{w.qkv.ptr() + r0 * C, w.z.ptr() + r0 * VD, w.beta.ptr() + r0 * Hv, w.alpha.ptr() + r0 * Hv, s.n, hp_.conv_kernel, C,
-                                 hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps, L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(),
-                                 seq.conv[gi].ptr(), seq.state[gi].ptr(), w.o.ptr() + r0 * VD});
+        // A tentative segment reads the states before the step and writes the step's beside them.
+        Sequence::TentativeStep& t = seq.tentative;
+        DeltaNetOp op{w.qkv.ptr() + r0 * C, w.z.ptr() + r0 * VD, w.beta.ptr() + r0 * Hv, w.alpha.ptr() + r0 * Hv, s.n, hp_.conv_kernel, C,
+                      hp_.ssm_state, hp_.ssm_groups, Hv, hp_.rms_eps, L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(),
+                      (s.tentative ? t.conv : seq.conv)[gi].ptr(), (s.tentative ? t.state : seq.state)[gi].ptr(), w.o.ptr() + r0 * VD};
+        if (s.tentative) op.conv_state_in = seq.conv[gi].ptr(), op.state_in = seq.state[gi].ptr();
+        ops.push_back(op);
         r0 += s.n;
     }
-    keep_recurrent_inputs(segs, gi, w);  // before the op: it may work in place on them
+    keep_tentative_inputs(segs, gi, w);  // before the op: it may work in place on them
     dev_->deltanet(ops.data(), ops.size());
     matmul(L.out, w.o.ptr(), B, out, w);
 }
 
-void Model::keep_recurrent_inputs(const std::vector<Segment>& segs, size_t gi, Work& w) const {
+void Model::prepare_tentative(Sequence& seq, int64_t rows) const {
+    auto& t = seq.tentative;
     const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads;
-    const size_t n_gdn = static_cast<size_t>(std::count(hp_.recurrent.begin(), hp_.recurrent.end(), true));
+    if (t.conv.size() != seq.conv.size())
+        for (size_t i = 0; i < seq.conv.size(); ++i) {
+            t.conv.push_back(dev_->alloc(seq.conv[i].size()));
+            t.state.push_back(dev_->alloc(seq.state[i].size()));
+        }
+    if (t.capacity < rows || t.qkv.size() != seq.conv.size()) {
+        t.qkv.clear(), t.beta.clear(), t.alpha.clear();
+        for (size_t i = 0; i < seq.conv.size(); ++i) {
+            t.qkv.push_back(dev_->alloc(static_cast<size_t>(rows * C)));
+            t.beta.push_back(dev_->alloc(static_cast<size_t>(rows * Hv)));
+            t.alpha.push_back(dev_->alloc(static_cast<size_t>(rows * Hv)));
+        }
+        t.gate = dev_->alloc(static_cast<size_t>(rows * hp_.value_dim()));
+        t.out = dev_->alloc(static_cast<size_t>(rows * hp_.value_dim()));
+        t.capacity = rows;
+    }
+}
+
+void Model::keep_tentative_inputs(const std::vector<Segment>& segs, size_t gi, Work& w) const {
+    const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads;
     int64_t r0 = 0;
     for (const auto& s : segs) {
-        if (s.keep_recurrent_inputs) {
-            auto& in = s.seq->recurrent_inputs;
-            if (in.capacity < s.n || in.qkv.size() != n_gdn) {
-                in = {};
-                for (size_t i = 0; i < n_gdn; ++i) {
-                    in.qkv.push_back(dev_->alloc(static_cast<size_t>(s.n * C)));
-                    in.beta.push_back(dev_->alloc(static_cast<size_t>(s.n * Hv)));
-                    in.alpha.push_back(dev_->alloc(static_cast<size_t>(s.n * Hv)));
-                }
-                in.gate = dev_->alloc(static_cast<size_t>(s.n * hp_.value_dim()));
-                in.out = dev_->alloc(static_cast<size_t>(s.n * hp_.value_dim()));
-                in.capacity = s.n;
-            }
-            dev_->copy(w.qkv.ptr() + r0 * C, in.qkv[gi].ptr(), static_cast<size_t>(s.n * C));
-            dev_->copy(w.beta.ptr() + r0 * Hv, in.beta[gi].ptr(), static_cast<size_t>(s.n * Hv));
-            dev_->copy(w.alpha.ptr() + r0 * Hv, in.alpha[gi].ptr(), static_cast<size_t>(s.n * Hv));
-            in.rows = s.n;
+        if (s.tentative) {
+            auto& t = s.seq->tentative;
+            dev_->copy(w.qkv.ptr() + r0 * C, t.qkv[gi].ptr(), static_cast<size_t>(s.n * C));
+            dev_->copy(w.beta.ptr() + r0 * Hv, t.beta[gi].ptr(), static_cast<size_t>(s.n * Hv));
+            dev_->copy(w.alpha.ptr() + r0 * Hv, t.alpha[gi].ptr(), static_cast<size_t>(s.n * Hv));
         }
         r0 += s.n;
     }
 }
 
-void Model::replay_recurrent(Sequence& seq, int64_t n) const {
-    auto& in = seq.recurrent_inputs;
-    if (n < 1 || n > in.rows) throw std::logic_error("replay_recurrent: the last step kept the inputs of " + std::to_string(in.rows) + " rows, not " + std::to_string(n));
+void Model::keep_tentative(Sequence& seq, int64_t n) const {
+    auto& t = seq.tentative;
+    if (!t.rows) throw std::logic_error("keep_tentative: the sequence has no tentative step to settle");
+    if (n < 1 || n > t.rows) throw std::logic_error("keep_tentative: its tentative step ran " + std::to_string(t.rows) + " rows, not " + std::to_string(n));
+    if (n == t.rows) {  // every row stands: the step's windows and states are the sequence's
+        seq.conv.swap(t.conv);
+        seq.state.swap(t.state);
+        t.rows = 0;
+        return;
+    }
     const int64_t C = hp_.conv_dim(), Hv = hp_.ssm_heads;
-    // The outputs are not wanted: they go to the kept scratch rows (whatever the gate rows hold,
-    // the states do not read them). One call per layer: the ops of one call share its weights
-    // (device.h).
+    // From the states before the step, in place, over the kept rows. The outputs are not wanted:
+    // they go to the scratch rows (whatever the gate rows hold, the states do not read them).
+    // One call per layer: the ops of one call share its weights (device.h).
     size_t gi = 0;
     for (const Layer& L : layers_) {
         if (!L.recurrent) continue;
-        const DeltaNetOp op{in.qkv[gi].ptr(), in.gate.ptr(), in.beta[gi].ptr(), in.alpha[gi].ptr(), n, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv,
-                            hp_.rms_eps, L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(), seq.conv[gi].ptr(), seq.state[gi].ptr(), in.out.ptr()};
+        const DeltaNetOp op{t.qkv[gi].ptr(), t.gate.ptr(), t.beta[gi].ptr(), t.alpha[gi].ptr(), n, hp_.conv_kernel, C, hp_.ssm_state, hp_.ssm_groups, Hv,
+                            hp_.rms_eps, L.conv.ptr(), L.dt_bias.ptr(), L.ssm_a.ptr(), L.ssm_norm.ptr(), seq.conv[gi].ptr(), seq.state[gi].ptr(), t.out.ptr()};
         dev_->deltanet(&op, 1);
         ++gi;
     }
-    in.rows = 0;  // used: a second replay would start from the replayed states
+    seq.n_past -= t.rows - n;
+    t.rows = 0;
 }
 
 }  // namespace pulse::decoder

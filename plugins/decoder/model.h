@@ -76,10 +76,11 @@ struct Segment {
     // at position p, the main model's `hidden` of position p-1 (or, drafting further, the MTP
     // block's own `hidden` of the token before).
     const float* hidden_in = nullptr;
-    // Model::step only: keep the Gated DeltaNet layers' inputs of these rows in the sequence, so
-    // that Model::replay_recurrent can run the recurrence again over a prefix of them (a
-    // speculative step whose later drafts were rejected) without running the layers again.
-    bool keep_recurrent_inputs = false;
+    // Model::step only: the rows are a guess (a token and its drafts), of which Model::keep_tentative
+    // keeps a prefix afterwards. The Gated DeltaNet windows and states before the step stay as
+    // they are, the step's go beside them, and the layers' inputs of the rows are kept, so that
+    // keeping fewer rows needs no copy of the states and no layer run again (keep_tentative).
+    bool tentative = false;
 };
 
 class Model {
@@ -118,12 +119,14 @@ public:
     // prediction of the token after each, `hidden` its own hidden state (the next draft's input).
     // Same limits as step(); throws std::logic_error on a model without the block.
     void mtp_step(const std::vector<Segment>& segments) const;
-    // Runs the Gated DeltaNet recurrences (conv windows and delta-rule states) of `seq` over the
-    // first `n` rows its last step kept inputs of (Segment::keep_recurrent_inputs), from the
-    // states they hold now: after restore_recurrent, the states as if only those rows had run.
-    // Outputs are not computed again: a row's outputs do not depend on the rows after it.
-    // No matmul runs: a fraction of a step's cost. Throws std::logic_error when fewer are kept.
-    void replay_recurrent(Sequence& seq, int64_t n) const;
+    // After a tentative step of `seq` (Segment::tentative) of R rows: its first `n` stand, the
+    // rest are dropped. n = R: the step's windows and states become the sequence's (a swap);
+    // n < R: the recurrences (conv windows and delta-rule states) run again from the states
+    // before the step over the n rows' kept inputs (no matmul: a fraction of a step) and n_past
+    // goes back to the step's start + n. Attention caches need nothing: positions past n_past
+    // are written over. Until this is called the sequence takes no other step(). Throws
+    // std::logic_error without a tentative step or for n outside 1..R.
+    void keep_tentative(Sequence& seq, int64_t n) const;
     // Device memory of the step buffers kept for the next step (sized to the largest step so
     // far, up to kMaxStepRows rows): with each sequence's bytes(), what memory beyond the
     // weights holds.
@@ -156,8 +159,10 @@ private:
     // B token embeddings from `table` into `out` (rotated back where the file stores them folded).
     void embed(const Matrix& table, const Rotation* rot, const std::vector<int32_t>& tokens, Work& w, DevPtr out) const;
     void deltanet(const Layer& L, const std::vector<Segment>& segs, size_t gdn_index, Work& w, DevPtr h, DevPtr out, int64_t B) const;
-    // Copies the GDN layer's inputs of the segments that ask (Segment::keep_recurrent_inputs).
-    void keep_recurrent_inputs(const std::vector<Segment>& segs, size_t gdn_index, Work& w) const;
+    // Tentative segments (Segment::tentative): their buffers sized before the step; each GDN
+    // layer's inputs of their rows kept.
+    void prepare_tentative(Sequence& seq, int64_t rows) const;
+    void keep_tentative_inputs(const std::vector<Segment>& segs, size_t gdn_index, Work& w) const;
     // y = W·x for each product, all reading x: one device pass (Device::matmuls). Folded
     // weights rotate x first (into w.rot): once where they share the rotation, else one by one.
     struct Product {
@@ -210,18 +215,22 @@ public:
     KvCache mtp;
     int64_t mtp_n_past = 0;
     std::vector<Buffer> conv, state;  // per GDN layer: [(K-1)][conv_dim], [Hv][S key][S value]
-    // The last step's Gated DeltaNet inputs per GDN layer (Segment::keep_recurrent_inputs):
-    // projected qkv, beta and alpha rows; and the replay's scratch rows (its output gate and
-    // output, which it does not keep), allocated once with them. Not part of a copy.
-    struct RecurrentInputs {
+    // A tentative step not yet settled (Segment::tentative, Model::keep_tentative): its rows
+    // (0: none), the GDN windows and states after them, each GDN layer's projected qkv, beta
+    // and alpha rows; and the replay's scratch rows (its output gate and output, which it
+    // does not keep). Allocated by the first tentative step, kept for the next. Not part of a
+    // copy: a sequence with a tentative step pending is not copied.
+    struct TentativeStep {
+        int64_t rows = 0, capacity = 0;
+        std::vector<Buffer> conv, state;
         std::vector<Buffer> qkv, beta, alpha;
         Buffer gate, out;
-        int64_t rows = 0, capacity = 0;
-    } recurrent_inputs;
-    size_t bytes() const;            // device memory in use (the caches up to n_past)
+    } tentative;
+    size_t bytes() const;            // device memory in use (the caches up to n_past, the tentative step's buffers)
 
-    // The Gated DeltaNet conv windows and states (not the KV caches): what a step that ran
-    // rejected drafts must undo. save_recurrent allocates `to` on first use, then copies.
+    // A copy of the Gated DeltaNet conv windows and states (not the KV caches): what a run of
+    // several steps that may be undone must put back (a draft model's drafting).
+    // save_recurrent allocates `to` on first use, then copies.
     struct RecurrentCheckpoint {
         std::vector<Buffer> conv, state;
     };

@@ -118,13 +118,11 @@ Segment Speculator::main_rows(const int32_t* tokens, int64_t n, int64_t drafts, 
     if (drafts > kMaxDraft) throw std::invalid_argument("at most " + std::to_string(kMaxDraft) + " drafts per step");
     rows_.assign(tokens, tokens + n);
     drafts_ = drafts;
-    base_ = seq_.n_past;
-    if (drafts) seq_.save_recurrent(checkpoint_);
     const bool hidden = uses_mtp() && model_.has_mtp();
     hidden_.resize(hidden ? static_cast<size_t>(n * E_) : 0);
     logits_.resize(logits ? static_cast<size_t>((drafts ? n : 1) * V_) : 0);
     Segment seg{&seq_, rows_.data(), n, logits ? logits_.data() : nullptr, drafts > 0, hidden ? hidden_.data() : nullptr};
-    seg.keep_recurrent_inputs = drafts > 0;
+    seg.tentative = drafts > 0;
     return seg;
 }
 
@@ -171,15 +169,13 @@ std::vector<int32_t> Speculator::judge() {
 
 void Speculator::keep(int64_t n) {
     if (n < 1 || n > static_cast<int64_t>(rows_.size())) throw std::logic_error("keep: 1 to " + std::to_string(rows_.size()) + " rows");
-    const bool all = n == static_cast<int64_t>(rows_.size());
+    if (drafts_) {
+        // Rejected drafts ran through the recurrent layers: their recurrence runs again over
+        // the kept rows only, from the states before the step (Model::keep_tentative).
+        model_.keep_tentative(seq_, n);
+        if (n < static_cast<int64_t>(rows_.size())) stats_.recomputed_rows += n;
+    }
     rows_.resize(static_cast<size_t>(n));
-    if (all) return;
-    // Rejected drafts ran through the recurrent layers: put the states back and run the
-    // recurrence again over the kept rows only, from the inputs the step kept.
-    seq_.restore_recurrent(checkpoint_);
-    model_.replay_recurrent(seq_, n);
-    seq_.n_past = base_ + n;
-    stats_.recomputed_rows += n;
 }
 
 std::optional<Segment> Speculator::catch_up() {

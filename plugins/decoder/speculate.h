@@ -5,11 +5,12 @@
 // (accept_drafts). Either way the output is what the main model alone would give (greedy) or is
 // distributed as its samples; only the number of main-model steps falls.
 //
-// The hybrid model's Gated DeltaNet layers keep no per-position history: after a step that ran
-// rejected drafts, their conv windows and states are put back from a copy taken before the step
-// and their recurrence is replayed over the accepted rows from the inputs the step kept — the
-// layers themselves do not run again, since a row's outputs do not depend on later rows
-// (attention caches need no undo: positions past n_past are overwritten). A draft model (DraftSource) is
+// The hybrid model's Gated DeltaNet layers keep no per-position history: a step with drafts is
+// tentative (Segment::tentative), writing its conv windows and states beside the ones before
+// it; when drafts are rejected, the recurrence runs again from those over the accepted rows,
+// from the inputs the step kept — the layers themselves do not run again, since a row's
+// outputs do not depend on later rows (attention caches need no undo: positions past n_past
+// are overwritten). A draft model (DraftSource) is
 // undone the same way: its speculative rows are dropped and the tokens kept run in its next
 // draft, as one batched step.
 #pragma once
@@ -121,8 +122,8 @@ public:
     //  2. judge (after the step, drafts only): the tokens decoded, by the acceptance rule; the
     //     step's logits (step_logits) may be masked before it.
     //  3. keep(n): the first n rows stand (the caller may stop short of what judge returned);
-    //     when fewer than ran, the recurrent states are put back and their recurrence replayed
-    //     over the kept rows (Model::replay_recurrent: no layer runs again).
+    //     with drafts, Model::keep_tentative (when fewer than ran, the recurrences replayed
+    //     over the kept rows from the states before the step: no layer runs again).
     //  4. catch_up: the MTP block's segment over the kept rows (for Model::mtp_step), or none.
     Segment main_rows(const int32_t* tokens, int64_t n, int64_t drafts, bool logits);
     std::vector<int32_t> judge();
@@ -159,13 +160,12 @@ private:
     std::vector<double> kept_after_;  // adaptive: running rate of keeping draft i after 0..i-1
     int64_t E_, V_;
     std::vector<float> pending_;  // MTP: the main hidden state of the last position run (zeros at first)
-    // The current step: its rows (token then drafts), their hidden states and logits, where the
-    // sequence stood before it.
+    // The current step: its rows (token then drafts; with drafts a tentative step), their
+    // hidden states and logits.
     std::vector<int32_t> rows_;
-    int64_t drafts_ = 0, base_ = 0;
+    int64_t drafts_ = 0;
     std::vector<float> hidden_, paired_;
     std::vector<float> logits_;
-    Sequence::RecurrentCheckpoint checkpoint_;
     // Draft model: its sequence, the tokens decoded that it has not run yet, its undo copy.
     std::unique_ptr<Sequence> draft_seq_;
     std::vector<int32_t> draft_behind_;

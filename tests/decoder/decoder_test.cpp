@@ -1677,7 +1677,7 @@ TEST_CASE("speculate: synthetic acceptance (benchmarking) keeps drafts at the ra
     }
 }
 
-TEST_CASE("speculate: replaying the recurrence over a prefix of a step's rows leaves the states a run of only that prefix leaves") {
+TEST_CASE("speculate: keeping a prefix of a tentative step leaves the states a run of only that prefix leaves, and nothing runs before it is settled") {
     TempDir d;
     auto m = exact_mtp_model(d, 7);
     const std::vector<int32_t> head = {297, 72, 101, 108}, rows = {111, 44, 32, 119, 111};
@@ -1688,14 +1688,17 @@ TEST_CASE("speculate: replaying the recurrence over a prefix of a step's rows le
         const auto want = m->forward(*plain, std::vector<int32_t>(rows.begin(), rows.begin() + n));
         auto seq = m->new_sequence();
         m->forward(*seq, head);
-        Sequence::RecurrentCheckpoint before;
-        seq->save_recurrent(before);
         Segment all{seq.get(), rows.data(), static_cast<int64_t>(rows.size())};
-        all.keep_recurrent_inputs = true;
+        all.tentative = true;
         m->step({all});
-        seq->restore_recurrent(before);
-        m->replay_recurrent(*seq, n);
-        seq->n_past = static_cast<int64_t>(head.size()) + n;
+        CHECK(seq->n_past == static_cast<int64_t>(head.size() + rows.size()));
+        // Unsettled: no step, no copy; a keep of more rows than ran, or none, refused.
+        CHECK_THROWS_WITH_AS(m->forward(*seq, {5}), doctest::Contains("not settled"), std::logic_error);
+        CHECK_THROWS_WITH_AS(Sequence{*seq}, doctest::Contains("tentative step not yet settled"), std::logic_error);
+        CHECK_THROWS_WITH_AS(m->keep_tentative(*seq, 6), doctest::Contains("ran 5 rows, not 6"), std::logic_error);
+        CHECK_THROWS_WITH_AS(m->keep_tentative(*seq, 0), doctest::Contains("ran 5 rows, not 0"), std::logic_error);
+        m->keep_tentative(*seq, n);
+        CHECK(seq->n_past == static_cast<int64_t>(head.size()) + n);
         // The next token's logits read every state: the plain run's (within rounding: a row's
         // layer outputs in a step of 5 rows may round differently from a step of n).
         const auto got = m->forward(*seq, {5}), plain_next = m->forward(*plain, {5});
@@ -1703,7 +1706,7 @@ TEST_CASE("speculate: replaying the recurrence over a prefix of a step's rows le
         for (size_t v = 0; v < got.size(); ++v) worst = std::max(worst, std::fabs(static_cast<double>(got[v]) - plain_next[v]));
         CHECK(worst < 1e-4);
         CHECK(want.size() == static_cast<size_t>(m->hparams().n_vocab));
-        CHECK_THROWS_WITH_AS(m->replay_recurrent(*seq, 1), doctest::Contains("kept the inputs of 0 rows"), std::logic_error);
+        CHECK_THROWS_WITH_AS(m->keep_tentative(*seq, 1), doctest::Contains("no tentative step"), std::logic_error);
     }
 }
 
@@ -2252,6 +2255,19 @@ TEST_CASE("deltanet: the chunked delta rule gives the recurrent form's outputs a
             std::vector<float> st_r, out_r, st_c, out_c;
             run(gdn_head_recurrent, st_r, out_r);
             run(gdn_head_chunked, st_c, out_c);
+            // Reading the state before from elsewhere (a tentative step) and writing the state
+            // after over garbage: the same arithmetic, the state before untouched.
+            using Form = void (*)(const GdnHeadArgs&);
+            for (auto [form, st_want, out_want] : {std::tuple{Form{gdn_head_recurrent}, &st_r, &out_r}, std::tuple{Form{gdn_head_chunked}, &st_c, &out_c}}) {
+                const std::vector<float> before = state0;
+                std::vector<float> after(state0.size(), 1e30f), out(static_cast<size_t>(T * out_stride), 0.f);
+                GdnHeadArgs a{after.data(), S, T, q.data(), k.data(), v.data(), beta.data(), g.data(), qk_stride, v_stride, gate_stride, out.data(), out_stride};
+                a.state_in = before.data();
+                form(a);
+                CHECK(before == state0);
+                CHECK(after == *st_want);
+                CHECK(out == *out_want);
+            }
             double wo = 0, ws = 0;
             for (int64_t t = 0; t < T; ++t)
                 for (int64_t j = 0; j < S; ++j) wo = std::max(wo, static_cast<double>(std::fabs(out_r[static_cast<size_t>(t * out_stride + j)] - out_c[static_cast<size_t>(t * out_stride + j)])));

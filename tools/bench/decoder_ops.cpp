@@ -9,17 +9,19 @@
 //
 //   decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3]
 //     What speculative decoding's steps cost against a plain one-token step, one sequence after a
-//     64-token prompt: the main model over 1 + k rows (a verification: every row's logits and
-//     hidden state), saving the Gated DeltaNet state before it and putting it back (after a
-//     rejection), and (a file with an MTP block) one draft token through the block. Each run puts
-//     the sequence back, so every step sees the same context. The rounds alternate the order.
+//     64-token prompt: the main model over 1 + k rows (a verification: a tentative step with every
+//     row's logits and hidden state, all rows kept), one draft token through the MTP block (a
+//     file with one), and the undo after a rejection halfway (keeping 1 + k/2 rows of a tentative
+//     step: the recurrences replayed over them) against running those rows again. Each run puts
+//     the sequence back (not timed), so every step sees the same context. The rounds alternate
+//     the order.
 //
 //   decoder_ops kernels [--groups 8] [--reps 30]
 //     One thread: the interleaved Q8_0 and TQ2_0 dots (dot_x16) over `groups` groups of eight
-//     rows of 2048 weights (8: in L1; 4000: streaming from outer cache or memory), 1 to 4 tokens,
-//     in ns per 8-row block (best of --reps) and against one token's time: 1.0 at four tokens
-//     means the extra tokens came free (bound by reading the weights), 4.0 that each costs what
-//     the first did (bound by arithmetic). Then one Gated DeltaNet head (S = 128, one token) in
+//     rows of 2048 weights (8: in L1; 4000: streaming from outer cache or memory), 1 to 8 tokens
+//     (Q8_0) or 4 (TQ2_0), in ns per 8-row block (best of --reps) and against one token's time:
+//     1.0 at four tokens means the extra tokens came free (bound by reading the weights), 4.0
+//     that each costs what the first did (bound by arithmetic). Then one Gated DeltaNet head (S = 128, one token) in
 //     the recurrent form, AVX2 and this CPU's best, over 1 and 192 heads of state, in µs per head.
 #include <algorithm>
 #include <chrono>
@@ -152,10 +154,11 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
     Sequence::RecurrentCheckpoint cp;
     seq->save_recurrent(cp);
     std::vector<float> logits(static_cast<size_t>(17 * V)), rows(static_cast<size_t>(17 * E)), h(static_cast<size_t>(E), 0.5f);
-    // ms per run of `f`, the sequence put back after each (the putting back not timed).
-    auto time = [&](auto f) {
+    // ms per run of `f` after `setup`, the sequence put back after each (only f timed).
+    auto time_after = [&](auto setup, auto f) {
         double total = 0;
         for (int i = 0; i < steps; ++i) {
+            setup();
             const auto t0 = Clock::now();
             f();
             total += seconds_since(t0);
@@ -165,39 +168,35 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
         }
         return total / steps * 1e3;
     };
+    auto time = [&](auto f) { return time_after([] {}, f); };
     std::vector<int32_t> tokens(17, 200);
-    auto step_rows = [&](int64_t n) { model->step({Segment{seq.get(), tokens.data(), n, logits.data(), true, rows.data()}}); };
+    auto step_rows = [&](int64_t n, bool tentative) {
+        Segment s{seq.get(), tokens.data(), n, logits.data(), true, rows.data()};
+        s.tentative = tentative;
+        model->step({s});
+    };
     // The undo after a rejection halfway: the recurrences replayed over the kept rows (what the
     // speculator does) against those rows run through the model again (what it did before).
-    auto undo_replay = [&](int64_t k, int64_t kept) {
-        Segment s{seq.get(), tokens.data(), 1 + k, logits.data(), true, rows.data()};
-        s.keep_recurrent_inputs = true;
-        model->step({s});
-        seq->n_past = base;
-        seq->restore_recurrent(cp);
-        const int64_t inputs = seq->recurrent_inputs.rows;
-        return time([&] {
-            seq->recurrent_inputs.rows = inputs;
-            model->replay_recurrent(*seq, kept);
-        });
-    };
-    std::printf("| round | k | one token ms | verify (1 + k rows) ms | × one token | GDN state save ms | MTP draft token ms |"
-                " undo: replay of 1 + k/2 rows ms | undo: re-run of them ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    auto undo_replay = [&](int64_t k, int64_t kept) { return time_after([&] { step_rows(1 + k, true); }, [&] { model->keep_tentative(*seq, kept); }); };
+    std::printf("| round | k | one token ms | verify (1 + k rows) ms | × one token | MTP draft token ms |"
+                " undo: replay of 1 + k/2 rows ms | undo: re-run of them ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int r = 1; r <= rounds; ++r) {
         std::vector<int> order = ks;
         if (r % 2 == 0) std::reverse(order.begin(), order.end());
         for (int k : order) {
             if (k < 1 || k > 16) throw std::invalid_argument("--k values must be 1 to 16");
-            const double one = time([&] { step_rows(1); });
-            const double verify = time([&] { step_rows(1 + k); });
-            const double copy = time([&] { seq->save_recurrent(cp); });
+            const double one = time([&] { step_rows(1, false); });
+            const double verify = time([&] {
+                step_rows(1 + k, true);
+                model->keep_tentative(*seq, 1 + k);
+            });
             const double draft = model->has_mtp() ? time([&] { model->mtp_step({Segment{seq.get(), tokens.data(), 1, logits.data(), false, rows.data(), h.data()}}); }) : 0;
             char drafted[32] = "(no block)";
             if (model->has_mtp()) std::snprintf(drafted, sizeof drafted, "%.2f", draft);
             const int64_t kept = 1 + k / 2;
             const double replay = undo_replay(k, kept);
             const double rerun = time([&] { model->step({Segment{seq.get(), tokens.data(), kept, nullptr, false, rows.data()}}); });
-            std::printf("| %d | %d | %.2f | %.2f | %.2f | %.3f | %s | %.3f | %.2f |\n", r, k, one, verify, verify / one, copy, drafted, replay, rerun);
+            std::printf("| %d | %d | %.2f | %.2f | %.2f | %s | %.3f | %.2f |\n", r, k, one, verify, verify / one, drafted, replay, rerun);
         }
     }
     std::printf("\nconditions: %d threads, a 64-token prompt, %d runs each, kernels %s, %s activations\n", threads, steps, kernel_name(),
@@ -209,7 +208,7 @@ int kernels_mode(int64_t groups, int reps) {
     groups = std::max<int64_t>(2, groups / 2 * 2);
     const int64_t n = 2048;
     std::mt19937 g(1);
-    std::vector<float> x(static_cast<size_t>(4 * n));
+    std::vector<float> x(static_cast<size_t>(kDotX16MaxTokens * n));
     for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
     volatile float sink = 0;
     if (!has_x8()) std::printf("this CPU has no AVX512-VNNI: no interleaved kernels to measure\n");
@@ -221,14 +220,14 @@ int kernels_mode(int64_t groups, int reps) {
         std::vector<uint8_t> packed(static_cast<size_t>(groups) * gb);
         for (auto& b : packed) b = static_cast<uint8_t>(g());
         QuantizedRows xq;
-        xq.quantize(type, x.data(), 4, n);
+        xq.quantize(type, x.data(), dot_x16_tokens(type), n);
         const QuantRow* xr = xq.rows.data();
         const double blocks = static_cast<double>(groups) * static_cast<double>(n / (q8 ? 32 : 256));
         double one = 0;
-        for (int T = 1; T <= 4; ++T) {
+        for (int T = 1; T <= dot_x16_tokens(type); ++T) {
             double best = 1e9;
             for (int rep = 0; rep < reps; ++rep) {
-                float out[64];
+                float out[16 * kDotX16MaxTokens];
                 const auto t0 = Clock::now();
                 for (int64_t gi = 0; gi < groups; gi += 2) {
                     dot_x16(type, packed.data() + static_cast<uint64_t>(gi) * gb, gb, xr, T, n, out);

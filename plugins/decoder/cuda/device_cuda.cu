@@ -623,6 +623,10 @@ private:
         if (op.B == 0) return;
         if (op.K > kMaxConv) throw std::invalid_argument("cuda device: conv kernel " + std::to_string(op.K) + " is above " + std::to_string(kMaxConv));
         if (op.S > 1024) throw std::invalid_argument("cuda device: Gated DeltaNet state size " + std::to_string(op.S) + " is above 1024");
+        // A tentative step: the window and state before it copied to where the step's go, then
+        // updated there in place (a device-to-device copy, cheap beside the step on a GPU).
+        if (op.conv_state_in) copy(op.conv_state_in, op.conv_state, static_cast<size_t>((op.K - 1) * op.C));
+        if (op.state_in) copy(op.state_in, op.state, static_cast<size_t>(op.Hv * op.S * op.S));
         GdnArgs a{raw(op.qkv), raw(op.z), raw(op.beta), raw(op.alpha), raw(op.conv), raw(op.dt_bias), raw(op.ssm_a), raw(op.ssm_norm),
                   raw(op.conv_state), raw(op.state), nullptr, raw(op.out), op.B, op.K, op.C, op.S, op.Hk, op.Hv, static_cast<float>(op.eps)};
         a.y = static_cast<float*>(scratch(kConvOut, static_cast<size_t>(op.B * op.C) * sizeof(float)));
