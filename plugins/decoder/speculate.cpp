@@ -1,6 +1,7 @@
 #include "speculate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -8,6 +9,8 @@ namespace pulse::decoder {
 
 namespace {
 int32_t argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
 std::vector<int32_t> accept_drafts(const float* logits, int64_t V, const std::vector<int32_t>& drafts, Sampler& sampler) {
@@ -280,10 +283,14 @@ std::vector<int32_t> Speculator::draft_model(int32_t last, int k) {
 std::vector<int32_t> Speculator::verify(int32_t last, const std::vector<int32_t>& drafts) {
     std::vector<int32_t> rows{last};
     rows.insert(rows.end(), drafts.begin(), drafts.end());
+    const auto t0 = Clock::now();
     model_.step({main_rows(rows.data(), static_cast<int64_t>(rows.size()), static_cast<int64_t>(drafts.size()), true)});
+    const auto t1 = Clock::now();
     const std::vector<int32_t> out = judge();
     keep(static_cast<int64_t>(out.size()));
     if (auto s = catch_up()) model_.mtp_step({*s});
+    stats_.verify_s += seconds(t1 - t0);
+    stats_.settle_s += seconds(Clock::now() - t1);
     return out;
 }
 
@@ -296,7 +303,10 @@ int Speculator::next_k() const {
 
 std::vector<int32_t> Speculator::step(int32_t last) {
     const int k = next_k();
-    return verify(last, k ? draft(last, k) : std::vector<int32_t>{});
+    const auto t0 = Clock::now();
+    const std::vector<int32_t> drafts = k ? draft(last, k) : std::vector<int32_t>{};
+    stats_.draft_s += seconds(Clock::now() - t0);
+    return verify(last, drafts);
 }
 
 }  // namespace pulse::decoder

@@ -65,6 +65,12 @@ struct SpeculationStats {
     int64_t tokens = 0;                  // tokens decoded by those steps (accepted + one each)
     int64_t recomputed_rows = 0;         // rows whose recurrence was replayed to restore the recurrent state
     int64_t plain_steps = 0;             // adaptive: steps run without drafts (counted in steps)
+    // Wall time of step(): drafting, the main model's verification step, and the rest (judging,
+    // keeping the accepted rows, the MTP block's catch-up). verify_s over the three is the share
+    // of a step the verification takes: the share of the speedup the acceptance allows
+    // (tokens per step ÷ a verification's cost) that speculation reaches. (The serving engine's
+    // phases are timed by the engine, not here.)
+    double draft_s = 0, verify_s = 0, settle_s = 0;
     static SpeculationStats zero();      // with the by-position counts sized
 };
 

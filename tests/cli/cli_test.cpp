@@ -280,6 +280,12 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     REQUIRE(std::regex_search(adaptive.out, plain_steps, std::regex(R"("adaptive":true,"plain_steps":(\d+))")));
     CHECK(std::stoi(plain_steps[1]) >= 10);
     CHECK(has(drafted.out, R"("acceptance_by_position":[)"));
+    // Where the steps' time went: each phase timed, the verification (a model step) the most.
+    std::smatch secs;
+    REQUIRE(std::regex_search(drafted.out, secs, std::regex(R"("seconds":\{"draft":([0-9.e-]+),"verify":([0-9.e-]+),"settle":([0-9.e-]+)\})")));
+    CHECK(std::stod(secs[1]) > 0);
+    CHECK(std::stod(secs[2]) > std::stod(secs[3]));
+    CHECK(std::stod(secs[3]) > 0);
     CHECK_FALSE(has(plain.out, "speculation"));
     auto no_block = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--draft", "mtp"});
     CHECK(no_block.code == 3);

@@ -1,9 +1,9 @@
 // Benchmark (not a test): where a batched decode step's time goes, and what the kernels behind
 // it cost alone. Two modes:
 //
-//   decoder_ops step MODEL.gguf [--streams 1,4] [--steps 64] [--threads 2] [--rounds 3]
+//   decoder_ops step MODEL.gguf [--streams 1,4] [--rows 1] [--steps 64] [--threads 2] [--rounds 3]
 //     N sequences each given a 64-token prompt, then --steps decode steps of one token each
-//     through Model::step, the CPU device wrapped in one that times every op. Per round and N:
+//     (--rows R > 1: R rows each, a verification of R - 1 drafts, all kept) through Model::step, the CPU device wrapped in one that times every op. Per round and N:
 //     ms per step, tok/s, and ms per step in each kind of device op. The rounds alternate the
 //     order of N (this machine drifts by more than the effects measured).
 //
@@ -95,7 +95,8 @@ std::vector<int> parse_list(const std::string& s) {
     return out;
 }
 
-int step_mode(const std::string& path, const std::vector<int>& streams, int steps, int threads, int rounds) {
+int step_mode(const std::string& path, const std::vector<int>& streams, int rows, int steps, int threads, int rounds) {
+    if (rows < 1 || rows > 17) throw std::invalid_argument("--rows is 1 to 17");
 #ifdef _OPENMP
     omp_set_num_threads(threads);
 #endif
@@ -104,7 +105,7 @@ int step_mode(const std::string& path, const std::vector<int>& streams, int step
     auto model = Model::load(GgufFile::open(path), std::move(dev));
     model->threads = threads;
     const int64_t V = model->hparams().n_vocab;
-    std::printf("| round | streams | ms per step | tok/s | ms per step in each op |\n|---:|---:|---:|---:|---|\n");
+    std::printf("| round | streams | rows each | ms per step | rows/s | ms per step in each op |\n|---:|---:|---:|---:|---:|---|\n");
     for (int r = 1; r <= rounds; ++r) {
         std::vector<int> order = streams;
         if (r % 2 == 0) std::reverse(order.begin(), order.end());
@@ -114,14 +115,21 @@ int step_mode(const std::string& path, const std::vector<int>& streams, int step
                 seqs.push_back(model->new_sequence());
                 model->forward(*seqs.back(), std::vector<int32_t>(64, 100 + s));
             }
-            std::vector<float> logits(static_cast<size_t>(n * V));
-            std::vector<int32_t> tokens(static_cast<size_t>(n), 200);
+            std::vector<float> logits(static_cast<size_t>(n * rows * V));
+            std::vector<int32_t> tokens(static_cast<size_t>(rows), 200);
             timing->spent.clear();
             const auto t0 = Clock::now();
             for (int i = 0; i < steps; ++i) {
                 std::vector<Segment> segs;
-                for (int s = 0; s < n; ++s) segs.push_back(Segment{seqs[static_cast<size_t>(s)].get(), &tokens[static_cast<size_t>(s)], 1, logits.data() + s * V, false});
+                for (int s = 0; s < n; ++s) {
+                    // Several rows: a verification of rows - 1 drafts, all kept.
+                    Segment sg{seqs[static_cast<size_t>(s)].get(), tokens.data(), rows, logits.data() + s * rows * V, rows > 1};
+                    sg.tentative = rows > 1;
+                    segs.push_back(sg);
+                }
                 model->step(segs);
+                if (rows > 1)
+                    for (auto& q : seqs) model->keep_tentative(*q, rows);
             }
             const double total = seconds_since(t0);
             std::string ops;
@@ -130,7 +138,7 @@ int step_mode(const std::string& path, const std::vector<int>& streams, int step
                 std::snprintf(buf, sizeof buf, "%s%s %.2f", ops.empty() ? "" : ", ", what.c_str(), sec / steps * 1e3);
                 ops += buf;
             }
-            std::printf("| %d | %d | %.2f | %.1f | %s |\n", r, n, total / steps * 1e3, n * steps / total, ops.c_str());
+            std::printf("| %d | %d | %d | %.2f | %.1f | %s |\n", r, n, rows, total / steps * 1e3, n * rows * steps / total, ops.c_str());
         }
     }
     std::printf("\nconditions: %d threads, 64-token prompts, %d decode steps per run, kernels %s\n", threads, steps, kernel_name());
@@ -154,11 +162,19 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
     Sequence::RecurrentCheckpoint cp;
     seq->save_recurrent(cp);
     std::vector<float> logits(static_cast<size_t>(17 * V)), rows(static_cast<size_t>(17 * E)), h(static_cast<size_t>(E), 0.5f);
-    // ms per run of `f` after `setup`, the sequence put back after each (only f timed).
+    // ms per run of `f` after `setup`, the sequence put back after each (only f timed). Before
+    // each run the caches are flushed with a pass over 64 MiB: in a decode the Gated DeltaNet
+    // states come from memory (the weights stream through between two steps), and here the
+    // putting back would otherwise leave them in cache for a one-token step alone.
+    std::vector<uint8_t> flush(size_t{64} << 20, 1);
+    volatile uint64_t flushed = 0;
     auto time_after = [&](auto setup, auto f) {
         double total = 0;
         for (int i = 0; i < steps; ++i) {
             setup();
+            uint64_t sum = 0;
+            for (size_t b = 0; b < flush.size(); b += 64) sum += flush[b]++;
+            flushed = flushed + sum;
             const auto t0 = Clock::now();
             f();
             total += seconds_since(t0);
@@ -263,7 +279,7 @@ int kernels_mode(int64_t groups, int reps) {
 
 int usage() {
     std::fprintf(stderr,
-                 "usage: decoder_ops step MODEL.gguf [--streams 1,4] [--steps 64] [--threads 2] [--rounds 3]\n"
+                 "usage: decoder_ops step MODEL.gguf [--streams 1,4] [--rows 1] [--steps 64] [--threads 2] [--rounds 3]\n"
                  "       decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3]\n"
                  "       decoder_ops kernels [--groups 8] [--reps 30]\n");
     return 2;
@@ -285,7 +301,8 @@ int main(int argc, char** argv) {
     auto get = [&](const char* k, const char* dflt) { return opt.count(k) ? opt[k] : std::string(dflt); };
     try {
         if (mode == "step" && !model.empty())
-            return step_mode(model, parse_list(get("--streams", "1,4")), std::atoi(get("--steps", "64").c_str()), std::atoi(get("--threads", "2").c_str()),
+            return step_mode(model, parse_list(get("--streams", "1,4")), std::atoi(get("--rows", "1").c_str()), std::atoi(get("--steps", "64").c_str()),
+                             std::atoi(get("--threads", "2").c_str()),
                              std::atoi(get("--rounds", "3").c_str()));
         if (mode == "verify" && !model.empty())
             return verify_mode(model, parse_list(get("--k", "1,2,4,8")), std::atoi(get("--steps", "32").c_str()), std::atoi(get("--threads", "2").c_str()),
