@@ -66,6 +66,7 @@ struct Engine::Active {
     // a segment in it, how many of its rows stand, whether it ended.
     std::unique_ptr<Speculator> spec;
     bool in_step = false, ended = false, failed = false;
+    bool decoded = false;  // decoded a token in the last step and goes on (its next step drafts after `next`)
     int64_t kept = 0;
 
     Active(std::shared_ptr<Job> j, SamplerParams sp)
@@ -380,7 +381,8 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
         if (!a.in_step) continue;
         try {
             const bool was_decoding = a.decoding();
-            if (was_decoding) a.ended = !advance(a);
+            a.decoded = false;
+            if (was_decoding) a.ended = !advance(a), a.decoded = !a.ended;
             else a.fed += static_cast<size_t>(a.chunk);
             if (a.spec) a.spec->keep(was_decoding ? a.kept : a.chunk);
         } catch (const std::exception& e) {
@@ -389,9 +391,18 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
         }
     }
     try {
+        // A request that goes on decoding has the block run its next token too: the next
+        // step's first draft (Speculator::catch_up), while the rows fit one step.
+        int64_t catch_rows = 0;
         for (auto& a : active)
-            if (a->spec && a->in_step && !a->failed)
-                if (auto s = a->spec->catch_up()) catch_ups.push_back(*s);
+            if (a->spec && a->in_step && !a->failed) {
+                const int64_t kept = a->decoded ? a->kept : a->chunk;
+                const bool next = a->decoded && a->spec->next_k() > 0 && catch_rows + kept + 1 <= Model::kMaxStepRows;
+                if (auto s = a->spec->catch_up(next ? std::optional<int32_t>(a->next) : std::nullopt)) {
+                    catch_ups.push_back(*s);
+                    catch_rows += s->n;
+                }
+            }
         if (!catch_ups.empty()) model_->mtp_step(catch_ups);
     } catch (const std::exception& e) {
         return fail_all(e);

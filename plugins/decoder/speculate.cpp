@@ -99,8 +99,11 @@ Speculator::Speculator(const Model& model, Sequence& seq, int k, SamplerParams s
     pending_.assign(static_cast<size_t>(E_), 0.f);
     stats_ = SpeculationStats::zero();
     if (from) {
-        if (uses_mtp() && (from->hidden.size() != pending_.size() || seq.mtp_n_past != seq.n_past))
+        // (A copy made while a first draft was pending has its row cached too: dropped, as
+        // drop_first does; the next catch-up writes it again.)
+        if (uses_mtp() && (from->hidden.size() != pending_.size() || seq.mtp_n_past < seq.n_past || seq.mtp_n_past > seq.n_past + 1))
             throw std::invalid_argument("the checkpoint carries no MTP state for this sequence");
+        if (uses_mtp()) seq.mtp_n_past = seq.n_past;
         if (!uses_mtp() && !from->draft_seq) throw std::invalid_argument("the checkpoint carries no draft-model state");
         if (uses_mtp()) pending_ = from->hidden;
         else draft_seq_ = std::make_unique<Sequence>(*from->draft_seq), draft_behind_ = from->draft_behind;
@@ -117,8 +120,15 @@ Speculator::Carry Speculator::carry() const {
     return c;
 }
 
+void Speculator::drop_first() {
+    if (!first_ready_) return;
+    first_ready_ = false;
+    seq_.mtp_n_past = seq_.n_past;  // the extra row's cache entry is written again by the next catch-up
+}
+
 Segment Speculator::main_rows(const int32_t* tokens, int64_t n, int64_t drafts, bool logits) {
     if (drafts > kMaxDraft) throw std::invalid_argument("at most " + std::to_string(kMaxDraft) + " drafts per step");
+    drop_first();
     rows_.assign(tokens, tokens + n);
     drafts_ = drafts;
     const bool hidden = uses_mtp() && model_.has_mtp();
@@ -181,19 +191,27 @@ void Speculator::keep(int64_t n) {
     rows_.resize(static_cast<size_t>(n));
 }
 
-std::optional<Segment> Speculator::catch_up() {
+std::optional<Segment> Speculator::catch_up(std::optional<int32_t> next) {
     if (!uses_mtp()) {
         draft_behind_.insert(draft_behind_.end(), rows_.begin(), rows_.end());
         return std::nullopt;
     }
     if (!model_.has_mtp()) return std::nullopt;
-    // Token p with the main hidden state of p-1: the carried row, then this step's rows shifted.
-    const auto n = static_cast<int64_t>(rows_.size());
-    paired_.resize(static_cast<size_t>(n * E_));
+    // Token p with the main hidden state of p-1: the carried row, then this step's rows shifted;
+    // `next` (at n_past) pairs with the last kept row's, as its first draft would.
+    const auto n = static_cast<int64_t>(rows_.size()), rows = n + (next ? 1 : 0);
+    caught_ = rows_;
+    paired_.resize(static_cast<size_t>(rows * E_));
     std::copy(pending_.begin(), pending_.end(), paired_.begin());
-    std::copy(hidden_.begin(), hidden_.begin() + (n - 1) * E_, paired_.begin() + E_);
+    std::copy(hidden_.begin(), hidden_.begin() + (rows - 1) * E_, paired_.begin() + E_);
     std::copy(hidden_.begin() + (n - 1) * E_, hidden_.begin() + n * E_, pending_.begin());
-    return Segment{&seq_, rows_.data(), n, nullptr, false, nullptr, paired_.data()};
+    first_ready_ = next.has_value();
+    if (!next) return Segment{&seq_, caught_.data(), n, nullptr, false, nullptr, paired_.data()};
+    caught_.push_back(*next);
+    first_after_ = *next;
+    first_logits_.resize(static_cast<size_t>(V_));
+    first_hidden_.resize(static_cast<size_t>(rows * E_));
+    return Segment{&seq_, caught_.data(), rows, first_logits_.data(), false, first_hidden_.data(), paired_.data()};
 }
 
 std::vector<float> Speculator::prefill(const std::vector<int32_t>& prompt) {
@@ -224,6 +242,9 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
     std::vector<Run> runs;
     for (size_t i = 0; i < specs.size(); ++i) {
         Speculator& s = *specs[i];
+        // A first draft from the last catch-up, for this very token: taken; else dropped.
+        const bool first = s.first_ready_ && ks[i] > 0 && s.first_after_ == lasts[i];
+        if (!first) s.drop_first();
         if (ks[i] <= 0) continue;
         if (!s.uses_mtp()) {
             out[i] = s.draft_model(lasts[i], ks[i]);
@@ -231,14 +252,21 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
         }
         if (!s.model_.has_mtp()) throw std::logic_error("drafting needs the model's MTP block");
         if (!runs.empty() && &s.model_ != &runs.front().s->model_) throw std::logic_error("draft_together: speculators of different models");
-        if (s.seq_.mtp_n_past != s.seq_.n_past) throw std::logic_error("the MTP block's cache is not at the main model's position");
+        if (s.seq_.mtp_n_past != s.seq_.n_past + (first ? 1 : 0)) throw std::logic_error("the MTP block's cache is not at the main model's position");
         runs.push_back(Run{&s, i, s.pending_, std::vector<float>(static_cast<size_t>(s.E_)), std::vector<float>(static_cast<size_t>(s.V_)), lasts[i]});
+        if (first) {
+            Run& r = runs.back();
+            r.tok = argmax(s.first_logits_.data(), s.V_);
+            out[i].push_back(r.tok);
+            r.h.assign(s.first_hidden_.end() - s.E_, s.first_hidden_.end());
+            s.first_ready_ = false;
+        }
     }
-    for (int pos = 0;; ++pos) {
+    for (;;) {
         std::vector<Segment> segs;
         std::vector<Run*> in;
         for (Run& r : runs)
-            if (pos < ks[r.i]) {
+            if (static_cast<int>(out[r.i].size()) < ks[r.i]) {
                 segs.push_back(Segment{&r.s->seq_, &r.tok, 1, r.logits.data(), false, r.next_h.data(), r.h.data()});
                 in.push_back(&r);
             }
@@ -288,7 +316,8 @@ std::vector<int32_t> Speculator::verify(int32_t last, const std::vector<int32_t>
     const auto t1 = Clock::now();
     const std::vector<int32_t> out = judge();
     keep(static_cast<int64_t>(out.size()));
-    if (auto s = catch_up()) model_.mtp_step({*s});
+    // The next step's first draft in the same block pass, when it will draft.
+    if (auto s = catch_up(next_k() > 0 ? std::optional<int32_t>(out.back()) : std::nullopt)) model_.mtp_step({*s});
     stats_.verify_s += seconds(t1 - t0);
     stats_.settle_s += seconds(Clock::now() - t1);
     return out;

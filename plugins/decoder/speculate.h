@@ -131,11 +131,15 @@ public:
     //     with drafts, Model::keep_tentative (when fewer than ran, the recurrences replayed
     //     over the kept rows from the states before the step: no layer runs again).
     //  4. catch_up: the MTP block's segment over the kept rows (for Model::mtp_step), or none.
+    //     With `next` (the token the next step starts from, when it will draft): one row more,
+    //     that token, whose logits are the next step's first draft — one block pass fewer per
+    //     step. The next draft()/draft_together() takes it from there; a step that does not
+    //     (main_rows first) drops it.
     Segment main_rows(const int32_t* tokens, int64_t n, int64_t drafts, bool logits);
     std::vector<int32_t> judge();
     std::vector<float>& step_logits() { return logits_; }
     void keep(int64_t n);
-    std::optional<Segment> catch_up();
+    std::optional<Segment> catch_up(std::optional<int32_t> next = std::nullopt);
 
     // The main model's logits for each token the last step()/verify() returned (rows of n_vocab).
     const std::vector<float>& logits() const { return logits_; }
@@ -172,6 +176,14 @@ private:
     int64_t drafts_ = 0;
     std::vector<float> hidden_, paired_;
     std::vector<float> logits_;
+    // The catch-up's extra row (catch_up with `next`): its token, the block's logits and hidden
+    // states of the catch-up's rows (the last row's: the second draft's input); the MTP cache
+    // then holds that token's position too (mtp_n_past = n_past + 1) until drafting.
+    std::vector<int32_t> caught_;
+    bool first_ready_ = false;
+    int32_t first_after_ = -1;
+    std::vector<float> first_logits_, first_hidden_;
+    void drop_first();
     // Draft model: its sequence, the tokens decoded that it has not run yet, its undo copy.
     std::unique_ptr<Sequence> draft_seq_;
     std::vector<int32_t> draft_behind_;

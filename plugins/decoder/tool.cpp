@@ -246,15 +246,17 @@ void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const deco
     w.Double(st.steps ? static_cast<double>(st.tokens) / static_cast<double>(st.steps) : 0.0);
     w.Key("recomputed_rows");
     w.Int64(st.recomputed_rows);
-    w.Key("seconds");  // where the speculative steps' time went (SpeculationStats)
-    w.StartObject();
-    w.Key("draft");
-    w.Double(st.draft_s);
-    w.Key("verify");
-    w.Double(st.verify_s);
-    w.Key("settle");
-    w.Double(st.settle_s);
-    w.EndObject();
+    if (st.draft_s + st.verify_s + st.settle_s > 0) {  // one stream: where the steps' time went (the engine's are not timed so)
+        w.Key("seconds");
+        w.StartObject();
+        w.Key("draft");
+        w.Double(st.draft_s);
+        w.Key("verify");
+        w.Double(st.verify_s);
+        w.Key("settle");
+        w.Double(st.settle_s);
+        w.EndObject();
+    }
     w.EndObject();
 }
 

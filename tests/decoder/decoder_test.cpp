@@ -1578,7 +1578,7 @@ TEST_CASE("speculate: drafts right up to every position: that many kept, the mai
                                                       want_logits[at + i][static_cast<size_t>(v)]));
             at += got.size();
             CHECK(seq->n_past == static_cast<int64_t>(kSpecPrompt.size() + at - 1));
-            CHECK(seq->mtp_n_past == seq->n_past);
+            CHECK(seq->mtp_n_past == seq->n_past + 1);  // and the next token, for the next first draft
             j = (j + 1) % (k + 1);
         }
         MESSAGE("k " << k << ": max |speculative - plain| logit " << worst);
@@ -1666,7 +1666,7 @@ TEST_CASE("speculate: synthetic acceptance (benchmarking) keeps drafts at the ra
             }
             tokens += static_cast<int64_t>(got.size());
             last = got.back();
-            CHECK(seq->mtp_n_past == seq->n_past);
+            CHECK(seq->mtp_n_past == seq->n_past + 1);  // the block ran `last` too: the next step's first draft
             CHECK(seq->n_past == static_cast<int64_t>(kSpecPrompt.size()) + tokens);
         }
         CHECK(kept_never == 0);
@@ -1790,7 +1790,7 @@ TEST_CASE("speculate: a sampled run drafts, keeps some drafts of a block that ag
     const auto& st = spec.stats();
     CHECK(st.tokens == st.accepted + st.steps);
     CHECK(seq->n_past == static_cast<int64_t>(kSpecPrompt.size() + out.size() - 1));
-    CHECK(seq->mtp_n_past == seq->n_past);
+    CHECK(seq->mtp_n_past == seq->n_past + 1);
 }
 
 TEST_CASE("speculate: adaptive k drafts as far as the running acceptance makes worth it, and stops drafting a head that is never right") {
