@@ -421,6 +421,48 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
     }
     store_x16<T>(acc, out);
 }
+// Five to eight tokens (a verification's rows): each plane shifted down to its 2-bit codes (a
+// 16-bit shift and the low mask), so that all four planes add into one accumulator per token —
+// four per token, as above, would not fit the registers. The integer sums are the same, so the
+// results equal the narrow kernel's bit for bit.
+template <int T>
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) void tq2_0x16_vnni_wide(const uint8_t* p, uint64_t next, const QuantRow* x, int64_t n, float* out) {
+    const __m512i m0 = _mm512_set1_epi8(0x03);
+    __m512 acc[T];
+    PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / 256; ++b, p += kTQ2x8Bytes) {
+        const uint8_t* q = p + next;
+        PULSE_UNROLL for (int l = 0; l < 9; ++l) {
+            _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(q) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+        }
+        const __m512 dw = two_scales(p, q);
+        __m512i a[T];
+        PULSE_UNROLL for (int t = 0; t < T; ++t) a[t] = _mm512_setzero_si512();
+        for (int j = 0; j < 16; ++j) {
+            const __m512i w = two_runs(p + 16 + 32 * j, q + 16 + 32 * j);
+            const __m512i u0 = _mm512_and_si512(w, m0), u1 = _mm512_and_si512(_mm512_srli_epi16(w, 2), m0),
+                          u2 = _mm512_and_si512(_mm512_srli_epi16(w, 4), m0), u3 = _mm512_and_si512(_mm512_srli_epi16(w, 6), m0);
+            PULSE_UNROLL for (int t = 0; t < T; ++t) {
+                const int8_t* xq = x[t].q + 256 * b + 16 * j;
+                int32_t f0, f1, f2, f3;
+                std::memcpy(&f0, xq, 4);
+                std::memcpy(&f1, xq + 4, 4);
+                std::memcpy(&f2, xq + 8, 4);
+                std::memcpy(&f3, xq + 12, 4);
+                a[t] = _mm512_dpbusd_epi32(a[t], u0, _mm512_set1_epi32(f0));
+                a[t] = _mm512_dpbusd_epi32(a[t], u1, _mm512_set1_epi32(f1));
+                a[t] = _mm512_dpbusd_epi32(a[t], u2, _mm512_set1_epi32(f2));
+                a[t] = _mm512_dpbusd_epi32(a[t], u3, _mm512_set1_epi32(f3));
+            }
+        }
+        PULSE_UNROLL for (int t = 0; t < T; ++t) {
+            const __m512i sum = _mm512_sub_epi32(a[t], _mm512_set1_epi32(x[t].sum[b]));  // Σ code·x − Σ x: Σ value·x
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(x[t].d[b])), acc[t]);
+        }
+    }
+    store_x16<T>(acc, out);
+}
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -1054,7 +1096,7 @@ void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t*
     }
 }
 
-int dot_x16_tokens(uint32_t type) { return type == kQ8_0 ? kDotX16MaxTokens : 4; }
+int dot_x16_tokens(uint32_t) { return kDotX16MaxTokens; }
 
 void dot_x16(uint32_t type, const uint8_t* packed, uint64_t next, const QuantRow* x, int T, int64_t n, float* out) {
     if (T < 1 || T > dot_x16_tokens(type)) throw std::invalid_argument("dot_x16: " + std::to_string(T) + " tokens in one pass");
@@ -1071,6 +1113,10 @@ void dot_x16(uint32_t type, const uint8_t* packed, uint64_t next, const QuantRow
                 default: return q8_0x16_vnni<1>(packed, next, x, n, out);
             }
         switch (T) {
+            case 8: return tq2_0x16_vnni_wide<8>(packed, next, x, n, out);
+            case 7: return tq2_0x16_vnni_wide<7>(packed, next, x, n, out);
+            case 6: return tq2_0x16_vnni_wide<6>(packed, next, x, n, out);
+            case 5: return tq2_0x16_vnni_wide<5>(packed, next, x, n, out);
             case 4: return tq2_0x16_vnni<4>(packed, next, x, n, out);
             case 3: return tq2_0x16_vnni<3>(packed, next, x, n, out);
             case 2: return tq2_0x16_vnni<2>(packed, next, x, n, out);

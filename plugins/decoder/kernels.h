@@ -88,9 +88,8 @@ void repack_tq2_0x8(const uint8_t* rows, uint64_t row_bytes, int64_t n, uint8_t*
 // same group twice, for a matrix's odd last group). out[r*T + t] = row r · x_t for r < 16 (rows
 // 8..15: the second group's), T = 1 to dot_x16_tokens(type) quantized activation rows.
 void dot_x16(uint32_t type, const uint8_t* packed, uint64_t next, const QuantRow* x, int T, int64_t n, float* out);
-// Q8_0: up to 8 tokens in one pass (a speculative step's 1 + k rows read each weight once, not
-// once per four of them: the eight accumulators fit beside the sixteen rows' registers); TQ2_0:
-// up to 4 (its four accumulators per token would spill beyond that).
+// Up to 8 tokens in one pass, both types (a speculative step's 1 + k rows read and unpack each
+// weight once, not once per four of them; TQ2_0 past four tokens with one accumulator per token).
 int dot_x16_tokens(uint32_t type);
 constexpr int kDotX16MaxTokens = 8;
 
