@@ -335,6 +335,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) inline __m512 two_scal
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
                                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1));
 }
+// Four activation bytes (xq[4i..4i+3]) in every 32-bit lane, broadcast straight from memory (a
+// 16-byte load and lane extracts instead cost more than the dpbusd they feed).
+__attribute__((target("avx512f"))) inline __m512i four_bytes(const int8_t* xq, int i) {
+    int32_t f;
+    std::memcpy(&f, xq + 4 * i, 4);
+    return _mm512_set1_epi32(f);
+}
+// The packed blocks ~kQ8x8Prefetch bytes ahead of both groups, `lines` cache lines each.
+inline void prefetch_ahead(const uint8_t* p, const uint8_t* q, int lines) {
+    for (int l = 0; l < lines; ++l) {
+        _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
+    }
+}
 template <int T>
 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) void store_x16(const __m512* acc, float* out) {
     PULSE_UNROLL for (int t = 0; t < T; ++t) {
@@ -349,10 +363,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
     PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / 32; ++b, p += kQ8x8Bytes) {
         const uint8_t* q = p + next;
-        PULSE_UNROLL for (int l = 0; l < 5; ++l) {
-            _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(q) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
-        }
+        prefetch_ahead(p, q, 5);
         const __m512 dw = two_scales(p, q);
         __m512i w[8];
         PULSE_UNROLL for (int k = 0; k < 8; ++k) w[k] = two_runs(p + 16 + 32 * k, q + 16 + 32 * k);
@@ -382,10 +393,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
     PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / 256; ++b, p += kTQ2x8Bytes) {
         const uint8_t* q = p + next;
-        PULSE_UNROLL for (int l = 0; l < 9; ++l) {
-            _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(q) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
-        }
+        prefetch_ahead(p, q, 9);
         const __m512 dw = two_scales(p, q);
         // One accumulator per (token, plane), each plane its own named array: written as one
         // ip[T][4] array (or with the 16 runs in an outer loop GCC does not unroll), GCC 12
@@ -398,18 +406,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
             const __m512i w = two_runs(p + 16 + 32 * j, q + 16 + 32 * j);
             const __m512i u0 = _mm512_and_si512(w, m0), u1 = _mm512_and_si512(w, m1), u2 = _mm512_and_si512(w, m2), u3 = _mm512_and_si512(w, m3);
             PULSE_UNROLL for (int t = 0; t < T; ++t) {
-                // Four activation bytes, broadcast straight from memory (a 16-byte copy
-                // and lane extracts instead cost more than the dpbusd).
                 const int8_t* xq = x[t].q + 256 * b + 16 * j;
-                int32_t f0, f1, f2, f3;
-                std::memcpy(&f0, xq, 4);
-                std::memcpy(&f1, xq + 4, 4);
-                std::memcpy(&f2, xq + 8, 4);
-                std::memcpy(&f3, xq + 12, 4);
-                a0[t] = _mm512_dpbusd_epi32(a0[t], u0, _mm512_set1_epi32(f0));
-                a1[t] = _mm512_dpbusd_epi32(a1[t], u1, _mm512_set1_epi32(f1));
-                a2[t] = _mm512_dpbusd_epi32(a2[t], u2, _mm512_set1_epi32(f2));
-                a3[t] = _mm512_dpbusd_epi32(a3[t], u3, _mm512_set1_epi32(f3));
+                a0[t] = _mm512_dpbusd_epi32(a0[t], u0, four_bytes(xq, 0));
+                a1[t] = _mm512_dpbusd_epi32(a1[t], u1, four_bytes(xq, 1));
+                a2[t] = _mm512_dpbusd_epi32(a2[t], u2, four_bytes(xq, 2));
+                a3[t] = _mm512_dpbusd_epi32(a3[t], u3, four_bytes(xq, 3));
             }
         }
         PULSE_UNROLL for (int t = 0; t < T; ++t) {
@@ -432,10 +433,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
     PULSE_UNROLL for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / 256; ++b, p += kTQ2x8Bytes) {
         const uint8_t* q = p + next;
-        PULSE_UNROLL for (int l = 0; l < 9; ++l) {
-            _mm_prefetch(reinterpret_cast<const char*>(p) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(q) + kQ8x8Prefetch + 64 * l, _MM_HINT_T0);
-        }
+        prefetch_ahead(p, q, 9);
         const __m512 dw = two_scales(p, q);
         __m512i a[T];
         PULSE_UNROLL for (int t = 0; t < T; ++t) a[t] = _mm512_setzero_si512();
@@ -445,15 +443,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vl,avx2,fma,f16c"))) vo
                           u2 = _mm512_and_si512(_mm512_srli_epi16(w, 4), m0), u3 = _mm512_and_si512(_mm512_srli_epi16(w, 6), m0);
             PULSE_UNROLL for (int t = 0; t < T; ++t) {
                 const int8_t* xq = x[t].q + 256 * b + 16 * j;
-                int32_t f0, f1, f2, f3;
-                std::memcpy(&f0, xq, 4);
-                std::memcpy(&f1, xq + 4, 4);
-                std::memcpy(&f2, xq + 8, 4);
-                std::memcpy(&f3, xq + 12, 4);
-                a[t] = _mm512_dpbusd_epi32(a[t], u0, _mm512_set1_epi32(f0));
-                a[t] = _mm512_dpbusd_epi32(a[t], u1, _mm512_set1_epi32(f1));
-                a[t] = _mm512_dpbusd_epi32(a[t], u2, _mm512_set1_epi32(f2));
-                a[t] = _mm512_dpbusd_epi32(a[t], u3, _mm512_set1_epi32(f3));
+                a[t] = _mm512_dpbusd_epi32(a[t], u0, four_bytes(xq, 0));
+                a[t] = _mm512_dpbusd_epi32(a[t], u1, four_bytes(xq, 1));
+                a[t] = _mm512_dpbusd_epi32(a[t], u2, four_bytes(xq, 2));
+                a[t] = _mm512_dpbusd_epi32(a[t], u3, four_bytes(xq, 3));
             }
         }
         PULSE_UNROLL for (int t = 0; t < T; ++t) {
