@@ -200,18 +200,17 @@ std::optional<Segment> Speculator::catch_up(std::optional<int32_t> next) {
     // Token p with the main hidden state of p-1: the carried row, then this step's rows shifted;
     // `next` (at n_past) pairs with the last kept row's, as its first draft would.
     const auto n = static_cast<int64_t>(rows_.size()), rows = n + (next ? 1 : 0);
-    caught_ = rows_;
     paired_.resize(static_cast<size_t>(rows * E_));
     std::copy(pending_.begin(), pending_.end(), paired_.begin());
     std::copy(hidden_.begin(), hidden_.begin() + (rows - 1) * E_, paired_.begin() + E_);
     std::copy(hidden_.begin() + (n - 1) * E_, hidden_.begin() + n * E_, pending_.begin());
     first_ready_ = next.has_value();
-    if (!next) return Segment{&seq_, caught_.data(), n, nullptr, false, nullptr, paired_.data()};
-    caught_.push_back(*next);
+    if (!next) return Segment{&seq_, rows_.data(), n, nullptr, false, nullptr, paired_.data()};
+    rows_.push_back(*next);  // what the block runs (nothing reads the kept rows after this)
     first_after_ = *next;
     first_logits_.resize(static_cast<size_t>(V_));
     first_hidden_.resize(static_cast<size_t>(rows * E_));
-    return Segment{&seq_, caught_.data(), rows, first_logits_.data(), false, first_hidden_.data(), paired_.data()};
+    return Segment{&seq_, rows_.data(), rows, first_logits_.data(), false, first_hidden_.data(), paired_.data()};
 }
 
 std::vector<float> Speculator::prefill(const std::vector<int32_t>& prompt) {

@@ -176,10 +176,9 @@ private:
     int64_t drafts_ = 0;
     std::vector<float> hidden_, paired_;
     std::vector<float> logits_;
-    // The catch-up's extra row (catch_up with `next`): its token, the block's logits and hidden
-    // states of the catch-up's rows (the last row's: the second draft's input); the MTP cache
-    // then holds that token's position too (mtp_n_past = n_past + 1) until drafting.
-    std::vector<int32_t> caught_;
+    // The catch-up's extra row (catch_up with `next`, appended to rows_): its token, the block's
+    // logits and hidden states of the catch-up's rows (the last row's: the second draft's input);
+    // the MTP cache then holds that token's position too (mtp_n_past = n_past + 1) until drafting.
     bool first_ready_ = false;
     int32_t first_after_ = -1;
     std::vector<float> first_logits_, first_hidden_;
