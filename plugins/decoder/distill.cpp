@@ -257,7 +257,10 @@ void export_head(Model& model, const std::filesystem::path& dir) {
     write_f32_npy(dir / "check_logits.npy", logits, V);
 }
 
-std::vector<float> read_npy_f32(const std::filesystem::path& path, std::vector<int64_t>& shape) {
+namespace {
+
+template <class T>
+std::vector<T> read_npy(const std::filesystem::path& path, const std::string& descr, std::vector<int64_t>& shape) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error("cannot read " + path.string());
     char pre[10];
@@ -271,8 +274,8 @@ std::vector<float> read_npy_f32(const std::filesystem::path& path, std::vector<i
     }
     std::string header(len, '\0');
     in.read(header.data(), static_cast<std::streamsize>(len));
-    if (header.find("'descr': '<f4'") == std::string::npos || header.find("'fortran_order': False") == std::string::npos)
-        throw std::runtime_error(path.string() + ": expected little-endian float32 in C order (" + header.substr(0, header.find('}') + 1) + ")");
+    if (header.find("'descr': '" + descr + "'") == std::string::npos || header.find("'fortran_order': False") == std::string::npos)
+        throw std::runtime_error(path.string() + ": expected " + descr + " in C order (" + header.substr(0, header.find('}') + 1) + ")");
     const size_t open = header.find("'shape': ("), close = header.find(')', open);
     if (open == std::string::npos || close == std::string::npos) throw std::runtime_error(path.string() + ": no shape in the header");
     shape.clear();
@@ -280,10 +283,41 @@ std::vector<float> read_npy_f32(const std::filesystem::path& path, std::vector<i
     std::stringstream dims(header.substr(open + 10, close - open - 10));
     for (std::string d; std::getline(dims, d, ',');)
         if (d.find_first_not_of(' ') != std::string::npos) shape.push_back(std::stoll(d)), count *= shape.back();
-    std::vector<float> v(static_cast<size_t>(count));
-    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+    std::vector<T> v(static_cast<size_t>(count));
+    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
     if (!in) throw std::runtime_error(path.string() + ": shorter than its shape");
     return v;
+}
+
+}  // namespace
+
+std::vector<float> read_npy_f32(const std::filesystem::path& path, std::vector<int64_t>& shape) { return read_npy<float>(path, "<f4", shape); }
+
+void count_generated(const std::filesystem::path& dir, std::vector<int64_t>& counts) {
+    std::vector<int64_t> shape;
+    const auto tokens = read_npy<int32_t>(dir / "tokens.npy", "<i4", shape);
+    const auto starts = read_npy<int64_t>(dir / "starts.npy", "<i8", shape);
+    const auto from = read_npy<int64_t>(dir / "generated_from.npy", "<i8", shape);
+    if (starts.size() != from.size() + 1 || starts.back() != static_cast<int64_t>(tokens.size()))
+        throw std::runtime_error(dir.string() + ": starts.npy, generated_from.npy and tokens.npy do not agree (not a collect directory?)");
+    for (size_t s = 0; s < from.size(); ++s) {
+        if (from[s] < starts[s] || from[s] > starts[s + 1]) throw std::runtime_error(dir.string() + ": generated_from.npy is outside sequence " + std::to_string(s));
+        for (int64_t r = from[s]; r < starts[s + 1]; ++r) {
+            const int32_t t = tokens[static_cast<size_t>(r)];
+            if (t < 0 || t >= static_cast<int64_t>(counts.size()))
+                throw std::runtime_error(dir.string() + ": token " + std::to_string(t) + " is outside the model's vocabulary of " + std::to_string(counts.size()));
+            ++counts[static_cast<size_t>(t)];
+        }
+    }
+}
+
+std::vector<int32_t> rank_tokens(const std::vector<int64_t>& counts, int64_t top) {
+    std::vector<int32_t> ids;
+    for (size_t t = 0; t < counts.size(); ++t)
+        if (counts[t] > 0) ids.push_back(static_cast<int32_t>(t));
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return counts[static_cast<size_t>(a)] > counts[static_cast<size_t>(b)]; });
+    if (top > 0 && static_cast<int64_t>(ids.size()) > top) ids.resize(static_cast<size_t>(top));
+    return ids;
 }
 
 int import_head(const GgufFile& f, const std::filesystem::path& dir, const std::filesystem::path& out) {

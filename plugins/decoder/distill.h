@@ -56,6 +56,13 @@ void export_head(Model& model, const std::filesystem::path& dir);
 // Streams the copy: memory holds the trained tensors only, the rest is read from `file`'s mapping.
 int import_head(const GgufFile& file, const std::filesystem::path& dir, const std::filesystem::path& out);
 
+// A draft vocabulary (Model::set_draft_vocab) from what the model writes: count_generated adds
+// the generated tokens of a collect_hidden directory to `counts` (n_vocab entries); rank_tokens
+// lists the tokens counted at least once, most frequent first (ties by id), at most `top` of
+// them (0: all). Throws naming a file that is not a collect directory's or a token outside counts.
+void count_generated(const std::filesystem::path& dir, std::vector<int64_t>& counts);
+std::vector<int32_t> rank_tokens(const std::vector<int64_t>& counts, int64_t top);
+
 // A little-endian f32 .npy file (C order) read whole; `shape` receives its dimensions.
 std::vector<float> read_npy_f32(const std::filesystem::path& path, std::vector<int64_t>& shape);
 

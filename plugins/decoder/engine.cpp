@@ -116,6 +116,8 @@ Engine::Engine(EngineOptions o, std::unique_ptr<Device> device) : opts_(std::mov
     if (opts_.max_checkpoints == 0) opts_.max_checkpoints = std::max<int64_t>(3, 2 * opts_.max_sequences);
     if (opts_.draft.kind != DraftSetting::off && (opts_.draft_k < 1 || opts_.draft_k > Speculator::kMaxDraft))
         throw std::invalid_argument("draft_k must be 1 to " + std::to_string(Speculator::kMaxDraft) + ", not " + std::to_string(opts_.draft_k));
+    if (!opts_.draft_vocab.empty() && opts_.draft.kind != DraftSetting::mtp)
+        throw std::invalid_argument("draft_vocab goes with draft = \"mtp\" (it narrows the MTP block's head)");
     auto file = GgufFile::open(opts_.model);
     // The model is loaded on the engine's own thread, the one that runs every step: the load's
     // parallel loops (repacking weights) would otherwise make libgomp keep a second team of
@@ -140,6 +142,7 @@ Engine::Engine(EngineOptions o, std::unique_ptr<Device> device) : opts_(std::mov
                                 std::to_string(model_->hparams().n_vocab) + " rows");
             if (opts_.draft.kind == DraftSetting::mtp && !model_->has_mtp())
                 throw GgufError(file->name() + ": draft = \"mtp\" but the file has no MTP block (no nextn_predict_layers)");
+            if (!opts_.draft_vocab.empty()) model_->set_draft_vocab(read_draft_vocab(opts_.draft_vocab, model_->hparams().n_vocab));
             if (opts_.draft.kind == DraftSetting::model) {
                 draft_model_ = Model::load(GgufFile::open(opts_.draft.path), opts_.device);
                 draft_model_->threads = opts_.threads;

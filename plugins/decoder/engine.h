@@ -66,6 +66,9 @@ struct EngineOptions {
     DraftSetting draft;
     int draft_k = 4;
     bool draft_adaptive = false;
+    // draft = "mtp": a draft vocabulary file (read_draft_vocab): the block drafts among those
+    // tokens only (Model::set_draft_vocab). Empty: the whole vocabulary.
+    std::string draft_vocab;
     // Called on the engine's thread after each speculative step that drafted: drafts proposed,
     // and how many of them were kept (always the first ones).
     std::function<void(int64_t drafted, int64_t accepted)> on_speculation;

@@ -508,7 +508,34 @@ void Model::mtp_step(const std::vector<Segment>& segs) const {
     matmul(m.eh_proj, cat, B, x, w);
     layer(m.block, segs, kMtpCache, w, B);
     for (const auto& s : segs) s.seq->mtp_n_past += s.n;
-    finish(segs, (m.head_norm.size() ? m.head_norm : output_norm_).ptr(), m.head, w, B, out_rows);
+    finish(segs, (m.head_norm.size() ? m.head_norm : output_norm_).ptr(), m.vocab.empty() ? m.head : m.draft_head, w, B, out_rows);
+}
+
+void Model::set_draft_vocab(const std::vector<int32_t>& ids) {
+    if (!mtp_) throw std::logic_error("a draft vocabulary needs the model's MTP block (" + file_->name() + " has none)");
+    MtpBlock& m = *mtp_;
+    // Once: devices key what they prepared by the tensor's address, which a second list could reuse.
+    if (!m.vocab.empty()) throw std::logic_error("the draft vocabulary is set once, before the model runs");
+    if (ids.empty()) throw std::invalid_argument("draft vocabulary: no token listed");
+    std::vector<bool> seen(static_cast<size_t>(hp_.n_vocab));
+    for (const int32_t id : ids) {
+        if (id < 0 || id >= hp_.n_vocab)
+            throw std::invalid_argument("draft vocabulary: token " + std::to_string(id) + " is outside the vocabulary (0.." + std::to_string(hp_.n_vocab - 1) + ")");
+        if (seen[static_cast<size_t>(id)]) throw std::invalid_argument("draft vocabulary: token " + std::to_string(id) + " is listed twice");
+        seen[static_cast<size_t>(id)] = true;
+    }
+    // A head row is n_embd values, whole quantization blocks: the rows gather as bytes.
+    const TensorInfo& full = *m.head.t;
+    const uint64_t row = full.row_bytes();
+    std::vector<uint8_t> rows(row * ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) std::memcpy(rows.data() + i * row, full.data + static_cast<uint64_t>(ids[i]) * row, row);
+    auto info = std::make_unique<TensorInfo>(full);
+    info->ne = {full.ne[0], ids.size()};
+    info->nbytes = rows.size();
+    info->data = rows.data();
+    Matrix head{info.get(), m.head.n_in, static_cast<int64_t>(ids.size()), m.head.scale, m.head.rot, nullptr};
+    head.prepared = dev_->prepare(head, Device::Use::matmul);
+    m.vocab = ids, m.draft_head = head, m.draft_rows = std::move(rows), m.draft_info = std::move(info);
 }
 
 void Model::layer(const Layer& L, const std::vector<Segment>& segs, size_t index, Work& w, int64_t B) const {
@@ -526,7 +553,7 @@ void Model::layer(const Layer& L, const std::vector<Segment>& segs, size_t index
 }
 
 void Model::finish(const std::vector<Segment>& segs, DevPtr norm, const Matrix& head, Work& w, int64_t B, int64_t out_rows) const {
-    const int64_t E = hp_.n_embd, V = hp_.n_vocab;
+    const int64_t E = hp_.n_embd, V = head.n_out;
     const DevPtr x = w.x.ptr(), h = w.h.ptr(), tmp = w.tmp.ptr();
     if (std::any_of(segs.begin(), segs.end(), [](const Segment& s) { return s.hidden; })) {
         dev_->rmsnorm(x, norm, tmp, B, E, hp_.rms_eps);

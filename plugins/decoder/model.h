@@ -56,6 +56,12 @@ struct MtpBlock {
     Buffer head_norm;      // nextn.shared_head_norm, or empty: the main output norm
     Matrix embd, head;     // nextn.embed_tokens / shared_head_head, or copies of the main ones
     const Rotation* embd_rot = nullptr;
+    // A draft vocabulary (Model::set_draft_vocab), or empty: `draft_head` has one row per
+    // listed token, row i predicting token vocab[i], gathered from `head` into `draft_rows`.
+    std::vector<int32_t> vocab;
+    Matrix draft_head;
+    std::vector<uint8_t> draft_rows;
+    std::unique_ptr<TensorInfo> draft_info;
 };
 
 class Sequence;
@@ -115,10 +121,24 @@ public:
     // Whether the file has an MTP block (hparams().n_nextn > 0); the decoder speculates only then.
     bool has_mtp() const { return mtp_.has_value(); }
     // Runs segments through the MTP block at positions seq->mtp_n_past...: each token with its
-    // `hidden_in` row (required), into the sequence's MTP cache; `logits` are the block's
-    // prediction of the token after each, `hidden` its own hidden state (the next draft's input).
+    // `hidden_in` row (required), into the sequence's MTP cache; `logits` (mtp_vocab() columns)
+    // are the block's prediction of the token after each, `hidden` its own hidden state (the next draft's input).
     // Same limits as step(); throws std::logic_error on a model without the block.
     void mtp_step(const std::vector<Segment>& segments) const;
+    // Restricts what the MTP block drafts to `ids` (a draft vocabulary: the tokens the model
+    // writes most, docs/DECODER.md "Draft vocabulary"): its head keeps those rows only, so a
+    // draft token reads len(ids) head rows instead of n_vocab — on a 248K-token vocabulary the
+    // head is most of a draft's cost. Verification is untouched, so what is decoded does not
+    // change; a token outside the list is just never drafted. Once, before the model runs.
+    // Throws std::invalid_argument for an empty list or an id outside the vocabulary or listed
+    // twice, std::logic_error without an MTP block or when already set.
+    void set_draft_vocab(const std::vector<int32_t>& ids);
+    // Columns of mtp_step's logits (n_vocab, or the draft vocabulary's size) and the token of
+    // column c.
+    int64_t mtp_vocab() const { return mtp_ && !mtp_->vocab.empty() ? static_cast<int64_t>(mtp_->vocab.size()) : hp_.n_vocab; }
+    int32_t mtp_token(int64_t column) const {
+        return mtp_ && !mtp_->vocab.empty() ? mtp_->vocab[static_cast<size_t>(column)] : static_cast<int32_t>(column);
+    }
     // After a tentative step of `seq` (Segment::tentative) of R rows: its first `n` stand, the
     // rest are dropped. n = R: the step's windows and states become the sequence's (a swap);
     // n < R: the recurrences (conv windows and delta-rule states) run again from the states

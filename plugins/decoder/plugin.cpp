@@ -1,7 +1,7 @@
 // Backend plugin "decoder": serves a GGUF qwen35 model in-process, speaking Chat Completions
 // chunks like an HTTP upstream, so the translation profiles work unchanged and it takes part in
 // failover like any endpoint. Endpoint options: model (path, required), threads, context,
-// make_demo, exact, device, max_sequences, checkpoints, draft, draft_k, draft_adaptive
+// make_demo, exact, device, max_sequences, checkpoints, draft, draft_k, draft_adaptive, draft_vocab
 // (docs/DECODER.md). Speculative decoding is counted in the host's /metrics.
 // In the gateway config: url = "decoder:///path/model.gguf" (sugar for plugin://decoder with
 // options.model), or url = "plugin://decoder" with [..endpoints.options] model = "...".
@@ -88,13 +88,15 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
                 o.draft_k = static_cast<int>(*value.i64());
             } else if (key == "draft_adaptive" && value.boolean()) {
                 o.draft_adaptive = *value.boolean();
+            } else if (key == "draft_vocab" && value.string()) {
+                o.draft_vocab = std::string(*value.string());
             }
             else if (key == "int8_prefill")
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT,
                                    "decoder: option 'int8_prefill' is gone: int8 activations are the default now; 'exact = true' turns them off");
             else
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
-                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N, draft = \"off\"|\"mtp\"|\"model:PATH\", draft_k = N, draft_adaptive = true|false)");
+                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N, draft = \"off\"|\"mtp\"|\"model:PATH\", draft_k = N, draft_adaptive = true|false, draft_vocab = \"/path/vocab.txt\")");
         }
         {  // fail fast: before reading (or writing) a model file
             auto names = pulse::decoder::device_names();
@@ -144,7 +146,10 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         if (o.draft.kind != pulse::decoder::DraftSetting::off)
             pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: speculative decoding with " +
                                                           (o.draft.kind == pulse::decoder::DraftSetting::mtp ? std::string("the MTP block") : "the draft model " + o.draft.path) +
-                                                          ", " + (o.draft_adaptive ? "up to " : "") + std::to_string(o.draft_k) + " drafts per step");
+                                                          ", " + (o.draft_adaptive ? "up to " : "") + std::to_string(o.draft_k) + " drafts per step" +
+                                                          (o.draft_vocab.empty() ? std::string()
+                                                                                 : ", drafting among the " + std::to_string(b->engine->model().mtp_vocab()) +
+                                                                                       " tokens of " + o.draft_vocab));
         else if (b->engine->model().has_mtp())
             pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: the file has an MTP block; draft = \"mtp\" turns on speculative decoding with it");
         *out = b.release();

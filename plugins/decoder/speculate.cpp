@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 namespace pulse::decoder {
 
@@ -69,6 +72,37 @@ DraftSetting DraftSetting::parse(const std::string& text) {
     if (text.rfind("model:", 0) == 0 && text.size() > 6) return {model, text.substr(6)};
     throw std::invalid_argument("draft must be \"off\", \"mtp\" (the file's MTP block) or \"model:PATH\" (a draft model's GGUF file), not \"" +
                                 text + "\"");
+}
+
+std::vector<int32_t> read_draft_vocab(const std::string& path, int64_t n_vocab) {
+    std::ifstream in(path);
+    if (!in) throw std::invalid_argument("draft vocabulary: cannot read " + path);
+    std::vector<int32_t> ids;
+    std::unordered_map<int32_t, int> first_line;
+    int line_no = 0;
+    for (std::string line; std::getline(in, line);) {
+        ++line_no;
+        const std::string where = path + ":" + std::to_string(line_no) + ": ";
+        std::istringstream fields(line.substr(0, line.find('#')));
+        std::string id;
+        if (!(fields >> id)) continue;
+        size_t used = 0;
+        long long v = -1;
+        try {
+            v = std::stoll(id, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != id.size()) throw std::invalid_argument(where + "'" + id + "' is not a token id");
+        if (v < 0 || v >= n_vocab)
+            throw std::invalid_argument(where + "token " + id + " is outside the model's vocabulary (0.." + std::to_string(n_vocab - 1) + ")");
+        const auto [at, fresh] = first_line.emplace(static_cast<int32_t>(v), line_no);
+        if (!fresh) throw std::invalid_argument(where + "token " + id + " is listed twice (first on line " + std::to_string(at->second) + ")");
+        ids.push_back(static_cast<int32_t>(v));
+    }
+    if (in.bad()) throw std::invalid_argument("draft vocabulary: cannot read " + path);
+    if (ids.empty()) throw std::invalid_argument("draft vocabulary: " + path + " lists no token");
+    return ids;
 }
 
 int drafts_worth(const std::vector<double>& kept_after, int k_max, double worth) {
@@ -208,7 +242,7 @@ std::optional<Segment> Speculator::catch_up(std::optional<int32_t> next) {
     if (!next) return Segment{&seq_, rows_.data(), n, nullptr, false, nullptr, paired_.data()};
     rows_.push_back(*next);  // what the block runs (nothing reads the kept rows after this)
     first_after_ = *next;
-    first_logits_.resize(static_cast<size_t>(V_));
+    first_logits_.resize(static_cast<size_t>(model_.mtp_vocab()));
     first_hidden_.resize(static_cast<size_t>(rows * E_));
     return Segment{&seq_, rows_.data(), rows, first_logits_.data(), false, first_hidden_.data(), paired_.data()};
 }
@@ -252,10 +286,11 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
         if (!s.model_.has_mtp()) throw std::logic_error("drafting needs the model's MTP block");
         if (!runs.empty() && &s.model_ != &runs.front().s->model_) throw std::logic_error("draft_together: speculators of different models");
         if (s.seq_.mtp_n_past != s.seq_.n_past + (first ? 1 : 0)) throw std::logic_error("the MTP block's cache is not at the main model's position");
-        runs.push_back(Run{&s, i, s.pending_, std::vector<float>(static_cast<size_t>(s.E_)), std::vector<float>(static_cast<size_t>(s.V_)), lasts[i]});
+        const int64_t columns = s.model_.mtp_vocab();
+        runs.push_back(Run{&s, i, s.pending_, std::vector<float>(static_cast<size_t>(s.E_)), std::vector<float>(static_cast<size_t>(columns)), lasts[i]});
         if (first) {
             Run& r = runs.back();
-            r.tok = argmax(s.first_logits_.data(), s.V_);
+            r.tok = s.model_.mtp_token(argmax(s.first_logits_.data(), columns));
             out[i].push_back(r.tok);
             r.h.assign(s.first_hidden_.end() - s.E_, s.first_hidden_.end());
             s.first_ready_ = false;
@@ -272,7 +307,7 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
         if (segs.empty()) break;
         runs.front().s->model_.mtp_step(segs);
         for (Run* r : in) {
-            r->tok = argmax(r->logits.data(), r->s->V_);
+            r->tok = r->s->model_.mtp_token(argmax(r->logits.data(), static_cast<int64_t>(r->logits.size())));
             out[r->i].push_back(r->tok);
             r->h.swap(r->next_h);
         }

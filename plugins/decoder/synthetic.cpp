@@ -189,7 +189,7 @@ void write_demo_model(const std::filesystem::path& path, bool mtp) {
     write_synthetic(path, demo, kQ8_0, 20261129);
 }
 
-SynthVocab synthetic_vocab() {
+SynthVocab synthetic_vocab(int64_t size) {
     SynthVocab v;
     for (int b = 0; b < 256; ++b) {
         v.tokens.push_back(byte_token(b));
@@ -203,6 +203,12 @@ SynthVocab synthetic_vocab() {
     for (auto& p : pairs) {
         v.merges.push_back(std::string(p[0]) + " " + p[1]);
         v.tokens.push_back(std::string(p[0]) + p[1]);
+        v.types.push_back(1);
+    }
+    // Filler up to `size`: a real checkpoint's vocabulary is this large (Qwen3.5: 248,320), and
+    // its output head is then most of an MTP draft's cost. No merge makes these tokens.
+    for (int64_t i = static_cast<int64_t>(v.tokens.size()) + 9; i < size; ++i) {
+        v.tokens.push_back("<filler" + std::to_string(i) + ">");
         v.types.push_back(1);
     }
     add_specials(v);

@@ -46,7 +46,9 @@ struct SynthVocab {
     std::vector<int32_t> types;
     int32_t endoftext = 0, im_start = 0, im_end = 0;
 };
-SynthVocab synthetic_vocab();
+// `size` > its own ~300 tokens: padded with filler tokens to that many (a real vocabulary's
+// size, for the output head's cost).
+SynthVocab synthetic_vocab(int64_t size = 0);
 // A byte-level BPE vocab with `merges` merges learned from a built-in English + code sample
 // (so ordinary text takes ~3 bytes per token instead of 1), plus the same special tokens.
 SynthVocab trained_vocab(int merges);

@@ -51,6 +51,8 @@ const char* kDecodeHelp =
     "                    drafts, acceptance by position and tokens per step (default: off)\n"
     "  --draft-k K       drafts per step, 1-16 (default 4); auto[:MAX]: each step as many as the running\n"
     "                    acceptance makes worth verifying (up to MAX, default 8; none while none is)\n"
+    "  --draft-vocab FILE  with --draft mtp: draft among FILE's tokens only (`pulse distill vocab`\n"
+    "                    writes it): a draft reads that many rows of the output head, not all\n"
     "  --synthetic-acceptance L  benchmarking only: drafts kept at random so that a step yields L\n"
     "                    tokens on average (1 to k+1; llama.cpp's --spec-synth-len): the cost of\n"
     "                    speculation at that acceptance; the text is NOT the model's\n"
@@ -77,6 +79,7 @@ struct DraftArgs {
     int k = 4;
     bool adaptive = false;
     double synthetic_length = 0;  // --synthetic-acceptance (0: drafts judged by the model)
+    std::string vocab;            // --draft-vocab FILE (draft mtp: its tokens only)
 };
 
 void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, const DraftArgs& d);
@@ -87,6 +90,7 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
     o.draft = draft.setting;
     o.draft_k = draft.k;
     o.draft_adaptive = draft.adaptive;
+    o.draft_vocab = draft.vocab;
     o.model = path;
     o.threads = threads;
     o.device = device;
@@ -223,6 +227,10 @@ void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const deco
     w.Int(k);
     w.Key("adaptive");
     w.Bool(d.adaptive);
+    if (!d.vocab.empty()) {
+        w.Key("draft_vocab");
+        w.String(d.vocab.c_str());
+    }
     if (d.synthetic_length != 0) {
         w.Key("synthetic_acceptance");
         w.Double(d.synthetic_length);
@@ -299,6 +307,7 @@ int cmd_decode(const std::vector<std::string>& args) {
                 draft.k = draft.adaptive ? (v.size() > 5 && v[4] == ':' ? std::stoi(v.substr(5)) : 8) : std::stoi(v);
             }
             else if (a == "--synthetic-acceptance") draft.synthetic_length = std::stod(next());
+            else if (a == "--draft-vocab") draft.vocab = next();
             else if (a == "--streams") streams = std::stoll(next());
             else if (a == "--max-sequences") max_sequences = std::stoll(next());
             else if (a == "--int8-prefill") throw std::invalid_argument("--int8-prefill is gone: int8 activations are the default; --exact turns them off");
@@ -322,6 +331,10 @@ int cmd_decode(const std::vector<std::string>& args) {
         return 2;
     }
     const bool speculate = draft.setting.kind != decoder::DraftSetting::off;
+    if (!draft.vocab.empty() && draft.setting.kind != decoder::DraftSetting::mtp) {
+        std::fprintf(stderr, "pulse decode: --draft-vocab goes with --draft mtp\n%s", kDecodeHelp);
+        return 2;
+    }
     if (draft.synthetic_length != 0 && (!speculate || streams != 0 || !(draft.synthetic_length >= 1 && draft.synthetic_length <= draft.k + 1))) {
         std::fprintf(stderr, "pulse decode: --synthetic-acceptance L needs --draft, one stream and 1 <= L <= k + 1\n%s", kDecodeHelp);
         return 2;
@@ -357,6 +370,14 @@ int cmd_decode(const std::vector<std::string>& args) {
         std::fprintf(stderr, "pulse decode: --draft mtp: %s has no MTP block (no %s.nextn_predict_layers)\n", path.c_str(),
                      file->get_string("general.architecture").c_str());
         return 3;
+    }
+    if (!draft.vocab.empty()) {
+        try {
+            model->set_draft_vocab(decoder::read_draft_vocab(draft.vocab, model->hparams().n_vocab));
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "pulse decode: --draft-vocab: %s\n", e.what());
+            return 2;
+        }
     }
     const int64_t V = model->hparams().n_vocab;
     std::vector<int32_t> ids;
@@ -596,7 +617,12 @@ const char* kDistillHelp =
     "what tools/distill/train.py trains.\n"
     "       pulse distill import-head MODEL.gguf --head DIR --out NEW.gguf\n"
     "A copy of MODEL.gguf with the block's tensors replaced by DIR's trained ones (quantized to each\n"
-    "tensor's type).\n";
+    "tensor's type).\n"
+    "       pulse distill vocab MODEL.gguf SOURCE... --out FILE [--top N]\n"
+    "A draft vocabulary (the decoder's draft_vocab, `pulse decode --draft-vocab`): the N tokens\n"
+    "(default 32768) seen most often in the SOURCEs, most frequent first, one id and its count a\n"
+    "line. A SOURCE is a `collect` output directory (the tokens the model generated there) or a text\n"
+    "file (its tokens under MODEL's tokenizer: code and prose like what the model will write).\n";
 
 // The prompts of a JSONL file as token ids; a bad line is an error naming it.
 std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const decoder::Tokenizer& tok) {
@@ -618,6 +644,59 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const de
     }
     if (out.empty()) throw std::invalid_argument(path + ": no prompts");
     return out;
+}
+
+// pulse distill vocab: the tokens drafts are made among, by how often the model writes them.
+int cmd_distill_vocab(const std::vector<std::string>& args) {
+    std::string path, out;
+    std::vector<std::string> sources;
+    int64_t top = 32768;
+    try {
+        for (size_t i = 1; i < args.size(); ++i) {
+            const std::string& a = args[i];
+            if (a == "--out" && i + 1 < args.size()) out = args[++i];
+            else if (a == "--top" && i + 1 < args.size()) top = std::stoll(args[++i]);
+            else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unexpected argument " + a);
+            else if (path.empty()) path = a;
+            else sources.push_back(a);
+        }
+        if (path.empty() || sources.empty() || out.empty() || top < 1) throw std::invalid_argument("give MODEL.gguf, one SOURCE or more, --out FILE and --top >= 1");
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse distill vocab: %s\n%s", e.what(), kDistillHelp);
+        return 2;
+    }
+    try {
+        auto file = decoder::GgufFile::open(path);
+        const auto tok = decoder::Tokenizer::load(*file);
+        std::vector<int64_t> counts(tok.size());
+        for (const auto& src : sources) {
+            if (std::filesystem::is_directory(src)) {
+                decoder::count_generated(src, counts);
+                continue;
+            }
+            std::ifstream in(src, std::ios::binary);
+            if (!in) throw std::runtime_error("cannot read " + src);
+            std::stringstream text;
+            text << in.rdbuf();
+            for (const int32_t t : tok.encode(text.str(), false)) ++counts[static_cast<size_t>(t)];
+        }
+        const auto ids = decoder::rank_tokens(counts, top);
+        if (ids.empty()) throw std::runtime_error("the sources hold no token");
+        int64_t total = 0, covered = 0;
+        for (const int64_t c : counts) total += c;
+        for (const int32_t t : ids) covered += counts[static_cast<size_t>(t)];
+        std::ofstream o(out);
+        o << "# draft vocabulary of " << path << " (pulse distill vocab): token id, count; most frequent first\n";
+        for (const int32_t t : ids) o << t << ' ' << counts[static_cast<size_t>(t)] << '\n';
+        o.close();
+        if (!o) throw std::runtime_error("cannot write " + out);
+        std::printf("wrote %s: %zu of %zu tokens, covering %.4f of the %lld counted\n", out.c_str(), ids.size(), counts.size(),
+                    static_cast<double>(covered) / static_cast<double>(total), static_cast<long long>(total));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse distill vocab: %s\n", e.what());
+        return 3;
+    }
+    return 0;
 }
 
 // pulse distill export-head / import-head: the block out to the trainer and back.
@@ -653,6 +732,7 @@ int cmd_distill_head(const std::vector<std::string>& args) {
 int cmd_distill(const std::vector<std::string>& args) {
     if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) return std::fputs(kDistillHelp, stdout), 0;
     if (!args.empty() && (args[0] == "export-head" || args[0] == "import-head")) return cmd_distill_head(args);
+    if (!args.empty() && args[0] == "vocab") return cmd_distill_vocab(args);
     if (args.empty() || args[0] != "collect") {
         std::fprintf(stderr, "pulse distill: %s\n%s", args.empty() ? "give a subcommand" : ("unknown subcommand '" + args[0] + "'").c_str(), kDistillHelp);
         return 2;

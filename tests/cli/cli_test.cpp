@@ -334,6 +334,32 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto bad = run({exe(), "distill", "collect", (tmp / "mtp.gguf").string(), "--prompts", (tmp / "bad.jsonl").string(), "--out", (tmp / "bad").string()});
     CHECK(bad.code == 2);
     CHECK(has(bad.err, "bad.jsonl:2: needs \"prompt\""));
+    // A draft vocabulary from the collected tokens and a text file; decoding drafts within it.
+    {
+        std::ofstream p(tmp / "code.txt");
+        p << "for i in range(10):\n    print(i)\n";
+    }
+    auto vocab = run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), (tmp / "data").string(), (tmp / "code.txt").string(), "--out",
+                      (tmp / "vocab.txt").string(), "--top", "20"});
+    CHECK(vocab.code == 0);
+    CHECK(has(vocab.out, "wrote " + (tmp / "vocab.txt").string() + ": 20 of "));
+    auto narrowed = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "24", "--json", "--exact", "--draft", "mtp", "--draft-k", "3",
+                         "--draft-vocab", (tmp / "vocab.txt").string()});
+    CHECK(narrowed.code == 0);
+    CHECK(ids(narrowed.out) == ids(plain.out));
+    CHECK(has(narrowed.out, "\"draft_vocab\":\"" + (tmp / "vocab.txt").string() + "\""));
+    CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft-vocab", (tmp / "vocab.txt").string()}).code == 2);  // no --draft mtp
+    {
+        std::ofstream p(tmp / "bad-vocab.txt");
+        p << "3\nthree\n";
+    }
+    auto bad_vocab = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-vocab", (tmp / "bad-vocab.txt").string()});
+    CHECK(bad_vocab.code == 2);
+    CHECK(has(bad_vocab.err, "bad-vocab.txt:2: 'three' is not a token id"));
+    CHECK(run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), "--out", (tmp / "v.txt").string()}).code == 2);  // no source
+    auto no_source = run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), (tmp / "missing").string(), "--out", (tmp / "v.txt").string()});
+    CHECK(no_source.code == 3);
+    CHECK(has(no_source.err, "cannot read"));
     CHECK(run({exe(), "distill", "collect", (tmp / "mtp.gguf").string()}).code == 2);
     CHECK(run({exe(), "distill", "train"}).code == 2);
     CHECK(run({exe(), "distill", "--help"}).code == 0);

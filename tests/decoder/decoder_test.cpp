@@ -1922,6 +1922,87 @@ TEST_CASE("speculate: the draft setting parses off, mtp and model:PATH, and name
         CHECK_THROWS_WITH_AS(DraftSetting::parse(bad), doctest::Contains("\"off\", \"mtp\""), std::invalid_argument);
 }
 
+TEST_CASE("speculate: with a draft vocabulary the block's logits are the full head's for the listed tokens, drafts come from the list, greedy output is unchanged") {
+    TempDir d;
+    for (uint32_t type : {kF32, kQ8_0}) {
+        CAPTURE(type_name(type));
+        write_synthetic(d / "mtp.gguf", spec_shape(), type, 9);
+        auto full = Model::load(GgufFile::open(d / "mtp.gguf")), narrow = Model::load(GgufFile::open(d / "mtp.gguf"));
+        full->exact = narrow->exact = type == kF32;
+        const int64_t V = full->hparams().n_vocab, E = full->hparams().n_embd;
+        // 101 tokens (not whole groups of eight rows), out of order: every third id from the top.
+        std::vector<int32_t> ids;
+        for (int32_t t = static_cast<int32_t>(V) - 1; t >= 0 && ids.size() < 101; t -= 3) ids.push_back(t);
+        narrow->set_draft_vocab(ids);
+        CHECK(narrow->mtp_vocab() == 101);
+        CHECK(full->mtp_vocab() == V);
+        for (int64_t c = 0; c < 101; ++c) CHECK(narrow->mtp_token(c) == ids[static_cast<size_t>(c)]);
+        // One block row on each, the same token and hidden state in.
+        std::vector<float> h(static_cast<size_t>(E));
+        for (int64_t i = 0; i < E; ++i) h[static_cast<size_t>(i)] = std::sin(0.37f * static_cast<float>(i));
+        const int32_t tok = 77;
+        std::vector<float> lf(static_cast<size_t>(V)), ln(101), hf(static_cast<size_t>(E)), hn(static_cast<size_t>(E));
+        auto sf = full->new_sequence(), sn = narrow->new_sequence();
+        full->mtp_step({Segment{sf.get(), &tok, 1, lf.data(), false, hf.data(), h.data()}});
+        narrow->mtp_step({Segment{sn.get(), &tok, 1, ln.data(), false, hn.data(), h.data()}});
+        CHECK(hn == hf);
+        double worst = 0;
+        for (size_t c = 0; c < ids.size(); ++c) worst = std::max(worst, std::fabs(static_cast<double>(ln[c]) - lf[static_cast<size_t>(ids[c])]));
+        CHECK(worst <= (type == kF32 ? 0.0 : 1e-4));
+        // Speculation: every draft is a listed token, and the text is plain greedy's.
+        const auto truth = plain_greedy(*full, kSpecPrompt, 64);
+        for (int k : {1, 4}) {
+            CAPTURE(k);
+            auto seq = narrow->new_sequence();
+            Speculator spec(*narrow, *seq, k);
+            auto l = spec.prefill(kSpecPrompt);
+            std::vector<int32_t> out{static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin())};
+            for (int guard = 0; out.size() < truth.size() && guard < 200; ++guard) {
+                for (const int32_t t : spec.draft(out.back(), k)) CHECK(std::find(ids.begin(), ids.end(), t) != ids.end());
+                const auto got = spec.step(out.back());
+                out.insert(out.end(), got.begin(), got.end());
+            }
+            out.resize(truth.size());
+            CHECK(out == truth);
+            CHECK(spec.stats().drafted > 0);
+        }
+    }
+}
+
+TEST_CASE("speculate: a draft vocabulary is refused by name: out of range, listed twice, empty, set twice, no MTP block") {
+    TempDir d;
+    auto m = exact_mtp_model(d, 7);
+    const int32_t V = static_cast<int32_t>(m->hparams().n_vocab);
+    CHECK_THROWS_WITH_AS(m->set_draft_vocab({1, V}), doctest::Contains(("token " + std::to_string(V) + " is outside the vocabulary").c_str()), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(m->set_draft_vocab({-1}), doctest::Contains("token -1 is outside"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(m->set_draft_vocab({5, 6, 5}), doctest::Contains("token 5 is listed twice"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(m->set_draft_vocab({}), doctest::Contains("no token"), std::invalid_argument);
+    CHECK(m->mtp_vocab() == V);  // nothing set by a refused list
+    m->set_draft_vocab({3, 4});
+    CHECK_THROWS_WITH_AS(m->set_draft_vocab({3, 4}), doctest::Contains("set once"), std::logic_error);
+    write_synthetic(d / "plain.gguf", tiny_shape(), kF32, 7);
+    auto plain = Model::load(GgufFile::open(d / "plain.gguf"));
+    CHECK_THROWS_WITH_AS(plain->set_draft_vocab({1}), doctest::Contains("needs the model's MTP block"), std::logic_error);
+}
+
+TEST_CASE("speculate: a draft vocabulary file: ids one a line, counts and comments ignored; a bad line is named with its number") {
+    TempDir d;
+    auto write = [&](const std::string& text) {
+        std::ofstream(d / "v.txt") << text;
+        return (d / "v.txt").string();
+    };
+    CHECK(read_draft_vocab(write("# draft vocabulary\n12 900\n\n7 40  # a comment\n  300\n"), 305) == std::vector<int32_t>{12, 7, 300});
+    const std::string p = (d / "v.txt").string();
+    CHECK_THROWS_WITH_AS(read_draft_vocab(write("12\n7x 3\n"), 305), doctest::Contains((p + ":2: '7x' is not a token id").c_str()), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(read_draft_vocab(write("12\n305\n"), 305), doctest::Contains((p + ":2: token 305 is outside the model's vocabulary (0..304)").c_str()),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(read_draft_vocab(write("-3\n"), 305), doctest::Contains(":1: token -3 is outside"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(read_draft_vocab(write("12\n# x\n12\n"), 305), doctest::Contains((p + ":3: token 12 is listed twice (first on line 1)").c_str()),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(read_draft_vocab(write("# nothing\n\n"), 305), doctest::Contains("lists no token"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(read_draft_vocab((d / "missing.txt").string(), 305), doctest::Contains("cannot read"), std::invalid_argument);
+}
+
 // ---- self-distillation data ---------------------------------------------------------------------
 
 namespace {
@@ -2042,6 +2123,30 @@ private:
     Counts& c_;
 };
 }  // namespace
+
+TEST_CASE("distill: a draft vocabulary counts the generated tokens only and ranks them most frequent first, ties by id") {
+    TempDir d;
+    auto m = exact_mtp_model(d, 7);
+    CollectOptions o;
+    o.max_new = 12;
+    const std::vector<std::vector<int32_t>> prompts = {kSpecPrompt, {5, 9, 200, 17, 33}};
+    collect_hidden(*m, "mtp.gguf", prompts, {}, o, d / "data");
+    std::vector<int64_t> counts(static_cast<size_t>(m->hparams().n_vocab)), want(counts.size());
+    count_generated(d / "data", counts);
+    for (const auto& p : prompts)
+        for (const int32_t t : plain_greedy(*m, p, 12)) ++want[static_cast<size_t>(t)];
+    CHECK(counts == want);
+    // Two directories add up.
+    count_generated(d / "data", counts);
+    for (auto& c : want) c *= 2;
+    CHECK(counts == want);
+    CHECK(rank_tokens({0, 3, 1, 3, 0, 7}, 0) == std::vector<int32_t>{5, 1, 3, 2});
+    CHECK(rank_tokens({0, 3, 1, 3, 0, 7}, 2) == std::vector<int32_t>{5, 1});
+    CHECK(rank_tokens({0, 0}, 5).empty());
+    std::vector<int64_t> small(10);
+    CHECK_THROWS_WITH_AS(count_generated(d / "data", small), doctest::Contains("outside the model's vocabulary of 10"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(count_generated(d / "nowhere", counts), doctest::Contains("cannot read"), std::runtime_error);
+}
 
 TEST_CASE("device: the model runs on any device.h implementation; it owns all state, weights are registered once, logits read back") {
     TempDir d;

@@ -16,7 +16,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # One thread each (torch and the decoder): the suite runs two tests at once on two cores.
 "$pulse" gguf make-demo --mtp "$t/demo.gguf" > /dev/null
-PULSE=$pulse PULSE_PLUGIN_DIR=$plugins timeout 600 "$root/tools/distill/run" "$t/demo.gguf" "$t/out" -n 48 --epochs 6 --max-tokens 32 --threads 1 \
+PULSE=$pulse PULSE_PLUGIN_DIR=$plugins timeout 600 "$root/tools/distill/run" "$t/demo.gguf" "$t/out" -n 48 --epochs 6 --max-tokens 32 --threads 1 --draft-vocab 48 \
     > "$t/run.log" 2>&1 || { cat "$t/run.log"; fail "tools/distill/run failed"; }
 tail -1 "$t/run.log"
 grep -q "check against the decoder's block: max |logit difference|" "$t/run.log" || fail "no check line"
@@ -27,7 +27,8 @@ import numpy as np
 out = sys.argv[1]
 s = json.load(open(out + "/summary.json"))
 tr, acc = s["training"], s["acceptance"]
-print("held-out top-1 %.3f -> %.3f; acceptance %.3f -> %.3f" % (tr["held_out_before"]["top1"], tr["held_out_after"]["top1"], acc["before"]["rate"], acc["after"]["rate"]))
+print("held-out top-1 %.3f -> %.3f; acceptance %.3f -> %.3f, %.3f within the draft vocabulary" % (tr["held_out_before"]["top1"], tr["held_out_after"]["top1"],
+      acc["before"]["rate"], acc["after"]["rate"], acc["after-vocab"]["rate"]))
 assert tr["sequences"]["held_out"] >= 1 and tr["sequences"]["train"] > tr["sequences"]["held_out"], tr["sequences"]
 assert tr["check"]["same_top"] == 1.0 and tr["check"]["max_abs_logit_diff"] < 1e-3, tr["check"]
 assert tr["held_out_after"]["loss"] < tr["held_out_before"]["loss"], "held-out loss did not fall"
@@ -35,6 +36,13 @@ assert tr["held_out_after"]["top1"] > tr["held_out_before"]["top1"] + 0.3, "held
 assert 1 <= tr["kept_epoch"] <= tr["epochs"], tr["kept_epoch"]
 assert acc["before"]["draft_tokens"] > 0 and acc["after"]["draft_tokens"] > 0, acc
 assert acc["after"]["rate"] > acc["before"]["rate"] + 0.3, "acceptance did not rise"
+# The draft vocabulary: the 48 tokens generated most, most frequent first; drafting within them
+# keeps most of the acceptance (the demo's text is a few tokens repeated).
+vocab = [l.split() for l in open(out + "/vocab.txt") if not l.startswith("#")]
+counts = [int(c) for _, c in vocab]
+assert 1 < len(vocab) <= 48 and counts == sorted(counts, reverse=True), vocab
+assert acc["after-vocab"]["draft_tokens"] > 0 and acc["after-vocab"]["rate"] > acc["after"]["rate"] - 0.15, acc
+assert "drafting among the %d tokens of" % len(vocab) in open(out + "/serve-after-vocab.log").read()
 lines = open(out + "/trained/loss.csv").read().split()
 assert lines[0] == "epoch,train_loss,heldout_loss,heldout_top1" and len(lines) == 1 + 7, lines
 assert "<polyline" in open(out + "/trained/loss.svg").read()

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <fstream>
 #include <tuple>
 
 #include <rapidjson/document.h>
@@ -377,6 +378,12 @@ TEST_CASE("engine: speculative decoding (MTP block, draft model, adaptive) in th
     write_synthetic(d / "m.gguf", shape, kF32, 9);
     shape.n_layer = 1;
     write_synthetic(d / "short.gguf", shape, kF32, 9);
+    // A draft vocabulary: every other token of the vocabulary (most of what the model writes is
+    // then still drafted, and the rest never is).
+    {
+        std::ofstream v(d / "vocab.txt");
+        for (int t = 0; t < 300; t += 2) v << t << "\n";
+    }
     auto options = [&](const std::string& draft, int k, bool adaptive, int64_t max_sequences) {
         EngineOptions o;
         o.model = d / "m.gguf";
@@ -403,12 +410,15 @@ TEST_CASE("engine: speculative decoding (MTP block, draft model, adaptive) in th
         Engine one(options("off", 4, false, 1));
         for (const auto& r : reqs) plain.push_back(answer(drain(*one.submit(json(r)))));
     }
-    for (const auto& [draft, k, adaptive] : {std::tuple<std::string, int, bool>{"mtp", 3, false}, {"model:" + (d / "short.gguf").string(), 4, false},
-                                             {"model:" + (d / "short.gguf").string(), 6, true}}) {
+    for (const auto& [draft, k, adaptive, vocab] :
+         {std::tuple<std::string, int, bool, std::string>{"mtp", 3, false, ""}, {"mtp", 4, false, (d / "vocab.txt").string()},
+          {"model:" + (d / "short.gguf").string(), 4, false, ""}, {"model:" + (d / "short.gguf").string(), 6, true, ""}}) {
         CAPTURE(draft);
         CAPTURE(k);
         CAPTURE(adaptive);
+        CAPTURE(vocab);
         EngineOptions o = options(draft, k, adaptive, 3);
+        o.draft_vocab = vocab;
         std::atomic<int64_t> reported_drafts{0}, reported_kept{0};
         o.on_speculation = [&](int64_t drafted, int64_t kept) { reported_drafts += drafted, reported_kept += kept; };
         Engine e(o);
@@ -430,7 +440,8 @@ TEST_CASE("engine: speculative decoding (MTP block, draft model, adaptive) in th
         CHECK(st.speculation.accepted == reported_kept);
         CHECK(st.speculation.accepted <= st.speculation.drafted);
         if (draft != "mtp") CHECK(st.speculation.accepted * 4 > st.speculation.drafted);  // the one-layer drafter is often right
-        MESSAGE(draft << " k " << k << std::string(adaptive ? " adaptive" : "") << ": " << st.speculation.accepted << " of " << st.speculation.drafted
+        if (!vocab.empty()) CHECK(e.model().mtp_vocab() == 150);
+        MESSAGE(draft << " k " << k << std::string(adaptive ? " adaptive" : "") << std::string(vocab.empty() ? "" : " draft vocabulary") << ": " << st.speculation.accepted << " of " << st.speculation.drafted
                       << " drafts kept in " << st.speculation.steps << " steps; " << st.steps << " engine steps");
     }
 }
@@ -448,6 +459,17 @@ TEST_CASE("engine: a draft setting the model cannot serve is refused at start, b
     o.draft = DraftSetting::parse("model:" + (d / "plain.gguf").string());
     o.draft_k = 17;
     CHECK_THROWS_WITH(Engine{o}, doctest::Contains("draft_k must be 1 to 16"));
+    o.draft_k = 4;
+    o.draft_vocab = (d / "vocab.txt").string();
+    CHECK_THROWS_WITH(Engine{o}, doctest::Contains("draft_vocab goes with draft = \"mtp\""));
+    SynthShape with_block = tiny_shape();
+    with_block.mtp = true;
+    write_synthetic(d / "mtp.gguf", with_block, kF32, 7);
+    o.model = d / "mtp.gguf";
+    o.draft = DraftSetting::parse("mtp");
+    CHECK_THROWS_WITH(Engine{o}, doctest::Contains("cannot read"));
+    std::ofstream(d / "vocab.txt") << "1\n2\n99999\n";
+    CHECK_THROWS_WITH(Engine{o}, doctest::Contains("vocab.txt:3: token 99999 is outside"));
 }
 
 TEST_CASE("engine: submit_all queues all or none") {
@@ -688,6 +710,20 @@ TEST_CASE("backend plugin: draft options turn on speculative decoding; /metrics 
     CHECK(value(R"(pulse_decoder_spec_decode_num_accepted_tokens_total{plugin="pulse.backend.decoder"})") == drafted);
     CHECK(value(R"(pulse_decoder_spec_decode_num_accepted_tokens_per_pos_total{plugin="pulse.backend.decoder",position="2"})") == steps);
     CHECK(gw.log().find("speculative decoding with the draft model") != std::string::npos);
+}
+
+TEST_CASE("backend plugin: draft_vocab narrows the MTP block's drafts to a file's tokens, said in the log") {
+    TempDir d;
+    SynthShape shape = tiny_shape();
+    shape.mtp = true;
+    write_synthetic(d / "mtp.gguf", shape, kF32, 7);
+    std::ofstream(d / "vocab.txt") << "# two tokens\n10 5\n11 3\n";
+    Gateway gw("[models.tiny]\nprofile = \"qwen38\"\n[[models.tiny.endpoints]]\nname = \"local\"\nurl = \"decoder://" + (d / "mtp.gguf").string() +
+               "\"\n[models.tiny.endpoints.options]\ndraft = \"mtp\"\ndraft_vocab = \"" + (d / "vocab.txt").string() +
+               "\"\n[models.tiny.sampling]\nmax_output_tokens = 8\n[models.tiny.profile_options]\nthinking = \"off\"\n");
+    auto r = post(gw.port, "/v1/responses", R"({"model":"tiny","input":"hi","stream":false,"store":false,"temperature":0})");
+    REQUIRE_MESSAGE(r.status == 200, r.body << gw.log());
+    CHECK(gw.log().find("drafting among the 2 tokens of " + (d / "vocab.txt").string()) != std::string::npos);
 }
 
 TEST_CASE("backend plugin: make_demo writes the demo model, or into ~/.cache when the path is not writable") {

@@ -7,14 +7,14 @@
 //     ms per step, tok/s, and ms per step in each kind of device op. The rounds alternate the
 //     order of N (this machine drifts by more than the effects measured).
 //
-//   decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3]
+//   decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3] [--draft-vocab N]
 //     What speculative decoding's steps cost against a plain one-token step, one sequence after a
 //     64-token prompt: the main model over 1 + k rows (a verification: a tentative step with every
 //     row's logits and hidden state, all rows kept), one draft token through the MTP block (a
 //     file with one), and the undo after a rejection halfway (keeping 1 + k/2 rows of a tentative
 //     step: the recurrences replayed over them) against running those rows again. Each run puts
 //     the sequence back (not timed), so every step sees the same context. The rounds alternate
-//     the order.
+//     the order. --draft-vocab N: the MTP block drafts among N tokens (Model::set_draft_vocab).
 //
 //   decoder_ops kernels [--groups 8] [--reps 30]
 //     One thread: the interleaved Q8_0 and TQ2_0 dots (dot_x16) over `groups` groups of eight
@@ -145,12 +145,17 @@ int step_mode(const std::string& path, const std::vector<int>& streams, int rows
     return 0;
 }
 
-int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, int threads, int rounds) {
+int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, int threads, int rounds, int64_t draft_vocab) {
 #ifdef _OPENMP
     omp_set_num_threads(threads);
 #endif
     auto model = Model::load(GgufFile::open(path));
     model->threads = threads;
+    if (draft_vocab > 0) {  // the first N ids: the cost depends on the count only
+        std::vector<int32_t> ids(static_cast<size_t>(std::min(draft_vocab, model->hparams().n_vocab)));
+        for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+        model->set_draft_vocab(ids);
+    }
     const int64_t V = model->hparams().n_vocab, E = model->hparams().n_embd;
     auto seq = model->new_sequence();
     std::vector<int32_t> prompt(64);
@@ -215,8 +220,9 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
             std::printf("| %d | %d | %.2f | %.2f | %.2f | %s | %.3f | %.2f |\n", r, k, one, verify, verify / one, drafted, replay, rerun);
         }
     }
-    std::printf("\nconditions: %d threads, a 64-token prompt, %d runs each, kernels %s, %s activations\n", threads, steps, kernel_name(),
-                model->exact ? "f32" : "int8");
+    std::printf("\nconditions: %d threads, a 64-token prompt, %d runs each, kernels %s, %s activations, drafts among %lld of %lld tokens\n",
+                threads, steps, kernel_name(), model->exact ? "f32" : "int8", static_cast<long long>(model->mtp_vocab()),
+                static_cast<long long>(model->hparams().n_vocab));
     return 0;
 }
 
@@ -280,7 +286,7 @@ int kernels_mode(int64_t groups, int reps) {
 int usage() {
     std::fprintf(stderr,
                  "usage: decoder_ops step MODEL.gguf [--streams 1,4] [--rows 1] [--steps 64] [--threads 2] [--rounds 3]\n"
-                 "       decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3]\n"
+                 "       decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3] [--draft-vocab N]\n"
                  "       decoder_ops kernels [--groups 8] [--reps 30]\n");
     return 2;
 }
@@ -306,7 +312,7 @@ int main(int argc, char** argv) {
                              std::atoi(get("--rounds", "3").c_str()));
         if (mode == "verify" && !model.empty())
             return verify_mode(model, parse_list(get("--k", "1,2,4,8")), std::atoi(get("--steps", "32").c_str()), std::atoi(get("--threads", "2").c_str()),
-                               std::atoi(get("--rounds", "3").c_str()));
+                               std::atoi(get("--rounds", "3").c_str()), std::atoll(get("--draft-vocab", "0").c_str()));
         if (mode == "kernels") return kernels_mode(std::atoll(get("--groups", "8").c_str()), std::atoi(get("--reps", "30").c_str()));
     } catch (const std::exception& e) {
         std::fprintf(stderr, "decoder_ops: %s\n", e.what());

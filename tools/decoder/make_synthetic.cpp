@@ -2,8 +2,9 @@
 //   make_synthetic OUT_DIR [SEED]   the fixture set (synthetic.h: every type, F32 twins, an odd shape)
 //   make_synthetic --tiny FILE      one small F32 model (the GGUF fuzzer's seed)
 //   make_synthetic --bench TYPE FILE  332.7M parameters (16 layers, E 1024) for tools/bench/decoder
-//   make_synthetic --gpu TYPE FILE [LAYERS]  Qwen3.5-27B's layer shapes, 16 layers by default
-//                                    (6.1B parameters) for tools/gpu-check
+//   make_synthetic --gpu TYPE FILE [LAYERS [VOCAB]]  Qwen3.5-27B's layer shapes, 16 layers by
+//                                    default (6.1B parameters) for tools/gpu-check; VOCAB: filler
+//                                    tokens up to that many (248320: the real vocabulary's head)
 //   make_synthetic --scripted FILE FIRST THEN  a model that answers FIRST, then THEN once the prompt
 //                                    holds a <tool_response> (synthetic.h: write_scripted_model)
 //   make_synthetic --mtp --tiny|--bench|--gpu ...  the same model with an MTP (nextn) block after
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
     // An unknown option is not a directory to write into (a --help once left a "--help" tree).
     const bool known = first == "--tiny" || first == "--scripted" || first == "--bench" || first == "--gpu";
     if (argc < 2 || (!first.empty() && first[0] == '-' && !known)) {
-        std::fprintf(stderr, "usage: make_synthetic OUT_DIR [SEED] | --tiny FILE | --scripted FILE CALL ANSWER | [--mtp] --bench TYPE FILE | [--mtp] --gpu TYPE FILE [LAYERS]\n"
+        std::fprintf(stderr, "usage: make_synthetic OUT_DIR [SEED] | --tiny FILE | --scripted FILE CALL ANSWER | [--mtp] --bench TYPE FILE | [--mtp] --gpu TYPE FILE [LAYERS [VOCAB]]\n"
                              "       (--mtp or --mtp-own also before --tiny)\n");
         return first == "--help" || first == "-h" ? 0 : 2;
     }
@@ -59,7 +60,15 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "make_synthetic --gpu: LAYERS must be 1 to 64\n");
             return 2;
         }
-        write_synthetic(argv[3], with_mtp(gpu_shape(layers)), type, 42);
+        SynthShape shape = with_mtp(gpu_shape(layers));
+        const long long vocab_size = argc > 5 ? std::strtoll(argv[5], nullptr, 10) : 0;
+        if (argc > 5 && (vocab_size < 512 || vocab_size > 262144)) {
+            std::fprintf(stderr, "make_synthetic --gpu: VOCAB must be 512 to 262144\n");
+            return 2;
+        }
+        const SynthVocab vocab = synthetic_vocab(vocab_size);
+        shape.vocab = &vocab;
+        write_synthetic(argv[3], shape, type, 42);
         return 0;
     }
     if (mtp) {
