@@ -228,6 +228,10 @@ void Speculator::keep(int64_t n) {
 std::optional<Segment> Speculator::catch_up(std::optional<int32_t> next) {
     if (!uses_mtp()) {
         draft_behind_.insert(draft_behind_.end(), rows_.begin(), rows_.end());
+        // A prompt's rows run through the draft model a full step at a time as they come, not
+        // all in the first draft: a long prompt would otherwise stall that step (and, in the
+        // serving engine, every request in it) for the draft model's whole prefill.
+        run_behind(Model::kMaxStepRows);
         return std::nullopt;
     }
     if (!model_.has_mtp()) return std::nullopt;
@@ -316,15 +320,19 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
     return out;
 }
 
+void Speculator::run_behind(int64_t at_least) {
+    size_t i = 0;
+    for (; draft_behind_.size() - i >= static_cast<size_t>(at_least) && i < draft_behind_.size(); i += static_cast<size_t>(Model::kMaxStepRows)) {
+        const auto n = static_cast<int64_t>(std::min(draft_behind_.size() - i, static_cast<size_t>(Model::kMaxStepRows)));
+        source_.model->step({Segment{draft_seq_.get(), draft_behind_.data() + i, n, nullptr, false}});
+    }
+    draft_behind_.erase(draft_behind_.begin(), draft_behind_.begin() + static_cast<std::ptrdiff_t>(std::min(i, draft_behind_.size())));
+}
+
 std::vector<int32_t> Speculator::draft_model(int32_t last, int k) {
     const Model& dm = *source_.model;
     Sequence& ds = *draft_seq_;
-    // The tokens kept since the last draft, for good (in steps of up to kMaxStepRows).
-    for (size_t i = 0; i < draft_behind_.size(); i += static_cast<size_t>(Model::kMaxStepRows)) {
-        const auto n = static_cast<int64_t>(std::min(draft_behind_.size() - i, static_cast<size_t>(Model::kMaxStepRows)));
-        dm.step({Segment{&ds, draft_behind_.data() + i, n, nullptr, false}});
-    }
-    draft_behind_.clear();
+    run_behind(1);  // the tokens kept since the last draft, for good
     // Then `last` and the drafts one by one, undone afterwards: verify decides what stays.
     if (ds.n_past + k >= dm.hparams().context_length) return {};
     const int64_t base = ds.n_past;

@@ -166,6 +166,9 @@ public:
 
 private:
     std::vector<int32_t> draft_model(int32_t last, int k);
+    // Draft model: runs the tokens behind through it, a step of up to kMaxStepRows at a time, while
+    // at least `at_least` are left (1: all of them).
+    void run_behind(int64_t at_least);
     bool uses_mtp() const { return !source_.model; }
 
     const Model& model_;

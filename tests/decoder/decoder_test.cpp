@@ -1869,6 +1869,29 @@ TEST_CASE("speculate: a draft model of the same vocabulary drafts through the sa
             if (k == 4) MESSAGE(std::string(name) << " k 4: " << st.accepted << " of " << st.drafted << " drafts kept");
         }
     }
+    // A long prompt runs through the draft model a full step at a time during the prefill, not
+    // all at the first draft (which would stall that step): what is left behind is less than a
+    // step, and decoding on from there is still plain greedy.
+    {
+        auto dm = Model::load(GgufFile::open(d / "short.gguf"));
+        dm->exact = true;
+        std::vector<int32_t> prompt;
+        for (int i = 0; i < 150; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 11) % 256));
+        auto seq = m->new_sequence();
+        Speculator spec(*m, *seq, 4, SamplerParams{}, false, DraftSource{dm.get()});
+        const auto l = spec.prefill(prompt);
+        const auto c = spec.carry();
+        CHECK(c.draft_seq->n_past == 128);
+        CHECK(c.draft_behind.size() == 22);
+        std::vector<int32_t> out{static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin())};
+        for (int guard = 0; out.size() < 24 && guard < 100; ++guard) {
+            const auto got = spec.step(out.back());
+            out.insert(out.end(), got.begin(), got.end());
+        }
+        out.resize(24);
+        CHECK(out == plain_greedy(*m, prompt, 24));
+        CHECK(spec.stats().accepted > 0);
+    }
     // A draft model of another vocabulary is refused by name.
     SynthVocab small = synthetic_vocab();
     small.tokens.resize(small.tokens.size() - 1);
