@@ -535,6 +535,10 @@ void Model::set_draft_vocab(const std::vector<int32_t>& ids) {
     info->data = rows.data();
     Matrix head{info.get(), m.head.n_in, static_cast<int64_t>(ids.size()), m.head.scale, m.head.rot, nullptr};
     head.prepared = dev_->prepare(head, Device::Use::matmul);
+    if (dev_->copies_weights()) {  // the device holds them now (a CPU may read rows in place)
+        rows = {};
+        info->data = nullptr;
+    }
     m.vocab = ids, m.draft_head = head, m.draft_rows = std::move(rows), m.draft_info = std::move(info);
 }
 
