@@ -321,12 +321,13 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
 }
 
 void Speculator::run_behind(int64_t at_least) {
-    size_t i = 0;
-    for (; draft_behind_.size() - i >= static_cast<size_t>(at_least) && i < draft_behind_.size(); i += static_cast<size_t>(Model::kMaxStepRows)) {
-        const auto n = static_cast<int64_t>(std::min(draft_behind_.size() - i, static_cast<size_t>(Model::kMaxStepRows)));
-        source_.model->step({Segment{draft_seq_.get(), draft_behind_.data() + i, n, nullptr, false}});
+    size_t done = 0;
+    while (done < draft_behind_.size() && draft_behind_.size() - done >= static_cast<size_t>(at_least)) {
+        const size_t n = std::min(draft_behind_.size() - done, static_cast<size_t>(Model::kMaxStepRows));
+        source_.model->step({Segment{draft_seq_.get(), draft_behind_.data() + done, static_cast<int64_t>(n), nullptr, false}});
+        done += n;
     }
-    draft_behind_.erase(draft_behind_.begin(), draft_behind_.begin() + static_cast<std::ptrdiff_t>(std::min(i, draft_behind_.size())));
+    draft_behind_.erase(draft_behind_.begin(), draft_behind_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
 std::vector<int32_t> Speculator::draft_model(int32_t last, int k) {

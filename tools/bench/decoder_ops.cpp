@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -153,7 +154,7 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
     model->threads = threads;
     if (draft_vocab > 0) {  // the first N ids: the cost depends on the count only
         std::vector<int32_t> ids(static_cast<size_t>(std::min(draft_vocab, model->hparams().n_vocab)));
-        for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+        std::iota(ids.begin(), ids.end(), 0);
         model->set_draft_vocab(ids);
     }
     const int64_t V = model->hparams().n_vocab, E = model->hparams().n_embd;
