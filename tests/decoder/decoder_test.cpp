@@ -2821,6 +2821,55 @@ TEST_CASE("tokenizer: encodes like llama.cpp on code, unicode, whitespace runs a
     CHECK_FALSE(tok.is_eog(tok.find("<think>")));
 }
 
+// The fixture above is a 305-token vocabulary; this is llama.cpp's own tokenizer test
+// (tests/test-tokenizer-0 in its tree) on two real ones: vocabulary-only GGUFs of 151,936 tokens
+// and 151,387 merges, one with the Qwen2 and one with the Qwen3.5 pre-tokenizer, each with its
+// texts (FILE.inp, cases split by a marker line) and the ids llama.cpp gives them (FILE.out, one
+// line a case). tools/dev reads them out of the llama.cpp source it builds llama-server from.
+TEST_CASE("tokenizer: on real Qwen2 and Qwen3.5 vocabularies it gives llama.cpp's own test ids and decodes back") {
+    const char* dir = std::getenv("PULSE_LLAMA_VOCAB");
+    if (!dir || !*dir) {
+        if (const char* r = std::getenv("PULSE_REQUIRE_E2E"); r && *r) FAIL("PULSE_REQUIRE_E2E is set but PULSE_LLAMA_VOCAB is not (tools/dev test sets it)");
+        MESSAGE("SKIPPED: PULSE_LLAMA_VOCAB is not set (tools/dev test sets it): the real vocabularies are not checked");
+        return;
+    }
+    auto read = [](const fs::path& p) {
+        std::ifstream in(p, std::ios::binary);
+        REQUIRE_MESSAGE(in, "cannot read " << p);
+        return std::string((std::istreambuf_iterator<char>(in)), {});
+    };
+    for (const char* name : {"ggml-vocab-qwen2.gguf", "ggml-vocab-qwen35.gguf"}) {
+        CAPTURE(name);
+        const fs::path path = fs::path(dir) / name;
+        const Tokenizer tok = Tokenizer::load(*GgufFile::open(path));
+        CHECK(tok.size() == 151936);
+        const std::string inp = read(path.string() + ".inp"), out = read(path.string() + ".out");
+        std::vector<std::string> texts;
+        const std::string marker = "\n__ggml_vocab_test__\n";
+        for (size_t at = 0;;) {
+            const size_t next = inp.find(marker, at);
+            if (next == std::string::npos) break;
+            texts.push_back(inp.substr(at, next - at));
+            at = next + marker.size();
+        }
+        std::istringstream lines(out);
+        size_t n = 0;
+        for (std::string line; std::getline(lines, line); ++n) {
+            REQUIRE(n < texts.size());
+            std::vector<int32_t> want;
+            std::istringstream ids(line);
+            for (int32_t id; ids >> id;) want.push_back(id);
+            const std::string& text = texts[n];
+            CAPTURE(text);
+            const auto got = tok.encode(text, false);
+            CHECK(got == want);
+            CHECK(tok.decode(got) == text);
+        }
+        CHECK(n == texts.size());
+        CHECK(n >= 40);
+    }
+}
+
 TEST_CASE("tokenizer: vocabularies it cannot run are refused by name") {
     TempDir d;
     GgufWriter w;
