@@ -618,11 +618,14 @@ const char* kDistillHelp =
     "       pulse distill import-head MODEL.gguf --head DIR --out NEW.gguf\n"
     "A copy of MODEL.gguf with the block's tensors replaced by DIR's trained ones (quantized to each\n"
     "tensor's type).\n"
-    "       pulse distill vocab MODEL.gguf SOURCE... --out FILE [--top N]\n"
+    "       pulse distill vocab MODEL.gguf SOURCE... --out FILE [--top N] [--held-out SOURCE]...\n"
     "A draft vocabulary (the decoder's draft_vocab, `pulse decode --draft-vocab`): the N tokens\n"
     "(default 32768) seen most often in the SOURCEs, most frequent first, one id and its count a\n"
     "line. A SOURCE is a `collect` output directory (the tokens the model generated there) or a text\n"
-    "file (its tokens under MODEL's tokenizer: code and prose like what the model will write).\n";
+    "file (its tokens under MODEL's tokenizer: code and prose like what the model will write).\n"
+    "--held-out: sources not ranked, only counted against the list: the share of their tokens it\n"
+    "misses bounds the draft acceptance it can cost (a draft is right only where the next token is\n"
+    "listed), printed for N and for smaller and larger lists.\n";
 
 // The prompts of a JSONL file as token ids; a bad line is an error naming it.
 std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const decoder::Tokenizer& tok) {
@@ -649,13 +652,14 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const de
 // pulse distill vocab: the tokens drafts are made among, by how often the model writes them.
 int cmd_distill_vocab(const std::vector<std::string>& args) {
     std::string path, out;
-    std::vector<std::string> sources;
+    std::vector<std::string> sources, held_out;
     int64_t top = 32768;
     try {
         for (size_t i = 1; i < args.size(); ++i) {
             const std::string& a = args[i];
             if (a == "--out" && i + 1 < args.size()) out = args[++i];
             else if (a == "--top" && i + 1 < args.size()) top = std::stoll(args[++i]);
+            else if (a == "--held-out" && i + 1 < args.size()) held_out.push_back(args[++i]);
             else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unexpected argument " + a);
             else if (path.empty()) path = a;
             else sources.push_back(a);
@@ -668,30 +672,54 @@ int cmd_distill_vocab(const std::vector<std::string>& args) {
     try {
         auto file = decoder::GgufFile::open(path);
         const auto tok = decoder::Tokenizer::load(*file);
-        std::vector<int64_t> counts(tok.size());
-        for (const auto& src : sources) {
-            if (std::filesystem::is_directory(src)) {
-                decoder::count_generated(src, counts);
-                continue;
+        auto count = [&](const std::vector<std::string>& srcs) {
+            std::vector<int64_t> counts(tok.size());
+            for (const auto& src : srcs) {
+                if (std::filesystem::is_directory(src)) {
+                    decoder::count_generated(src, counts);
+                    continue;
+                }
+                std::ifstream in(src, std::ios::binary);
+                if (!in) throw std::runtime_error("cannot read " + src);
+                std::stringstream text;
+                text << in.rdbuf();
+                for (const int32_t t : tok.encode(text.str(), false)) ++counts[static_cast<size_t>(t)];
             }
-            std::ifstream in(src, std::ios::binary);
-            if (!in) throw std::runtime_error("cannot read " + src);
-            std::stringstream text;
-            text << in.rdbuf();
-            for (const int32_t t : tok.encode(text.str(), false)) ++counts[static_cast<size_t>(t)];
-        }
-        const auto ids = decoder::rank_tokens(counts, top);
-        if (ids.empty()) throw std::runtime_error("the sources hold no token");
-        int64_t total = 0, covered = 0;
-        for (const int64_t c : counts) total += c;
-        for (const int32_t t : ids) covered += counts[static_cast<size_t>(t)];
+            return counts;
+        };
+        const std::vector<int64_t> counts = count(sources);
+        const auto ranked = decoder::rank_tokens(counts, 0);
+        if (ranked.empty()) throw std::runtime_error("the sources hold no token");
+        const std::vector<int32_t> ids(ranked.begin(), ranked.begin() + std::min<int64_t>(top, static_cast<int64_t>(ranked.size())));
+        // The share of `c`'s tokens among the first n ranked.
+        auto coverage = [&](const std::vector<int64_t>& c, size_t n) {
+            int64_t total = 0, covered = 0;
+            for (const int64_t x : c) total += x;
+            for (size_t k = 0; k < n; ++k) covered += c[static_cast<size_t>(ranked[k])];
+            return std::pair{static_cast<double>(covered) / static_cast<double>(std::max<int64_t>(total, 1)), total};
+        };
+        const std::vector<int64_t> held = held_out.empty() ? std::vector<int64_t>{} : count(held_out);
+        if (!held_out.empty() && std::accumulate(held.begin(), held.end(), int64_t{0}) == 0) throw std::runtime_error("the held-out sources hold no token");
         std::ofstream o(out);
         o << "# draft vocabulary of " << path << " (pulse distill vocab): token id, count; most frequent first\n";
         for (const int32_t t : ids) o << t << ' ' << counts[static_cast<size_t>(t)] << '\n';
         o.close();
         if (!o) throw std::runtime_error("cannot write " + out);
-        std::printf("wrote %s: %zu of %zu tokens, covering %.4f of the %lld counted\n", out.c_str(), ids.size(), counts.size(),
-                    static_cast<double>(covered) / static_cast<double>(total), static_cast<long long>(total));
+        const auto [share, total] = coverage(counts, ids.size());
+        std::printf("wrote %s: %zu of %zu tokens, covering %.4f of the %lld counted\n", out.c_str(), ids.size(), counts.size(), share,
+                    static_cast<long long>(total));
+        if (!held_out.empty()) {
+            const auto [held_share, held_total] = coverage(held, ids.size());
+            std::printf("held out: %.4f of their %lld tokens are listed; %.4f are not, and no draft can be right there\n", held_share,
+                        static_cast<long long>(held_total), 1.0 - held_share);
+            std::printf("| tokens listed | of the sources | held out missed |\n|---:|---:|---:|\n");
+            std::vector<size_t> sizes;
+            for (const int64_t n : {top / 8, top / 4, top / 2, top, top * 2, top * 4})
+                if (n >= 1 && static_cast<size_t>(n) < ranked.size()) sizes.push_back(static_cast<size_t>(n));
+            sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+            for (const size_t n : sizes) std::printf("| %zu | %.4f | %.4f |\n", n, coverage(counts, n).first, 1.0 - coverage(held, n).first);
+            std::printf("| all %zu seen | 1.0000 | %.4f |\n", ranked.size(), 1.0 - coverage(held, ranked.size()).first);
+        }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "pulse distill vocab: %s\n", e.what());
         return 3;

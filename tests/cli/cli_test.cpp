@@ -356,6 +356,28 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     auto bad_vocab = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-vocab", (tmp / "bad-vocab.txt").string()});
     CHECK(bad_vocab.code == 2);
     CHECK(has(bad_vocab.err, "bad-vocab.txt:2: 'three' is not a token id"));
+    // Held-out text: the share of its tokens the list misses, for the list and for shorter ones.
+    {
+        std::ofstream(tmp / "ranked.txt") << "xxxxyyz";  // x 4, y 2, z 1 (one token a byte in this vocabulary)
+        std::ofstream(tmp / "held.txt") << "xyzzw";
+        std::ofstream(tmp / "empty.txt") << "";
+    }
+    auto held = run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), (tmp / "ranked.txt").string(), "--out", (tmp / "v2.txt").string(), "--top",
+                     "2", "--held-out", (tmp / "held.txt").string()});
+    CHECK(held.code == 0);
+    CHECK(has(held.out, ": 2 of 509 tokens, covering 0.8571 of the 7 counted"));
+    CHECK(has(held.out, "held out: 0.4000 of their 5 tokens are listed; 0.6000 are not"));
+    CHECK(has(held.out, "| 1 | 0.5714 | 0.8000 |\n| 2 | 0.8571 | 0.6000 |\n| all 3 seen | 1.0000 | 0.2000 |\n"));
+    auto held_missing = run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), (tmp / "ranked.txt").string(), "--out", (tmp / "v2.txt").string(),
+                             "--held-out", (tmp / "nothing.txt").string()});
+    CHECK(held_missing.code == 3);
+    CHECK(has(held_missing.err, "cannot read " + (tmp / "nothing.txt").string()));
+    auto held_empty = run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), (tmp / "ranked.txt").string(), "--out", (tmp / "v2.txt").string(),
+                           "--held-out", (tmp / "empty.txt").string()});
+    CHECK(held_empty.code == 3);
+    CHECK(has(held_empty.err, "the held-out sources hold no token"));
+    CHECK(run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), (tmp / "ranked.txt").string(), "--out", (tmp / "v2.txt").string(), "--held-out"}).code ==
+          2);
     CHECK(run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), "--out", (tmp / "v.txt").string()}).code == 2);  // no source
     auto no_source = run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), (tmp / "missing").string(), "--out", (tmp / "v.txt").string()});
     CHECK(no_source.code == 3);
