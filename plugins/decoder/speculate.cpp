@@ -273,7 +273,8 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
     struct Run {
         Speculator* s;
         size_t i;
-        std::vector<float> h, next_h, logits;
+        float *h, *next_h, *logits;  // the speculator's draft_h_, draft_next_h_, draft_logits_
+        int64_t columns;
         int32_t tok;
     };
     std::vector<Run> runs;
@@ -291,12 +292,16 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
         if (!runs.empty() && &s.model_ != &runs.front().s->model_) throw std::logic_error("draft_together: speculators of different models");
         if (s.seq_.mtp_n_past != s.seq_.n_past + (first ? 1 : 0)) throw std::logic_error("the MTP block's cache is not at the main model's position");
         const int64_t columns = s.model_.mtp_vocab();
-        runs.push_back(Run{&s, i, s.pending_, std::vector<float>(static_cast<size_t>(s.E_)), std::vector<float>(static_cast<size_t>(columns)), lasts[i]});
+        s.draft_h_.resize(static_cast<size_t>(s.E_));
+        s.draft_next_h_.resize(static_cast<size_t>(s.E_));
+        s.draft_logits_.resize(static_cast<size_t>(columns));
+        std::copy(s.pending_.begin(), s.pending_.end(), s.draft_h_.begin());
+        runs.push_back(Run{&s, i, s.draft_h_.data(), s.draft_next_h_.data(), s.draft_logits_.data(), columns, lasts[i]});
         if (first) {
             Run& r = runs.back();
             r.tok = s.model_.mtp_token(argmax(s.first_logits_.data(), columns));
             out[i].push_back(r.tok);
-            r.h.assign(s.first_hidden_.end() - s.E_, s.first_hidden_.end());
+            std::copy(s.first_hidden_.end() - s.E_, s.first_hidden_.end(), r.h);
             s.first_ready_ = false;
         }
     }
@@ -305,15 +310,15 @@ std::vector<std::vector<int32_t>> Speculator::draft_together(const std::vector<S
         std::vector<Run*> in;
         for (Run& r : runs)
             if (static_cast<int>(out[r.i].size()) < ks[r.i]) {
-                segs.push_back(Segment{&r.s->seq_, &r.tok, 1, r.logits.data(), false, r.next_h.data(), r.h.data()});
+                segs.push_back(Segment{&r.s->seq_, &r.tok, 1, r.logits, false, r.next_h, r.h});
                 in.push_back(&r);
             }
         if (segs.empty()) break;
         runs.front().s->model_.mtp_step(segs);
         for (Run* r : in) {
-            r->tok = r->s->model_.mtp_token(argmax(r->logits.data(), static_cast<int64_t>(r->logits.size())));
+            r->tok = r->s->model_.mtp_token(argmax(r->logits, r->columns));
             out[r->i].push_back(r->tok);
-            r->h.swap(r->next_h);
+            std::swap(r->h, r->next_h);
         }
     }
     for (Run& r : runs) r.s->seq_.mtp_n_past = r.s->seq_.n_past;  // the drafts' cache entries are dropped; catch_up rewrites them
@@ -339,11 +344,11 @@ std::vector<int32_t> Speculator::draft_model(int32_t last, int k) {
     const int64_t base = ds.n_past;
     ds.save_recurrent(draft_checkpoint_);
     std::vector<int32_t> out;
-    std::vector<float> logits(static_cast<size_t>(V_));
+    draft_logits_.resize(static_cast<size_t>(V_));
     int32_t tok = last;
     for (int i = 0; i < k; ++i) {
-        dm.step({Segment{&ds, &tok, 1, logits.data(), false}});
-        tok = argmax(logits.data(), V_);
+        dm.step({Segment{&ds, &tok, 1, draft_logits_.data(), false}});
+        tok = argmax(draft_logits_.data(), V_);
         out.push_back(tok);
     }
     ds.restore_recurrent(draft_checkpoint_);

@@ -192,6 +192,9 @@ private:
     int32_t first_after_ = -1;
     std::vector<float> first_logits_, first_hidden_;
     void drop_first();
+    // Drafting's working rows (draft_together, draft_model), kept between steps: the block's
+    // input and output hidden states and a draft's logits, up to a vocabulary wide each step.
+    std::vector<float> draft_h_, draft_next_h_, draft_logits_;
     // Draft model: its sequence, the tokens decoded that it has not run yet, its undo copy.
     std::unique_ptr<Sequence> draft_seq_;
     std::vector<int32_t> draft_behind_;
