@@ -84,15 +84,30 @@ CollectSummary collect_hidden(const Model& model, const std::string& model_name,
         std::vector<Run> runs;
         for (size_t i = first; i < std::min(todo.size(), first + batch); ++i) {
             Run r{todo[i], model.new_sequence(), *todo[i], {}, std::vector<float>(static_cast<size_t>(V)), 0};
-            // The prompt in steps of up to kMaxStepRows rows.
-            for (size_t j = 0; j < r.toks.size(); j += static_cast<size_t>(Model::kMaxStepRows)) {
-                const auto n = static_cast<int64_t>(std::min(r.toks.size() - j, static_cast<size_t>(Model::kMaxStepRows)));
-                r.rows.resize(r.rows.size() + static_cast<size_t>(n * E));
-                const bool last = j + static_cast<size_t>(n) == r.toks.size();
-                model.step({Segment{r.seq.get(), r.toks.data() + j, n, last ? r.logits.data() : nullptr, false, r.rows.data() + r.rows.size() - static_cast<size_t>(n * E)}});
-            }
+            r.rows.resize(r.toks.size() * static_cast<size_t>(E));
             r.left = std::min(o.max_new, model.hparams().context_length - static_cast<int64_t>(r.toks.size()));
             runs.push_back(std::move(r));
+        }
+        // The prompts packed into steps of up to kMaxStepRows rows across the batch's sequences
+        // (a prompt split over steps where it does not fit): chat prompts are often shorter than
+        // a step, and each step reads the weights once.
+        std::vector<size_t> prefilled(runs.size(), 0);
+        for (;;) {
+            std::vector<Segment> step;
+            int64_t room = Model::kMaxStepRows;
+            for (size_t k = 0; k < runs.size() && room > 0; ++k) {
+                Run& r = runs[k];
+                const auto n = static_cast<int64_t>(std::min(r.toks.size() - prefilled[k], static_cast<size_t>(room)));
+                if (n == 0) continue;
+                const bool last = prefilled[k] + static_cast<size_t>(n) == r.toks.size();
+                step.push_back(Segment{r.seq.get(), r.toks.data() + prefilled[k], n, last ? r.logits.data() : nullptr, false,
+                                       r.rows.data() + prefilled[k] * static_cast<size_t>(E)});
+                prefilled[k] += static_cast<size_t>(n);
+                room -= n;
+            }
+            if (step.empty()) break;
+            model.step(step);
+            ++sum.prompt_steps;
         }
         // The continuations in lockstep, one row per running sequence per step: the weights are
         // read once for all of them. Each generated token runs too, the last one included (its
@@ -110,6 +125,7 @@ CollectSummary collect_hidden(const Model& model, const std::string& model_name,
             }
             if (step.empty()) break;
             model.step(step);
+            ++sum.generation_steps;
         }
         for (const auto& r : runs) {
             const int64_t first_generated = sum.tokens + static_cast<int64_t>(r.prompt->size());

@@ -19,11 +19,12 @@ struct CollectOptions {
     int64_t max_new = 128;       // tokens generated per prompt (fewer at an end-of-generation token)
     SamplerParams sampling;      // greedy by default
     int samples = 1;             // continuations per prompt (> 1 wants temperature > 0)
-    int64_t batch = 8;           // sequences generated together, one row each per step
+    int64_t batch = 8;           // sequences run together: their prompts packed into full steps, then one row each per step
 };
 
 struct CollectSummary {
     int64_t sequences = 0, tokens = 0, generated = 0;
+    int64_t prompt_steps = 0, generation_steps = 0;  // model steps run for the prompts and for the continuations
 };
 
 // Runs each prompt and its continuation through `model` and writes into `dir` (created):

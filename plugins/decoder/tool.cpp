@@ -609,7 +609,8 @@ const char* kDistillHelp =
     "state at every position (NumPy files in DIR: tokens, hidden, starts, generated_from, meta.json):\n"
     "the data an MTP draft head is trained on (docs/DECODER.md, \"Self-distillation\").\n"
     "--samples N: N sampled continuations per prompt (needs --temperature > 0); --batch: sequences\n"
-    "generated together, one row each per step (the weights read once for all).\n"
+    "run together: their prompts packed into steps of up to 64 rows, then one row each per step (the\n"
+    "weights read once for all).\n"
     "FILE.jsonl: one JSON object per line, {\"prompt\": TEXT} (special tokens read) or a chat request\n"
     "{\"messages\": [...], \"tools\": [...]} (rendered with the Qwen3.5 chat format).\n"
     "       pulse distill export-head MODEL.gguf --out DIR\n"
@@ -808,9 +809,11 @@ int cmd_distill(const std::vector<std::string>& args) {
         const auto ids = read_prompts(prompts, tok);
         const double t0 = now_s();
         const auto sum = decoder::collect_hidden(*model, path, ids, tok.eog_tokens(), opt, out);
-        std::printf("wrote %s: %lld sequences, %lld tokens (%lld generated), hidden states of %lld values, in %.1f s\n", out.c_str(),
-                    static_cast<long long>(sum.sequences), static_cast<long long>(sum.tokens), static_cast<long long>(sum.generated),
-                    static_cast<long long>(model->hparams().n_embd), now_s() - t0);
+        std::printf("wrote %s: %lld sequences, %lld tokens (%lld generated), hidden states of %lld values, in %.1f s "
+                    "(%lld model steps for the prompts, %lld for the continuations)\n",
+                    out.c_str(), static_cast<long long>(sum.sequences), static_cast<long long>(sum.tokens), static_cast<long long>(sum.generated),
+                    static_cast<long long>(model->hparams().n_embd), now_s() - t0, static_cast<long long>(sum.prompt_steps),
+                    static_cast<long long>(sum.generation_steps));
     } catch (const std::invalid_argument& e) {
         std::fprintf(stderr, "pulse distill: %s\n", e.what());
         return 2;

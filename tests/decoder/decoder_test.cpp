@@ -2068,6 +2068,10 @@ TEST_CASE("distill: collected data are the model's own continuations and its hid
     const auto sum = collect_hidden(*m, "mtp.gguf", prompts, {}, o, d / "data");
     CHECK(sum.sequences == 2);
     CHECK(sum.generated == 20);
+    // The two prompts packed: 64 rows, then the rest of the second (one at a time: 1 + 2 steps).
+    REQUIRE(kSpecPrompt.size() + 70 <= 128);
+    CHECK(sum.prompt_steps == 2);
+    CHECK(sum.generation_steps == 10);
     CHECK(sum.tokens == static_cast<int64_t>(kSpecPrompt.size() + 70 + 20));
     const auto tokens = read_npy(d / "data/tokens.npy"), hidden = read_npy(d / "data/hidden.npy"), starts = read_npy(d / "data/starts.npy"),
                gen = read_npy(d / "data/generated_from.npy");
@@ -2096,7 +2100,9 @@ TEST_CASE("distill: collected data are the model's own continuations and its hid
     // Generated one sequence at a time instead of in one batch: the same tokens and rows.
     CollectOptions one = o;
     one.batch = 1;
-    collect_hidden(*m, "mtp.gguf", prompts, {}, one, d / "one");
+    const auto one_sum = collect_hidden(*m, "mtp.gguf", prompts, {}, one, d / "one");
+    CHECK(one_sum.prompt_steps == 3);
+    CHECK(one_sum.generation_steps == 20);
     CHECK(values<int32_t>(read_npy(d / "one/tokens.npy")) == t);
     const auto h1 = values<float>(read_npy(d / "one/hidden.npy"));
     REQUIRE(h1.size() == h.size());
