@@ -168,6 +168,8 @@ Tokenizer Tokenizer::load(const GgufFile& f) {
         if (t.types_[i] == control || t.types_[i] == user_defined) t.specials_.push_back(static_cast<int32_t>(i));
     std::stable_sort(t.specials_.begin(), t.specials_.end(),
                      [&](int32_t a, int32_t b) { return t.tokens_[static_cast<size_t>(a)].size() > t.tokens_[static_cast<size_t>(b)].size(); });
+    for (const int32_t s : t.specials_)
+        if (const std::string& text = t.tokens_[static_cast<size_t>(s)]; !text.empty()) t.special_starts_[static_cast<unsigned char>(text[0])] = true;
     if (t.eos_ >= 0) t.eog_.push_back(t.eos_);
     for (const char* s : {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>"})
         if (int32_t x = t.find(s); x >= 0 && std::find(t.eog_.begin(), t.eog_.end(), x) == t.eog_.end()) t.eog_.push_back(x);
@@ -218,10 +220,29 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
     std::vector<int32_t> out;
     if (add_bos_ && bos_ >= 0) out.push_back(bos_);
     size_t start = 0, i = 0;
+    // Each distinct piece's ids, for this text: code and prose repeat most of their pieces, and
+    // a piece's merges cost a vocabulary lookup per pair per round.
+    std::unordered_map<std::string_view, std::pair<size_t, size_t>> seen;  // piece -> its ids in `out` (offset, count)
     auto flush = [&](size_t end) {
-        for (auto piece : pretokenize(text.substr(start, end - start))) bpe(piece, out);
+        for (auto piece : pretokenize(text.substr(start, end - start))) {
+            if (auto it = seen.find(piece); it != seen.end()) {
+                const auto [at, n] = it->second;
+                for (size_t k = 0; k < n; ++k) {
+                    const int32_t id = out[at + k];  // a copy: push_back may move `out`
+                    out.push_back(id);
+                }
+                continue;
+            }
+            const size_t at = out.size();
+            bpe(piece, out);
+            seen.emplace(piece, std::pair{at, out.size() - at});
+        }
     };
     while (i < text.size()) {
+        if (!special_starts_[static_cast<unsigned char>(text[i])]) {  // no special token starts here
+            ++i;
+            continue;
+        }
         int32_t hit = -1;
         for (int32_t s : specials_) {
             if (!parse_special && types_[static_cast<size_t>(s)] == control) continue;

@@ -3,6 +3,7 @@
 // streaming decoder that never splits a UTF-8 character across pieces. docs/DECODER.md, "The model" (Tokenizer).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -44,6 +45,7 @@ private:
     std::unordered_map<std::string, int32_t> ids_;
     std::unordered_map<std::string, int32_t> ranks_;  // "left right" -> rank
     std::vector<int32_t> specials_;                    // control + user-defined, longest first
+    std::array<bool, 256> special_starts_{};           // the first bytes of specials_ (most text bytes are not)
     std::vector<int32_t> eog_;
     int32_t eos_ = -1, bos_ = -1;
     bool add_bos_ = false;

@@ -1,5 +1,5 @@
 // Benchmark (not a test): where a batched decode step's time goes, and what the kernels behind
-// it cost alone. Two modes:
+// it cost alone. Four modes:
 //
 //   decoder_ops step MODEL.gguf [--streams 1,4] [--rows 1] [--steps 64] [--threads 2] [--rounds 3]
 //     N sequences each given a 64-token prompt, then --steps decode steps of one token each
@@ -16,6 +16,11 @@
 //     the sequence back (not timed), so every step sees the same context. The rounds alternate
 //     the order. --draft-vocab N: the MTP block drafts among N tokens (Model::set_draft_vocab).
 //
+//   decoder_ops tokenize MODEL.gguf --text FILE [--rounds 3]
+//     The model's tokenizer over FILE (special tokens read, as a chat prompt is): bytes, tokens,
+//     MB/s and tokens/s, best of --rounds. A Codex request is ~32 KB of text, a long session's
+//     history a few hundred KB, all tokenized before the first prefill step.
+//
 //   decoder_ops kernels [--groups 8] [--reps 30]
 //     One thread: the interleaved Q8_0 and TQ2_0 dots (dot_x16) over `groups` groups of eight
 //     rows of 2048 weights (8: in L1; 4000: streaming from outer cache or memory), 1 to 8 tokens
@@ -28,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -44,6 +50,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "quants.h"
+#include "tokenizer.h"
 
 using namespace pulse::decoder;
 using Clock = std::chrono::steady_clock;
@@ -284,10 +291,29 @@ int kernels_mode(int64_t groups, int reps) {
     return 0;
 }
 
+int tokenize_mode(const std::string& path, const std::string& text_path, int rounds) {
+    std::ifstream in(text_path, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read " + text_path);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    const Tokenizer tok = Tokenizer::load(*GgufFile::open(path));
+    double best = 1e9;
+    size_t tokens = 0;
+    for (int r = 0; r < std::max(rounds, 1); ++r) {
+        const auto t0 = Clock::now();
+        tokens = tok.encode(text, true).size();
+        best = std::min(best, seconds_since(t0));
+    }
+    std::printf("| text | bytes | tokens | ms | MB/s | tokens/s |\n|---|---:|---:|---:|---:|---:|\n| %s | %zu | %zu | %.2f | %.2f | %.0f |\n", text_path.c_str(),
+                text.size(), tokens, best * 1e3, static_cast<double>(text.size()) / best / 1e6, static_cast<double>(tokens) / best);
+    std::printf("\nconditions: one thread, %zu tokens in the vocabulary, best of %d\n", tok.size(), std::max(rounds, 1));
+    return 0;
+}
+
 int usage() {
     std::fprintf(stderr,
                  "usage: decoder_ops step MODEL.gguf [--streams 1,4] [--rows 1] [--steps 64] [--threads 2] [--rounds 3]\n"
                  "       decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3] [--draft-vocab N]\n"
+                 "       decoder_ops tokenize MODEL.gguf --text FILE [--rounds 3]\n"
                  "       decoder_ops kernels [--groups 8] [--reps 30]\n");
     return 2;
 }
@@ -314,6 +340,7 @@ int main(int argc, char** argv) {
         if (mode == "verify" && !model.empty())
             return verify_mode(model, parse_list(get("--k", "1,2,4,8")), std::atoi(get("--steps", "32").c_str()), std::atoi(get("--threads", "2").c_str()),
                                std::atoi(get("--rounds", "3").c_str()), std::atoll(get("--draft-vocab", "0").c_str()));
+        if (mode == "tokenize" && !model.empty() && opt.count("--text")) return tokenize_mode(model, opt["--text"], std::atoi(get("--rounds", "3").c_str()));
         if (mode == "kernels") return kernels_mode(std::atoll(get("--groups", "8").c_str()), std::atoi(get("--reps", "30").c_str()));
     } catch (const std::exception& e) {
         std::fprintf(stderr, "decoder_ops: %s\n", e.what());
