@@ -96,7 +96,7 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
                                    "decoder: option 'int8_prefill' is gone: int8 activations are the default now; 'exact = true' turns them off");
             else
                 throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
-                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N, draft = \"off\"|\"mtp\"|\"model:PATH\", draft_k = N, draft_adaptive = true|false, draft_vocab = \"/path/vocab.txt\")");
+                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N, draft = \"off\"|\"mtp\"|\"model:PATH\", draft_k = N, draft_adaptive = true|false, draft_vocab = \"/path/vocab.txt\"|\"first:N\")");
         }
         {  // fail fast: before reading (or writing) a model file
             auto names = pulse::decoder::device_names();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -75,6 +76,21 @@ DraftSetting DraftSetting::parse(const std::string& text) {
 }
 
 std::vector<int32_t> read_draft_vocab(const std::string& path, int64_t n_vocab) {
+    if (path.rfind("first:", 0) == 0) {
+        const std::string count = path.substr(6);
+        size_t used = 0;
+        long long n = 0;
+        try {
+            n = std::stoll(count, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (count.empty() || used != count.size() || n < 1 || n > n_vocab)
+            throw std::invalid_argument("draft vocabulary '" + path + "': first:N takes N from 1 to the model's " + std::to_string(n_vocab) + " tokens");
+        std::vector<int32_t> ids(static_cast<size_t>(n));
+        std::iota(ids.begin(), ids.end(), 0);
+        return ids;
+    }
     std::ifstream in(path);
     if (!in) throw std::invalid_argument("draft vocabulary: cannot read " + path);
     std::vector<int32_t> ids;

@@ -88,11 +88,14 @@ struct DraftSetting {
     static DraftSetting parse(const std::string& text);
 };
 
-// A draft vocabulary file (`pulse distill vocab` writes one; Model::set_draft_vocab takes it):
-// one token id per line, most frequent first, anything after the id ignored, '#' starting a
-// comment. Throws std::invalid_argument naming the file and line of an id that is not a
-// number, is outside 0..n_vocab-1 or is listed twice, and for a file that lists none.
-std::vector<int32_t> read_draft_vocab(const std::string& path, int64_t n_vocab);
+// A draft vocabulary (Model::set_draft_vocab takes it). A file (`pulse distill vocab` writes
+// one): one token id per line, most frequent first, anything after the id ignored, '#' starting
+// a comment. Throws std::invalid_argument naming the file and line of an id that is not a
+// number, is outside 0..n_vocab-1 or is listed twice, and for a file that lists none. Or
+// "first:N": ids 0..N-1 — in a byte-level BPE vocabulary ids follow the merge order, roughly
+// the tokenizer's own frequency ranking, so no file is needed (the special tokens, at the end
+// of Qwen's vocabulary, are then never drafted).
+std::vector<int32_t> read_draft_vocab(const std::string& spec, int64_t n_vocab);
 
 class Speculator {
 public:

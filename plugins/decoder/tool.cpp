@@ -52,7 +52,8 @@ const char* kDecodeHelp =
     "  --draft-k K       drafts per step, 1-16 (default 4); auto[:MAX]: each step as many as the running\n"
     "                    acceptance makes worth verifying (up to MAX, default 8; none while none is)\n"
     "  --draft-vocab FILE  with --draft mtp: draft among FILE's tokens only (`pulse distill vocab`\n"
-    "                    writes it): a draft reads that many rows of the output head, not all\n"
+    "                    writes it): a draft reads that many rows of the output head, not all;\n"
+    "                    first:N: among ids 0..N-1 (BPE's merge order, roughly by frequency)\n"
     "  --synthetic-acceptance L  benchmarking only: drafts kept at random so that a step yields L\n"
     "                    tokens on average (1 to k+1; llama.cpp's --spec-synth-len): the cost of\n"
     "                    speculation at that acceptance; the text is NOT the model's\n"
@@ -626,7 +627,8 @@ const char* kDistillHelp =
     "file (its tokens under MODEL's tokenizer: code and prose like what the model will write).\n"
     "--held-out: sources not ranked, only counted against the list: the share of their tokens it\n"
     "misses bounds the draft acceptance it can cost (a draft is right only where the next token is\n"
-    "listed), printed for N and for smaller and larger lists.\n";
+    "listed), printed for N and for smaller and larger lists, beside what `first:N` (ids 0..N-1)\n"
+    "misses.\n";
 
 // The prompts of a JSONL file as token ids; a bad line is an error naming it.
 std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const decoder::Tokenizer& tok) {
@@ -713,13 +715,20 @@ int cmd_distill_vocab(const std::vector<std::string>& args) {
             const auto [held_share, held_total] = coverage(held, ids.size());
             std::printf("held out: %.4f of their %lld tokens are listed; %.4f are not, and no draft can be right there\n", held_share,
                         static_cast<long long>(held_total), 1.0 - held_share);
-            std::printf("| tokens listed | of the sources | held out missed |\n|---:|---:|---:|\n");
+            // The same count of ids 0..n-1 (`first:N`, no ranking) beside the ranked list.
+            auto first_missed = [&](size_t n) {
+                int64_t in = 0;
+                for (size_t t = 0; t < std::min(n, held.size()); ++t) in += held[t];
+                return 1.0 - static_cast<double>(in) / static_cast<double>(held_total);
+            };
+            std::printf("| tokens listed | of the sources | held out missed | held out missed by first:N |\n|---:|---:|---:|---:|\n");
             std::vector<size_t> sizes;
             for (const int64_t n : {top / 8, top / 4, top / 2, top, top * 2, top * 4})
                 if (n >= 1 && static_cast<size_t>(n) < ranked.size()) sizes.push_back(static_cast<size_t>(n));
             sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-            for (const size_t n : sizes) std::printf("| %zu | %.4f | %.4f |\n", n, coverage(counts, n).first, 1.0 - coverage(held, n).first);
-            std::printf("| all %zu seen | 1.0000 | %.4f |\n", ranked.size(), 1.0 - coverage(held, ranked.size()).first);
+            for (const size_t n : sizes)
+                std::printf("| %zu | %.4f | %.4f | %.4f |\n", n, coverage(counts, n).first, 1.0 - coverage(held, n).first, first_missed(n));
+            std::printf("| all %zu seen | 1.0000 | %.4f | %.4f |\n", ranked.size(), 1.0 - coverage(held, ranked.size()).first, first_missed(ranked.size()));
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "pulse distill vocab: %s\n", e.what());

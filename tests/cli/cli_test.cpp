@@ -348,6 +348,14 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(narrowed.code == 0);
     CHECK(ids(narrowed.out) == ids(plain.out));
     CHECK(has(narrowed.out, "\"draft_vocab\":\"" + (tmp / "vocab.txt").string() + "\""));
+    auto first_ids = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "24", "--json", "--exact", "--draft", "mtp", "--draft-k", "3",
+                          "--draft-vocab", "first:300"});
+    CHECK(first_ids.code == 0);
+    CHECK(ids(first_ids.out) == ids(plain.out));
+    CHECK(has(first_ids.out, "\"draft_vocab\":\"first:300\""));
+    auto first_bad = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft", "mtp", "--draft-vocab", "first:0"});
+    CHECK(first_bad.code == 2);
+    CHECK(has(first_bad.err, "first:N takes N from 1 to the model's 509 tokens"));
     CHECK(run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2", "--draft-vocab", (tmp / "vocab.txt").string()}).code == 2);  // no --draft mtp
     {
         std::ofstream p(tmp / "bad-vocab.txt");
@@ -367,7 +375,7 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(held.code == 0);
     CHECK(has(held.out, ": 2 of 509 tokens, covering 0.8571 of the 7 counted"));
     CHECK(has(held.out, "held out: 0.4000 of their 5 tokens are listed; 0.6000 are not"));
-    CHECK(has(held.out, "| 1 | 0.5714 | 0.8000 |\n| 2 | 0.8571 | 0.6000 |\n| all 3 seen | 1.0000 | 0.2000 |\n"));
+    CHECK(has(held.out, "| 1 | 0.5714 | 0.8000 | 1.0000 |\n| 2 | 0.8571 | 0.6000 | 1.0000 |\n| all 3 seen | 1.0000 | 0.2000 | 1.0000 |\n"));
     auto held_missing = run({exe(), "distill", "vocab", (tmp / "mtp.gguf").string(), (tmp / "ranked.txt").string(), "--out", (tmp / "v2.txt").string(),
                              "--held-out", (tmp / "nothing.txt").string()});
     CHECK(held_missing.code == 3);

@@ -2024,6 +2024,11 @@ TEST_CASE("speculate: a draft vocabulary file: ids one a line, counts and commen
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(read_draft_vocab(write("# nothing\n\n"), 305), doctest::Contains("lists no token"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(read_draft_vocab((d / "missing.txt").string(), 305), doctest::Contains("cannot read"), std::invalid_argument);
+    // first:N, no file: the first N ids.
+    CHECK(read_draft_vocab("first:3", 305) == std::vector<int32_t>{0, 1, 2});
+    CHECK(read_draft_vocab("first:305", 305).size() == 305);
+    for (const char* bad : {"first:0", "first:306", "first:", "first:3x", "first:-1"})
+        CHECK_THROWS_WITH_AS(read_draft_vocab(bad, 305), doctest::Contains("first:N takes N from 1 to the model's 305 tokens"), std::invalid_argument);
 }
 
 // ---- self-distillation data ---------------------------------------------------------------------

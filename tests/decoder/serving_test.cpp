@@ -724,6 +724,13 @@ TEST_CASE("backend plugin: draft_vocab narrows the MTP block's drafts to a file'
     auto r = post(gw.port, "/v1/responses", R"({"model":"tiny","input":"hi","stream":false,"store":false,"temperature":0})");
     REQUIRE_MESSAGE(r.status == 200, r.body << gw.log());
     CHECK(gw.log().find("drafting among the 2 tokens of " + (d / "vocab.txt").string()) != std::string::npos);
+    // first:N instead of a file; a bad N stops the start naming it.
+    Gateway first("[models.tiny]\nprofile = \"qwen38\"\n[[models.tiny.endpoints]]\nname = \"local\"\nurl = \"decoder://" + (d / "mtp.gguf").string() +
+                  "\"\n[models.tiny.endpoints.options]\ndraft = \"mtp\"\ndraft_vocab = \"first:100\"\n[models.tiny.sampling]\nmax_output_tokens = 8\n"
+                  "[models.tiny.profile_options]\nthinking = \"off\"\n");
+    auto fr = post(first.port, "/v1/responses", R"({"model":"tiny","input":"hi","stream":false,"store":false,"temperature":0})");
+    CHECK_MESSAGE(fr.status == 200, fr.body << first.log());
+    CHECK(first.log().find("drafting among the 100 tokens of first:100") != std::string::npos);
 }
 
 TEST_CASE("backend plugin: make_demo writes the demo model, or into ~/.cache when the path is not writable") {
