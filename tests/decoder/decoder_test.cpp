@@ -671,6 +671,11 @@ TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int
                 real += std::fabs(plain[r][t]) > 1.0f;
             }
         CHECK(real >= 14 * tokens);  // real dots, not empty ones
+        // Each token alone: what every wider pass must give for it bit for bit (a verification's
+        // rows run T at a time, a plain decode step one; speculative greedy output is plain
+        // greedy's only if the two agree exactly).
+        float one[8][128];
+        for (int t = 0; t < tokens; ++t) dot_x16(type, packed.data(), group_bytes, xr + t, 1, n, one[t]);
         for (int T = 1; T <= tokens; ++T)
             for (int first = 0; first + T <= tokens; ++first) {
                 CAPTURE(T);
@@ -688,6 +693,7 @@ TEST_CASE("kernels: Q8_0 and TQ2_0 interleaved by eight rows give each row's int
                         // Float sums in another order: 1e-5 of the dots' scale (~10), not of a
                         // dot that happens to cancel to near zero.
                         CHECK(pair[r * T + t] == doctest::Approx(want).epsilon(1e-5).scale(10));
+                        CHECK(pair[r * T + t] == one[first + t][r]);
                         const float* alone = r < 8 ? lo : hi;
                         CHECK(alone[r % 8 * T + t] == pair[r * T + t]);  // the same lanes' arithmetic
                         CHECK(alone[(8 + r % 8) * T + t] == alone[r % 8 * T + t]);
