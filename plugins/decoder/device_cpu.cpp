@@ -263,14 +263,34 @@ uint16_t* f16(DevHalfPtr p) { return reinterpret_cast<uint16_t*>(DeviceMemory::r
 class CpuDevice : public Device {
 public:
     const char* name() const override { return "cpu"; }
+    ~CpuDevice() override {
+        for (const auto& [bytes, m] : spare_) ::munmap(m, bytes);
+    }
     Buffer alloc(size_t n) const override {
         // 64-byte aligned (a cache line, an AVX-512 vector), zeroed. Large buffers (KV caches,
-        // which grow by doubling) are fresh anonymous pages: zero without being touched, so
-        // capacity not yet written costs no resident memory.
+        // which grow by doubling; Gated DeltaNet states) are anonymous pages: fresh ones are
+        // zero without being touched, so capacity not yet written costs no resident memory.
+        // But each page's first touch is a fault (13-47 us on the VMs this was measured on: a
+        // new sequence's 64-token prefill took twice as long for them), and a new sequence
+        // touches all of its states at once: a released mapping is kept for the next buffer of
+        // its size and zeroed here instead.
         const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
         if (bytes >= kMappedBytes) {
-            void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            if (m == MAP_FAILED) throw std::bad_alloc();
+            void* m = nullptr;
+            {
+                std::lock_guard<std::mutex> lock(mapped_mutex_);
+                if (auto it = spare_.find(bytes); it != spare_.end()) {
+                    m = it->second;
+                    spare_.erase(it);
+                    spare_bytes_ -= bytes;
+                }
+            }
+            if (m) {
+                std::memset(m, 0, bytes);
+            } else {
+                m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (m == MAP_FAILED) throw std::bad_alloc();
+            }
             std::lock_guard<std::mutex> lock(mapped_mutex_);
             mapped_[m] = bytes;
             return Buffer(this, DeviceMemory::wrap(static_cast<float*>(m)), n);
@@ -283,7 +303,12 @@ public:
         {
             std::lock_guard<std::mutex> lock(mapped_mutex_);
             if (auto it = mapped_.find(raw(p)); it != mapped_.end()) {
-                ::munmap(it->first, it->second);
+                if (spare_bytes_ + it->second <= kSpareBytes) {
+                    spare_.emplace(it->second, it->first);
+                    spare_bytes_ += it->second;
+                } else {
+                    ::munmap(it->first, it->second);
+                }
                 mapped_.erase(it);
                 return;
             }
@@ -373,8 +398,13 @@ public:
 
 private:
     static constexpr size_t kMappedBytes = size_t{1} << 20;
+    // Released mappings kept for reuse, up to this many bytes in all (resident memory the
+    // process holds beyond its buffers: about two sequences' states of a 27B hybrid model).
+    static constexpr size_t kSpareBytes = size_t{512} << 20;
     mutable std::mutex mapped_mutex_;
     mutable std::unordered_map<void*, size_t> mapped_;  // mmap'd buffers and their sizes
+    mutable std::multimap<size_t, void*> spare_;        // released mappings by size
+    mutable size_t spare_bytes_ = 0;
     WeightArena arena_;
     std::vector<std::unique_ptr<Packed>> packed_;
     std::map<const TensorInfo*, const Packed*> packed_by_tensor_;

@@ -153,6 +153,10 @@ Engine::Engine(EngineOptions o, std::unique_ptr<Device> device) : opts_(std::mov
             }
             const int64_t trained = model_->hparams().context_length;
             context_ = opts_.context > 0 ? std::min(opts_.context, trained) : trained;
+            // One token through a sequence that is then dropped: its state buffers fault in here,
+            // not in the first request's prefill, and wait in the device's spares for it (a page
+            // fault each otherwise: on a VM that doubled a new sequence's first step).
+            model_->forward(*model_->new_sequence(), {0});
         } catch (...) {
             loaded.set_exception(std::current_exception());
             return;
