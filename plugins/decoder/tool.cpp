@@ -712,7 +712,9 @@ int cmd_distill_vocab(const std::vector<std::string>& args) {
         std::printf("wrote %s: %zu of %zu tokens, covering %.4f of the %lld counted\n", out.c_str(), ids.size(), counts.size(), share,
                     static_cast<long long>(total));
         if (!held_out.empty()) {
-            const auto [held_share, held_total] = coverage(held, ids.size());
+            const auto held_cover = coverage(held, ids.size());
+            const double held_share = held_cover.first;
+            const int64_t held_total = held_cover.second;  // a plain variable: clang 14 lambdas cannot capture structured bindings
             std::printf("held out: %.4f of their %lld tokens are listed; %.4f are not, and no draft can be right there\n", held_share,
                         static_cast<long long>(held_total), 1.0 - held_share);
             // The same count of ids 0..n-1 (`first:N`, no ranking) beside the ranked list.
