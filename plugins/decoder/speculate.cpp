@@ -4,6 +4,7 @@
 #include <chrono>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -75,22 +76,31 @@ DraftSetting DraftSetting::parse(const std::string& text) {
                                 text + "\"");
 }
 
-std::vector<int32_t> read_draft_vocab(const std::string& path, int64_t n_vocab) {
-    if (path.rfind("first:", 0) == 0) {
-        const std::string count = path.substr(6);
-        size_t used = 0;
-        long long n = 0;
-        try {
-            n = std::stoll(count, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (count.empty() || used != count.size() || n < 1 || n > n_vocab)
-            throw std::invalid_argument("draft vocabulary '" + path + "': first:N takes N from 1 to the model's " + std::to_string(n_vocab) + " tokens");
-        std::vector<int32_t> ids(static_cast<size_t>(n));
+namespace {
+// A whole string as a number; nullopt for anything else ("", "7x", "x").
+std::optional<long long> whole_number(const std::string& s) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+        v = std::stoll(s, &used);
+    } catch (const std::exception&) {
+        return std::nullopt;
+    }
+    if (used != s.size()) return std::nullopt;
+    return v;
+}
+}  // namespace
+
+std::vector<int32_t> read_draft_vocab(const std::string& spec, int64_t n_vocab) {
+    if (spec.rfind("first:", 0) == 0) {
+        const auto n = whole_number(spec.substr(6));
+        if (!n || *n < 1 || *n > n_vocab)
+            throw std::invalid_argument("draft vocabulary '" + spec + "': first:N takes N from 1 to the model's " + std::to_string(n_vocab) + " tokens");
+        std::vector<int32_t> ids(static_cast<size_t>(*n));
         std::iota(ids.begin(), ids.end(), 0);
         return ids;
     }
+    const std::string& path = spec;
     std::ifstream in(path);
     if (!in) throw std::invalid_argument("draft vocabulary: cannot read " + path);
     std::vector<int32_t> ids;
@@ -102,19 +112,13 @@ std::vector<int32_t> read_draft_vocab(const std::string& path, int64_t n_vocab) 
         std::istringstream fields(line.substr(0, line.find('#')));
         std::string id;
         if (!(fields >> id)) continue;
-        size_t used = 0;
-        long long v = -1;
-        try {
-            v = std::stoll(id, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != id.size()) throw std::invalid_argument(where + "'" + id + "' is not a token id");
-        if (v < 0 || v >= n_vocab)
+        const auto v = whole_number(id);
+        if (!v) throw std::invalid_argument(where + "'" + id + "' is not a token id");
+        if (*v < 0 || *v >= n_vocab)
             throw std::invalid_argument(where + "token " + id + " is outside the model's vocabulary (0.." + std::to_string(n_vocab - 1) + ")");
-        const auto [at, fresh] = first_line.emplace(static_cast<int32_t>(v), line_no);
+        const auto [at, fresh] = first_line.emplace(static_cast<int32_t>(*v), line_no);
         if (!fresh) throw std::invalid_argument(where + "token " + id + " is listed twice (first on line " + std::to_string(at->second) + ")");
-        ids.push_back(static_cast<int32_t>(v));
+        ids.push_back(static_cast<int32_t>(*v));
     }
     if (in.bad()) throw std::invalid_argument("draft vocabulary: cannot read " + path);
     if (ids.empty()) throw std::invalid_argument("draft vocabulary: " + path + " lists no token");
