@@ -30,16 +30,14 @@ constexpr int64_t kConvBlock = 64;           // channels per conv work item
 using blocks::sigmoid;
 
 void rmsnorm_row(const float* x, const float* w, float* out, int64_t n, double eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-    float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+    const float r = static_cast<float>(1.0 / std::sqrt(sum_squares(x, n) / static_cast<double>(n) + eps));
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
 }
 
 void l2norm(float* x, int64_t n, double eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-    float r = static_cast<float>(1.0 / std::sqrt(ss + eps));
+    const float r = static_cast<float>(1.0 / std::sqrt(sum_squares(x, n) + eps));
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i) x[i] *= r;
 }
 

@@ -705,6 +705,55 @@ void f16_to_f32_rows(const uint16_t* src, int64_t src_stride, int64_t rows, int6
         for (int64_t i = 0; i < n; ++i) dst[r * dst_stride + i] = fp16_to_f32(src[r * src_stride + i]);
 }
 
+namespace {
+double sum_squares_scalar(const float* x, int64_t n) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+    return ss;
+}
+#ifdef PULSE_X86
+__attribute__((target("avx2,fma"))) double sum_squares_avx2(const float* x, int64_t n) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        s0 = _mm256_fmadd_pd(lo, lo, s0);
+        s1 = _mm256_fmadd_pd(hi, hi, s1);
+    }
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, _mm256_add_pd(s0, s1));
+    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + sum_squares_scalar(x + i, n - i);
+}
+// GCC 12's AVX-512 headers warn inside their own intrinsics (see two_runs above).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+__attribute__((target("avx512f,avx2,fma"))) double sum_squares_avx512(const float* x, int64_t n) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1)) + sum_squares_scalar(x + i, n - i);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+}  // namespace
+
+double sum_squares(const float* x, int64_t n) {
+#ifdef PULSE_X86
+    if (have_avx512()) return sum_squares_avx512(x, n);
+    if (have_avx2()) return sum_squares_avx2(x, n);
+#endif
+    return sum_squares_scalar(x, n);
+}
+
 void silu_mul(const float* x, const float* u, float* y, int64_t n) {
 #ifdef PULSE_X86
     if (have_avx2()) return silu_mul_avx2(x, u, y, n);

@@ -601,6 +601,31 @@ TEST_CASE("kernels: silu_mul is SiLU (times u) to within a few ulp on every path
     limit_kernels("");
 }
 
+TEST_CASE("kernels: sum_squares is the sum of squares in double on every path, every length, the tail included") {
+    // Lengths around the vector widths (8 doubles twice over on AVX-512, 4 twice on AVX2) and the
+    // norms' real ones; values of mixed magnitude so that a float accumulator would be off.
+    std::mt19937 g(8);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    std::vector<float> x(5000);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = nd(g) * (i % 7 == 0 ? 1000.f : 1.f);
+    for (const char* cap : {"scalar", "avx2", ""}) {
+        limit_kernels(cap);
+        CAPTURE(std::string(*cap ? cap : kernel_name()));
+        for (int64_t n : {0, 1, 7, 8, 15, 16, 17, 31, 33, 128, 256, 1024, 3584, 4999}) {
+            CAPTURE(n);
+            long double want = 0;
+            for (int64_t i = 0; i < n; ++i) want += static_cast<long double>(x[static_cast<size_t>(i)]) * x[static_cast<size_t>(i)];
+            const double got = sum_squares(x.data(), n);
+            CHECK(std::fabs(got - static_cast<double>(want)) <= 1e-14 * static_cast<double>(want));
+        }
+        // Offset by one float: the vector loads are unaligned.
+        long double want = 0;
+        for (int64_t i = 1; i < 1001; ++i) want += static_cast<long double>(x[static_cast<size_t>(i)]) * x[static_cast<size_t>(i)];
+        CHECK(std::fabs(sum_squares(x.data() + 1, 1000) - static_cast<double>(want)) <= 1e-14 * static_cast<double>(want));
+    }
+    limit_kernels("");
+}
+
 TEST_CASE("kernels: activation rows quantize to max|x|/127 scales, codes rounded to nearest even, and their sums") {
     std::mt19937 g(44);
     for (uint32_t type : {kQ8_0, kTQ2_0}) {
