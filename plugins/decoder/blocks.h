@@ -206,12 +206,14 @@ PULSE_HD float gdn_decay(float alpha, float dt_bias, float a) { return expf(gdn_
 PULSE_HD double rope_inv_freq(double base, int64_t i, int64_t R) {
     return pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(R));
 }
-PULSE_HD void rope_pair(float& a, float& b, double theta) {
-    const float c = static_cast<float>(cos(theta)), sn = static_cast<float>(sin(theta));
+// A pair turned by the angle whose cosine and sine (as f32) are c and sn: the CPU device works
+// them out once per position and turns every head's pairs with them.
+PULSE_HD void rotate_pair(float& a, float& b, float c, float sn) {
     const float x = a, y = b;
     a = x * c - y * sn;
     b = x * sn + y * c;
 }
+PULSE_HD void rope_pair(float& a, float& b, double theta) { rotate_pair(a, b, static_cast<float>(cos(theta)), static_cast<float>(sin(theta))); }
 
 // The Hadamard fold's head permutation (hadamard.h): the Gated DeltaNet output's element in
 // tiled head order (d + S·m + S·Hk·r) to its place in grouped order (d + S·r + S·rep·m).

@@ -428,8 +428,17 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
     // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
     std::vector<double> inv_freq(static_cast<size_t>(R / 2));
     for (int64_t i = 0; i < R / 2; ++i) inv_freq[static_cast<size_t>(i)] = blocks::rope_inv_freq(op0.rope_base, i, R);
-    auto rope = [&](float* v, int64_t p) {
-        for (int64_t i = 0; i < R / 2; ++i) blocks::rope_pair(v[i], v[i + R / 2], static_cast<double>(p) * inv_freq[static_cast<size_t>(i)]);
+    // A position's cosines and sines (R/2 of each, the f32 values blocks::rope_pair rounds them
+    // to), worked out once for all H + Hkv heads of a token instead of once per head.
+    auto angles = [&](int64_t p, float* cs) {
+        for (int64_t i = 0; i < R / 2; ++i) {
+            const double theta = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
+            cs[i] = static_cast<float>(std::cos(theta));
+            cs[R / 2 + i] = static_cast<float>(std::sin(theta));
+        }
+    };
+    auto rope = [&](float* v, const float* cs) {
+        for (int64_t i = 0; i < R / 2; ++i) blocks::rotate_pair(v[i], v[i + R / 2], cs[i], cs[R / 2 + i]);
     };
     struct Item {
         const AttentionOp* op;
@@ -450,11 +459,14 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
         const int64_t b = items[static_cast<size_t>(it)].b, p = op.pos0 + b;
         const float* qg = raw(op.qg) + b * 2 * H * D;
         const float scale = static_cast<float>(op.scale);
+        thread_local std::vector<float> cs;
+        cs.resize(static_cast<size_t>(R));
+        angles(p, cs.data());
         for (int64_t j = 0; j < H; ++j) {
             float* qj = q.data() + (it * H + j) * D;
             rmsnorm_row(qg + 2 * D * j, raw(op.q_norm), qj, D, op.eps);
             std::memcpy(gate.data() + (it * H + j) * D, qg + 2 * D * j + D, static_cast<size_t>(D) * 4);
-            rope(qj, p);
+            rope(qj, cs.data());
             for (int64_t d = 0; d < D; ++d) qj[d] *= scale;
         }
         // The cache holds K and V in f16 (device.h), as llama.cpp's default cache does.
@@ -465,10 +477,10 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
         kr.resize(static_cast<size_t>(D));
         for (int64_t j = 0; j < Hkv; ++j) {
             rmsnorm_row(kp + j * D, raw(op.k_norm), kr.data(), D, op.eps);
-            rope(kr.data(), p);
-            for (int64_t d = 0; d < D; ++d) kn[j * D + d] = f32_to_fp16(kr[static_cast<size_t>(d)]);
+            rope(kr.data(), cs.data());
+            f32_to_f16_row(kr.data(), kn + j * D, D);
         }
-        for (int64_t i = 0; i < Hkv * D; ++i) vn[i] = f32_to_fp16(vp[i]);
+        f32_to_f16_row(vp, vn, Hkv * D);
     }
 
     // The tiles. Query row r of a tile is token b0 + r / G, head kvh·G + r % G (GQA: blocks of
@@ -562,10 +574,8 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
                         for (int64_t d = 0; d < D; ++d) o[d] *= c;
                         mx[r] = m;
                     }
-                    float add = 0;
-                    for (int64_t t = 0; t < valid; ++t) add += (s[t] = std::exp(s[t] - m));
+                    sum[r] += exp_shifted(s, valid, m);
                     std::fill(s + valid, s + tk, 0.f);
-                    sum[r] += add;
                 }
                 gemm_f32(rows, D, tk, sc.data(), kAttnKeys, vt.data(), D, acc.data(), D, true);  // += weights · values
             }

@@ -646,6 +646,20 @@ __attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+__attribute__((target("avx2,fma"))) float exp_shifted_avx2(float* s, int64_t n, float m) {
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        _mm256_storeu_ps(s + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float total = hsum(sum);
+    for (; i < n; ++i) total += (s[i] = std::exp(s[i] - m));
+    return total;
+}
+
 __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* x, const float* u, float* y, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
     int64_t i = 0;
@@ -662,6 +676,13 @@ __attribute__((target("avx2,fma"))) void silu_mul_avx2(const float* x, const flo
 __attribute__((target("avx2,f16c"), always_inline)) inline void widen_from(const uint16_t* s, float* d, int64_t i, int64_t n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
     for (; i < n; ++i) d[i] = fp16_to_f32(s[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void f32_to_f16_row_f16c(const float* s, uint16_t* d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; ++i) d[i] = f32_to_fp16(s[i]);
 }
 
 __attribute__((target("avx2,f16c"))) void f16_to_f32_rows_avx2(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst,
@@ -694,6 +715,13 @@ __attribute__((target("avx512f,avx2,f16c"))) void f16_to_f32_rows_avx512(const u
 #endif
 
 }  // namespace
+
+void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n) {
+#ifdef PULSE_X86
+    if (have_avx2()) return f32_to_f16_row_f16c(src, dst, n);
+#endif
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_fp16(src[i]);
+}
 
 void f16_to_f32_rows(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst, int64_t dst_stride) {
 #ifdef PULSE_X86
@@ -751,6 +779,15 @@ double sum_squares(const float* x, int64_t n) {
     if (have_avx2()) return sum_squares_avx2(x, n);
 #endif
     return sum_squares_scalar(x, n);
+}
+
+float exp_shifted(float* s, int64_t n, float m) {
+#ifdef PULSE_X86
+    if (have_avx2()) return exp_shifted_avx2(s, n, m);
+#endif
+    float total = 0;
+    for (int64_t i = 0; i < n; ++i) total += (s[i] = std::exp(s[i] - m));
+    return total;
 }
 
 void silu_mul(const float* x, const float* u, float* y, int64_t n) {

@@ -144,6 +144,15 @@ void gemm_f32_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 // i < n (a tile of the f16 KV cache, widened for gemm_f32). Exact: every f16 value is an f32.
 void f16_to_f32_rows(const uint16_t* src, int64_t src_stride, int64_t rows, int64_t n, float* dst, int64_t dst_stride);
 
+// s[i] = e^(s[i] - m) for i < n, and their sum: a softmax row's weights (attention). Eight lanes
+// at a time with silu_mul's e^x where the CPU has AVX2 (within 2 ulp of expf), else expf.
+float exp_shifted(float* s, int64_t n, float m);
+
+// dst[i] = src[i] rounded to IEEE binary16, to nearest even (the KV cache's stores): eight per
+// F16C conversion where the CPU has it, the same bits as f32_to_fp16 for every non-NaN value;
+// a NaN stays a NaN.
+void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n);
+
 // y[i] = silu(x[i])·u[i] (u null: silu alone); y may be x. Vectorised with its own e^x where
 // the CPU has AVX2 (within a few ulp of blocks::silu, which the scalar path is).
 void silu_mul(const float* x, const float* u, float* y, int64_t n);

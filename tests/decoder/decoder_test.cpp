@@ -626,6 +626,67 @@ TEST_CASE("kernels: sum_squares is the sum of squares in double on every path, e
     limit_kernels("");
 }
 
+TEST_CASE("kernels: f32_to_f16_row gives f32_to_fp16's bits on every path (ties, subnormals, overflow, infinities), NaN kept") {
+    std::vector<float> x;
+    std::mt19937 g(16);
+    for (int i = 0; i < 20000; ++i) {  // random bit patterns over the whole f16 range and past it
+        const uint32_t bits = (g() & 0x8000'0000u) | ((100u + g() % 60u) << 23) | (g() & 0x7f'ffffu);
+        float f;
+        std::memcpy(&f, &bits, 4);
+        x.push_back(f);
+    }
+    for (uint32_t h = 0; h < 0x7c00u; h += 7) {  // exact halves and the ties between neighbours
+        const float a = fp16_to_f32(static_cast<uint16_t>(h)), b = fp16_to_f32(static_cast<uint16_t>(h + 1));
+        x.insert(x.end(), {a, -a, (a + b) / 2, -(a + b) / 2});
+    }
+    x.insert(x.end(), {0.f, -0.f, 65504.f, 65519.f, 65520.f, 1e9f, -1e9f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 1e-30f,
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()});
+    x.push_back(std::numeric_limits<float>::quiet_NaN());  // last, an odd length: the scalar tail too
+    for (const char* cap : {"scalar", ""}) {
+        limit_kernels(cap);
+        CAPTURE(std::string(*cap ? cap : kernel_name()));
+        std::vector<uint16_t> got(x.size());
+        f32_to_f16_row(x.data(), got.data(), static_cast<int64_t>(x.size()));
+        size_t wrong = 0;
+        for (size_t i = 0; i + 1 < x.size(); ++i) wrong += got[i] != f32_to_fp16(x[i]);
+        CHECK(wrong == 0);
+        CHECK(std::isnan(fp16_to_f32(got.back())));
+        std::vector<uint16_t> eight(9);  // the NaN inside a vector of eight
+        float nan8[9] = {1, 2, std::numeric_limits<float>::quiet_NaN(), 3, 4, 5, 6, 7, 8};
+        f32_to_f16_row(nan8, eight.data(), 9);
+        CHECK(std::isnan(fp16_to_f32(eight[2])));
+        CHECK(fp16_to_f32(eight[8]) == 8.f);
+    }
+    limit_kernels("");
+}
+
+TEST_CASE("kernels: exp_shifted writes e^(s - m) and returns their sum on every path, tails included") {
+    std::mt19937 g(5);
+    std::uniform_real_distribution<float> u(-40.f, 10.f);
+    for (const char* cap : {"scalar", ""}) {
+        limit_kernels(cap);
+        CAPTURE(std::string(*cap ? cap : kernel_name()));
+        for (int64_t n : {0, 1, 7, 8, 9, 64, 100}) {
+            CAPTURE(n);
+            std::vector<float> s(static_cast<size_t>(n));
+            for (auto& v : s) v = u(g);
+            const float m = n ? *std::max_element(s.begin(), s.end()) : 0.f;
+            std::vector<float> w = s;
+            const float sum = exp_shifted(w.data(), n, m);
+            double want_sum = 0;
+            for (int64_t i = 0; i < n; ++i) {
+                const float x = s[static_cast<size_t>(i)] - m;  // in f32, as the kernels subtract
+                const double want = std::exp(static_cast<double>(x));
+                want_sum += want;
+                CHECK(std::fabs(w[static_cast<size_t>(i)] - want) <= 4e-7 * want + 1e-37);
+            }
+            CHECK(std::fabs(sum - want_sum) <= 1e-6 * want_sum);
+            if (n) CHECK(*std::max_element(w.begin(), w.end()) == 1.f);  // the max's own weight is exactly 1
+        }
+    }
+    limit_kernels("");
+}
+
 TEST_CASE("kernels: activation rows quantize to max|x|/127 scales, codes rounded to nearest even, and their sums") {
     std::mt19937 g(44);
     for (uint32_t type : {kQ8_0, kTQ2_0}) {
