@@ -10,9 +10,10 @@
 //   decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3] [--draft-vocab N]
 //     What speculative decoding's steps cost against a plain one-token step, one sequence after a
 //     64-token prompt: the main model over 1 + k rows (a verification: a tentative step with every
-//     row's logits and hidden state, all rows kept), one draft token through the MTP block (a
-//     file with one), and the undo after a rejection halfway (keeping 1 + k/2 rows of a tentative
-//     step: the recurrences replayed over them) against running those rows again. Each run puts
+//     row's logits and hidden state, all rows kept; it and the one-token step timed in turn, run
+//     by run), one draft token through the MTP block (a file with one), and the undo after a
+//     rejection halfway (keeping 1 + k/2 rows of a tentative step: the recurrences replayed over
+//     them) against running those rows again. Each run puts
 //     the sequence back (not timed), so every step sees the same context. The rounds alternate
 //     the order. --draft-vocab N: the MTP block drafts among N tokens (Model::set_draft_vocab).
 //
@@ -181,23 +182,35 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
     // putting back would otherwise leave them in cache for a one-token step alone.
     std::vector<uint8_t> flush(size_t{64} << 20, 1);
     volatile uint64_t flushed = 0;
+    auto run_once = [&](auto setup, auto f) {
+        setup();
+        uint64_t sum = 0;
+        for (size_t b = 0; b < flush.size(); b += 64) sum += flush[b]++;
+        flushed = flushed + sum;
+        const auto t0 = Clock::now();
+        f();
+        const double s = seconds_since(t0);
+        seq->n_past = base;
+        seq->mtp_n_past = base;
+        seq->restore_recurrent(cp);
+        return s;
+    };
     auto time_after = [&](auto setup, auto f) {
         double total = 0;
-        for (int i = 0; i < steps; ++i) {
-            setup();
-            uint64_t sum = 0;
-            for (size_t b = 0; b < flush.size(); b += 64) sum += flush[b]++;
-            flushed = flushed + sum;
-            const auto t0 = Clock::now();
-            f();
-            total += seconds_since(t0);
-            seq->n_past = base;
-            seq->mtp_n_past = base;
-            seq->restore_recurrent(cp);
-        }
+        for (int i = 0; i < steps; ++i) total += run_once(setup, f);
         return total / steps * 1e3;
     };
     auto time = [&](auto f) { return time_after([] {}, f); };
+    // Two ops' ms per run, their runs taken in turn: the ratio of the two (what a verification
+    // costs against a one-token step) then sees the same machine, not two stretches of it.
+    auto time_both = [&](auto f, auto g) {
+        double a = 0, b = 0;
+        for (int i = 0; i < steps; ++i) {
+            a += run_once([] {}, f);
+            b += run_once([] {}, g);
+        }
+        return std::pair<double, double>{a / steps * 1e3, b / steps * 1e3};
+    };
     std::vector<int32_t> tokens(17, 200);
     auto step_rows = [&](int64_t n, bool tentative) {
         Segment s{seq.get(), tokens.data(), n, logits.data(), true, rows.data()};
@@ -214,11 +227,11 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
         if (r % 2 == 0) std::reverse(order.begin(), order.end());
         for (int k : order) {
             if (k < 1 || k > 16) throw std::invalid_argument("--k values must be 1 to 16");
-            const double one = time([&] { step_rows(1, false); });
-            const double verify = time([&] {
-                step_rows(1 + k, true);
-                model->keep_tentative(*seq, 1 + k);
-            });
+            const auto [one, verify] = time_both([&] { step_rows(1, false); },
+                                                 [&] {
+                                                     step_rows(1 + k, true);
+                                                     model->keep_tentative(*seq, 1 + k);
+                                                 });
             const double draft = model->has_mtp() ? time([&] { model->mtp_step({Segment{seq.get(), tokens.data(), 1, logits.data(), false, rows.data(), h.data()}}); }) : 0;
             char drafted[32] = "(no block)";
             if (model->has_mtp()) std::snprintf(drafted, sizeof drafted, "%.2f", draft);
