@@ -602,8 +602,8 @@ TEST_CASE("kernels: silu_mul is SiLU (times u) to within a few ulp on every path
 }
 
 TEST_CASE("kernels: sum_squares is the sum of squares in double on every path, every length, the tail included") {
-    // Lengths around the vector widths (8 doubles twice over on AVX-512, 4 twice on AVX2) and the
-    // norms' real ones; values of mixed magnitude so that a float accumulator would be off.
+    // Lengths around the vector loop's 16 (four chains of four doubles) and the norms' real
+    // ones; values of mixed magnitude so that a float accumulator would be off.
     std::mt19937 g(8);
     std::normal_distribution<float> nd(0.f, 3.f);
     std::vector<float> x(5000);
