@@ -213,7 +213,16 @@ PULSE_HD void rotate_pair(float& a, float& b, float c, float sn) {
     a = x * c - y * sn;
     b = x * sn + y * c;
 }
-PULSE_HD void rope_pair(float& a, float& b, double theta) { rotate_pair(a, b, static_cast<float>(cos(theta)), static_cast<float>(sin(theta))); }
+// The angle's cosine and sine as the rotation takes them (computed in double, rounded to f32).
+PULSE_HD void rope_cos_sin(double theta, float& c, float& sn) {
+    c = static_cast<float>(cos(theta));
+    sn = static_cast<float>(sin(theta));
+}
+PULSE_HD void rope_pair(float& a, float& b, double theta) {
+    float c, sn;
+    rope_cos_sin(theta, c, sn);
+    rotate_pair(a, b, c, sn);
+}
 
 // The Hadamard fold's head permutation (hadamard.h): the Gated DeltaNet output's element in
 // tiled head order (d + S·m + S·Hk·r) to its place in grouped order (d + S·r + S·rep·m).

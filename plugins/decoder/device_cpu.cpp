@@ -428,14 +428,10 @@ void CpuDevice::attention(const AttentionOp* ops, size_t n_ops) const {
     // NeoX partial RoPE: pairs (i, i + R/2) of the first R dims; frequency exponent over R.
     std::vector<double> inv_freq(static_cast<size_t>(R / 2));
     for (int64_t i = 0; i < R / 2; ++i) inv_freq[static_cast<size_t>(i)] = blocks::rope_inv_freq(op0.rope_base, i, R);
-    // A position's cosines and sines (R/2 of each, the f32 values blocks::rope_pair rounds them
-    // to), worked out once for all H + Hkv heads of a token instead of once per head.
+    // A position's cosines and sines (R/2 of each), worked out once for all H + Hkv heads of a
+    // token instead of once per head.
     auto angles = [&](int64_t p, float* cs) {
-        for (int64_t i = 0; i < R / 2; ++i) {
-            const double theta = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
-            cs[i] = static_cast<float>(std::cos(theta));
-            cs[R / 2 + i] = static_cast<float>(std::sin(theta));
-        }
+        for (int64_t i = 0; i < R / 2; ++i) blocks::rope_cos_sin(static_cast<double>(p) * inv_freq[static_cast<size_t>(i)], cs[i], cs[R / 2 + i]);
     };
     auto rope = [&](float* v, const float* cs) {
         for (int64_t i = 0; i < R / 2; ++i) blocks::rotate_pair(v[i], v[i + R / 2], cs[i], cs[R / 2 + i]);
