@@ -709,6 +709,14 @@ void CpuDevice::deltanet(const DeltaNetOp* ops, size_t n_ops) const {
                 GdnHeadArgs g{raw(op.state) + hh * S * S, S, op.B, yi + m * S, yi + kd + m * S, yi + 2 * kd + hh * S,
                               beta[static_cast<size_t>(i)].data() + hh, log_decay[static_cast<size_t>(i)].data() + hh, C, C, Hv, outp + hh * S, VD,
                               op.state_in ? raw(op.state_in) + hh * S * S : nullptr};
+                // The head this thread runs next (static schedule: the next index), if any.
+                const int64_t next = i * Hv + hh + 1;
+                if (next < n * Hv) {
+                    const DeltaNetOp& nop = ops[static_cast<size_t>(next / Hv)];
+                    const int64_t nh = next % Hv;
+                    g.next_out = raw(nop.state) + nh * S * S;
+                    g.next_in = nop.state_in ? raw(nop.state_in) + nh * S * S : g.next_out;
+                }
                 gdn_head(g);
                 // Gated RMSNorm of each token's head output, in place.
                 const float* zp = raw(op.z);

@@ -788,16 +788,43 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
 
 namespace {
 
+// The next head's state (GdnHeadArgs::next_in/next_out), a few cache lines per state row the
+// head visits: the whole of it spread over the head's passes (1 + T of S rows each).
+class NextHeadPrefetch {
+public:
+    NextHeadPrefetch(const GdnHeadArgs& g)
+        : in_(reinterpret_cast<const char*>(g.next_in)), out_(g.next_out != g.next_in ? reinterpret_cast<const char*>(g.next_out) : nullptr) {
+        const int64_t lines = (g.S * g.S * 4 + 63) / 64;
+        in_lines_ = in_ ? lines : 0;
+        out_lines_ = out_ ? lines : 0;
+        const int64_t rows = (1 + g.T) * g.S;
+        per_row_ = (in_lines_ + out_lines_ + rows - 1) / rows;
+    }
+    inline __attribute__((always_inline)) void row() {
+        for (int64_t n = 0; n < per_row_; ++n) {
+            if (in_at_ < in_lines_) __builtin_prefetch(in_ + 64 * in_at_++, 0, 2);
+            else if (out_at_ < out_lines_) __builtin_prefetch(out_ + 64 * out_at_++, 1, 2);
+            else return;
+        }
+    }
+
+private:
+    const char *in_, *out_;
+    int64_t in_lines_ = 0, out_lines_ = 0, in_at_ = 0, out_at_ = 0, per_row_ = 0;
+};
+
 inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
     const int64_t S = g.S;
     float* st = g.state;
     // The first token reads the state before the step; later ones the one being written.
     const float* src = g.state_in ? g.state_in : st;
+    NextHeadPrefetch ahead(g);
     const float inv_sqrt = 1.f / std::sqrt(static_cast<float>(S));
     float a[512], b[512], delta[512];  // S <= 512 (checked by the caller)
     for (int64_t j = 0; j < S; ++j) a[j] = b[j] = 0;
     for (int64_t i = 0; i < S; ++i) {
         const float* row = src + i * S;
+        ahead.row();
         const float ki = g.k[i], qi = g.q[i];
 #pragma omp simd
         for (int64_t j = 0; j < S; ++j) {
@@ -825,6 +852,7 @@ inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
                 float* row = st + i * S;
                 const float* old = from + i * S;
                 const float ki = k[i];
+                ahead.row();
 #pragma omp simd
                 for (int64_t j = 0; j < S; ++j) row[j] = e * old[j] + ki * delta[j];
             }
@@ -836,6 +864,7 @@ inline __attribute__((always_inline)) void gdn_head_body(const GdnHeadArgs& g) {
             float* row = st + i * S;
             const float* old = from + i * S;
             const float ki = k[i], kni = kn[i], qni = qn[i];
+            ahead.row();
 #pragma omp simd
             for (int64_t j = 0; j < S; ++j) {
                 const float r = e * old[j] + ki * delta[j];
@@ -939,11 +968,13 @@ __attribute__((target("avx512f,avx512vl,avx2,fma"))) void gdn_head_avx512(const 
     constexpr int64_t S = 16 * NV;
     float* st = g.state;
     const float* src = g.state_in ? g.state_in : st;  // as in gdn_head_body
+    NextHeadPrefetch ahead(g);
     const __m512 inv_sqrt = _mm512_set1_ps(1.f / std::sqrt(static_cast<float>(S)));
     __m512 a[NV], b[NV], d[NV];
     PULSE_UNROLL for (int v = 0; v < NV; ++v) a[v] = b[v] = _mm512_setzero_ps();
     for (int64_t i = 0; i < S; ++i) {
         const float* row = src + i * S;
+        ahead.row();
         const __m512 ki = _mm512_set1_ps(g.k[i]), qi = _mm512_set1_ps(g.q[i]);
         PULSE_UNROLL for (int v = 0; v < NV; ++v) {
             const __m512 r = _mm512_loadu_ps(row + 16 * v);
@@ -971,6 +1002,7 @@ __attribute__((target("avx512f,avx512vl,avx2,fma"))) void gdn_head_avx512(const 
                 float* row = st + i * S;
                 const float* old = from + i * S;
                 const __m512 ki = _mm512_set1_ps(k[i]);
+                ahead.row();
                 PULSE_UNROLL for (int v = 0; v < NV; ++v)
                     _mm512_storeu_ps(row + 16 * v, _mm512_fmadd_ps(ki, d[v], _mm512_mul_ps(ev, _mm512_loadu_ps(old + 16 * v))));
             }
@@ -982,6 +1014,7 @@ __attribute__((target("avx512f,avx512vl,avx2,fma"))) void gdn_head_avx512(const 
             float* row = st + i * S;
             const float* old = from + i * S;
             const __m512 ki = _mm512_set1_ps(k[i]), kni = _mm512_set1_ps(kn[i]), qni = _mm512_set1_ps(qn[i]);
+            ahead.row();
             PULSE_UNROLL for (int v = 0; v < NV; ++v) {
                 const __m512 r = _mm512_fmadd_ps(ki, d[v], _mm512_mul_ps(ev, _mm512_loadu_ps(old + 16 * v)));
                 _mm512_storeu_ps(row + 16 * v, r);

@@ -124,6 +124,11 @@ struct GdnHeadArgs {
     // Where set, the state before the tokens, read and left as it is (`state` is then only
     // written: the state after them); else `state` is updated in place.
     const float* state_in = nullptr;
+    // The next head's state buffers (read, and written when it differs), fetched into cache
+    // while this head runs: its passes after the first find their state in L2 and leave the
+    // memory idle, so a stack of heads otherwise waits on each head's first pass.
+    const float* next_in = nullptr;
+    float* next_out = nullptr;
 };
 constexpr int64_t kGdnChunk = 32;
 constexpr int64_t kGdnChunkedFrom = 8;  // runs this long (tokens) take the chunked form

@@ -16,6 +16,8 @@
 //     them) against running those rows again. Each run puts
 //     the sequence back (not timed), so every step sees the same context. The rounds alternate
 //     the order. --draft-vocab N: the MTP block drafts among N tokens (Model::set_draft_vocab).
+//     A second table splits the one-token step and the verification by kind of device op
+//     ("other": the time outside them), so the verification's extra time has an address.
 //
 //   decoder_ops tokenize MODEL.gguf --text FILE [--rounds 3]
 //     The model's tokenizer over FILE (special tokens read, as a chat prompt is): bytes, tokens,
@@ -27,8 +29,10 @@
 //     rows of 2048 weights (8: in L1; 4000: streaming from outer cache or memory), 1 to 8 tokens
 //     (Q8_0) or 4 (TQ2_0), in ns per 8-row block (best of --reps) and against one token's time:
 //     1.0 at four tokens means the extra tokens came free (bound by reading the weights), 4.0
-//     that each costs what the first did (bound by arithmetic). Then one Gated DeltaNet head (S = 128, one token) in
-//     the recurrent form, AVX2 and this CPU's best, over 1 and 192 heads of state, in µs per head.
+//     that each costs what the first did (bound by arithmetic). Then one Gated DeltaNet head (S = 128) in
+//     the recurrent form, AVX2 and this CPU's best, over 1 and 192 heads of state, in µs per
+//     head: one token in place (a decode step) and five with the state before them kept (a
+//     verification of four drafts).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -158,7 +162,11 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
 #ifdef _OPENMP
     omp_set_num_threads(threads);
 #endif
-    auto model = Model::load(GgufFile::open(path));
+    // Each op timed (TimingDevice): where a verification's extra time goes, under the same
+    // cache-flushed conditions as the ratio itself.
+    auto dev = std::make_unique<TimingDevice>();
+    TimingDevice* timing = dev.get();
+    auto model = Model::load(GgufFile::open(path), std::move(dev));
     model->threads = threads;
     if (draft_vocab > 0) {  // the first N ids: the cost depends on the count only
         std::vector<int32_t> ids(static_cast<size_t>(std::min(draft_vocab, model->hparams().n_vocab)));
@@ -182,14 +190,24 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
     // putting back would otherwise leave them in cache for a one-token step alone.
     std::vector<uint8_t> flush(size_t{64} << 20, 1);
     volatile uint64_t flushed = 0;
-    auto run_once = [&](auto setup, auto f) {
+    using OpTimes = std::map<std::string, double>;
+    auto run_once = [&](auto setup, auto f, OpTimes* ops = nullptr) {
         setup();
         uint64_t sum = 0;
         for (size_t b = 0; b < flush.size(); b += 64) sum += flush[b]++;
         flushed = flushed + sum;
+        timing->spent.clear();
         const auto t0 = Clock::now();
         f();
         const double s = seconds_since(t0);
+        if (ops) {
+            double in_ops = 0;
+            for (const auto& [what, sec] : timing->spent) {
+                (*ops)[what] += sec;
+                in_ops += sec;
+            }
+            (*ops)["other"] += s - in_ops;
+        }
         seq->n_past = base;
         seq->mtp_n_past = base;
         seq->restore_recurrent(cp);
@@ -203,11 +221,11 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
     auto time = [&](auto f) { return time_after([] {}, f); };
     // Two ops' ms per run, their runs taken in turn: the ratio of the two (what a verification
     // costs against a one-token step) then sees the same machine, not two stretches of it.
-    auto time_both = [&](auto f, auto g) {
+    auto time_both = [&](auto f, auto g, OpTimes& f_ops, OpTimes& g_ops) {
         double a = 0, b = 0;
         for (int i = 0; i < steps; ++i) {
-            a += run_once([] {}, f);
-            b += run_once([] {}, g);
+            a += run_once([] {}, f, &f_ops);
+            b += run_once([] {}, g, &g_ops);
         }
         return std::pair<double, double>{a / steps * 1e3, b / steps * 1e3};
     };
@@ -222,16 +240,25 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
     auto undo_replay = [&](int64_t k, int64_t kept) { return time_after([&] { step_rows(1 + k, true); }, [&] { model->keep_tentative(*seq, kept); }); };
     std::printf("| round | k | one token ms | verify (1 + k rows) ms | × one token | MTP draft token ms |"
                 " undo: replay of 1 + k/2 rows ms | undo: re-run of them ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    std::vector<std::string> op_rows;
     for (int r = 1; r <= rounds; ++r) {
         std::vector<int> order = ks;
         if (r % 2 == 0) std::reverse(order.begin(), order.end());
         for (int k : order) {
             if (k < 1 || k > 16) throw std::invalid_argument("--k values must be 1 to 16");
+            OpTimes one_ops, verify_ops;
             const auto [one, verify] = time_both([&] { step_rows(1, false); },
                                                  [&] {
                                                      step_rows(1 + k, true);
                                                      model->keep_tentative(*seq, 1 + k);
-                                                 });
+                                                 },
+                                                 one_ops, verify_ops);
+            for (const auto& [what, sec] : verify_ops) {
+                char line[160];
+                std::snprintf(line, sizeof line, "| %d | %d | %s | %.3f | %.3f | %+.3f |", r, k, what.c_str(), one_ops[what] / steps * 1e3, sec / steps * 1e3,
+                              (sec - one_ops[what]) / steps * 1e3);
+                op_rows.push_back(line);
+            }
             const double draft = model->has_mtp() ? time([&] { model->mtp_step({Segment{seq.get(), tokens.data(), 1, logits.data(), false, rows.data(), h.data()}}); }) : 0;
             char drafted[32] = "(no block)";
             if (model->has_mtp()) std::snprintf(drafted, sizeof drafted, "%.2f", draft);
@@ -241,6 +268,8 @@ int verify_mode(const std::string& path, const std::vector<int>& ks, int steps, 
             std::printf("| %d | %d | %.2f | %.2f | %.2f | %s | %.3f | %.2f |\n", r, k, one, verify, verify / one, drafted, replay, rerun);
         }
     }
+    std::printf("\n| round | k | op | one token ms | verify ms | extra ms |\n|---:|---:|---|---:|---:|---:|\n");
+    for (const auto& line : op_rows) std::printf("%s\n", line.c_str());
     std::printf("\nconditions: %d threads, a 64-token prompt, %d runs each, kernels %s, %s activations, drafts among %lld of %lld tokens\n",
                 threads, steps, kernel_name(), model->exact ? "f32" : "int8", static_cast<long long>(model->mtp_vocab()),
                 static_cast<long long>(model->hparams().n_vocab));
@@ -283,23 +312,36 @@ int kernels_mode(int64_t groups, int reps) {
         }
     }
     const int64_t S = 128;
-    std::printf("\n| state heads | recurrent delta rule, AVX2 µs/head | this CPU's (%s) µs/head |\n|---:|---:|---:|\n", kernel_name());
-    for (int heads : {1, 192}) {
-        std::vector<float> st(static_cast<size_t>(heads * S * S), 0.01f), qk(static_cast<size_t>(2 * S), 0.088f), v(static_cast<size_t>(S), 0.2f), out(static_cast<size_t>(S));
-        float beta = 0.5f, log_decay = -0.1f;
-        double best[2] = {1e9, 1e9};
-        for (int rep = 0; rep < reps; ++rep)
-            for (int fast = 0; fast < 2; ++fast) {
-                limit_kernels(fast ? "" : "avx2");
-                const auto t0 = Clock::now();
-                for (int h = 0; h < heads; ++h)
-                    gdn_head_recurrent(GdnHeadArgs{st.data() + h * S * S, S, 1, qk.data(), qk.data() + S, v.data(), &beta, &log_decay, S, S, 1, out.data(), S});
-                best[fast] = std::min(best[fast], seconds_since(t0) / heads);
-                sink = sink + out[0];
-            }
-        limit_kernels("");
-        std::printf("| %d | %.2f | %.2f |\n", heads, best[0] * 1e6, best[1] * 1e6);
-    }
+    // The recurrent delta rule as a decode step (one token, state updated in place) and as a
+    // verification (five tokens, the state before them kept: read from one buffer, written to
+    // another), over one head (in L2) and 192 (beyond it: a layer stack's worth).
+    std::printf("\n| state heads | tokens | state | recurrent delta rule, AVX2 µs/head | this CPU's (%s) µs/head |\n|---:|---:|---|---:|---:|\n", kernel_name());
+    for (int heads : {1, 192})
+        for (int T : {1, 5}) {
+            const bool tentative = T > 1;
+            std::vector<float> st(static_cast<size_t>(heads * S * S), 0.01f), before(tentative ? st.size() : 0, 0.01f);
+            std::vector<float> qk(static_cast<size_t>(2 * S * T), 0.088f), v(static_cast<size_t>(S * T), 0.2f), out(static_cast<size_t>(S * T));
+            std::vector<float> beta(static_cast<size_t>(T), 0.5f), log_decay(static_cast<size_t>(T), -0.1f);
+            double best[2] = {1e9, 1e9};
+            for (int rep = 0; rep < reps; ++rep)
+                for (int fast = 0; fast < 2; ++fast) {
+                    limit_kernels(fast ? "" : "avx2");
+                    const auto t0 = Clock::now();
+                    for (int h = 0; h < heads; ++h) {
+                        GdnHeadArgs a{st.data() + h * S * S, S, T, qk.data(), qk.data() + S, v.data(), beta.data(), log_decay.data(), 2 * S, S, 1, out.data(), S};
+                        if (tentative) a.state_in = before.data() + h * S * S;
+                        if (h + 1 < heads) {  // as the model runs a layer's heads: the next one fetched meanwhile
+                            a.next_out = st.data() + (h + 1) * S * S;
+                            a.next_in = tentative ? before.data() + (h + 1) * S * S : a.next_out;
+                        }
+                        gdn_head_recurrent(a);
+                    }
+                    best[fast] = std::min(best[fast], seconds_since(t0) / heads);
+                    sink = sink + out[0];
+                }
+            limit_kernels("");
+            std::printf("| %d | %d | %s | %.2f | %.2f |\n", heads, T, tentative ? "kept" : "in place", best[0] * 1e6, best[1] * 1e6);
+        }
     std::printf("\nconditions: one thread, rows of %lld weights, %lld groups of eight rows, best of %d\n", static_cast<long long>(n), static_cast<long long>(groups), reps);
     return 0;
 }
