@@ -345,8 +345,10 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
     std::vector<Speculator*> specs;
     std::vector<int32_t> lasts;
     std::vector<int> ks;
+    const auto drafting_started = std::chrono::steady_clock::now();
     for (auto& a : active)
         if (a->decoding() && a->spec) {
+            a->spec->set_worth(draft_costs_.worth());
             specs.push_back(a->spec.get());
             lasts.push_back(a->next);
             ks.push_back(static_cast<int>(drafts_for(*a, draft_room)));
@@ -422,6 +424,11 @@ void Engine::run_step(std::vector<std::unique_ptr<Active>>& active) {
             remember(std::vector<int32_t>(a->job->tokens.begin(), a->job->tokens.end() - 1), *a);
             a->next = a->job->tokens.back();
         }
+    if (decode_only && !specs.empty()) {
+        int64_t drafted = 0;
+        for (const auto& d : drafts) drafted += static_cast<int64_t>(d.size());
+        draft_costs_.observe(drafted, static_cast<int64_t>(decided), std::chrono::duration<double>(std::chrono::steady_clock::now() - drafting_started).count());
+    }
     if (decode_only) {
         std::lock_guard lock(mu_);
         stats_.decode_only_rows += static_cast<uint64_t>(rows);

@@ -155,6 +155,9 @@ private:
         Speculator::Carry carry;  // with speculation: what drafting from there needs
     };
     std::deque<Checkpoint> checkpoints_;
+    // What a draft costs in this engine's decode-only steps (all sequences' drafts together):
+    // every adaptive speculator's threshold (the worker thread only).
+    DraftCosts draft_costs_;
     std::thread thread_;
 };
 

@@ -138,10 +138,33 @@ int drafts_worth(const std::vector<double>& kept_after, int k_max, double worth)
 
 namespace {
 // Adaptive k: the running rates follow about the last 8 observations and start at 0.7 (three
-// drafts at first: 0.7^3 >= 0.3); a step in 16 probes one draft when none is worth it.
+// drafts at first: 0.7^3 >= 0.3); a step in 16 probes one draft when none is worth it, and
+// while drafting, two steps in 16 take one draft fewer and one more than the rule says.
 constexpr double kRateWeight = 1.0 / 8, kFirstRate = 0.7;
 constexpr int64_t kProbeEvery = 16;
+// DraftCosts: a step's weight fades by kKeep per later step (about the last 64 steps count), a
+// fit needs kMinSteps of them and a spread of drafts (variance) of at least kMinSpread, and
+// worth stays within [kMinWorth, kMaxWorth] (a noisy slope of zero or below must not make
+// every draft look free; above 1 nothing is drafted either way).
+constexpr double kKeep = 1.0 - 1.0 / 64, kMinSteps = 8, kMinSpread = 0.03, kMinWorth = 0.05, kMaxWorth = 1.0;
 }  // namespace
+
+void DraftCosts::observe(int64_t drafts, int64_t tokens, double seconds) {
+    if (tokens < 1 || !(seconds > 0)) return;
+    const double d = static_cast<double>(drafts);
+    for (double* sum : {&n_, &sum_d_, &sum_dd_, &sum_t_, &sum_dt_, &sum_seconds_, &sum_tokens_}) *sum *= kKeep;
+    n_ += 1;
+    sum_d_ += d;
+    sum_dd_ += d * d;
+    sum_t_ += seconds;
+    sum_dt_ += d * seconds;
+    sum_seconds_ += seconds;
+    sum_tokens_ += static_cast<double>(tokens);
+    const double spread = n_ * sum_dd_ - sum_d_ * sum_d_;  // n² · the drafts' variance
+    if (n_ < kMinSteps || spread < kMinSpread * n_ * n_) return;  // keep the last fit (or the prior)
+    per_draft_ = std::max(0.0, (n_ * sum_dt_ - sum_d_ * sum_t_) / spread);
+    worth_ = std::clamp(per_draft_ / seconds_per_token(), kMinWorth, kMaxWorth);
+}
 
 Speculator::Speculator(const Model& model, Sequence& seq, int k, SamplerParams sampling, bool adaptive, DraftSource source, const Carry* from)
     : model_(model), seq_(seq), k_(k), adaptive_(adaptive), source_(source), kept_after_(static_cast<size_t>(k), kFirstRate),
@@ -393,9 +416,15 @@ std::vector<int32_t> Speculator::verify(int32_t last, const std::vector<int32_t>
 
 int Speculator::next_k() const {
     if (!adaptive_) return k_;
-    const int k = drafts_worth(kept_after_, k_);
+    const int k = drafts_worth(kept_after_, k_, worth_);
     // Not worth it: a plain step, but one draft now and then, to see whether it has become so.
-    return k ? k : (stats_.steps % kProbeEvery == kProbeEvery - 1 ? 1 : 0);
+    if (!k) return stats_.steps % kProbeEvery == kProbeEvery - 1 ? 1 : 0;
+    // Now and then one draft fewer, and one more: steps of other lengths, for DraftCosts to
+    // measure what a draft costs, and the rate of the position past the last one kept fresh.
+    const int64_t phase = stats_.steps % kProbeEvery;
+    if (phase == kProbeEvery / 2 - 1) return k - 1;
+    if (phase == kProbeEvery - 1) return std::min(k + 1, k_);
+    return k;
 }
 
 std::vector<int32_t> Speculator::step(int32_t last) {
@@ -403,7 +432,12 @@ std::vector<int32_t> Speculator::step(int32_t last) {
     const auto t0 = Clock::now();
     const std::vector<int32_t> drafts = k ? draft(last, k) : std::vector<int32_t>{};
     stats_.draft_s += seconds(Clock::now() - t0);
-    return verify(last, drafts);
+    std::vector<int32_t> out = verify(last, drafts);
+    if (adaptive_) {
+        costs_.observe(static_cast<int64_t>(drafts.size()), static_cast<int64_t>(out.size()), seconds(Clock::now() - t0));
+        worth_ = costs_.worth();
+    }
+    return out;
 }
 
 }  // namespace pulse::decoder

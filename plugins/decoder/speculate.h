@@ -58,6 +58,31 @@ struct SyntheticAcceptance {
 // draft now and then to notice when it starts to).
 int drafts_worth(const std::vector<double>& kept_after, int k_max, double worth = 0.3);
 
+// What a draft costs on this machine, measured: adaptive k's `worth` for drafts_worth. A draft
+// adds a verified row and a drafting pass to a step, and pays when the chance that it adds a
+// token is at least its cost over the time a token takes now: worth = c / τ, with c the seconds
+// one more draft adds to a step (the slope of step time against the step's drafts, least
+// squares over the recent steps, the older ones fading) and τ the seconds per decoded token.
+// Where decoding is bound by reading the weights an extra row is nearly free and drafts pay
+// from a low chance; where the arithmetic bounds it (ternary weights on few cores) a row costs
+// a good part of a step and only likely drafts pay. Until the steps seen vary enough in their
+// drafts to fit c (the speculator varies k now and then for this), worth is kPriorWorth.
+class DraftCosts {
+public:
+    static constexpr double kPriorWorth = 0.3;
+    // One step: the drafts it verified (all sequences of a batched step together), the tokens
+    // it decoded and its wall time (drafting, verifying, settling).
+    void observe(int64_t drafts, int64_t tokens, double seconds);
+    double worth() const { return worth_; }
+    double seconds_per_draft() const { return per_draft_; }  // c, 0 until fitted
+    double seconds_per_token() const { return sum_tokens_ > 0 ? sum_seconds_ / sum_tokens_ : 0; }
+
+private:
+    // Sums over the steps, each step's weight fading by kKeep per step after it.
+    double n_ = 0, sum_d_ = 0, sum_dd_ = 0, sum_t_ = 0, sum_dt_ = 0, sum_seconds_ = 0, sum_tokens_ = 0;
+    double per_draft_ = 0, worth_ = kPriorWorth;
+};
+
 struct SpeculationStats {
     int64_t steps = 0;                   // verification steps of the main model
     int64_t drafted = 0, accepted = 0;   // draft tokens proposed and kept
@@ -117,6 +142,12 @@ public:
     std::vector<int32_t> step(int32_t last);
     // The drafts the next step() proposes (k, or adaptive k).
     int next_k() const;
+    // Adaptive k's threshold (DraftCosts::worth): step() measures its own steps; a caller that
+    // runs the steps itself (the serving engine, several sequences a step) measures them and
+    // sets it before each step.
+    void set_worth(double worth) { worth_ = worth; }
+    double worth() const { return worth_; }
+    const DraftCosts& costs() const { return costs_; }  // step()'s measurements
     // Benchmarking only: judge drafts by `s` instead of by the main model (SyntheticAcceptance).
     void set_synthetic(SyntheticAcceptance s);
     // Greedy drafts after `last` (up to `k`); leaves the sequence as it was.
@@ -180,6 +211,8 @@ private:
     bool adaptive_;
     DraftSource source_;
     std::vector<double> kept_after_;  // adaptive: running rate of keeping draft i after 0..i-1
+    double worth_ = DraftCosts::kPriorWorth;
+    DraftCosts costs_;                // step()'s own steps
     int64_t E_, V_;
     std::vector<float> pending_;  // MTP: the main hidden state of the last position run (zeros at first)
     // The current step: its rows (token then drafts; with drafts a tentative step), their

@@ -50,7 +50,8 @@ const char* kDecodeHelp =
     "                    draft model of the same vocabulary (greedy or sampled); --json reports steps,\n"
     "                    drafts, acceptance by position and tokens per step (default: off)\n"
     "  --draft-k K       drafts per step, 1-16 (default 4); auto[:MAX]: each step as many as the running\n"
-    "                    acceptance makes worth verifying (up to MAX, default 8; none while none is)\n"
+    "                    acceptance and the drafts' measured cost make worth verifying (up to MAX,\n"
+    "                    default 8; none while none is)\n"
     "  --draft-vocab FILE  with --draft mtp: draft among FILE's tokens only (`pulse distill vocab`\n"
     "                    writes it): a draft reads that many rows of the output head, not all;\n"
     "                    first:N: among ids 0..N-1 (BPE's merge order, roughly by frequency)\n"
@@ -83,7 +84,8 @@ struct DraftArgs {
     std::string vocab;            // --draft-vocab FILE (draft mtp: its tokens only)
 };
 
-void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, const DraftArgs& d);
+void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, const DraftArgs& d,
+                       const decoder::DraftCosts* costs = nullptr);
 
 int decode_streams(const std::string& path, const std::string& prompt, int64_t streams, int64_t max_sequences, int64_t n, int threads,
                    const std::string& device, bool exact, const decoder::SamplerParams& sp, const DraftArgs& draft) {
@@ -218,7 +220,8 @@ int decode_streams(const std::string& path, const std::string& prompt, int64_t s
 
 // --json's "speculation": what drafting did (acceptance by draft position; the tokens per
 // verification step are what speculation can gain at best, before the cost of a step).
-void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, const DraftArgs& d) {
+void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const decoder::SpeculationStats& st, const DraftArgs& d,
+                       const decoder::DraftCosts* costs) {
     const int k = d.k;
     w.Key("speculation");
     w.StartObject();
@@ -264,6 +267,17 @@ void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const deco
         w.Double(st.verify_s);
         w.Key("settle");
         w.Double(st.settle_s);
+        w.EndObject();
+    }
+    if (costs && d.adaptive) {  // adaptive k's threshold at the end, and what it came from
+        w.Key("draft_cost");
+        w.StartObject();
+        w.Key("worth");
+        w.Double(costs->worth());
+        w.Key("seconds_per_draft");
+        w.Double(costs->seconds_per_draft());
+        w.Key("seconds_per_token");
+        w.Double(costs->seconds_per_token());
         w.EndObject();
     }
     w.EndObject();
@@ -530,7 +544,7 @@ int cmd_decode(const std::vector<std::string>& args) {
     w.String(model->device_note().c_str());
     w.Key("kernels");
     w.String(decoder::kernel_name());
-    if (spec) write_speculation(w, spec->stats(), draft);
+    if (spec) write_speculation(w, spec->stats(), draft, &spec->costs());
     w.EndObject();
     std::printf("%s\n", b.GetString());
     return 0;

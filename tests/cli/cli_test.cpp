@@ -271,20 +271,30 @@ TEST_CASE("decode and gguf: run the pulse-decoder program; the host binary links
     CHECK(ids(plain.out).size() >= 1);
     CHECK(ids(drafted.out) == ids(plain.out));
     CHECK(has(drafted.out, R"("speculation":{"draft":"mtp","k":3,"adaptive":false,"plain_steps":0,"steps":)"));
-    // Adaptive k: the demo's random block is never right, so drafting stops after a few steps
-    // (one probe in 16 steps after that); the tokens stay plain greedy decoding's.
-    auto adaptive = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "24", "--json", "--exact", "--draft", "mtp", "--draft-k", "auto:4"});
+    // Adaptive k: the demo's random block is never right, so drafting stops after at most 20
+    // rejections (the first draft's rate falls by 7/8 a rejection from 0.7, below the lowest
+    // threshold, 0.05, after 20), then one probe in 16 steps; the tokens stay plain greedy
+    // decoding's, and --json says what the threshold came to.
+    auto plain64 = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "64", "--json", "--exact"});
+    auto adaptive = run({exe(), "decode", (tmp / "mtp.gguf").string(), "--tokens", "1,2,3", "-n", "64", "--json", "--exact", "--draft", "mtp", "--draft-k", "auto:4"});
     CHECK(adaptive.code == 0);
-    CHECK(ids(adaptive.out) == ids(plain.out));
+    CHECK(ids(adaptive.out) == ids(plain64.out));
     std::smatch plain_steps;
     REQUIRE(std::regex_search(adaptive.out, plain_steps, std::regex(R"("adaptive":true,"plain_steps":(\d+))")));
-    CHECK(std::stoi(plain_steps[1]) >= 10);
+    CHECK(std::stoi(plain_steps[1]) >= 30);
+    std::smatch worth;
+    REQUIRE(std::regex_search(adaptive.out, worth, std::regex(R"("draft_cost":\{"worth":([0-9.e-]+),"seconds_per_draft":([0-9.e-]+),"seconds_per_token":([0-9.e-]+)\})")));
+    CHECK(std::stod(worth[1]) >= 0.05);
+    CHECK(std::stod(worth[1]) <= 1.0);
+    CHECK(std::stod(worth[3]) > 0);
+    CHECK_FALSE(has(drafted.out, "draft_cost"));  // fixed k: no threshold
     CHECK(has(drafted.out, R"("acceptance_by_position":[)"));
-    // Where the steps' time went: each phase timed, the verification (a model step) the most.
+    // Where the steps' time went: each phase timed. (Which takes the most is for benchmarks: on
+    // a loaded machine a preemption lands in any of them.)
     std::smatch secs;
     REQUIRE(std::regex_search(drafted.out, secs, std::regex(R"("seconds":\{"draft":([0-9.e-]+),"verify":([0-9.e-]+),"settle":([0-9.e-]+)\})")));
     CHECK(std::stod(secs[1]) > 0);
-    CHECK(std::stod(secs[2]) > std::stod(secs[3]));
+    CHECK(std::stod(secs[2]) > 0);
     CHECK(std::stod(secs[3]) > 0);
     CHECK_FALSE(has(plain.out, "speculation"));
     auto no_block = run({exe(), "decode", (tmp / "demo.gguf").string(), "--tokens", "1,2", "--draft", "mtp"});

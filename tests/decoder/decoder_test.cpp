@@ -1903,18 +1903,102 @@ TEST_CASE("speculate: adaptive k drafts as far as the running acceptance makes w
     CHECK(spec.next_k() == 3);  // a new head is trusted with three drafts
     auto l = spec.prefill(kSpecPrompt);
     std::vector<int32_t> out{spec.sample(l)};
+    // How soon it stops depends on what drafts cost here (the threshold is measured: DraftCosts),
+    // never later than the cheapest draft (worth 0.05) allows: the rate of the first draft falls
+    // by 7/8 a rejection from 0.7, below 0.05 after 20.
+    int64_t drafted_late = 0;
     for (int guard = 0; out.size() < truth.size() && guard < 200; ++guard) {
+        const int64_t before = spec.stats().drafted;
         auto got = spec.step(out.back());
         out.insert(out.end(), got.begin(), got.end());
+        if (out.size() > truth.size() - 32) drafted_late += spec.stats().drafted - before;
     }
     out.resize(truth.size());
     CHECK(out == truth);
     const auto& st = spec.stats();
-    MESSAGE("adaptive over " << st.steps << " steps: " << st.plain_steps << " without drafts, " << st.drafted << " drafted, " << st.accepted << " kept");
-    CHECK(st.accepted == 0);           // the random block is never right on this file
+    MESSAGE("adaptive over " << st.steps << " steps: " << st.plain_steps << " without drafts, " << st.drafted << " drafted, " << st.accepted
+                             << " kept; threshold " << spec.worth());
+    CHECK(st.accepted == 0);         // the random block is never right on this file
     CHECK(st.plain_steps > st.steps / 2);
-    CHECK(st.drafted < st.steps / 2);  // against 6 per step without adaptation
-    CHECK(st.drafted_at[0] > 1);       // probes went on
+    CHECK(drafted_late <= 2);        // the last 32 steps: no drafts but a probe every 16
+    CHECK(st.drafted_at[0] > 1);     // probes went on
+}
+
+TEST_CASE("speculate: DraftCosts measures what a draft costs from steps of different lengths, and adaptive k's threshold follows it") {
+    // Steps of 10 ms plus c ms per draft, each decoding 1 + drafts/2 tokens: worth = c / τ.
+    auto feed = [](DraftCosts& costs, double base, double per_draft, int steps, const std::vector<int>& cycle) {
+        for (int i = 0; i < steps; ++i) {
+            const int d = cycle[static_cast<size_t>(i) % cycle.size()];
+            costs.observe(d, 1 + d / 2, (base + per_draft * d) * 1e-3);
+        }
+    };
+    SUBCASE("the same number of drafts every step: nothing to fit, the prior holds") {
+        DraftCosts costs;
+        feed(costs, 10, 2, 100, {4});
+        CHECK(costs.worth() == DraftCosts::kPriorWorth);
+        CHECK(costs.seconds_per_draft() == 0);
+    }
+    SUBCASE("k varied now and then, as the speculator does: the slope, and worth = c / τ") {
+        DraftCosts costs;
+        // Seven steps too few to fit, whatever they show.
+        feed(costs, 10, 2.5, 7, {3, 4, 5});
+        CHECK(costs.worth() == DraftCosts::kPriorWorth);
+        feed(costs, 10, 2.5, 200, {4, 4, 4, 4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 4, 5, 4});
+        CHECK(costs.seconds_per_draft() == doctest::Approx(2.5e-3).epsilon(1e-6));
+        CHECK(costs.worth() == doctest::Approx(2.5e-3 / costs.seconds_per_token()).epsilon(1e-9));
+        CHECK(costs.seconds_per_token() == doctest::Approx(20e-3 / 3).epsilon(0.02));  // mostly 20 ms for 3 tokens
+        // A draft costing over a third of a token's time: drafts_worth then stops where the
+        // chance falls below it (0.7^3 = 0.343), earlier than the prior's 0.3 would.
+        CHECK(drafts_worth({0.7, 0.7, 0.7, 0.7}, 4, DraftCosts::kPriorWorth) == 3);
+        CHECK(costs.worth() > 0.35);
+        CHECK(drafts_worth({0.7, 0.7, 0.7, 0.7}, 4, costs.worth()) == 2);
+    }
+    SUBCASE("the older steps fade: a change in costs is followed") {
+        DraftCosts costs;
+        feed(costs, 10, 2, 300, {4, 3, 4, 5});
+        feed(costs, 10, 6, 600, {4, 3, 4, 5});
+        CHECK(costs.seconds_per_draft() == doctest::Approx(6e-3).epsilon(0.01));
+    }
+    SUBCASE("bounds: free or negative slopes do not make every draft look free; bad samples are ignored") {
+        DraftCosts costs;
+        feed(costs, 30, -3, 100, {2, 3, 4});  // longer steps with fewer drafts (noise)
+        CHECK(costs.seconds_per_draft() == 0);
+        CHECK(costs.worth() == doctest::Approx(0.05));
+        DraftCosts dear;
+        feed(dear, 1, 50, 100, {0, 1});
+        CHECK(dear.worth() == 1.0);  // nothing is ever that likely: no drafts but the probes
+        const double before = dear.seconds_per_token();
+        dear.observe(1, 0, 1.0);   // no token decoded
+        dear.observe(1, 1, 0.0);   // no time
+        dear.observe(1, 1, -1.0);
+        CHECK(dear.seconds_per_token() == before);
+    }
+}
+
+TEST_CASE("speculate: adaptive k varies its drafts now and then, and fits their cost from its own steps") {
+    TempDir d;
+    auto m = exact_mtp_model(d, 7);
+    const auto truth = plain_greedy(*m, kSpecPrompt, 1);
+    auto seq = m->new_sequence();
+    Speculator spec(*m, *seq, 4, SamplerParams{}, true);
+    spec.set_worth(0.05);  // every kept-enough draft worth it: k at its ceiling unless varied
+    spec.prefill(kSpecPrompt);
+    spec.set_synthetic(SyntheticAcceptance::for_length(5.0, 4));  // every draft kept
+    int32_t last = truth[0];
+    std::map<int64_t, int> drafts_seen;
+    for (int i = 0; i < 64; ++i) {
+        const int64_t before = spec.stats().drafted;
+        spec.set_worth(0.05);
+        last = spec.step(last).back();
+        ++drafts_seen[spec.stats().drafted - before];
+    }
+    // At the ceiling (4) a step in 16 takes one fewer; one more is past the ceiling.
+    CHECK(drafts_seen[4] == 60);
+    CHECK(drafts_seen[3] == 4);
+    CHECK(drafts_seen.size() == 2);
+    // step() measured its own steps: a fitted threshold (not the prior) in [0.05, 1].
+    CHECK(spec.costs().worth() != DraftCosts::kPriorWorth);
+    CHECK(spec.costs().seconds_per_token() > 0);
 }
 
 TEST_CASE("speculate: bad arguments are refused by name") {
