@@ -89,7 +89,7 @@ def stream(model, prompt, max_tokens, on_first_output=None, timeout=240):
     c.close()
     return terminal, time.time() - t0, text
 
-def idle(timeout=120):
+def idle(timeout=300):
     """Waits until the slow server has no task in progress (a cancelled one ends at a batch's end)."""
     until = time.time() + timeout
     while time.time() < until:
