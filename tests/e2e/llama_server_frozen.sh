@@ -2,7 +2,7 @@
 # A frozen llama-server against a busy one, with real llama-server processes (built from source
 # by tools/dev) and Pulse's default liveness settings (upstream.liveness_after_s = 8,
 # liveness_timeout_s = 4; head_timeout_s stays at 300):
-#   1. a prefill of about a minute (6,600 tokens into the 332.7M synthetic model on one thread,
+#   1. a prefill of one to two minutes (6,600 tokens into the 332.7M synthetic model on one thread,
 #      its context raised to 8,192) completes untouched: llama-server answers GET /v1/models
 #      while it computes;
 #   2. SIGSTOP in the middle of such a prefill: the request is served by the second endpoint
