@@ -152,13 +152,12 @@ constexpr double kKeep = 1.0 - 1.0 / 64, kMinSteps = 8, kMinSpread = 0.03, kMinW
 void DraftCosts::observe(int64_t drafts, int64_t tokens, double seconds) {
     if (tokens < 1 || !(seconds > 0)) return;
     const double d = static_cast<double>(drafts);
-    for (double* sum : {&n_, &sum_d_, &sum_dd_, &sum_t_, &sum_dt_, &sum_seconds_, &sum_tokens_}) *sum *= kKeep;
+    for (double* sum : {&n_, &sum_d_, &sum_dd_, &sum_t_, &sum_dt_, &sum_tokens_}) *sum *= kKeep;
     n_ += 1;
     sum_d_ += d;
     sum_dd_ += d * d;
     sum_t_ += seconds;
     sum_dt_ += d * seconds;
-    sum_seconds_ += seconds;
     sum_tokens_ += static_cast<double>(tokens);
     const double spread = n_ * sum_dd_ - sum_d_ * sum_d_;  // n² · the drafts' variance
     if (n_ < kMinSteps || spread < kMinSpread * n_ * n_) return;  // keep the last fit (or the prior)

@@ -75,11 +75,11 @@ public:
     void observe(int64_t drafts, int64_t tokens, double seconds);
     double worth() const { return worth_; }
     double seconds_per_draft() const { return per_draft_; }  // c, 0 until fitted
-    double seconds_per_token() const { return sum_tokens_ > 0 ? sum_seconds_ / sum_tokens_ : 0; }
+    double seconds_per_token() const { return sum_tokens_ > 0 ? sum_t_ / sum_tokens_ : 0; }
 
 private:
     // Sums over the steps, each step's weight fading by kKeep per step after it.
-    double n_ = 0, sum_d_ = 0, sum_dd_ = 0, sum_t_ = 0, sum_dt_ = 0, sum_seconds_ = 0, sum_tokens_ = 0;
+    double n_ = 0, sum_d_ = 0, sum_dd_ = 0, sum_t_ = 0, sum_dt_ = 0, sum_tokens_ = 0;
     double per_draft_ = 0, worth_ = kPriorWorth;
 };
 
