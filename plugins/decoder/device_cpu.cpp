@@ -351,6 +351,9 @@ public:
     void matmul(const Matrix& w, DevPtr x, int64_t B, DevPtr y, bool int8) const override { matmat(w, raw(x), B, raw(y), int8); }
     // The int8 ones in one pass (kMaxFused at a time), the others one by one.
     void matmuls(const Matrix* const* w, const DevPtr* y, size_t n, DevPtr x, int64_t B, bool int8) const override {
+        // One input, one width, whichever path each matrix takes (checked before anything runs).
+        for (size_t i = 1; i < n; ++i)
+            if (w[i]->n_in != w[0]->n_in) throw std::invalid_argument("matrices multiplied together must share their input width");
         const Matrix* fused[kMaxFused];
         float* out[kMaxFused];
         size_t k = 0;

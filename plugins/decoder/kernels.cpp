@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,12 +17,32 @@
 #include <immintrin.h>
 #define PULSE_X86 1
 #endif
+#if defined(__aarch64__)
+#include "kernels_arm.h"
+#define PULSE_ARM64 1
+#endif
 
 namespace pulse::decoder {
 
 namespace {
 
-int kernel_cap = 2;  // 0 scalar, 1 avx2, 2 whatever the CPU has (limit_kernels)
+// The kernel levels of this architecture, lowest first (kernels.h, kernel_levels): level 0 is
+// the portable C++, the others what the CPU must have for them.
+#if defined(PULSE_X86)
+constexpr const char* kLevelNames[] = {"scalar", "avx2", "avx512vnni"};
+#elif defined(PULSE_ARM64)
+constexpr const char* kLevelNames[] = {"scalar", "neon", "dotprod", "i8mm"};
+#else
+constexpr const char* kLevelNames[] = {"scalar"};
+#endif
+constexpr int kTopLevel = static_cast<int>(std::size(kLevelNames)) - 1;
+int kernel_cap = kTopLevel;  // limit_kernels
+
+#ifdef PULSE_ARM64
+bool have_neon() { return kernel_cap >= 1; }
+bool have_dotprod() { return kernel_cap >= 2 && arm::cpu_has_dotprod(); }
+bool have_i8mm() { return kernel_cap >= 3 && arm::cpu_has_i8mm(); }
+#endif
 
 float dot_f32_scalar(const float* a, const float* b, int64_t n) {
     // Eight partial sums: lets the compiler vectorise without reassociation flags.
@@ -507,12 +528,18 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 #ifdef PULSE_X86
     if (have_avx2()) return dot_f32_avx2(a, b, n);
 #endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::dot_f32(a, b, n);
+#endif
     return dot_f32_scalar(a, b, n);
 }
 
 void dot4_f32(const float* w, const float* x, int64_t n, float out[4]) {
 #ifdef PULSE_X86
     if (have_avx2()) return dot4_f32_avx2(w, x, n, out);
+#endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::dot4_f32(w, x, n, out);
 #endif
     for (int k = 0; k < 4; ++k) out[k] = dot_f32_scalar(w, x + k * n, n);
 }
@@ -645,6 +672,9 @@ void gemm_f32_nt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 #ifdef PULSE_X86
     if (have_avx2()) return gemm_f32_nt_avx2(M, N, K, A, lda, B, ldb, C, ldc);
 #endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::gemm_f32_nt(M, N, K, A, lda, B, ldb, C, ldc);
+#endif
     for (int64_t i = 0; i < M; ++i)
         for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = dot_f32_scalar(A + i * lda, B + j * ldb, K);
 }
@@ -747,6 +777,9 @@ void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n) {
 #ifdef PULSE_X86
     if (have_avx2()) return f32_to_f16_row_f16c(src, dst, n);
 #endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::f32_to_f16_row(src, dst, n);
+#endif
     for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_fp16(src[i]);
 }
 
@@ -754,6 +787,9 @@ void f16_to_f32_rows(const uint16_t* src, int64_t src_stride, int64_t rows, int6
 #ifdef PULSE_X86
     if (have_avx512()) return f16_to_f32_rows_avx512(src, src_stride, rows, n, dst, dst_stride);
     if (have_avx2()) return f16_to_f32_rows_avx2(src, src_stride, rows, n, dst, dst_stride);
+#endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::f16_to_f32_rows(src, src_stride, rows, n, dst, dst_stride);
 #endif
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < n; ++i) dst[r * dst_stride + i] = fp16_to_f32(src[r * src_stride + i]);
@@ -786,12 +822,18 @@ double sum_squares(const float* x, int64_t n) {
 #ifdef PULSE_X86
     if (have_avx2()) return sum_squares_avx2(x, n);
 #endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::sum_squares(x, n);
+#endif
     return sum_squares_scalar(x, n);
 }
 
 float exp_shifted(float* s, int64_t n, float m) {
 #ifdef PULSE_X86
     if (have_avx2()) return exp_shifted_avx2(s, n, m);
+#endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::exp_shifted(s, n, m);
 #endif
     float total = 0;
     for (int64_t i = 0; i < n; ++i) total += (s[i] = std::exp(s[i] - m));
@@ -802,12 +844,18 @@ void silu_mul(const float* x, const float* u, float* y, int64_t n) {
 #ifdef PULSE_X86
     if (have_avx2()) return silu_mul_avx2(x, u, y, n);
 #endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::silu_mul(x, u, y, n);
+#endif
     for (int64_t i = 0; i < n; ++i) y[i] = blocks::silu(x[i]) * (u ? u[i] : 1.f);
 }
 
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, bool accumulate) {
 #ifdef PULSE_X86
     if (have_avx2()) return gemm_f32_avx2(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+#endif
+#ifdef PULSE_ARM64
+    if (have_neon()) return arm::gemm_f32(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 #endif
     gemm_f32_scalar(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 }
@@ -1084,8 +1132,6 @@ void gdn_head(const GdnHeadArgs& g) {
 }
 
 int64_t i8_block(uint32_t type) {
-#ifdef PULSE_X86
-    if (!have_avx2()) return 0;
     switch (type) {
         case kQ8_0:
         case kQ2_0:
@@ -1094,10 +1140,49 @@ int64_t i8_block(uint32_t type) {
         case kTQ2_0: return 256;
         default: return 0;
     }
-#else
-    (void)type;
-    return 0;
-#endif
+}
+
+namespace {
+
+// Block b's weight scale and the integer Σ code·x of its signed weight codes against the
+// activation codes xq (the block's blk values), for each layout as i8_block reads it.
+float i8_weight_scale(uint32_t type, const uint8_t* row, int64_t b) {
+    switch (type) {
+        case kQ8_0: return fp16_to_f32(rd16(row + 34 * b));
+        case kTQ2_0: return fp16_to_f32(rd16(row + 66 * b + 64));
+        case kQ2_0: return fp16_to_f32(rd16(row + 18 * (b / 2)));
+        default: return fp16_to_f32(rd16(row + 34 * (b / 4)));
+    }
+}
+
+int32_t i8_block_sum(uint32_t type, const uint8_t* row, int64_t b, const int8_t* xq) {
+    int32_t s = 0;
+    switch (type) {
+        case kQ8_0:
+            for (int i = 0; i < 32; ++i) s += static_cast<int8_t>(row[34 * b + 2 + i]) * xq[i];
+            break;
+        case kTQ2_0:  // byte 32h+m holds element 128h+32l+m in bits 2l..2l+1
+            for (int e = 0; e < 256; ++e) s += (((row[66 * b + 32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3) - 1) * xq[e];
+            break;
+        case kQ2_0:  // planes 2p, 2p+1 (p = b mod 2) of group b/2, at 16l' + i
+            for (int e = 0; e < 32; ++e) s += (((row[18 * (b / 2) + 2 + e % 16] >> (2 * (2 * (b % 2) + e / 16))) & 3) - 1) * xq[e];
+            break;
+        default:  // plane b mod 4 of group b/4
+            for (int e = 0; e < 32; ++e) s += (((row[34 * (b / 4) + 2 + e] >> (2 * (b % 4))) & 3) - 1) * xq[e];
+            break;
+    }
+    return s;
+}
+
+}  // namespace
+
+float i8_dot_reference(uint32_t type, const uint8_t* row, const QuantRow& x, int64_t n) {
+    const int64_t blk = i8_block(type);
+    if (!blk) throw std::invalid_argument("i8_dot_reference: no int8 dot for weight type " + std::to_string(type));
+    float a[4] = {0, 0, 0, 0};
+    for (int64_t b = 0; b < n / blk; ++b)
+        a[b & 3] = std::fma(static_cast<float>(i8_block_sum(type, row, b, x.q + b * blk)), i8_weight_scale(type, row, b) * x.d[b], a[b & 3]);
+    return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
 namespace {
@@ -1186,6 +1271,12 @@ void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, in
                 continue;
             }
 #endif
+#ifdef PULSE_ARM64
+            if (have_neon()) {
+                arm::quantize_block(row + b * blk, blk, q + r * n + b * blk, d + r * per_row + b, sum + r * per_row + b);
+                continue;
+            }
+#endif
             quantize_block_scalar(row + b * blk, blk, q + r * n + b * blk, d + r * per_row + b, sum + r * per_row + b);
         }
     }
@@ -1259,6 +1350,13 @@ void dot_x16(uint32_t type, const uint8_t* packed, uint64_t next, const QuantRow
 }
 
 void matmul_rows_i8(uint32_t type, const RowRange& rr, const QuantRow* x, int T, int64_t n) {
+    if (T < 1 || T > 4) throw std::invalid_argument("matmul_rows_i8: " + std::to_string(T) + " tokens in one call (1 to 4)");
+    if (!i8_block(type)) throw std::invalid_argument("matmul_rows_i8: no int8 dot for weight type " + std::to_string(type));
+#ifdef PULSE_ARM64
+    if (have_i8mm()) return arm::matmul_rows_i8_i8mm(type, rr, x, T, n);
+    if (have_dotprod()) return arm::matmul_rows_i8_dotprod(type, rr, x, T, n);
+    if (have_neon()) return arm::matmul_rows_i8_neon(type, rr, x, T, n);
+#endif
 #ifdef PULSE_X86
     // Several tokens: two rows at a time with VNNI (AVX512VL's 32 registers hold them); one row
     // per call otherwise and for single tokens (decode reads one weight stream per thread).
@@ -1268,15 +1366,17 @@ void matmul_rows_i8(uint32_t type, const RowRange& rr, const QuantRow* x, int T,
             case 2: return i8_rows_range_vnni<2, 2>(type, rr, x, n);
             default: return i8_rows_range_vnni<1, 1>(type, rr, x, n);
         }
-    switch (T) {
-        case 4: return i8_rows_range_avx2<1, 4>(type, rr, x, n);
-        case 3: return i8_rows_range_avx2<1, 3>(type, rr, x, n);
-        case 2: return i8_rows_range_avx2<1, 2>(type, rr, x, n);
-        default: return i8_rows_range_avx2<1, 1>(type, rr, x, n);
-    }
-#else
-    (void)type, (void)rr, (void)x, (void)T, (void)n;
+    if (have_avx2()) switch (T) {
+            case 4: return i8_rows_range_avx2<1, 4>(type, rr, x, n);
+            case 3: return i8_rows_range_avx2<1, 3>(type, rr, x, n);
+            case 2: return i8_rows_range_avx2<1, 2>(type, rr, x, n);
+            default: return i8_rows_range_avx2<1, 1>(type, rr, x, n);
+        }
 #endif
+    // The portable path: the reference arithmetic itself.
+    for (int64_t o = rr.o0; o < rr.o1; ++o)
+        for (int t = 0; t < T; ++t)
+            rr.y[t * rr.y_stride + o] = i8_dot_reference(type, rr.base + static_cast<uint64_t>(o) * rr.row_bytes, x[t], n) * rr.scale;
 }
 
 float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, float* scratch) {
@@ -1292,8 +1392,19 @@ float dot_row(uint32_t type, const uint8_t* row, const float* x, int64_t n, floa
 }
 
 void limit_kernels(const char* name) {
-    std::string n = name ? name : "";
-    kernel_cap = n == "scalar" ? 0 : n == "avx2" ? 1 : 2;
+    const std::string n = name ? name : "";
+    if (n.empty()) {
+        kernel_cap = kTopLevel;
+        return;
+    }
+    for (int l = 0; l <= kTopLevel; ++l)
+        if (n == kLevelNames[l]) {
+            kernel_cap = l;
+            return;
+        }
+    std::string known;
+    for (const char* k : kLevelNames) known += (known.empty() ? "" : ", ") + std::string(k);
+    throw std::invalid_argument("unknown kernel level '" + n + "' (this architecture has: " + known + ")");
 }
 
 const char* kernel_name() {
@@ -1301,7 +1412,23 @@ const char* kernel_name() {
     if (have_vnni()) return "avx512vnni";
     if (have_avx2()) return "avx2";
 #endif
+#ifdef PULSE_ARM64
+    if (have_i8mm()) return "i8mm";
+    if (have_dotprod()) return "dotprod";
+    if (have_neon()) return "neon";
+#endif
     return "scalar";
+}
+
+std::vector<std::string> kernel_levels() {
+    const int saved = kernel_cap;
+    std::vector<std::string> levels;
+    for (int l = 0; l <= kTopLevel; ++l) {
+        kernel_cap = l;
+        if (kernel_name() == std::string(kLevelNames[l])) levels.push_back(kLevelNames[l]);
+    }
+    kernel_cap = saved;
+    return levels;
 }
 
 }  // namespace pulse::decoder

@@ -1,10 +1,12 @@
-// CPU kernels behind one small interface: the forward pass calls these, and each has an AVX2
-// (+FMA, F16C) implementation chosen at run time with a portable scalar fallback. Activations
-// are f32 in the exact path (the weight decode fused into the dot product) and int8 in the fast
-// one (below).
+// CPU kernels behind one small interface: the forward pass calls these, and each has its
+// architecture's implementations, chosen at run time by level (kernel_levels: x86-64 AVX2 +
+// FMA + F16C, then AVX-512 VNNI; aarch64 NEON, then dotprod, then i8mm, in kernels_arm*.cpp),
+// over a portable C++ level ("scalar") that every architecture has. Activations are f32 in the
+// exact path (the weight decode fused into the dot product) and int8 in the fast one (below).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace pulse::decoder {
@@ -35,7 +37,7 @@ struct QuantRow {
     const float* d;      // per block: scale
     const int32_t* sum;  // per block: sum of the codes
 };
-int64_t i8_block(uint32_t type);  // the activation block for `type`; 0: no int8 kernel here
+int64_t i8_block(uint32_t type);  // the activation block for `type`; 0: no int8 dot for it
 // Quantizes `rows` rows of n floats for `type` into q (rows*n), d and sum (rows*n/block each).
 void quantize_rows_i8(uint32_t type, const float* x, int64_t rows, int64_t n, int8_t* q, float* d, int32_t* sum);
 
@@ -65,6 +67,14 @@ struct RowRange {
     float scale;
 };
 void matmul_rows_i8(uint32_t type, const RowRange& rows, const QuantRow* x, int T, int64_t n);
+
+// The int8 dot's arithmetic, which the portable level runs and every aarch64 level reproduces
+// bit for bit (the x86 levels sum in their own lane order, within rounding of it): per
+// activation block b, the exact integer p_b = Σ w·q of the block's signed weight codes and
+// activation codes, its scale s_b = d_w·d_x in f32, four accumulators with block b added into
+// a[b mod 4] by one fused multiply-add (a = fma(p_b, s_b, a)), and the row's value
+// (a0 + a1) + (a2 + a3). Four accumulators, so a vector unit can take four blocks at once.
+float i8_dot_reference(uint32_t type, const uint8_t* row, const QuantRow& x, int64_t n);
 
 // Q8_0 interleaved by eight rows (the VNNI path's own layout; CpuDevice::prepare makes it
 // once): per 32-weight block of eight rows, their eight f16 scales, then 256 bytes in eight
@@ -162,10 +172,14 @@ void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n);
 // the CPU has AVX2 (within a few ulp of blocks::silu, which the scalar path is).
 void silu_mul(const float* x, const float* u, float* y, int64_t n);
 
-// "avx512vnni", "avx2" or "scalar": the kernels this CPU runs (logs, benchmarks).
+// The kernel level in force: "avx512vnni", "avx2" (x86-64), "i8mm", "dotprod", "neon"
+// (aarch64) or "scalar" (logs, benchmarks).
 const char* kernel_name();
-// Caps the kernels at "avx2" or "scalar" (tests of each set on a CPU that has more; "" lifts the
-// cap). Set it before any decoding starts.
+// The levels this CPU can run, lowest ("scalar") first.
+std::vector<std::string> kernel_levels();
+// Caps the kernels at a level of this architecture (tests of each level on a CPU that has more;
+// "" lifts the cap; another name is std::invalid_argument naming the levels). Set it before any
+// decoding starts.
 void limit_kernels(const char* name);
 
 }  // namespace pulse::decoder

@@ -490,18 +490,21 @@ TEST_CASE("kernels: a cap lifted gives back the CPU's kernels, even when the fir
     const std::string want = kernel_name();
     char self[4096] = {};
     REQUIRE(::readlink("/proc/self/exe", self, sizeof self - 1) > 0);
-    const std::string cmd = "PULSE_TEST_PROBE_UNDER_CAP=" + want + " '" + self + "' -tc='kernels: (child) the first probe under a cap' >/dev/null 2>&1";
+    // A cross build's run goes through its emulator (meson test sets MESON_EXE_WRAPPER).
+    const char* wrapper = std::getenv("MESON_EXE_WRAPPER");
+    const std::string cmd = "PULSE_TEST_PROBE_UNDER_CAP=" + want + " " + (wrapper ? wrapper : "") + " '" + self +
+                            "' -tc='kernels: (child) the first probe under a cap' >/dev/null 2>&1";
     CHECK(std::system(cmd.c_str()) == 0);
 }
 
-TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the decoded int8 activations (AVX2 and VNNI)") {
-    // Random code bytes with a real scale, random activations; each kernel set (the best this CPU
-    // has, then capped at AVX2) against a double-precision reference built from dequantize_row
-    // and the quantized activations put back in their original order.
+TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the decoded int8 activations (every level)") {
+    // Random code bytes with a real scale, random activations; each kernel level this CPU has
+    // against a double-precision reference built from dequantize_row and the quantized
+    // activations put back in their original order.
     std::mt19937 g(21);
     const int64_t n = 1024;
-    for (const char* cap : {"", "avx2"}) {
-        limit_kernels(cap);
+    for (const std::string& level : kernel_levels()) {
+        limit_kernels(level.c_str());
         CAPTURE(kernel_name());
         for (uint32_t type : {kQ8_0, kTQ2_0, kQ2_0, kPQ2_0, kQ2_0_G128}) {
             const int64_t blk = i8_block(type);
@@ -562,6 +565,131 @@ TEST_CASE("kernels: the int8 dots equal the dot of the decoded weights and the d
     limit_kernels("");
 }
 
+namespace {
+// A row of `type` with random codes (TQ2_0's 0..2 only) and random sane scales, n values.
+std::vector<uint8_t> random_i8_row(uint32_t type, int64_t n, std::mt19937& g) {
+    const TypeTraits* tt = type_traits(type);
+    std::vector<uint8_t> row(static_cast<size_t>(n / tt->block * tt->bytes));
+    for (auto& b : row) b = static_cast<uint8_t>(g());
+    for (int64_t b = 0; b < n / tt->block; ++b) {
+        const uint16_t scale = f32_to_fp16(0.001f + static_cast<float>(g() % 1000) * 1e-5f);
+        std::memcpy(row.data() + b * tt->bytes + (type == kTQ2_0 ? 64 : 0), &scale, 2);
+        if (type == kTQ2_0)
+            for (int i = 0; i < 64; ++i) {
+                uint8_t& c = row[static_cast<size_t>(b * 66 + i)];
+                for (int l = 0; l < 4; ++l)
+                    if (((c >> (2 * l)) & 3) == 3) c = static_cast<uint8_t>(c & ~(1 << (2 * l)));
+            }
+    }
+    return row;
+}
+}  // namespace
+
+TEST_CASE("kernels: every int8 level gives the portable reference's bits where it is exact (aarch64), its value within rounding elsewhere") {
+    // The reference (i8_dot_reference) is the int8 dot's definition: the portable level and every
+    // aarch64 level (NEON, dotprod, i8mm) compute its operations in its order, so their results
+    // are equal to the bit, op by op, for any row count and 1 to 4 tokens (i8mm pairs rows and
+    // tokens; an odd row, an odd token and a last run of fewer than four blocks each take another
+    // path). The x86 levels sum in their own lane order: within 1e-5 of the dots' scale.
+    std::mt19937 g(57);
+#if defined(__aarch64__)
+    const bool arm = true;
+#else
+    const bool arm = false;
+#endif
+    int exact_levels = 0;
+    for (uint32_t type : {kQ8_0, kTQ2_0, kQ2_0, kPQ2_0, kQ2_0_G128}) {
+        CAPTURE(std::string(type_name(type)));
+        const int64_t blk = i8_block(type);
+        REQUIRE(blk > 0);
+        const int64_t group = type == kQ8_0 ? 32 : type == kTQ2_0 ? 256 : type == kQ2_0 ? 64 : 128;
+        for (int64_t groups : {1, 3, 4, 7, 9}) {  // weight groups per row: the last run of blocks 1-3 long, or none
+            const int64_t n = groups * group;
+            CAPTURE(n);
+            const int rows = 5;
+            std::vector<uint8_t> matrix;
+            for (int r = 0; r < rows; ++r) {
+                auto row = random_i8_row(type, n, g);
+                matrix.insert(matrix.end(), row.begin(), row.end());
+            }
+            const uint64_t rb = matrix.size() / rows;
+            std::vector<float> x(static_cast<size_t>(4 * n));
+            for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 250.f;
+            limit_kernels("scalar");
+            QuantizedRows ref_q;
+            ref_q.quantize(type, x.data(), 4, n);
+            float want[4][rows];
+            for (int t = 0; t < 4; ++t)
+                for (int r = 0; r < rows; ++r) want[t][r] = i8_dot_reference(type, matrix.data() + r * rb, ref_q.rows[static_cast<size_t>(t)], n) * 0.5f;
+            for (const std::string& level : kernel_levels()) {
+                CAPTURE(level);
+                limit_kernels(level.c_str());
+                const bool exact = level == "scalar" || arm;
+                exact_levels += exact;
+                QuantizedRows xq;  // this level's quantization: the same codes, scales and sums
+                xq.quantize(type, x.data(), 4, n);
+                CHECK(xq.q == ref_q.q);
+                CHECK(xq.d == ref_q.d);
+                CHECK(xq.sum == ref_q.sum);
+                for (int T = 1; T <= 4; ++T)
+                    for (int first = 0; first + T <= 4; ++first) {
+                        CAPTURE(T);
+                        CAPTURE(first);
+                        float y[4][rows];
+                        matmul_rows_i8(type, RowRange{matrix.data(), rb, 0, rows, &y[0][0], rows, 0.5f}, xq.rows.data() + first, T, n);
+                        for (int t = 0; t < T; ++t)
+                            for (int r = 0; r < rows; ++r) {
+                                if (exact) CHECK(y[t][r] == want[first + t][r]);
+                                else CHECK(y[t][r] == doctest::Approx(want[first + t][r]).epsilon(1e-5).scale(10));
+                            }
+                    }
+            }
+        }
+    }
+    limit_kernels("");
+    CHECK(exact_levels > 0);
+}
+
+TEST_CASE("kernels: the reference int8 dot is the integer block sums scaled, in its documented order") {
+    // A hand-built Q8_0 row of five blocks (so block 4 goes back to accumulator 0) whose block
+    // integers are known, against activations with known codes and scales.
+    const int64_t n = 5 * 32;
+    std::vector<uint8_t> row(5 * 34);
+    std::vector<int8_t> q(static_cast<size_t>(n));
+    std::vector<float> d(5);
+    std::vector<int32_t> sum(5);
+    float a[4] = {0, 0, 0, 0};
+    for (int b = 0; b < 5; ++b) {
+        const uint16_t ws = f32_to_fp16(0.25f * static_cast<float>(b + 1));
+        std::memcpy(row.data() + 34 * b, &ws, 2);
+        int32_t isum = 0;
+        for (int i = 0; i < 32; ++i) {
+            const int8_t w = static_cast<int8_t>((b * 7 + i * 3) % 255 - 127), xq = static_cast<int8_t>((i * 5 + b) % 255 - 127);
+            row[static_cast<size_t>(34 * b + 2 + i)] = static_cast<uint8_t>(w);
+            q[static_cast<size_t>(32 * b + i)] = xq;
+            isum += w * xq;
+        }
+        d[static_cast<size_t>(b)] = 0.01f * static_cast<float>(b + 1);
+        a[b % 4] = std::fma(static_cast<float>(isum), fp16_to_f32(ws) * d[static_cast<size_t>(b)], a[b % 4]);
+    }
+    const QuantRow x{q.data(), d.data(), sum.data()};
+    CHECK(i8_dot_reference(kQ8_0, row.data(), x, n) == (a[0] + a[1]) + (a[2] + a[3]));
+    CHECK_THROWS_WITH_AS(i8_dot_reference(kQ4_K, row.data(), x, n), doctest::Contains("no int8 dot"), std::invalid_argument);
+}
+
+TEST_CASE("kernels: a kernel level of another architecture, or none, is refused by name") {
+    CHECK_THROWS_WITH_AS(limit_kernels("sve9"), doctest::Contains("unknown kernel level 'sve9'"), std::invalid_argument);
+    const auto levels = kernel_levels();
+    REQUIRE_FALSE(levels.empty());
+    CHECK(levels.front() == "scalar");
+    for (const auto& l : levels) {
+        limit_kernels(l.c_str());
+        CHECK(std::string(kernel_name()) == l);
+    }
+    limit_kernels("");
+    CHECK(std::string(kernel_name()) == levels.back());
+}
+
 TEST_CASE("kernels: silu_mul is SiLU (times u) to within a few ulp on every path, NaN kept, extremes finite") {
     std::vector<float> x;
     for (int i = -2000; i <= 2000; ++i) x.push_back(static_cast<float>(i) * 0.05f);  // -100 .. 100
@@ -608,9 +736,9 @@ TEST_CASE("kernels: sum_squares is the sum of squares in double on every path, e
     std::normal_distribution<float> nd(0.f, 3.f);
     std::vector<float> x(5000);
     for (size_t i = 0; i < x.size(); ++i) x[i] = nd(g) * (i % 7 == 0 ? 1000.f : 1.f);
-    for (const char* cap : {"scalar", "avx2", ""}) {
-        limit_kernels(cap);
-        CAPTURE(std::string(*cap ? cap : kernel_name()));
+    for (const std::string& level : kernel_levels()) {
+        limit_kernels(level.c_str());
+        CAPTURE(level);
         for (int64_t n : {0, 1, 7, 8, 15, 16, 17, 31, 33, 128, 256, 1024, 3584, 4999}) {
             CAPTURE(n);
             long double want = 0;
@@ -2856,6 +2984,83 @@ TEST_CASE("device: the CPU's matmuls over one input give what a matmul each give
     const Matrix* pair[] = {&ms[0], &odd};
     const DevPtr outs[] = {y0.ptr(), y1.ptr()};
     CHECK_THROWS_AS(dev->matmuls(pair, outs, 2, x.ptr(), 1, true), std::invalid_argument);
+    CHECK_THROWS_AS(dev->matmuls(pair, outs, 2, x.ptr(), 1, false), std::invalid_argument);  // the exact path too
+    for (const std::string& level : kernel_levels()) {  // and every kernel level's
+        CAPTURE(level);
+        limit_kernels(level.c_str());
+        CHECK_THROWS_AS(dev->matmuls(pair, outs, 2, x.ptr(), 1, true), std::invalid_argument);
+    }
+    limit_kernels("");
+}
+
+TEST_CASE("device: on aarch64 the CPU device's int8 matmuls give the portable level's bits at every kernel level") {
+    // Op by op, as the model calls them (matmul and the fused matmuls, 1 to 9 tokens, row
+    // counts with odd tails): the aarch64 levels compute the reference int8 arithmetic, so a
+    // level may change the speed, never a logit. On x86 the levels sum in their own lane order
+    // (the int8 kernel tests hold them within rounding), so there this checks the portable
+    // level against itself only.
+    const int64_t n = 512;
+    std::mt19937 g(93);
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<TensorInfo> tensors;
+    tensors.reserve(5);
+    for (auto [type, rows] : {std::pair{kQ8_0, int64_t{43}}, {kTQ2_0, 17}, {kQ2_0, 9}, {kPQ2_0, 8}, {kQ2_0_G128, 3}}) {
+        bytes.push_back(random_i8_row(type, n * rows, g));
+        TensorInfo t;
+        t.name = "w";
+        t.ne = {static_cast<uint64_t>(n), static_cast<uint64_t>(rows)};
+        t.type = type;
+        t.nbytes = bytes.back().size();
+        t.data = bytes.back().data();
+        tensors.push_back(t);
+    }
+    std::vector<float> xs(static_cast<size_t>(9 * n));
+    for (auto& v : xs) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 300.f;
+    auto run = [&](const std::string& level) {
+        limit_kernels(level.c_str());
+        auto dev = make_device("cpu");
+        std::vector<Matrix> ms;
+        for (auto& t : tensors) {
+            ms.push_back(Matrix{&t, n, static_cast<int64_t>(t.ne[1]), 0.5f, nullptr, nullptr});
+            ms.back().prepared = dev->prepare(ms.back(), Device::Use::matmul);
+        }
+        Buffer x = dev->upload(xs);
+        std::vector<std::vector<float>> out;
+        for (int64_t B : {1, 2, 3, 4, 5, 9}) {
+            std::vector<Buffer> ys;
+            std::vector<const Matrix*> mp;
+            std::vector<DevPtr> yp;
+            for (auto& m : ms) {
+                Buffer y = dev->alloc(static_cast<size_t>(B * m.n_out));
+                dev->matmul(m, x.ptr(), B, y.ptr(), true);
+                std::vector<float> v(y.size());
+                dev->download(y.ptr(), v.data(), v.size());
+                out.push_back(v);
+                ys.push_back(dev->alloc(static_cast<size_t>(B * m.n_out)));
+                mp.push_back(&m);
+                yp.push_back(ys.back().ptr());
+            }
+            dev->matmuls(mp.data(), yp.data(), mp.size(), x.ptr(), B, true);
+            for (auto& y : ys) {
+                std::vector<float> v(y.size());
+                dev->download(y.ptr(), v.data(), v.size());
+                out.push_back(v);
+            }
+        }
+        return out;
+    };
+    const auto portable = run("scalar");
+#if defined(__aarch64__)
+    const std::vector<std::string> levels = kernel_levels();
+#else
+    const std::vector<std::string> levels = {"scalar"};
+#endif
+    for (const std::string& level : levels) {
+        CAPTURE(level);
+        CHECK(run(level) == portable);
+    }
+    limit_kernels("");
+    CHECK(std::any_of(portable[0].begin(), portable[0].end(), [](float v) { return std::fabs(v) > 0.01f; }));  // real dots
 }
 
 TEST_CASE("device: an unknown device is refused naming what this build has; model.cpp never unwraps device memory") {

@@ -311,11 +311,44 @@ int kernels_mode(int64_t groups, int reps) {
             std::printf("| %s | %d | %.1f | %.2f |\n", q8 ? "q8_0" : "tq2_0", T, best / blocks * 1e9, best / one);
         }
     }
+    // The row-at-a-time int8 kernels (matmul_rows_i8, the file's layout) at every level this CPU
+    // has: the only int8 kernels on aarch64 (dotprod one row per token, i8mm two rows by two
+    // tokens), and the path for rows the interleaved kernels do not take on x86.
+    std::printf("\n| level | type | tokens | ns per 256 weights per token | × one token's time |\n|---|---|---:|---:|---:|\n");
+    for (const std::string& level : kernel_levels()) {
+        limit_kernels(level.c_str());
+        for (uint32_t type : {kQ8_0, kTQ2_0}) {
+            const uint64_t rb = static_cast<uint64_t>(type == kQ8_0 ? n / 32 * 34 : n / 256 * 66);
+            const int64_t rows = 8 * groups;
+            std::vector<uint8_t> w(static_cast<size_t>(rows) * rb);
+            for (auto& b : w) b = static_cast<uint8_t>(g() & 0x3f);  // finite f16 scales
+            QuantizedRows xq;
+            xq.quantize(type, x.data(), 4, n);
+            std::vector<float> y(static_cast<size_t>(4 * rows));
+            double one = 0;
+            for (int T = 1; T <= 4; ++T) {
+                double best = 1e9;
+                for (int rep = 0; rep < reps; ++rep) {
+                    const auto t0 = Clock::now();
+                    matmul_rows_i8(type, RowRange{w.data(), rb, 0, rows, y.data(), rows, 1.0f}, xq.rows.data(), T, n);
+                    best = std::min(best, seconds_since(t0));
+                    sink = sink + y[0];
+                }
+                if (T == 1) one = best;
+                std::printf("| %s | %s | %d | %.2f | %.2f |\n", level.c_str(), type == kQ8_0 ? "q8_0" : "tq2_0", T,
+                            best / static_cast<double>(rows * n / 256 * T) * 1e9, best / one);
+            }
+        }
+    }
+    limit_kernels("");
     const int64_t S = 128;
     // The recurrent delta rule as a decode step (one token, state updated in place) and as a
     // verification (five tokens, the state before them kept: read from one buffer, written to
     // another), over one head (in L2) and 192 (beyond it: a layer stack's worth).
-    std::printf("\n| state heads | tokens | state | recurrent delta rule, AVX2 µs/head | this CPU's (%s) µs/head |\n|---:|---:|---|---:|---:|\n", kernel_name());
+    // Against the architecture's first vector level (AVX2, NEON), where this CPU has more.
+    const auto levels = kernel_levels();
+    const std::string base = levels.size() > 1 ? levels[1] : levels[0];
+    std::printf("\n| state heads | tokens | state | recurrent delta rule, %s µs/head | this CPU's (%s) µs/head |\n|---:|---:|---|---:|---:|\n", base.c_str(), kernel_name());
     for (int heads : {1, 192})
         for (int T : {1, 5}) {
             const bool tentative = T > 1;
@@ -325,7 +358,7 @@ int kernels_mode(int64_t groups, int reps) {
             double best[2] = {1e9, 1e9};
             for (int rep = 0; rep < reps; ++rep)
                 for (int fast = 0; fast < 2; ++fast) {
-                    limit_kernels(fast ? "" : "avx2");
+                    limit_kernels(fast ? "" : base.c_str());
                     const auto t0 = Clock::now();
                     for (int h = 0; h < heads; ++h) {
                         GdnHeadArgs a{st.data() + h * S * S, S, T, qk.data(), qk.data() + S, v.data(), beta.data(), log_decay.data(), 2 * S, S, 1, out.data(), S};
