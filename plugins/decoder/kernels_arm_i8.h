@@ -102,8 +102,10 @@ inline __attribute__((always_inline)) void block_dots(const uint8_t* row, int64_
 // Rows [o0, o1) against T tokens, a row at a time: blocks in fours, their integers reduced into
 // one vector (lane j: block b + j), scaled and added into accumulator lane j — i8_dot_reference's
 // a[b mod 4] — by one fused multiply-add; the blocks past the last four one at a time, as scalars.
+// Not inlined: it is called once per range of rows, and its loop stays one function for
+// tools/bench/arm-kernel-census to read.
 template <Layout K, int T, class Dot>
-void rows_dot(const RowRange& rr, const QuantRow* x, int64_t n, Dot dot) {
+__attribute__((noinline)) void rows_dot(const RowRange& rr, const QuantRow* x, int64_t n, Dot dot) {
     const int64_t nb = n / kBlock<K>;
     for (int64_t o = rr.o0; o < rr.o1; ++o) {
         const uint8_t* row = rr.base + static_cast<uint64_t>(o) * rr.row_bytes;

@@ -73,8 +73,9 @@ inline __attribute__((always_inline)) void mmla_block(const uint8_t* r0, const u
 
 // Rows r0, r1 against P token pairs: per lane, exactly i8_dot_reference (block b into
 // accumulator b mod 4, then (a0 + a1) + (a2 + a3)). out: [2][2P].
+// Not inlined, as rows_dot (tools/bench/arm-kernel-census reads its loop).
 template <Layout K, int P>
-void two_rows(const uint8_t* r0, const uint8_t* r1, const TokenPair* pairs, int64_t n, float* out) {
+__attribute__((noinline)) void two_rows(const uint8_t* r0, const uint8_t* r1, const TokenPair* pairs, int64_t n, float* out) {
     const int64_t nb = n / kBlock<K>;
     float32x4_t acc[4][P];
     PULSE_ARM_UNROLL for (int j = 0; j < 4; ++j)
