@@ -1952,6 +1952,36 @@ TEST_CASE("speculate: with the MTP block's own drafts the output is plain greedy
     }
 }
 
+TEST_CASE("speculate: on the int8 path, at every kernel level, speculative greedy output is plain greedy's; on aarch64 every level decodes the same tokens") {
+    // The default path (int8 activations) with each level forced: a verification's k + 1 rows
+    // (the several-token kernels: i8mm on aarch64) must give each row's one-token result
+    // exactly, or speculative greedy decoding drifts from plain greedy. On aarch64 every level
+    // computes the same bits (i8_dot_reference), so every level's greedy tokens are the
+    // portable level's too.
+    TempDir d;
+    write_synthetic(d / "mtp.gguf", spec_shape(), kQ8_0, 9);
+    std::vector<int32_t> portable;
+    for (const std::string& level : kernel_levels()) {
+        CAPTURE(level);
+        limit_kernels(level.c_str());
+        auto m = Model::load(GgufFile::open(d / "mtp.gguf"));
+        REQUIRE_FALSE(m->exact);
+        const auto truth = plain_greedy(*m, kSpecPrompt, 48);
+        CHECK(std::set<int32_t>(truth.begin(), truth.end()).size() > 8);  // text, not one token repeated
+        for (int k : {1, 4}) {
+            CAPTURE(k);
+            auto seq = m->new_sequence();
+            Speculator spec(*m, *seq, k);
+            CHECK(speculative_greedy(spec, truth.size()) == truth);
+        }
+        if (portable.empty()) portable = truth;
+#if defined(__aarch64__)
+        CHECK(truth == portable);
+#endif
+    }
+    limit_kernels("");
+}
+
 TEST_CASE("speculate: sampled drafts are kept so that every position keeps the main model's distribution (with and without top-k, top-p)") {
     // Three rows of logits over six tokens; drafts 2 then 4. Position by position the tokens
     // returned must be distributed as the sampler's distribution of that row: the first always,
