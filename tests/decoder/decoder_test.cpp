@@ -3112,12 +3112,14 @@ TEST_CASE("device: an unknown device is refused naming what this build has; mode
     CHECK(src.find("DeviceMemory") == std::string::npos);
 }
 
+#ifdef PULSE_TEST_CUDA_DEVICE  // its only callers (an unused function is an error where warnings are: the aarch64 build)
 namespace {
 bool machine_has_nvidia_driver() {
     void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     return h != nullptr;  // left loaded, as device.cpp leaves it
 }
 }  // namespace
+#endif
 
 TEST_CASE("device: the default is chosen by probing, and says which device and why in one line") {
     TempDir d;
