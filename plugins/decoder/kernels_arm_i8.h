@@ -113,20 +113,21 @@ __attribute__((noinline)) void rows_dot(const RowRange& rr, const QuantRow* x, i
         PULSE_ARM_UNROLL for (int t = 0; t < T; ++t) acc[t] = vdupq_n_f32(0.f);
         int64_t b = 0;
         for (; b + 4 <= nb; b += 4) {
-            // Blocks b, b+1 and then b+2, b+3, each pair's lanes folded at once (pair[t][h]):
-            // two vectors a token live instead of four, so four tokens' and a TQ2_0 block's
-            // sixteen weight vectors stay in registers.
-            int32x4_t pair[T][2];
-            PULSE_ARM_UNROLL for (int h = 0; h < 2; ++h) {
+            // Blocks b, b+1 and then b+2, b+3, each pair's lanes folded at once: two vectors a
+            // token live instead of four.
+            auto fold_two = [&](int64_t first, int32x4_t* folded) PULSE_ARM_INLINE {
                 int32x4_t s0[T], s1[T];
-                block_dots<K, T>(row, b + 2 * h, x, dot, s0);
-                block_dots<K, T>(row, b + 2 * h + 1, x, dot, s1);
-                PULSE_ARM_UNROLL for (int t = 0; t < T; ++t) pair[t][h] = vpaddq_s32(s0[t], s1[t]);
-            }
+                block_dots<K, T>(row, first, x, dot, s0);
+                block_dots<K, T>(row, first + 1, x, dot, s1);
+                PULSE_ARM_UNROLL for (int t = 0; t < T; ++t) folded[t] = vpaddq_s32(s0[t], s1[t]);
+            };
+            int32x4_t lo[T], hi[T];
+            fold_two(b, lo);
+            fold_two(b + 2, hi);
             const uint16_t bits[4] = {scale_bits<K>(row, b), scale_bits<K>(row, b + 1), scale_bits<K>(row, b + 2), scale_bits<K>(row, b + 3)};
             const float32x4_t dw = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(bits)));
             PULSE_ARM_UNROLL for (int t = 0; t < T; ++t) {
-                const int32x4_t sums = vpaddq_s32(pair[t][0], pair[t][1]);  // lane j: block b + j
+                const int32x4_t sums = vpaddq_s32(lo[t], hi[t]);  // lane j: block b + j
                 acc[t] = vfmaq_f32(acc[t], vcvtq_f32_s32(sums), vmulq_f32(dw, vld1q_f32(x[t].d + b)));
             }
         }
