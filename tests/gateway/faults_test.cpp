@@ -596,8 +596,11 @@ TEST_CASE("drain: new requests get 503 + Retry-After at once; a stream still run
 }
 
 TEST_CASE("drain: connections opened before it (fresh, or kept alive after a turn) get 503 for their next request, never a reset") {
-    FakeBackend slow(R"({"turns":[{"content":"one two three four five six","delay_ms":300}]})");
-    Gateway gw(model_toml({slow.url()}), "drain_timeout_s = 2\n", std::string(kFast) + "retry_window_s = 0\n");
+    // The request in flight keeps the drain open for about 6 s (within its 10 s deadline): time
+    // for the two connections to ask and be answered even on a slow machine (under emulation
+    // the drain used to end, and the gateway to close them, before they asked).
+    FakeBackend slow(R"({"turns":[{"content":"one two three four five six","delay_ms":1000}]})");
+    Gateway gw(model_toml({slow.url()}), "drain_timeout_s = 10\n", std::string(kFast) + "retry_window_s = 0\n");
     auto keep_alive_head = [](const std::string& body) {
         return "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
                "\r\n\r\n" + body;
