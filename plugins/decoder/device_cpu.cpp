@@ -23,7 +23,7 @@ namespace pulse::decoder {
 
 namespace {
 
-constexpr int64_t kSplitElements = 65536;  // element-wise ops this long are worth a fork-join
+[[maybe_unused]] constexpr int64_t kSplitElements = 65536;  // element-wise ops this long are worth a fork-join (OpenMP's if clauses)
 constexpr int64_t kMaxConv = 8;              // Gated DeltaNet conv taps (Qwen3.5: 4)
 constexpr int64_t kConvBlock = 64;           // channels per conv work item
 

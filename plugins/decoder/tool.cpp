@@ -826,6 +826,8 @@ int cmd_distill(const std::vector<std::string>& args) {
     }
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
+#else
+    (void)threads;  // a build without OpenMP runs on one thread
 #endif
     try {
         auto file = decoder::GgufFile::open(path);

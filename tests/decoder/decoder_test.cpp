@@ -401,7 +401,9 @@ TEST_CASE("formats: Q4_K and Q6_K decode what they encode (within their step)") 
     std::mt19937 g(9);
     std::vector<float> x(1024);
     for (auto& v : x) v = static_cast<float>(static_cast<int>(g() % 2001) - 1000) / 1000.f;
-    for (auto [t, tol] : {std::pair{kQ4_K, 0.08f}, std::pair{kQ6_K, 0.02f}}) {
+    for (const auto& entry : {std::pair{kQ4_K, 0.08f}, std::pair{kQ6_K, 0.02f}}) {
+        const uint32_t t = entry.first;  // not a structured binding: Clang 14 refuses one in CHECK's lambda
+        const float tol = entry.second;
         auto q = quantize(t, x.data(), 1024);
         CHECK(q.size() == (t == kQ4_K ? 4 * 144u : 4 * 210u));
         std::vector<float> y(1024);
@@ -416,7 +418,9 @@ TEST_CASE("formats: Q2_0 / PQ2_0 / Q1_0 / PTQ1_0 element order and codes follow 
     uint16_t one = f32_to_fp16(1.0f);
     // Q2_0 (group 64) and PQ2_0 (group 128): scale first; element j in bits 2(j%4) of qs[j/4];
     // value (code - 1)·d, code 3 = +2d.
-    for (auto [t, g] : {std::pair{kQ2_0, 64}, std::pair{kPQ2_0, 128}, std::pair{kQ2_0_G128, 128}}) {
+    for (const auto& entry : {std::pair{kQ2_0, 64}, std::pair{kPQ2_0, 128}, std::pair{kQ2_0_G128, 128}}) {
+        const uint32_t t = entry.first;  // not a structured binding: Clang 14 refuses one in CAPTURE's lambda
+        const int g = entry.second;
         std::vector<uint8_t> b(static_cast<size_t>(2 + g / 4), 0x55);  // every code 1 -> 0
         std::memcpy(b.data(), &one, 2);
         b[2 + 5] = static_cast<uint8_t>((3 << 0) | (0 << 2) | (2 << 4) | (1 << 6));  // elements 20..23

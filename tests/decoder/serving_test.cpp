@@ -254,8 +254,11 @@ TEST_CASE("engine: a reasoning budget closes the think block after that many tok
         }
         return std::make_pair(reasoning, content);
     };
-    auto [free_reasoning, free_content] = run("");
-    auto [reasoning, content] = run(R"(,"thinking_token_budget":5)");
+    // Not structured bindings: Clang 14 refuses one in CAPTURE's lambda.
+    const std::string free_reasoning = run("").first;
+    const auto budgeted = run(R"(,"thinking_token_budget":5)");
+    const std::string& reasoning = budgeted.first;
+    const std::string& content = budgeted.second;
     CAPTURE(free_reasoning);
     CAPTURE(reasoning);
     // Seeded: the same tokens until the budget, then "</think>" by force and the answer.
@@ -410,9 +413,14 @@ TEST_CASE("engine: speculative decoding (MTP block, draft model, adaptive) in th
         Engine one(options("off", 4, false, 1));
         for (const auto& r : reqs) plain.push_back(answer(drain(*one.submit(json(r)))));
     }
-    for (const auto& [draft, k, adaptive, vocab] :
+    for (const auto& entry :
          {std::tuple<std::string, int, bool, std::string>{"mtp", 3, false, ""}, {"mtp", 4, false, (d / "vocab.txt").string()},
           {"model:" + (d / "short.gguf").string(), 4, false, ""}, {"model:" + (d / "short.gguf").string(), 6, true, ""}}) {
+        // Not a structured binding: Clang 14 refuses one in CAPTURE's lambda.
+        const std::string& draft = std::get<0>(entry);
+        const int k = std::get<1>(entry);
+        const bool adaptive = std::get<2>(entry);
+        const std::string& vocab = std::get<3>(entry);
         CAPTURE(draft);
         CAPTURE(k);
         CAPTURE(adaptive);

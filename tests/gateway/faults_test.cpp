@@ -220,8 +220,10 @@ TEST_CASE("shutdown: backend and profile instances and streams are gone before t
 // stream without a byte is retried).
 TEST_CASE("a backend plugin's stream without a stream, or ended without a chunk, is failed over and named") {
     FakeBackend good(R"({"turns":[{"content":"from the good one"}]})");
-    for (auto [mode, logged] : {std::pair{"null", "backend 'test-faulty' (plugin test.faulty-backend) returned PULSE_OK from stream_start without a stream (plugin bug)"},
-                                std::pair{"empty", "backend 'test-faulty' ended its stream without a chunk"}}) {
+    for (const auto& entry : {std::pair{"null", "backend 'test-faulty' (plugin test.faulty-backend) returned PULSE_OK from stream_start without a stream (plugin bug)"},
+                              std::pair{"empty", "backend 'test-faulty' ended its stream without a chunk"}}) {
+        const char* mode = entry.first;  // not a structured binding: Clang 14 refuses one in CAPTURE's lambda
+        const char* logged = entry.second;
         CAPTURE(mode);
         Gateway gw(std::string("[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"buggy\"\nurl = \"plugin://test-faulty\"\n") +
                        "options = { fail = \"" + mode + "\" }\n[[models.m.endpoints]]\nname = \"good\"\nurl = \"" + good.url() + "\"\n",

@@ -340,7 +340,8 @@ TEST_CASE("http policy: a slow decision service is counted as a timeout, whichev
     svc.state->delay_ms = 800;
     FakeBackend b(R"({"reasoning_config":true,"turns":[{"content":"ok"}]})");
     // The plugin's own timeout_ms (150) first, then the host's (300) first.
-    for (const auto& [host_ms, plugin_ms] : {std::pair{2000, 150}, std::pair{300, 5000}}) {
+    for (const auto& entry : {std::pair{2000, 150}, std::pair{300, 5000}}) {
+        const int host_ms = entry.first, plugin_ms = entry.second;  // not a structured binding: Clang 14 refuses one in CAPTURE's lambda
         CAPTURE(host_ms);
         std::string policy = "[models.m.policy]\nname = \"http\"\ntimeout_ms = " + std::to_string(host_ms) +
                              "\n[models.m.policy.options]\nurl = \"http://127.0.0.1:" + std::to_string(svc.port) +
