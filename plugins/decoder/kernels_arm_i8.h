@@ -3,7 +3,7 @@
 // to those units (everything here has internal linkage).
 //
 // Every supported layout is read as activation blocks (32 values; TQ2_0: 256) of signed weight
-// codes facing 32 (256) consecutive activation codes, in vectors of 16: `decode` turns block b
+// codes facing 32 (256) consecutive activation codes, in vectors of 16: `each_weight` turns block b
 // of a row into those vectors (TQ2_0's 2-bit codes minus one, the Q2_0 layouts' planes facing
 // their permuted activations), so the dot itself is one loop for every type.
 #pragma once
