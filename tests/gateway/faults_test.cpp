@@ -971,6 +971,9 @@ TEST_CASE("a llama-server that comes back: its slots are counted once, then the 
         return n;
     };
     REQUIRE(eventually([&] { return count(read_file(record), "action=save") >= 2; }));  // both slots saved
+    // ...and the gateway has their answers: the record shows a request when it arrives, and a
+    // backend killed before its answer leaves nothing saved (a race a slow build lost in CI).
+    REQUIRE(eventually([&] { return get(gw.port, "/metrics").find(R"(pulse_slot_saves_total{endpoint="ep0"})") != std::string::npos; }));
     backend.reset();
     REQUIRE(eventually([&] { return get(gw.port, "/health").find(R"("state":"down")") != std::string::npos; }));
     const size_t before = read_file(record).size();
