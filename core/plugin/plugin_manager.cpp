@@ -372,6 +372,32 @@ std::vector<PluginStatus> PluginManager::status_snapshot() const {
     return statuses_;
 }
 
+namespace {
+
+// A shared object by its content: the ELF magic and e_type ET_DYN in the byte order the header
+// names. A renamed plugin ("x.so.disabled", "x.so.1") keeps both.
+bool is_shared_object(const fs::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    unsigned char h[EI_NIDENT + 2] = {};
+    if (!in.read(reinterpret_cast<char*>(h), sizeof h) || std::memcmp(h, ELFMAG, SELFMAG) != 0) return false;
+    const unsigned type = h[EI_DATA] == ELFDATA2MSB ? (h[EI_NIDENT] << 8 | h[EI_NIDENT + 1]) : (h[EI_NIDENT + 1] << 8 | h[EI_NIDENT]);
+    return type == ET_DYN;
+}
+
+}  // namespace
+
+// Whether an entry of a plugin directory that is not loaded is worth a "skipped" row: a file
+// that is a shared object or is named like one, or a directory that holds a *.so file.
+bool PluginManager::might_be_plugin(const fs::path& p) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+        for (const auto& e : fs::directory_iterator(p, ec))
+            if (e.path().extension() == ".so" && !e.is_directory(ec)) return true;
+        return false;
+    }
+    return p.filename().string().find(".so") != std::string::npos || is_shared_object(p);
+}
+
 void PluginManager::scan_dir(const fs::path& dir, bool configured) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) {
@@ -390,12 +416,15 @@ void PluginManager::scan_dir(const fs::path& dir, bool configured) {
         return;
     }
     std::vector<fs::path> files, others;
-    for (const auto& e : fs::directory_iterator(dir, ec))
-        (e.path().extension() == ".so" && !e.is_directory(ec) ? files : others).push_back(e.path());
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        if (e.path().extension() == ".so" && !e.is_directory(ec)) files.push_back(e.path());
+        else if (might_be_plugin(e.path())) others.push_back(e.path());
+    }
     std::sort(files.begin(), files.end());
     std::sort(others.begin(), others.end());
-    // What is not loaded is said, not passed over: a plugin in a sub-directory or without the
-    // .so suffix (a renamed or half-copied file) is a common mistake.
+    // What could be a plugin but is not loaded is said, not passed over: a plugin in a
+    // sub-directory or without the .so suffix (a renamed or half-copied file) is a common
+    // mistake. What cannot be one (a README, an archive, a build's object folder) is no news.
     for (const auto& f : others) {
         PluginStatus s;
         s.path = fs::absolute(f);

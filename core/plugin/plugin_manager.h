@@ -154,6 +154,7 @@ private:
     // Takes back a plugin loaded from `loaded` whose id `other` has too (startup only).
     void retract(const std::string& id, const std::filesystem::path& loaded, const std::filesystem::path& other);
     void scan_dir(const std::filesystem::path& dir, bool configured);
+    static bool might_be_plugin(const std::filesystem::path& p);
     bool is_required(const std::string& id) const;
 
     Options options_;

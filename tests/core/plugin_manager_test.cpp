@@ -241,19 +241,43 @@ TEST_CASE("duplicate plugin ids: neither file is loaded, and each says where the
     CHECK(pm.controller("test-controller") == nullptr);
 }
 
-TEST_CASE("what a plugin directory holds besides *.so files is listed as skipped, not passed over") {
+TEST_CASE("what a plugin directory holds that could be a plugin is listed as skipped; what cannot be one is ignored") {
     PluginDir dir{"good_minimal"};
     fs::create_directories(dir.tmp / "old");
-    fs::copy_file(built("good_minimal"), dir.tmp / "shout.so.disabled");
+    fs::copy_file(built("good_minimal"), dir.tmp / "old" / "good_minimal.so");    // a plugin one level down
+    fs::copy_file(built("good_minimal"), dir.tmp / "shout.so.disabled");          // named like one
+    fs::copy_file(built("good_minimal"), dir.tmp / "renamed-plugin");             // a shared object by content
+    // What a build tree's plugin folder also holds (meson): object folders, static archives.
+    fs::create_directories(dir.tmp / "good_minimal.so.p");
+    { std::ofstream(dir.tmp / "good_minimal.so.p" / "plugin.cpp.o") << "\x7f" "ELF object"; }
+    { std::ofstream(dir.tmp / "libpulse_helpers.a") << "!<arch>\n"; }
+    { std::ofstream(dir.tmp / "README.md") << "site plugins\n"; }
+    fs::create_directories(dir.tmp / "empty");
     PluginManager pm(dir.options());
     pm.load_all();
-    REQUIRE(pm.statuses().size() == 3);
+    REQUIRE(pm.statuses().size() == 4);
     CHECK(pm.statuses()[0].state == State::skipped);
     CHECK(pm.statuses()[0].path == dir.tmp / "old");
     CHECK(pm.statuses()[0].reason == "a directory (plugin directories are not searched recursively)");
-    CHECK(pm.statuses()[1].state == State::skipped);
+    CHECK(pm.statuses()[1].path == dir.tmp / "renamed-plugin");
     CHECK(pm.statuses()[1].reason == "not a plugin file name (only *.so files are loaded)");
-    CHECK(pm.statuses()[2].state == State::loaded);
+    CHECK(pm.statuses()[2].path == dir.tmp / "shout.so.disabled");
+    CHECK(pm.statuses()[2].reason == "not a plugin file name (only *.so files are loaded)");
+    CHECK(pm.statuses()[3].state == State::loaded);
+}
+
+TEST_CASE("the build tree's plugin folder: every row is a plugin, loaded") {
+    const char* build_plugins = std::getenv("PULSE_PLUGIN_BUILD_DIR");
+    REQUIRE_MESSAGE(build_plugins, "PULSE_PLUGIN_BUILD_DIR must point at the build's plugin folder");
+    Options o;
+    o.dirs = {build_plugins};
+    PluginManager pm(o);
+    pm.load_all();
+    CHECK(pm.statuses().size() >= 5);
+    for (const auto& s : pm.statuses()) {
+        CAPTURE(s.describe());
+        CHECK(s.state == State::loaded);
+    }
 }
 
 TEST_CASE("two plugins providing the same component name") {
