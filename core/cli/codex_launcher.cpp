@@ -44,7 +44,7 @@ const char* kHelp =
     "                    (drained) when codex exits\n"
     "  --keep-gateway    leave the gateway it started running after codex exits\n"
     "  --config FILE     the gateway config (for --gateway and --start-gateway); default: the one\n"
-    "                    `pulse serve` reads ($PULSE_CONFIG, ~/.config/pulse/pulse.toml, the\n"
+    "                    `pulse serve` reads ($PULSE_CONFIG, ~/.config/pulse-gateway/pulse.toml, the\n"
     "                    installed pulse.toml, a build tree's config/pulse.toml)\n"
     "  --codex BIN       the codex executable (default $PULSE_CODEX_BIN, else `codex` on PATH)\n"
     "  --no-continuity   leave out the task-continuity hooks (`pulse continuity --help`), and with\n"
@@ -147,7 +147,8 @@ std::string catalog_json(const std::string& model, int64_t context_window) {
 // A private directory for the catalog (it is ours alone; 0700).
 fs::path private_dir() {
     const char* x = std::getenv("XDG_RUNTIME_DIR");
-    fs::path d = x && *x ? fs::path(x) / "pulse" : fs::temp_directory_path() / ("pulse-" + std::to_string(::geteuid()));
+    // Not $XDG_RUNTIME_DIR/pulse: that is PulseAudio's (its native socket).
+    fs::path d = x && *x ? fs::path(x) / "pulse-gateway" : fs::temp_directory_path() / ("pulse-gateway-" + std::to_string(::geteuid()));
     fs::create_directories(d);
     fs::permissions(d, fs::perms::owner_all);
     return d;
@@ -310,15 +311,28 @@ int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::fun
         known += (known.empty() ? "" : ", ") + id;
         if (!m && model && *model == id) m = &x;
     }
-    // No --model: the first model (config order) with a healthy backend, else the first.
+    // No --model: the first model (config order) with a healthy backend, else the first; never a
+    // demo model (random weights), which answers only when named.
+    auto demo = [](const rapidjson::Value& x) { return x.HasMember("demo") && x["demo"].IsBool() && x["demo"].GetBool(); };
+    std::string why = "named with --model";
     if (!model) {
+        std::string demos;
+        for (const auto& x : h["models"].GetArray()) {
+            if (demo(x)) demos += (demos.empty() ? "" : ", ") + std::string(x["id"].GetString());
+            else if (!m && healthy(x)) m = &x, why = "the first model in the config with a healthy backend";
+        }
         for (const auto& x : h["models"].GetArray())
-            if (!m && healthy(x)) m = &x;
-        if (!m && !h["models"].Empty()) m = &h["models"][0];
+            if (!m && !demo(x)) m = &x, why = "the first model in the config (none has a healthy backend)";
+        if (!m && !demos.empty())
+            return fail("the gateway serves only the demo model " + demos +
+                        ", whose weights are random (it answers with random text); to use it anyway: pulse codex --model " +
+                        demos.substr(0, demos.find(',')));
     }
     if (!m) return fail(model ? "the gateway has no model '" + *model + "' (it has: " + (known.empty() ? "none" : known) + ")"
                               : std::string("the gateway has no models configured"));
     std::string id = (*m)["id"].GetString();
+    std::fprintf(stderr, "pulse codex: model %s (%s)%s\n", id.c_str(), why.c_str(),
+                 demo(*m) ? "; a demo model: its weights are random, it answers with random text" : "");
     bool ready = false;
     std::string states;
     for (const auto& e : (*m)["endpoints"].GetArray()) {

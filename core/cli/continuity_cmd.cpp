@@ -31,7 +31,7 @@ const char* kHelp =
     "                  N most recent\n"
     "  hooks-json      print a hooks.json that installs the hook for plain `codex`\n"
     "\n"
-    "The state lives in $XDG_STATE_HOME/pulse/continuity (default ~/.local/state/pulse/continuity),\n"
+    "The state lives in $XDG_STATE_HOME/pulse-gateway/continuity (default ~/.local/state/pulse-gateway/continuity),\n"
     "one file per session, mode 0600. When a session starts, states not updated for 30 days are\n"
     "deleted, and all but the 500 most recent. The hook never blocks Codex: bad input is reported\n"
     "on stderr and it exits 0.\n";

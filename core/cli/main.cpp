@@ -43,10 +43,10 @@
 #define PULSE_VERSION "0.0.0"
 #endif
 #ifndef PULSE_PLUGIN_DIR
-#define PULSE_PLUGIN_DIR "/usr/local/lib/pulse/plugins"
+#define PULSE_PLUGIN_DIR "/usr/local/lib/pulse-gateway/plugins"
 #endif
 #ifndef PULSE_SYSCONF_DIR
-#define PULSE_SYSCONF_DIR "/usr/local/etc/pulse"
+#define PULSE_SYSCONF_DIR "/usr/local/etc/pulse-gateway"
 #endif
 
 namespace {
@@ -76,7 +76,7 @@ const char* kMainHelp =
     "  version                                 print version and plugin ABI\n"
     "\n"
     "Every command takes --help. Without --config the config file is the first of: $PULSE_CONFIG,\n"
-    "~/.config/pulse/pulse.toml ($XDG_CONFIG_HOME), " PULSE_SYSCONF_DIR "/pulse.toml, and for a\n"
+    "~/.config/pulse-gateway/pulse.toml ($XDG_CONFIG_HOME), " PULSE_SYSCONF_DIR "/pulse.toml, and for a\n"
     "binary in its build tree, the source tree's config/pulse.toml.\n"
     "\n"
     "exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 config error, 4 plugin error\n";
@@ -89,7 +89,7 @@ const char* kServeHelp =
     "SIGTERM/SIGINT: drain (server.drain_timeout_s) and stop. SIGHUP: reload the config and\n"
     "changed translation-profile plugins (also done when a plugin directory changes).\n"
     "\n"
-    "environment overrides: PULSE_QWEN_BACKENDS=name=url,... PULSE_GATEWAY_API_KEY\n"
+    "environment overrides: PULSE_QWEN_BACKENDS=\"MODEL: name=url,...\" PULSE_GATEWAY_API_KEY\n"
     "PULSE_GATEWAY_TRACE_FILE PULSE_GATEWAY_WARMUP_STATE_FILE PULSE_PLUGIN_DIRS=dir:dir\n";
 
 const char* kPluginsHelp =
@@ -224,14 +224,18 @@ int cmd_decoder_tool(int argc, char** argv) {
 
 // The config a command reads without --config, the first that exists of: $PULSE_CONFIG (used
 // even when missing: the load error then names it), the user's ($XDG_CONFIG_HOME or ~/.config)
-// /pulse/pulse.toml, the installed SYSCONFDIR/pulse/pulse.toml, and for a binary run from its
-// build tree, the source tree's config/pulse.toml.
+// /pulse-gateway/pulse.toml (before 0.1: .../pulse/pulse.toml, still read; that directory is
+// PulseAudio's), the installed SYSCONFDIR/pulse-gateway/pulse.toml, and for a binary run from
+// its build tree, the source tree's config/pulse.toml.
 std::vector<fs::path> config_candidates() {
     std::vector<fs::path> c;
     const char* xdg = std::getenv("XDG_CONFIG_HOME");
     const char* home = std::getenv("HOME");
-    if (xdg && *xdg) c.push_back(fs::path(xdg) / "pulse" / "pulse.toml");
-    else if (home && *home) c.push_back(fs::path(home) / ".config" / "pulse" / "pulse.toml");
+    fs::path user = xdg && *xdg ? fs::path(xdg) : home && *home ? fs::path(home) / ".config" : fs::path();
+    if (!user.empty()) {
+        c.push_back(user / "pulse-gateway" / "pulse.toml");
+        c.push_back(user / "pulse" / "pulse.toml");
+    }
     c.push_back(fs::path(PULSE_SYSCONF_DIR) / "pulse.toml");
 #if defined(PULSE_SOURCE_CONFIG)
     if (build_tree_plugin_dir()) c.push_back(PULSE_SOURCE_CONFIG);
@@ -262,6 +266,7 @@ config::Config load_config(const Args& a, bool required) {
     config::apply_env(cfg, [](const char* n) -> const char* { return std::getenv(n); });
     config::apply_fragments(cfg);
     for (const auto& w : cfg.warnings) log::warn("config", w);
+    for (const auto& o : cfg.env_overrides) log::info("config", o);
     if (cfg.plugins.dirs.empty()) {
         if (auto build = build_tree_plugin_dir()) {
             cfg.plugins.dirs.push_back(*build);  // this build's plugins, never an installed site's drop-ins
@@ -304,6 +309,7 @@ int cmd_config(const Args& a) {
     config::Config cfg = load_config(b, true);
     std::printf("%s: ok (%zu model%s, listen %s:%u)\n", a.rest[1].c_str(), cfg.models.size(),
                 cfg.models.size() == 1 ? "" : "s", cfg.server.listen.host.c_str(), cfg.server.listen.port);
+    for (const auto& o : cfg.env_overrides) std::printf("  from the environment: %s\n", o.c_str());
     return kExitOk;
 }
 
@@ -440,8 +446,8 @@ fs::path pick_runtime_dir(const config::Config& cfg) {
     std::vector<fs::path> candidates;
     if (const char* rd = std::getenv("RUNTIME_DIRECTORY"); rd && *rd) candidates.emplace_back(std::string(rd).substr(0, std::string(rd).find(':')));
     candidates.push_back(cfg.plugins.runtime_dir);
-    if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) candidates.push_back(fs::path(x) / "pulse");
-    candidates.push_back(fs::temp_directory_path() / ("pulse-" + std::to_string(::geteuid())));
+    if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) candidates.push_back(fs::path(x) / "pulse-gateway");  // not .../pulse: PulseAudio's socket
+    candidates.push_back(fs::temp_directory_path() / ("pulse-gateway-" + std::to_string(::geteuid())));
     for (const auto& d : candidates) {
         std::error_code ec;
         fs::create_directories(d, ec);

@@ -269,6 +269,7 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
     std::string routing = "failover";
     t.str("routing", routing);
     t.boolean("resume", m.resume);
+    t.boolean("demo", m.demo);
     if (routing == "failover") m.routing = Model::Routing::failover;
     else if (routing == "round_robin") m.routing = Model::Routing::round_robin;
     else if (routing == "sticky") m.routing = Model::Routing::sticky;
@@ -492,13 +493,27 @@ Config load_file(const std::filesystem::path& path) {
 
 void apply_env(Config& cfg, Getenv getenv_fn) {
     if (const char* v = getenv_fn("PULSE_QWEN_BACKENDS"); v && *v) {
+        // "MODEL: name=url,name=url": the endpoints, in failover order, of the model named. The
+        // model may be left out only while exactly one model uses profile "qwen38".
+        std::string_view rest(v), named;
+        if (auto colon = rest.find(':'); colon != std::string_view::npos) {
+            std::string_view head = rest.substr(0, colon);
+            const bool is_url_scheme = colon + 1 < rest.size() && rest[colon + 1] == '/';
+            if (head.find('=') == std::string_view::npos && !is_url_scheme) {
+                named = head;
+                while (!named.empty() && named.back() == ' ') named.remove_suffix(1);
+                while (!named.empty() && named.front() == ' ') named.remove_prefix(1);
+                rest = rest.substr(colon + 1);
+            }
+        }
         std::vector<Endpoint> eps;
-        std::string_view rest(v);
         size_t idx = 0;
         while (!rest.empty()) {
             auto comma = rest.find(',');
             std::string_view item = rest.substr(0, comma);
             rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+            while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+            while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
             if (item.empty()) continue;
             Endpoint e;
             auto eq = item.find('=');
@@ -513,20 +528,33 @@ void apply_env(Config& cfg, Getenv getenv_fn) {
             bool ok = e.url.rfind("http://", 0) == 0 || (e.url.rfind("plugin://", 0) == 0 && e.url.size() > 9);
             if (!ok)
                 throw ConfigError("PULSE_QWEN_BACKENDS: '" + std::string(item) +
-                                  "' must be name=http://host:port/v1 (comma-separated, failover order)");
+                                  "' must be name=http://host:port/v1 (MODEL: name=url,name=url in failover order)");
             eps.push_back(std::move(e));
             ++idx;
         }
         if (eps.empty()) throw ConfigError("PULSE_QWEN_BACKENDS is set but lists no endpoint");
-        bool any = false;
+        std::vector<Model*> qwen;
         for (auto& m : cfg.models)
-            if (m.profile == "qwen38") {
-                m.endpoints = eps;
-                any = true;
-            }
-        if (!any)
-            throw ConfigError("PULSE_QWEN_BACKENDS is set but no model uses profile \"qwen38\" in " +
-                              cfg.source.string());
+            if (m.profile == "qwen38") qwen.push_back(&m);
+        Model* target = nullptr;
+        if (!named.empty()) {
+            for (auto* m : qwen)
+                if (m->id == named) target = m;
+            if (!target)
+                throw ConfigError("PULSE_QWEN_BACKENDS names model '" + std::string(named) + "', which is not a model on profile \"qwen38\" in " +
+                                  cfg.source.string());
+        } else if (qwen.size() == 1) {
+            target = qwen[0];
+        } else if (qwen.empty()) {
+            throw ConfigError("PULSE_QWEN_BACKENDS is set but no model uses profile \"qwen38\" in " + cfg.source.string());
+        } else {
+            std::string ids;
+            for (auto* m : qwen) ids += (ids.empty() ? "" : ", ") + m->id;
+            throw ConfigError("PULSE_QWEN_BACKENDS names no model and " + std::to_string(qwen.size()) + " models use profile \"qwen38\" (" + ids +
+                              "): write PULSE_QWEN_BACKENDS=\"MODEL: name=url,name=url\"");
+        }
+        target->endpoints = eps;
+        cfg.env_overrides.push_back("PULSE_QWEN_BACKENDS: the endpoints of model '" + target->id + "'");
     }
     if (const char* v = getenv_fn("PULSE_GATEWAY_API_KEY"); v && *v) cfg.server.api_key = v;
     if (const char* v = getenv_fn("PULSE_GATEWAY_TRACE_FILE"); v && *v) cfg.server.trace_file = v;

@@ -64,6 +64,9 @@ struct Model {
     // How model reasoning reaches the client: "summary" (shown by Codex by default), "raw"
     // (reasoning_text events, shown only with show_raw_agent_reasoning) or "both".
     std::string reasoning_output = "summary";
+    // A demonstration model (random weights): listed as such in /health, and `pulse codex`
+    // never picks it unless it is named with --model.
+    bool demo = false;
 };
 
 struct Listen {
@@ -97,7 +100,7 @@ struct Plugins {
     std::vector<std::filesystem::path> dirs;         // empty = the compiled-in default
     std::vector<std::filesystem::path> dropin_dirs;  // optional per-site drop-ins
     std::vector<std::string> require;                // plugin ids that must load
-    std::filesystem::path runtime_dir = "/run/pulse";
+    std::filesystem::path runtime_dir = "/run/pulse-gateway";
 };
 
 struct Upstream {
@@ -128,6 +131,7 @@ struct Warmup {
 
 struct Config {
     std::filesystem::path source;  // the file it was read from ("" for defaults)
+    std::vector<std::string> env_overrides;  // what apply_env changed, one line each (said at startup)
     Server server;
     Plugins plugins;
     Upstream upstream;
@@ -148,7 +152,8 @@ Config load_string(std::string_view text, const std::string& name,
                    const std::filesystem::path& base_dir = ".");
 
 // Applies the environment overrides the deployed sites use:
-//   PULSE_QWEN_BACKENDS="name=url,name=url"  endpoints (failover order) of every qwen38 model
+//   PULSE_QWEN_BACKENDS="MODEL: name=url,..." endpoints (failover order) of that qwen38 model;
+//                                           "MODEL:" may be left out while one model uses qwen38
 //   PULSE_GATEWAY_API_KEY                   server.api_key
 //   PULSE_GATEWAY_TRACE_FILE                server.trace_file
 //   PULSE_GATEWAY_WARMUP_STATE_FILE         warmup.state_file

@@ -296,10 +296,19 @@ void note_file(State& s, const std::string& path, const std::string& change) {
 }  // namespace
 
 fs::path state_dir() {
-    if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/') return fs::path(x) / "pulse" / "continuity";
-    const char* home = std::getenv("HOME");
-    if (!home || !*home) throw std::runtime_error("neither XDG_STATE_HOME nor HOME is set: no place for the task state");
-    return fs::path(home) / ".local" / "state" / "pulse" / "continuity";
+    fs::path base;
+    if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x == '/') {
+        base = x;
+    } else {
+        const char* home = std::getenv("HOME");
+        if (!home || !*home) throw std::runtime_error("neither XDG_STATE_HOME nor HOME is set: no place for the task state");
+        base = fs::path(home) / ".local" / "state";
+    }
+    // Tasks saved before 0.1 (under .../pulse/) stay where they are, and are found there.
+    std::error_code ec;
+    if (!fs::exists(base / "pulse-gateway" / "continuity", ec) && fs::is_directory(base / "pulse" / "continuity", ec))
+        return base / "pulse" / "continuity";
+    return base / "pulse-gateway" / "continuity";
 }
 
 bool valid_session_id(std::string_view id) {

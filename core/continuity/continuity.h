@@ -39,7 +39,7 @@ struct Limits {
     size_t max_sessions = 500;
 };
 
-// $XDG_STATE_HOME/pulse/continuity, else ~/.local/state/pulse/continuity.
+// $XDG_STATE_HOME/pulse-gateway/continuity, else ~/.local/state/pulse-gateway/continuity.
 std::filesystem::path state_dir();
 
 // Codex session ids are UUIDs; anything outside [A-Za-z0-9_-]{1,128} is refused (it names a file).

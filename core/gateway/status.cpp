@@ -98,6 +98,10 @@ const char* StatusReport::write_state(JsonWriter& w, const Snapshot& snap, bool 
         w.String(m->profile->plugin_id().c_str());
         w.Key("profile_generation");
         w.Uint64(m->profile->generation->ctx.generation);
+        if (m->cfg->demo) {
+            w.Key("demo");
+            w.Bool(true);
+        }
         w.Key("endpoints");
         w.StartArray();
         for (const auto& e : m->endpoints) {

@@ -125,7 +125,7 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
             std::string err = write(o.model);
             if (!err.empty()) {
                 const char* home = std::getenv("HOME");
-                std::filesystem::path alt = std::filesystem::path(home && *home ? home : "/tmp") / ".cache" / "pulse" / o.model.filename();
+                std::filesystem::path alt = std::filesystem::path(home && *home ? home : "/tmp") / ".cache" / "pulse-gateway" / o.model.filename();
                 if (std::filesystem::exists(alt, ec) || write(alt).empty()) {
                     pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: cannot write the demo model to " + o.model.string() + " (" + err +
                                                                   "); using " + alt.string());

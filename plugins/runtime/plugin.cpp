@@ -5,7 +5,7 @@
 //   nodes = "nodes.toml"                 the site's nodes file
 //   profiles = "<datadir>/pulse/profiles"  runtime families and profiles (a build tree that is
 //                                        not installed uses the source tree's profiles/)
-//   state_dir = "/var/lib/pulse"         node state, run logs, locks
+//   state_dir = "/var/lib/pulse-gateway" node state, run logs, locks
 #include <pulse/plugin.hpp>
 
 #include <filesystem>
@@ -16,7 +16,10 @@
 #include "controller.h"
 
 #ifndef PULSE_PROFILES_DIR
-#define PULSE_PROFILES_DIR "/usr/share/pulse/profiles"
+#define PULSE_PROFILES_DIR "/usr/share/pulse-gateway/profiles"
+#endif
+#ifndef PULSE_STATE_DIR
+#define PULSE_STATE_DIR "/var/lib/pulse-gateway"
 #endif
 #ifndef PULSE_SOURCE_PROFILES_DIR
 #define PULSE_SOURCE_PROFILES_DIR ""
@@ -58,7 +61,7 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         std::error_code ec;
         if (!c["profiles"].present() && !fs::exists(inst->settings.profiles_dir, ec) && fs::exists(PULSE_SOURCE_PROFILES_DIR, ec))
             inst->settings.profiles_dir = PULSE_SOURCE_PROFILES_DIR;
-        inst->settings.state_dir = path("state_dir", "/var/lib/pulse");
+        inst->settings.state_dir = path("state_dir", PULSE_STATE_DIR);
         pulse::Json gw = c["gateway"];
         inst->settings.gateway.url = std::string(gw["url"].string_or("http://127.0.0.1:8800"));
         inst->settings.gateway.endpoint_fragments = std::string(gw["endpoint_fragments"].string_or(""));

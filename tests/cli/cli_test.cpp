@@ -83,7 +83,7 @@ TEST_CASE("usage errors exit 2") {
 TEST_CASE("config check: valid file, invalid file, missing file") {
     auto r = run({exe(), "config", "check", PULSE_SOURCE_ROOT "/config/pulse.toml"}, kNoEnvOverrides);
     CHECK(r.code == 0);
-    CHECK(has(r.out, "ok (2 models, listen 127.0.0.1:8800)"));
+    CHECK(has(r.out, "ok (1 model, listen 127.0.0.1:8800)"));
 
     TempDir tmp;
     auto bad = tmp.write("bad.toml", "[server]\nlisten = \"127.0.0.1:8800\"\nthreads = 4\n");
@@ -199,7 +199,7 @@ TEST_CASE("plugins: a binary in its build directory finds that build's plugins; 
     r = run({(tmp / "pulse").string(), "plugins"}, env);
     CAPTURE(r.out);
     CHECK(!has(r.out, build_plugins));
-    CHECK(has(r.out, "/pulse/plugins"));
+    CHECK(has(r.out, "/pulse-gateway/plugins"));
 }
 
 TEST_CASE("bench: runs the pulse-bench program next to pulse, or says it is missing") {
@@ -616,10 +616,10 @@ struct EchoGateway {
     Site site;
     std::unique_ptr<pulse::test::Child> child;
     uint16_t port = 0;
-    explicit EchoGateway(const std::string& extra_server = "", const std::string& extra_models = "")
+    explicit EchoGateway(const std::string& extra_server = "", const std::string& extra_models = "", const std::string& echo_keys = "")
         : site({"good_cpp", "example_echo"}, "[server]\nlisten = \"127.0.0.1:0\"\n" + extra_server +
                                                   "[upstream]\nhealth_interval_s = 0.2\n"
-                                                  "[models.echo]\nprofile = \"test-profile\"\ncontext_window = 65536\n"
+                                                  "[models.echo]\nprofile = \"test-profile\"\ncontext_window = 65536\n" + echo_keys +
                                                   "[[models.echo.endpoints]]\nurl = \"plugin://example-echo\"\n" + extra_models) {
         child = std::make_unique<pulse::test::Child>(std::vector<std::string>{exe(), "serve", "--config", site.config.string()},
                                                      kNoEnvOverrides);
@@ -634,6 +634,15 @@ struct EchoGateway {
         port = static_cast<uint16_t>(std::stoi(m[1]));
     }
     std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+    std::string health() const {
+        Poco::Net::HTTPClientSession s("127.0.0.1", port);
+        s.setTimeout(Poco::Timespan(5, 0));
+        Poco::Net::HTTPRequest req("GET", "/health", Poco::Net::HTTPMessage::HTTP_1_1);
+        s.sendRequest(req);
+        Poco::Net::HTTPResponse resp;
+        std::istream& in = s.receiveResponse(resp);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    }
 };
 
 std::string fake_codex() { return PULSE_SOURCE_ROOT "/tests/cli/fake_codex.sh"; }
@@ -768,6 +777,42 @@ TEST_CASE("codex: unknown model and a model without a healthy backend are refuse
     CHECK(has(r.err, "(http://127.0.0.1:1/v1): down"));
 }
 
+TEST_CASE("codex: says which model it picked and why; a demo model (random weights) only when named") {
+    TempDir tmp;
+    auto go = [&](const EchoGateway& gw, std::vector<std::string> extra = {}) {
+        std::vector<std::string> argv = {exe(), "codex", "--gateway", gw.url(), "--codex", fake_codex(), "--no-continuity"};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        return run(argv, {{"FAKE_CODEX_OUT", (tmp / "argv").string()}, {"PULSE_GATEWAY_API_KEY", ""}});
+    };
+    {
+        // The demo model is first and healthy, the real one (vLLM, down) second: the real one is
+        // picked, and said to have no healthy backend, rather than random text served silently.
+        EchoGateway gw("", "[models.vllm]\nprofile = \"test-profile\"\n[[models.vllm.endpoints]]\nurl = \"http://127.0.0.1:1/v1\"\n",
+                       "demo = true\n");
+        CHECK(has(gw.health(), R"("demo":true,"endpoints")"));
+        auto r = go(gw);
+        CHECK(r.code == 1);
+        CHECK(has(r.err, "pulse codex: model vllm (the first model in the config"));
+        CHECK_FALSE(fs::exists(tmp / "argv"));
+        r = go(gw, {"--model", "echo"});
+        CHECK(r.code == 0);
+        CHECK(has(r.err, "pulse codex: model echo (named with --model); a demo model: its weights are random"));
+    }
+    {
+        EchoGateway only_demo("", "", "demo = true\n");
+        auto r = go(only_demo);
+        CHECK(r.code == 1);
+        CHECK(has(r.err, "the gateway serves only the demo model echo, whose weights are random"));
+        CHECK(has(r.err, "pulse codex --model echo"));
+    }
+    {
+        EchoGateway gw;
+        auto r = go(gw);
+        CHECK(r.code == 0);
+        CHECK(has(r.err, "pulse codex: model echo (the first model in the config with a healthy backend)"));
+    }
+}
+
 TEST_CASE("codex: an API key is passed by name, never on the command line") {
     EchoGateway gw("api_key = \"k3y\"\n");
     TempDir tmp;
@@ -848,7 +893,7 @@ TEST_CASE("continuity: prune by age and count, clear --all; a new session prunes
     auto sid = [](int i) { return "0199aaaa-bbbb-7ccc-8ddd-00000000000" + std::to_string(i); };
     for (int i = 0; i < 4; ++i)
         REQUIRE(hook(R"({"session_id":")" + sid(i) + R"(","hook_event_name":"UserPromptSubmit","cwd":"/p","prompt":"task )" + std::to_string(i) + "\"}").code == 0);
-    const fs::path dir = tmp / "pulse" / "continuity";
+    const fs::path dir = tmp / "pulse-gateway" / "continuity";
     auto age = [&](int i, std::chrono::hours h) { fs::last_write_time(dir / (sid(i) + ".json"), fs::file_time_type::clock::now() - h); };
     age(0, std::chrono::hours(24 * 40));  // untouched for 40 days
     age(1, std::chrono::hours(24 * 10));
@@ -874,8 +919,9 @@ TEST_CASE("continuity: prune by age and count, clear --all; a new session prunes
     CHECK(sessions() == 0);
 }
 
-TEST_CASE("codex: without --config it finds the config as pulse serve does (the user's ~/.config/pulse/pulse.toml)") {
+TEST_CASE("codex: without --config it finds the config as pulse serve does (the user's ~/.config/pulse-gateway/pulse.toml)") {
     TempDir tmp;
+    // The place before 0.1 (~/.config/pulse, PulseAudio's directory) is still read...
     fs::create_directories(tmp / "xdg" / "pulse");
     std::ofstream(tmp / "xdg" / "pulse" / "pulse.toml") << "[server]\nlisten = \"127.0.0.1:1\"\n";
     auto r = run({exe(), "codex", "--codex", fake_codex()},
@@ -883,6 +929,12 @@ TEST_CASE("codex: without --config it finds the config as pulse serve does (the 
     CHECK(r.code == 1);
     CHECK(has(r.err, "no Pulse gateway at http://127.0.0.1:1 "));
     CHECK(has(r.err, "pulse serve --config " + (tmp / "xdg" / "pulse" / "pulse.toml").string()));
+    // ...after ~/.config/pulse-gateway.
+    fs::create_directories(tmp / "xdg" / "pulse-gateway");
+    std::ofstream(tmp / "xdg" / "pulse-gateway" / "pulse.toml") << "[server]\nlisten = \"127.0.0.1:2\"\n";
+    r = run({exe(), "codex", "--codex", fake_codex()},
+            {{"FAKE_CODEX_OUT", (tmp / "argv").string()}, {"PULSE_CONFIG", ""}, {"XDG_CONFIG_HOME", (tmp / "xdg").string()}});
+    CHECK(has(r.err, "pulse serve --config " + (tmp / "xdg" / "pulse-gateway" / "pulse.toml").string()));
 }
 
 TEST_CASE("codex: an exec run that cannot write is warned about; one with --full-auto or a writable sandbox is not") {

@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <map>
 #include <string>
 
@@ -46,7 +48,7 @@ TEST_CASE("the shipped config/pulse.toml loads with the documented defaults") {
     CHECK(c.upstream.retry_window_s == 180);
     CHECK(c.upstream.keepalive_s == 10);
     CHECK(c.upstream.connect_timeout_s == 3);
-    REQUIRE(c.models.size() == 2);
+    REQUIRE(c.models.size() == 1);  // what the site configures; the demo model is opt-in
     REQUIRE(c.find_model("qwen3.8-flash-next"));
     const Model& m = *c.find_model("qwen3.8-flash-next");
     CHECK(m.id == "qwen3.8-flash-next");
@@ -59,13 +61,24 @@ TEST_CASE("the shipped config/pulse.toml loads with the documented defaults") {
     CHECK_FALSE(m.sampling.max_output_tokens.has_value());
     CHECK(m.profile_options_json == "{}");
     CHECK(c.plugins.dirs.empty());
-    // The demo model, served in-process (written on first start with random weights).
+    CHECK(c.upstream.endpoint_fragments == "/var/lib/pulse-gateway/endpoints.d");
+    CHECK(c.plugins.dropin_dirs == std::vector<std::filesystem::path>{"/etc/pulse-gateway/plugins.d"});
+}
+
+TEST_CASE("the demo model's table, appended to the shipped config, adds a demo model served in-process") {
+    std::ifstream a(PULSE_SOURCE_ROOT "/config/pulse.toml"), b(PULSE_SOURCE_ROOT "/config/demo-model.toml");
+    std::stringstream text;
+    text << a.rdbuf() << "\n" << b.rdbuf();
+    Config c = load_string(text.str(), "pulse.toml");
+    validate(c);
+    REQUIRE(c.models.size() == 2);
+    CHECK_FALSE(c.find_model("qwen3.8-flash-next")->demo);
     REQUIRE(c.find_model("pulse-demo"));
     const Model& demo = *c.find_model("pulse-demo");
-    CHECK(demo.id == "pulse-demo");
+    CHECK(demo.demo);
     REQUIRE(demo.endpoints.size() == 1);
     CHECK(demo.endpoints[0].url == "plugin://decoder");
-    CHECK(demo.endpoints[0].options_json == R"({"model":"/var/lib/pulse/pulse-demo.gguf","make_demo":true})");
+    CHECK(demo.endpoints[0].options_json == R"({"model":"/var/lib/pulse-gateway/pulse-demo.gguf","make_demo":true})");
     CHECK(demo.profile_options_json == R"({"thinking":"off"})");
 }
 
@@ -191,7 +204,7 @@ TEST_CASE("environment overrides used by existing deployments") {
     g_env = {{"PULSE_QWEN_BACKENDS", "spark=http://127.0.0.1:8888/v1,http://127.0.0.1:8889/v1"},
              {"PULSE_GATEWAY_API_KEY", "sekrit"},
              {"PULSE_GATEWAY_TRACE_FILE", "/tmp/trace.jsonl"},
-             {"PULSE_GATEWAY_WARMUP_STATE_FILE", "/var/lib/pulse/warm.json"}};
+             {"PULSE_GATEWAY_WARMUP_STATE_FILE", "/var/lib/pulse-gateway/warm.json"}};
     apply_env(c, fake_getenv);
     const Model* m = c.find_model("m");
     REQUIRE(m->endpoints.size() == 2);
@@ -202,12 +215,33 @@ TEST_CASE("environment overrides used by existing deployments") {
     CHECK(c.find_model("other")->endpoints[0].url == "http://127.0.0.1:2/v1");  // not a qwen38 model
     CHECK(c.server.api_key == "sekrit");
     CHECK(c.server.trace_file == "/tmp/trace.jsonl");
-    CHECK(c.warmup.state_file == "/var/lib/pulse/warm.json");
+    CHECK(c.warmup.state_file == "/var/lib/pulse-gateway/warm.json");
 
     g_env = {{"PULSE_QWEN_BACKENDS", "spark=localhost:8888"}};
     CHECK_THROWS_WITH_AS(apply_env(c, fake_getenv), doctest::Contains("must be name=http://host:port/v1"), ConfigError);
     g_env = {{"PULSE_QWEN_BACKENDS", ",,"}};
     CHECK_THROWS_WITH_AS(apply_env(c, fake_getenv), doctest::Contains("lists no endpoint"), ConfigError);
+
+    // It names the model it overrides: said in env_overrides, required once two models use qwen38.
+    CHECK(c.env_overrides.front() == "PULSE_QWEN_BACKENDS: the endpoints of model 'm'");
+    Config two = load_string(std::string(kMinimalModel) + "[models.demo]\nprofile = \"qwen38\"\n"
+                                                          "[[models.demo.endpoints]]\nurl = \"http://127.0.0.1:3/v1\"\n",
+                             "two.toml");
+    g_env = {{"PULSE_QWEN_BACKENDS", "spark1=http://10.0.0.1:8888/v1"}};
+    CHECK_THROWS_WITH_AS(apply_env(two, fake_getenv), doctest::Contains("names no model and 2 models use profile \"qwen38\" (m, demo)"),
+                         ConfigError);
+    g_env = {{"PULSE_QWEN_BACKENDS", "m: spark1=http://10.0.0.1:8888/v1, spark2=http://10.0.0.2:8888/v1"}};
+    apply_env(two, fake_getenv);
+    REQUIRE(two.find_model("m")->endpoints.size() == 2);
+    CHECK(two.find_model("m")->endpoints[1].name == "spark2");
+    CHECK(two.find_model("m")->endpoints[1].url == "http://10.0.0.2:8888/v1");
+    CHECK(two.find_model("demo")->endpoints[0].url == "http://127.0.0.1:3/v1");  // not named: untouched
+    g_env = {{"PULSE_QWEN_BACKENDS", "qwen83: spark1=http://10.0.0.1:8888/v1"}};
+    CHECK_THROWS_WITH_AS(apply_env(two, fake_getenv), doctest::Contains("names model 'qwen83', which is not a model on profile"),
+                         ConfigError);
+    g_env = {{"PULSE_QWEN_BACKENDS", "http://10.0.0.1:8888/v1"}};  // a bare URL is not a model name
+    apply_env(c, fake_getenv);
+    CHECK(c.find_model("m")->endpoints[0].url == "http://10.0.0.1:8888/v1");
 
     Config none = load_string("", "e.toml");
     g_env = {{"PULSE_QWEN_BACKENDS", "a=http://127.0.0.1:1/v1"}};

@@ -397,15 +397,15 @@ TEST_CASE("an unresolved symbol names the symbol, the installed file and the fix
 }
 
 TEST_CASE("dlopen failure text: a missing library is named with the fix") {
-    const fs::path path = "/opt/p/x.so", mapped = "/run/pulse/x-abc.so";
+    const fs::path path = "/opt/p/x.so", mapped = "/run/pulse-gateway/x-abc.so";
     auto text = dlopen_failure(
         "boost::dll::shared_library::load() failed (dlerror system message: libcudart.so.13: cannot open shared object file: "
         "No such file or directory): Bad file descriptor",
         mapped, path);
     CHECK(text == "dlopen failed: a library the plugin needs is missing: libcudart.so.13: cannot open shared object file: No such "
                   "file or directory (fix: install libcudart.so.13, or give the plugin a RUNPATH where it lives)");
-    text = dlopen_failure("boost::dll::shared_library::load() failed (dlerror system message: /run/pulse/x-abc.so: version "
-                          "`GLIBCXX_3.4.32' not found (required by /run/pulse/x-abc.so)): Bad file descriptor",
+    text = dlopen_failure("boost::dll::shared_library::load() failed (dlerror system message: /run/pulse-gateway/x-abc.so: version "
+                          "`GLIBCXX_3.4.32' not found (required by /run/pulse-gateway/x-abc.so)): Bad file descriptor",
                           mapped, path);
     CHECK(contains(text, "/opt/p/x.so: version `GLIBCXX_3.4.32' not found (required by /opt/p/x.so)"));
     CHECK(contains(text, "build it on Debian 12 or older"));

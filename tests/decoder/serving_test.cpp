@@ -748,7 +748,7 @@ TEST_CASE("backend plugin: make_demo writes the demo model, or into ~/.cache whe
     Gateway gw("[models.demo]\nprofile = \"qwen38\"\n[[models.demo.endpoints]]\nname = \"d\"\nurl = \"decoder:///proc/pulse-demo.gguf\"\n"
                "[models.demo.endpoints.options]\nmake_demo = true\n[models.demo.sampling]\nmax_output_tokens = 16\n");
     setenv("HOME", old_home.c_str(), 1);
-    auto fallback = home.path() / ".cache/pulse/pulse-demo.gguf";
+    auto fallback = home.path() / ".cache/pulse-gateway/pulse-demo.gguf";
     CHECK(fs::exists(fallback));
     CHECK(gw.log().find("cannot write the demo model to /proc/pulse-demo.gguf") != std::string::npos);
     CHECK(gw.log().find("RANDOM weights") != std::string::npos);

@@ -67,6 +67,6 @@ first=$(awk '!/^[{]"served"/ { print; exit }' "$work/requests.jsonl")
 grep -q 'Task state recorded by Pulse' <<<"$first" && fail "the first request already carried a task state"
 sessions=$(HOME="$work/home" XDG_STATE_HOME="$work/state" "$pulse" continuity list | wc -l)
 [ "$sessions" -eq 1 ] || fail "expected one recorded session, found $sessions"
-mode=$(stat -c %a "$work/state/pulse/continuity"/*.json)
+mode=$(stat -c %a "$work/state/pulse-gateway/continuity"/*.json)
 [ "$mode" = 600 ] || fail "the state file is mode $mode"
 echo "codex continuity e2e ($("$codex" --version 2>/dev/null | head -n1)): ok — compaction forced, the next request carried the goal, the changed file and the failed command's exit code, task completed"

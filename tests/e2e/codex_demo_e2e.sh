@@ -17,6 +17,7 @@ cat >> "$work/pulse.toml" <<TOML
 [models."pulse-demo"]
 profile = "qwen38"
 context_window = 65536
+demo = true
 reasoning_output = "summary"
 [[models."pulse-demo".endpoints]]
 name = "demo"

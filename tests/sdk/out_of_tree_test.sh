@@ -23,9 +23,9 @@ echo "meson install: nothing rebuilt"
 
 pcfile=$(find "$work/stage" -name pulse-sdk.pc | head -n1)
 [ -n "$pcfile" ] || { echo "FAIL: pulse-sdk.pc not installed"; exit 1; }
-template=$(find "$work/stage" -type d -path '*/share/pulse/template' | head -n1)
+template=$(find "$work/stage" -type d -path '*/share/pulse-gateway/template' | head -n1)
 [ -n "$template" ] && [ -x "$template/tests/serve_test.sh" ] && [ -f "$template/src/shout_backend.c" ] \
-  && [ -f "$template/src/echo_backend.cpp" ] || { echo "FAIL: the template project is not installed in share/pulse/template"; exit 1; }
+  && [ -f "$template/src/echo_backend.cpp" ] || { echo "FAIL: the template project is not installed in share/pulse-gateway/template"; exit 1; }
 # A staged install: the .pc names the final prefix; the sysroot maps it into the stage (pkgconf
 # 1.8 maps the plugindir and dropindir variables too).
 export PKG_CONFIG_PATH=$(dirname "$pcfile") PKG_CONFIG_SYSROOT_DIR="$work/stage"
@@ -35,14 +35,22 @@ case "$(pkg-config --cflags pulse-sdk)" in
   *) echo "FAIL: the include path does not point into the staged install"; exit 1 ;;
 esac
 case "$(pkg-config --variable=plugindir pulse-sdk)" in
-  "$work/stage/"*/pulse/plugins) ;;
+  "$work/stage/"*/pulse-gateway/plugins) ;;
   *) echo "FAIL: plugindir $(pkg-config --variable=plugindir pulse-sdk) is not in the stage"; exit 1 ;;
 esac
 # The installed config reads the drop-ins where the SDK says they are.
 dropins=$(pkg-config --variable=dropindir pulse-sdk)
-staged_config=$(find "$work/stage" -name pulse.toml -path '*/pulse/pulse.toml' | head -n1)
+staged_config=$(find "$work/stage" -name pulse.toml -path '*/pulse-gateway/pulse.toml' | head -n1)
 grep -q "^dropin_dirs = \[\"${dropins#"$work/stage"}\"\]" "$staged_config" \
   || { echo "FAIL: $staged_config does not read the drop-ins from ${dropins#"$work/stage"}"; grep dropin_dirs "$staged_config"; exit 1; }
+# An install over an edited configuration keeps it, and puts the new default beside it.
+echo '# edited by the site' >>"$staged_config"
+edited=$(sha1sum <"$staged_config")
+meson install -C "$build_root" --no-rebuild --destdir "$work/stage" >"$work/install2.log" 2>&1 || { cat "$work/install2.log"; exit 1; }
+[ "$(sha1sum <"$staged_config")" = "$edited" ] || { echo "FAIL: a second meson install overwrote the edited $staged_config"; exit 1; }
+[ -f "$staged_config.dist" ] && ! grep -q 'edited by the site' "$staged_config.dist" \
+  || { echo "FAIL: the new default is not beside the edited config as pulse.toml.dist"; exit 1; }
+echo "meson install over an edited config: kept, new default in pulse.toml.dist"
 
 # 2. The template project, copied out of the stage as an author would: its own meson build and
 # its own test (a real pulse serve with both plugins, turns through each, a clean stop).
