@@ -67,9 +67,9 @@ meson install -C "$work/my-backend-build" >"$work/template.install.log" 2>&1 || 
 # 4. A whole Responses turn through each compiler-line build.
 # 3. A plain compiler line each, as the sources' comments show, served by the template's test.
 mkdir -p "$work/cc"
-c++ -std=c++17 -Wall -Wextra -Werror -shared -fPIC $(pkg-config --cflags pulse-sdk) "$template/src/echo_backend.cpp" \
+c++ -std=c++17 -Wall -Wextra -Werror -shared -fPIC $(pkg-config --cflags pulse-sdk) $(pkg-config --variable=plugin_cflags pulse-sdk) "$template/src/echo_backend.cpp" \
   $(pkg-config --libs pulse-sdk) -o "$work/cc/example_echo.so"
-cc -std=c11 -Wall -Wextra -Werror -shared -fPIC $(pkg-config --cflags pulse-sdk) "$template/src/shout_backend.c" \
+cc -std=c11 -Wall -Wextra -Werror -shared -fPIC $(pkg-config --cflags pulse-sdk) $(pkg-config --variable=plugin_cflags pulse-sdk) "$template/src/shout_backend.c" \
   $(pkg-config --libs pulse-sdk) -o "$work/cc/example_shout.so"
 PULSE="$pulse" "$template/tests/serve_test.sh" "$work/cc/example_shout.so" "$work/cc/example_echo.so" "$(pkg-config --variable=plugindir pulse-sdk)" \
   || { echo "FAIL: the compiler-line builds"; exit 1; }

@@ -7,7 +7,7 @@
 //
 // Build it out of tree with nothing but the installed SDK: this project's meson.build
 // (`meson setup build && meson test -C build`), or a plain compiler line:
-//   c++ -std=c++17 -shared -fPIC $(pkg-config --cflags pulse-sdk) echo_backend.cpp
+//   c++ -std=c++17 -shared -fPIC $(pkg-config --cflags pulse-sdk) $(pkg-config --variable=plugin_cflags pulse-sdk) echo_backend.cpp
 //       $(pkg-config --libs pulse-sdk) -o example_echo.so       (one line)
 #include <pulse/plugin.hpp>
 

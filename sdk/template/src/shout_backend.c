@@ -8,7 +8,7 @@
  *
  * Build it out of tree with nothing but the installed SDK: this project's meson.build
  * (`meson setup build && meson test -C build`), or a plain compiler line:
- *   cc -std=c11 -shared -fPIC $(pkg-config --cflags pulse-sdk) shout_backend.c \
+ *   cc -std=c11 -shared -fPIC $(pkg-config --cflags pulse-sdk) $(pkg-config --variable=plugin_cflags pulse-sdk) shout_backend.c \
  *      $(pkg-config --libs pulse-sdk) -o example_shout.so
  *
  * Serve it (pulse.toml):
