@@ -98,13 +98,12 @@ code=$(curl -s -o "$work/turn.json" -w '%{http_code}' -H 'Content-Type: applicat
   || { cat "$work/turn.json" "$work/serve.log"; fail "the turn (HTTP $code)"; }
 [ -f "$root/var/lib/pulse-gateway/pulse-demo.gguf" ] || fail "the demo model was not written to the state directory"
 echo "turn: HTTP 200, a response; the served model's file in /var/lib/pulse-gateway"
+uid=$(in_root id -u pulse-gateway)
+grep -Eq "^Uid:[[:space:]]+$uid[[:space:]]+$uid[[:space:]]" "/proc/$serve_pid/status" || fail "pulse serve does not run as pulse-gateway (uid $uid)"
 kill "$serve_pid"
 wait "$serve_pid" 2>/dev/null || true
+! kill -0 "$serve_pid" 2>/dev/null || fail "pulse serve did not stop"
 serve_pid=
-uid=$(in_root id -u pulse-gateway)
-for s in /proc/[0-9]*/status; do
-  ! grep -Eq "^Uid:[[:space:]]+$uid[[:space:]]" "$s" 2>/dev/null || fail "a process of the service user (uid $uid) is still running: $s"
-done
 
 step "upgrade to $version over an edited config"
 echo '# edited by the site' >>"$root/etc/pulse-gateway/pulse.toml"
