@@ -165,10 +165,12 @@ public:
     virtual void copy(DevPtr from, DevPtr to, size_t n) const = 0;
     Buffer upload(const std::vector<float>& host) const;  // alloc + upload
 
-    // Registers a weight once (load time) for a use: returns what goes in Matrix::prepared. The
-    // device owns it (a repacked copy, an upload) until it is destroyed. A tensor may be
-    // registered for both uses (a tied output is the embedding table).
-    enum class Use { matmul, embedding };
+    // Registers a weight (load time) for a use: returns what goes in Matrix::prepared. The
+    // device owns it (a repacked copy, an upload) until it is destroyed; each call registers
+    // anew (a device keeps no index of tensors by address: a tensor freed and another made in
+    // its place must not get the first one's copy). A tensor that is both the embedding table
+    // and a matmul weight (a tied output) is registered once, Use::both, for one copy.
+    enum class Use { matmul, embedding, both };
     virtual const void* prepare(const Matrix& w, Use use) = 0;
     // The device keeps its own copy of every prepared weight, so the file's pages behind them
     // can leave the process's resident set after load (Model::load does that).

@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -317,13 +316,13 @@ public:
     void download(DevPtr from, float* host, size_t n) const override { std::memcpy(host, raw(from), n * sizeof(float)); }
     void copy(DevPtr from, DevPtr to, size_t n) const override { std::memcpy(raw(to), raw(from), n * sizeof(float)); }
     // The CPU reads weights where the file is mapped, except Q8_0 and TQ2_0 matrices where it
-    // has the interleaved kernels: those are repacked once, and the file's pages behind them let
-    // go (RSS stays one copy). A tensor prepared twice (a tied output) is packed once.
+    // has the interleaved kernels: those are repacked, and the file's pages behind them let go
+    // (RSS stays one copy). Each call packs anew: no index by tensor address, which a tensor
+    // made where a freed one was would hit (the caller registers a tied tensor once: Use::both).
     const void* prepare(const Matrix& w, Use use) override {
         const TensorInfo& t = *w.t;
         const bool q8 = t.type == kQ8_0 && w.n_in % 32 == 0, tq2 = t.type == kTQ2_0 && w.n_in % 256 == 0;
-        if (use != Use::matmul || !(q8 || tq2) || !has_x8() || w.n_out < 8) return nullptr;
-        if (auto it = packed_by_tensor_.find(&t); it != packed_by_tensor_.end()) return it->second;
+        if (use == Use::embedding || !(q8 || tq2) || !has_x8() || w.n_out < 8) return nullptr;
         auto p = std::make_unique<Packed>();
         p->type = t.type;
         p->groups = w.n_out / 8;
@@ -339,7 +338,6 @@ public:
             else repack_tq2_0x8(rows, rb, w.n_in, out);
         }
         if (t.file) t.file->release_pages(t.data, static_cast<uint64_t>(8 * p->groups) * rb);
-        packed_by_tensor_[&t] = p.get();
         packed_.push_back(std::move(p));
         return packed_.back().get();
     }
@@ -408,7 +406,6 @@ private:
     mutable size_t spare_bytes_ = 0;
     WeightArena arena_;
     std::vector<std::unique_ptr<Packed>> packed_;
-    std::map<const TensorInfo*, const Packed*> packed_by_tensor_;
 };
 
 // Attention tiles: a tile's query rows are up to kAttnRows (tokens × the query heads that share

@@ -249,8 +249,11 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
             if (!folded_bound.count(name))
                 bad("metadata prism.hadamard.weight_names lists '" + name + "', which is not a weight this model multiplies" +
                     (f.tensor(name) ? "" : " (no such tensor)"));
-    // Every weight registered with the device once.
-    std::vector<Matrix*> weights{&m->embd_, &m->output_}, tables{&m->embd_};
+    // Every weight registered with the device once; a tied output (the embedding table used as
+    // the head) once for both uses, one copy.
+    const bool tied = m->output_.t == m->embd_.t;
+    std::vector<Matrix*> weights{&m->embd_}, tables{&m->embd_};
+    if (!tied) weights.push_back(&m->output_);
     auto layer_weights = [&](Layer& L) {
         for (Matrix* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.q, &L.k, &L.v, &L.o, &L.qkv, &L.gate, &L.beta, &L.alpha, &L.out})
             if (w->t) weights.push_back(w);
@@ -264,7 +267,10 @@ std::shared_ptr<Model> Model::load(std::shared_ptr<GgufFile> file, std::unique_p
         if (m->mtp_->embd.t != m->embd_.t) weights.push_back(&m->mtp_->embd), tables.push_back(&m->mtp_->embd);
     }
     for (Matrix* w : weights)
-        w->prepared = dev.prepare(*w, std::count(tables.begin(), tables.end(), w) ? Device::Use::embedding : Device::Use::matmul);
+        w->prepared = dev.prepare(*w, tied && w == &m->embd_                            ? Device::Use::both
+                                      : std::count(tables.begin(), tables.end(), w) ? Device::Use::embedding
+                                                                                    : Device::Use::matmul);
+    if (tied) m->output_.prepared = m->embd_.prepared;
     if (m->mtp_) {
         if (m->mtp_->head.t == m->output_.t) m->mtp_->head.prepared = m->output_.prepared;
         if (m->mtp_->embd.t == m->embd_.t) m->mtp_->embd.prepared = m->embd_.prepared;

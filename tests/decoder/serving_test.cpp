@@ -594,8 +594,14 @@ public:
         note(ran_);
         ForwardingDevice::matmul(w, x, B, y, i8);
     }
-    std::set<std::thread::id> prepared() const { return std::lock_guard(mu_), prepared_; }
-    std::set<std::thread::id> ran() const { return std::lock_guard(mu_), ran_; }
+    std::set<std::thread::id> prepared() const {
+        std::lock_guard lock(mu_);
+        return prepared_;
+    }
+    std::set<std::thread::id> ran() const {
+        std::lock_guard lock(mu_);
+        return ran_;
+    }
 
 private:
     void note(std::set<std::thread::id>& s) const {

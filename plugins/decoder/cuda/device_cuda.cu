@@ -414,7 +414,7 @@ public:
     }
     ~CudaDevice() override {
         cudaStreamSynchronize(stream_);
-        for (auto& [t, w] : weights_) cudaFree(w->data);
+        for (auto& w : weights_) cudaFree(w->data);
         for (auto& [p, d] : signs_) cudaFree(d);
         for (void* p : scratch_) cudaFree(p);
         cublasDestroy(blas_);
@@ -446,10 +446,10 @@ public:
     }
     bool copies_weights() const override { return true; }
 
-    // The tensor's bytes, uploaded once however many uses it has (a tied output).
+    // The tensor's bytes, uploaded: one copy serves every use (a tied output is registered once,
+    // Use::both). No index by tensor address, which a tensor made where a freed one was would hit.
     const void* prepare(const Matrix& w, Use) override {
         const TensorInfo& t = *w.t;
-        if (auto it = weights_.find(&t); it != weights_.end()) return it->second.get();
         auto wt = std::make_unique<Weight>();
         wt->type = t.type;
         dispatch(t.type, [&](auto tag) {
@@ -460,7 +460,7 @@ public:
         check(cudaMalloc(&wt->data, bytes), "cudaMalloc for a weight (out of device memory?)");
         check(cudaMemcpy(wt->data, t.data, bytes, cudaMemcpyHostToDevice), "weight upload");
         const Weight* p = wt.get();
-        weights_[&t] = std::move(wt);
+        weights_.push_back(std::move(wt));
         return p;
     }
 
@@ -641,7 +641,7 @@ private:
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
     int64_t max_shared_ = 48 << 10;
-    std::map<const TensorInfo*, std::unique_ptr<Weight>> weights_;
+    std::vector<std::unique_ptr<Weight>> weights_;
     mutable std::mutex scratch_mu_;
     mutable void* scratch_[kSlots] = {};
     mutable size_t scratch_bytes_[kSlots] = {};
