@@ -24,7 +24,8 @@ deb=$(ls "$debs"/pulse-gateway_*_arm64.deb)
 
 echo "== its dependencies, resolved by apt into a fresh Debian 12 arm64 root"
 root=$work/root
-mmdebstrap --quiet --variant=extract --architectures=arm64 --include="$deb" bookworm "$root" >"$work/mm.log" 2>&1 \
+mmdebstrap --quiet --variant=extract --architectures=arm64 --include="$deb" --hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount \
+  bookworm "$root" >"$work/mm.log" 2>&1 \
   || { tail -n 20 "$work/mm.log"; fail "the package's dependencies do not resolve on Debian 12 arm64"; }
 [ -x "$root/usr/bin/pulse" ] || fail "pulse is not in the root"
 file -b "$root/usr/bin/pulse" 2>/dev/null | grep -q aarch64 || readelf -h "$root/usr/bin/pulse" | grep -q AArch64 || fail "pulse is not an aarch64 program"
