@@ -15,6 +15,8 @@ work=$(mktemp -d)
 serve_pid=
 cleanup() {
   [ -z "$serve_pid" ] || kill "$serve_pid" 2>/dev/null || true
+  # mmdebstrap's file-mirror-automount hook leaves the .deb bind-mounted in the root.
+  awk -v w="$work/" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r | xargs -r umount
   rm -rf "$work"
 }
 trap cleanup EXIT
