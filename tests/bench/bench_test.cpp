@@ -471,7 +471,13 @@ TEST_CASE("bench ttft: cold vs warm prefix cache, and the first turn after a bac
     auto start = d.write("start.sh", "#!/bin/bash\ncd '" + d.path().string() + "'\nsetsid '" + env_or_fail("PULSE_FAKE_VLLM") +
                                          "' --script s.json --port " + std::to_string(port) + " > fake.log 2>&1 < /dev/null &\necho $! > fake.pid\n"
                                          "for i in $(seq 1 100); do grep -q listening fake.log && exit 0; sleep 0.05; done; exit 1\n");
-    auto restart = d.write("restart.sh", "#!/bin/bash\ncd '" + d.path().string() + "'\nkill $(cat fake.pid); sleep 0.2\n./start.sh\n");
+    // A restart waits for the old process to exit, as a service manager does: the fake listens
+    // with SO_REUSEPORT (POCO's default), so a new one started beside a dying one shared the port
+    // with it, and the dying one could take the first request and close it unanswered (a CI run:
+    // "No message received").
+    auto restart = d.write("restart.sh", "#!/bin/bash\ncd '" + d.path().string() +
+                                             "'\npid=$(cat fake.pid); kill $pid\n"
+                                             "for i in $(seq 1 200); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done\n./start.sh\n");
     fs::permissions(start, fs::perms(0755));
     fs::permissions(restart, fs::perms(0755));
     REQUIRE(run({start.string()}).code == 0);

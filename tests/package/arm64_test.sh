@@ -21,6 +21,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 deb=$(ls "$debs"/pulse-gateway_*_arm64.deb)
 [ "$(dpkg-deb -f "$deb" Architecture)" = arm64 ] || fail "$deb is not an arm64 package"
 
@@ -44,21 +45,12 @@ for id in pulse.translation.qwen38 pulse.translation.llamacpp pulse.backend.deco
 done
 
 echo "== pulse serve (qemu-aarch64): /health and a turn of a model served in-process"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 { sed "s/^listen = .*/listen = \"127.0.0.1:$port\"/" "$root/etc/pulse-gateway/pulse.toml"; echo
   sed "s|decoder:///var/lib/pulse-gateway/|decoder://$work/|" "$root/usr/share/pulse-gateway/examples/demo-model.toml"; } >"$work/serve.toml"
 qemu-aarch64-static -cpu max -L "$root" "$root/usr/bin/pulse" serve --config "$work/serve.toml" >"$work/serve.log" 2>&1 &
 serve_pid=$!
-for _ in $(seq 1 600); do
-  [ "$(curl -s -o "$work/health.json" -w '%{http_code}' "http://127.0.0.1:$port/health")" != 000 ] && break
-  kill -0 "$serve_pid" 2>/dev/null || { cat "$work/serve.log"; fail "pulse serve exited"; }
-  sleep 0.1
-done
-grep -q '"id":"pulse-demo"' "$work/health.json" || { cat "$work/serve.log"; fail "/health does not list the model"; }
-code=$(curl -s -m 120 -o "$work/turn.json" -w '%{http_code}' -H 'Content-Type: application/json' \
-  -d '{"model":"pulse-demo","input":"hello","stream":false,"store":false,"max_output_tokens":8}' "http://127.0.0.1:$port/v1/responses")
-[ "$code" = 200 ] && grep -Eq '"object":"response".*"status":"(completed|incomplete)"' "$work/turn.json" \
-  || { cat "$work/turn.json" "$work/serve.log"; fail "the turn (HTTP $code)"; }
+serve_turn "$port" "$serve_pid"
 grep -q "decoder: device cpu" "$work/serve.log" || fail "the decoder did not say its device"
 echo "turn: HTTP 200, a response, served by the aarch64 decoder under qemu"
 echo "arm64 package test: ok"

@@ -21,6 +21,7 @@ cleanup() {
 trap cleanup EXIT
 step() { printf '== %s\n' "$*"; }
 fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 new=$(ls "$debs"/pulse-gateway_*_amd64.deb)
 dev=$(ls "$debs"/pulse-gateway-dev_*_amd64.deb)
@@ -77,25 +78,14 @@ done
 ! grep -Eq ' (skipped|failed|rejected)' <<<"$out" || fail "a plugin row is not loaded"
 
 step "pulse serve, as the service user: /health and a turn of a model served in-process"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 install -d -m 0700 "$root/var/lib/pulse-gateway"
 in_root chown pulse-gateway:pulse-gateway /var/lib/pulse-gateway
 { sed "s/^listen = .*/listen = \"127.0.0.1:$port\"/" "$root/etc/pulse-gateway/pulse.toml"; echo
   cat "$root/usr/share/pulse-gateway/examples/demo-model.toml"; } >"$root/tmp/serve.toml"
 "${in_root_cmd[@]}" "${as_user_cmd[@]}" pulse serve --config /tmp/serve.toml >"$work/serve.log" 2>&1 &
 serve_pid=$!  # pulse itself (a function run in the background would be a subshell)
-for _ in $(seq 1 300); do
-  # Any answer: /health is 503 while a model is degraded (the config's vLLM endpoint is down here).
-  [ "$(curl -s -o "$work/health.json" -w '%{http_code}' "http://127.0.0.1:$port/health")" != 000 ] && break
-  kill -0 "$serve_pid" 2>/dev/null || { cat "$work/serve.log"; fail "pulse serve exited"; }
-  sleep 0.1
-done
-grep -q '"id":"pulse-demo"' "$work/health.json" || { cat "$work/serve.log"; fail "/health does not list the model"; }
-code=$(curl -s -o "$work/turn.json" -w '%{http_code}' -H 'Content-Type: application/json' \
-  -d '{"model":"pulse-demo","input":"hello","stream":false,"store":false,"max_output_tokens":8}' "http://127.0.0.1:$port/v1/responses")
-# Eight tokens of random weights: "completed" (an end token) or "incomplete" (the limit).
-[ "$code" = 200 ] && grep -Eq '"object":"response".*"status":"(completed|incomplete)"' "$work/turn.json" \
-  || { cat "$work/turn.json" "$work/serve.log"; fail "the turn (HTTP $code)"; }
+serve_turn "$port" "$serve_pid"
 [ -f "$root/var/lib/pulse-gateway/pulse-demo.gguf" ] || fail "the demo model was not written to the state directory"
 echo "turn: HTTP 200, a response; the served model's file in /var/lib/pulse-gateway"
 uid=$(in_root id -u pulse-gateway)
