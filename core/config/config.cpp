@@ -491,6 +491,14 @@ Config load_file(const std::filesystem::path& path) {
     return cfg;
 }
 
+namespace {
+std::string_view trim_spaces(std::string_view s) {
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+    while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+    return s;
+}
+}  // namespace
+
 void apply_env(Config& cfg, Getenv getenv_fn) {
     if (const char* v = getenv_fn("PULSE_QWEN_BACKENDS"); v && *v) {
         // "MODEL: name=url,name=url": the endpoints, in failover order, of the model named. The
@@ -500,9 +508,7 @@ void apply_env(Config& cfg, Getenv getenv_fn) {
             std::string_view head = rest.substr(0, colon);
             const bool is_url_scheme = colon + 1 < rest.size() && rest[colon + 1] == '/';
             if (head.find('=') == std::string_view::npos && !is_url_scheme) {
-                named = head;
-                while (!named.empty() && named.back() == ' ') named.remove_suffix(1);
-                while (!named.empty() && named.front() == ' ') named.remove_prefix(1);
+                named = trim_spaces(head);
                 rest = rest.substr(colon + 1);
             }
         }
@@ -510,10 +516,8 @@ void apply_env(Config& cfg, Getenv getenv_fn) {
         size_t idx = 0;
         while (!rest.empty()) {
             auto comma = rest.find(',');
-            std::string_view item = rest.substr(0, comma);
+            std::string_view item = trim_spaces(rest.substr(0, comma));
             rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-            while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-            while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
             if (item.empty()) continue;
             Endpoint e;
             auto eq = item.find('=');

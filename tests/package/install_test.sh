@@ -43,10 +43,8 @@ tar -xf "$base" -C "$root"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mkdir -p "$root/debs"
 cp "$new" "$dev" "$prev" "$root/debs/"
-# A command in the root, with its own /proc and /dev mounts (gone with the mount namespace).
-# Every step execs the next, so a command started in the background has the PID $! names.
-in_root_cmd=(unshare -m --propagation private sh -c 'mount -t proc proc "$0/proc" && mount --bind /dev "$0/dev" && exec chroot "$0" "$@"'
-             "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8)
+# A command in the root (tools/in-root: its own /proc and /dev; a background one's PID is $!).
+in_root_cmd=("$(dirname "${BASH_SOURCE[0]}")/../../tools/in-root" "$root" DEBIAN_FRONTEND=noninteractive)
 in_root() { "${in_root_cmd[@]}" "$@"; }
 apt_in_root() { in_root apt-get -q -y -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@"; }
 
