@@ -162,12 +162,15 @@ bool Gateway::authorized(const server::Exchange& ex, const config::Config& cfg) 
     const std::string& key = cfg.server.api_key;
     if (key.empty()) return true;
     const std::string auth = ex.request().get("Authorization", "");  // by value: get() returns the default by reference
-    // The scheme name is case-insensitive (RFC 9110 §11.1): "bearer KEY" is the same credential.
-    constexpr std::string_view kBearer = "bearer ";
-    const bool bearer = auth.size() >= kBearer.size() && Poco::icompare(auth.substr(0, kBearer.size()), std::string(kBearer)) == 0;
+    // credentials = auth-scheme 1*SP token68 (RFC 9110 §11.4); the scheme name is
+    // case-insensitive (§11.1): "bearer  KEY" is the same credential as "Bearer KEY".
+    constexpr std::string_view kBearer = "bearer";
+    const bool bearer = auth.size() > kBearer.size() && Poco::icompare(auth.substr(0, kBearer.size()), std::string(kBearer)) == 0 &&
+                        auth[kBearer.size()] == ' ';
+    std::string_view given = bearer ? std::string_view(auth).substr(kBearer.size()) : std::string_view();
+    while (!given.empty() && given.front() == ' ') given.remove_prefix(1);
     // Time depends on the configured key's length only: every byte of it is compared, whatever
     // the client sent and wherever the first difference is.
-    const std::string_view given = bearer ? std::string_view(auth).substr(kBearer.size()) : std::string_view();
     unsigned char diff = given.size() == key.size() ? 0 : 1;
     for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>((i < given.size() ? given[i] : 0) ^ key[i]);
     return diff == 0;
@@ -185,7 +188,8 @@ void Gateway::handle(server::Exchange& ex) {
     bool status_path = path == "/health" || path == "/metrics" || path == "/status.json";
     if ((!status_path || snap->cfg.server.protect_status) && !authorized(ex, snap->cfg)) {
         metrics::global().counter("pulse_unauthorized_total", "requests refused with 401 (missing or wrong API key)").add();
-        return send_error(ex, 401, "invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)", {}, "invalid_api_key");
+        return send_json(ex, 401, error_body("invalid_request_error", "missing or wrong API key (send Authorization: Bearer KEY)", {}, "invalid_api_key"),
+                         {{"WWW-Authenticate", "Bearer realm=\"pulse-gateway\""}});
     }
     if (path == "/health" && (method == "GET" || method == "HEAD")) return status_.health(ex, *snap, draining_.load(), active_.load());
     if (path == "/status.json" && method == "GET") return status_.status_json(ex, *snap, draining_.load(), active_.load());

@@ -1,5 +1,6 @@
 #include "gateway/responses_api.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include <rapidjson/error/en.h>
@@ -176,8 +177,27 @@ std::optional<RequestError> validate_request(const Value& req) {
     if (auto e = expect(req, "parallel_tool_calls", &Value::IsBool, "a boolean", "", false)) return e;
     if (auto e = expect(req, "reasoning", &Value::IsObject, "an object", "", false)) return e;
     if (auto e = expect(req, "text", &Value::IsObject, "an object", "", false)) return e;
-    for (const char* k : {"temperature", "top_p"})
-        if (auto e = expect(req, k, &Value::IsNumber, "a number", "", false)) return e;
+    // The Responses API's own ranges: a value outside them is the client's mistake, named here
+    // with OpenAI's wording and codes, not passed on for a backend to reject or quietly clamp.
+    struct Range {
+        const char* key;
+        double min, max;
+    };
+    for (const Range r : {Range{"temperature", 0, 2}, Range{"top_p", 0, 1}}) {
+        if (auto e = expect(req, r.key, &Value::IsNumber, "a number", "", false)) return e;
+        auto it = req.FindMember(r.key);
+        if (it == req.MemberEnd() || it->value.IsNull()) continue;
+        const double v = it->value.GetDouble();
+        char got[32];
+        std::snprintf(got, sizeof got, "%g", v);
+        char bound[32];
+        std::snprintf(bound, sizeof bound, "%g", v < r.min ? r.min : r.max);
+        if (v < r.min || v > r.max)
+            return err(r.key,
+                       std::string("Invalid '") + r.key + "': decimal " + (v < r.min ? "below minimum" : "above maximum") + " value. Expected a value " +
+                           (v < r.min ? ">= " : "<= ") + bound + ", but got " + got + " instead.",
+                       v < r.min ? "decimal_below_min_value" : "decimal_above_max_value");
+    }
     if (auto it = req.FindMember("max_output_tokens"); it != req.MemberEnd() && !it->value.IsNull()) {
         if (!it->value.IsInt64() || it->value.GetInt64() < 1)
             return err("max_output_tokens", "'max_output_tokens' must be a positive integer", "invalid_type");

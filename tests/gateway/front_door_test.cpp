@@ -192,6 +192,14 @@ TEST_CASE("the Authorization scheme is case-insensitive; the key is not") {
     CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer K-123"}}).status == 401);
     CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearerk-123"}}).status == 401);
     CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Basic k-123"}}).status == 401);
+    // RFC 9110 §11.4: credentials = auth-scheme [ 1*SP token68 ]: one space or several.
+    CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer   k-123"}}).status == 200);
+    CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer  k-1234"}}).status == 401);
+    CHECK(post(gw.port, "/v1/responses", request(), {{"Authorization", "Bearer "}}).status == 401);
+    // A 401 names the scheme it wants (RFC 9110 §11.6.1).
+    auto r = post(gw.port, "/v1/responses", request());
+    CHECK(r.status == 401);
+    CHECK(r.www_authenticate.rfind("Bearer", 0) == 0);
 }
 
 TEST_CASE("an HTTP reload says so in the log, not SIGHUP") {

@@ -278,6 +278,10 @@ TEST_CASE("bad input: clear 4xx, and the gateway keeps serving") {
         {R"({"model":"qwen3.8-flash-next","input":[{"type":"function_call","name":"f"}]})", 400, "'input[0].arguments' is required"},
         {R"({"model":"qwen3.8-flash-next","input":"x","max_output_tokens":-3})", 400, "positive integer"},
         {R"({"model":"qwen3.8-flash-next","input":"x","tools":{}})", 400, "'tools' must be an array"},
+        {R"({"model":"qwen3.8-flash-next","input":"x","temperature":-1})", 400, "Invalid 'temperature': decimal below minimum value. Expected a value >= 0, but got -1"},
+        {R"({"model":"qwen3.8-flash-next","input":"x","temperature":2.5})", 400, "Invalid 'temperature': decimal above maximum value. Expected a value <= 2"},
+        {R"({"model":"qwen3.8-flash-next","input":"x","top_p":2})", 400, "Invalid 'top_p': decimal above maximum value. Expected a value <= 1, but got 2"},
+        {R"({"model":"qwen3.8-flash-next","input":"x","top_p":"0.5"})", 400, "'top_p' must be a number"},
         {"{\"model\":\"qwen3.8-flash-next\",\"input\":\"" + std::string(200000, 'a') + "\"}", 413, "over the limit"},
     };
     for (const auto& b : bad) {
@@ -288,6 +292,7 @@ TEST_CASE("bad input: clear 4xx, and the gateway keeps serving") {
         d.Parse(r.body.c_str());
         REQUIRE(d.IsObject());
         CHECK(str(d["error"], "message").find(b.needle) != std::string::npos);
+        if (b.needle.rfind("Invalid '", 0) == 0) CHECK(str(d["error"], "param") == b.needle.substr(9, b.needle.find('\'', 9) - 9));
     }
     // A POST with neither Content-Length nor chunked encoding has an empty body (RFC 9112):
     // answered at once on a connection the client keeps open, not after it gives up.

@@ -137,6 +137,7 @@ struct HttpResult {
     std::string body;
     std::string content_type, retry_after, fallback;  // fallback: X-Pulse-Fallback
     std::string budget;                                // X-Pulse-Reasoning-Budget
+    std::string www_authenticate;
 };
 
 // GET `path`; the body, and the status in *status when asked.
@@ -184,6 +185,7 @@ inline HttpResult post(uint16_t port, const std::string& path, const std::string
     r.retry_after = resp.get("Retry-After", "");
     r.fallback = resp.get("X-Pulse-Fallback", "");
     r.budget = resp.get("X-Pulse-Reasoning-Budget", "");
+    r.www_authenticate = resp.get("WWW-Authenticate", "");
     r.body.assign(std::istreambuf_iterator<char>(in), {});
     return r;
 }
