@@ -88,7 +88,12 @@ AttemptDriver::Result AttemptDriver::run(size_t i) {
 AttemptDriver::Step AttemptDriver::run_http(const EndpointRef& ep) {
     for (bool fresh = false, resent = false;;) {
         UpEvent error;
-        std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, st_.profile->active(), st_.cfg.upstream, fresh, error, st_.gw.liveness());
+        // Before any output the retry window bounds the attempt too (upstream.h, send_http);
+        // once the client has output, the stream is served and resumed on liveness alone.
+        const auto window_end = st_.cfg.upstream.retry_window_s > 0 && !st_.builder->has_output()
+                                    ? st_.t0 + duration_cast<steady_clock::duration>(duration<double>(st_.cfg.upstream.retry_window_s))
+                                    : steady_clock::time_point::max();
+        std::unique_ptr<DetachedBody> body = send_http(*ep.cfg, st_.profile->active(), st_.cfg.upstream, fresh, error, st_.gw.liveness(), window_end);
         Step a = body ? relay(std::move(body), ep) : on_event(std::move(error), ep).value_or(Step::retry);
         if (a == Step::resend && !resent) {
             resent = true;
@@ -136,6 +141,7 @@ AttemptDriver::Step AttemptDriver::endpoint_failure(const EndpointRef& ep, pulse
         // Nothing of this attempt reached the client (at most the role chunk, which
         // carries no output): another endpoint, or this one later, may serve it.
         log::warn("responses", st_.id + ": endpoint " + ep.cfg->name + " failed: " + why);
+        st_.failures[ep.cfg->name] = why;
         st_.gw.endpoint_failed(ep, why, /*real_request=*/true);
         if (fed_ && st_.profile->restart(st_.builder.get()) != PULSE_OK) return Step::final;  // the profile starts afresh
         return Step::retry;
@@ -192,6 +198,15 @@ AttemptDriver::Step AttemptDriver::on_rejected(const UpEvent& e, const EndpointR
         plan_.refused_500(static_cast<size_t>(&ep - st_.req.rt->endpoints.data()), e.text, st_.last_error);
         return Step::retry;
     }
+    if (e.http_status == 404) {
+        // Not found: the server does not serve this model name (vLLM without the right
+        // --served-model-name) or nothing at this path. It will answer every request so until
+        // someone changes its setup: down now, with that reason, and failed over at once.
+        st_.last_error = "misconfigured: " + st_.last_error + " (the server does not serve model '" + st_.req.rt->cfg->upstream_model +
+                         "' at " + ep.cfg->url + ": check its served model name and the endpoint's url)";
+        ep.health->set_misconfigured(true);
+    }
+    st_.failures[ep.cfg->name] = st_.last_error;
     st_.gw.endpoint_failed(ep, st_.last_error, /*real_request=*/true);
     return Step::retry;
 }

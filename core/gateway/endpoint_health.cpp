@@ -3,8 +3,12 @@
 namespace pulse::gateway {
 
 bool EndpointHealth::mark_healthy(bool real_request) {
-    if (real_request) request_failures_ = 0;
-    else if (request_failures_.load() >= kFailureRun) return false;
+    if (real_request) {
+        request_failures_ = 0;
+        misconfigured_ = false;
+    } else if (request_failures_.load() >= kFailureRun || misconfigured_.load()) {
+        return false;
+    }
     if (healthy_.exchange(true)) return false;
     std::lock_guard lock(m_);
     since_ = std::chrono::steady_clock::now();

@@ -29,6 +29,14 @@ public:
     bool mark_unhealthy(const std::string& why, bool real_request);
     int request_failures() const { return request_failures_.load(); }
 
+    // The endpoint answered a request in a way that says it is set up wrong, not slow or down
+    // (HTTP 404: it does not serve the configured model, or not at that path): down until a
+    // probe shows the model listed or a real request succeeds. A
+    // probe's plain answer does not bring it back: the server was answering all along.
+    // Set before mark_unhealthy with the reason.
+    void set_misconfigured(bool yes) { misconfigured_ = yes; }
+    bool misconfigured() const { return misconfigured_.load(); }
+
     std::string last_error() const;
     // What an in-process backend's health hook last said (a JSON object; "" for HTTP).
     void set_detail(std::string json);
@@ -47,6 +55,7 @@ public:
 private:
     std::string key_;
     std::atomic<bool> healthy_{true};
+    std::atomic<bool> misconfigured_{false};
     std::atomic<int> request_failures_{0};  // real requests failed in a row
     mutable std::mutex m_;
     std::string last_error_;

@@ -129,21 +129,37 @@ void Gateway::endpoint_failed(const EndpointRef& ep, const std::string& why, boo
 }
 
 void Gateway::probe_once(const Snapshot& snap) {
-    std::map<std::string, std::string> result;  // health key -> "" or why not
+    struct Result {
+        std::string why;   // "" ready, else why not
+        std::string body;  // an HTTP endpoint's GET /models answer
+    };
+    std::map<std::string, Result> result;  // by health key
     for (const auto& m : snap.models)
         for (const auto& ep : m->endpoints) {
             auto it = result.find(ep.health->key());
             if (it == result.end()) {
                 std::string detail;
+                Result r;
                 // An endpoint several models share is probed once, its answer read by the first
                 // model's profile.
-                it = result.emplace(ep.health->key(), ep.backend ? ep.backend->health(&detail)
-                                                                 : probe_http(*ep.cfg, snap.cfg.upstream.connect_timeout_s, BackendDialect(*m, nullptr)))
-                         .first;
+                r.why = ep.backend ? ep.backend->health(&detail)
+                                   : probe_http(*ep.cfg, snap.cfg.upstream.connect_timeout_s, BackendDialect(*m, nullptr), &r.body);
+                it = result.emplace(ep.health->key(), std::move(r)).first;
                 if (ep.backend) ep.health->set_detail(std::move(detail));
             }
-            if (it->second.empty()) endpoint_ok(m->cfg->id, ep, false);
-            else endpoint_failed(ep, it->second, false);
+            if (!it->second.why.empty()) {
+                endpoint_failed(ep, it->second.why, false);
+                continue;
+            }
+            // A misconfigured endpoint (it answered 404 for the model) was answering probes all
+            // along: it is back only once its model list names the model.
+            if (ep.health->misconfigured()) {
+                const auto ids = listed_models(it->second.body);
+                if (std::find(ids.begin(), ids.end(), m->cfg->upstream_model) == ids.end()) continue;
+                ep.health->set_misconfigured(false);
+                log::info("health", "endpoint " + ep.cfg->name + " now lists model '" + m->cfg->upstream_model + "'");
+            }
+            endpoint_ok(m->cfg->id, ep, false);
         }
 }
 

@@ -26,8 +26,11 @@ std::string Liveness::frozen(const config::Endpoint& ep, steady_clock::time_poin
     const auto now = steady_clock::now();
     std::lock_guard lock(m_);
     Probe& p = probes_[ep.url];
-    // A probe that began once the request had been silent for after_s, and got no answer.
-    if (!p.running && !p.answered && p.started >= silent_since + after) {
+    // A probe that began while this request was already silent, and got no answer: the process
+    // did not answer anything for timeout_s while the request waited. (It was started for
+    // whichever request reached after_s first; a request that fell silent a moment later is
+    // answered by the same verdict, not made to wait for a probe of its own.)
+    if (!p.running && !p.answered && p.started >= silent_since) {
         char when[96];
         std::snprintf(when, sizeof when, "no answer to GET /models within %g s after %g s without a byte", p.timeout_s, after_s);
         return std::string("the backend stopped answering (frozen?): ") + when + " (upstream.liveness_after_s): " + p.why;
@@ -40,6 +43,12 @@ std::string Liveness::frozen(const config::Endpoint& ep, steady_clock::time_poin
         cv_.notify_one();
     }
     return {};
+}
+
+bool Liveness::answered_since(const config::Endpoint& ep, steady_clock::time_point since) {
+    std::lock_guard lock(m_);
+    auto it = probes_.find(ep.url);
+    return it != probes_.end() && it->second.answered_at_start != steady_clock::time_point{} && it->second.answered_at_start >= since;
 }
 
 void Liveness::run() {
@@ -57,6 +66,7 @@ void Liveness::run() {
         Probe& p = probes_[ep.url];
         p.running = false;
         p.answered = a.answered;
+        if (a.answered) p.answered_at_start = p.started;
         p.why = a.error;
     }
 }

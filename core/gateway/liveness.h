@@ -36,14 +36,21 @@ public:
     Liveness& operator=(const Liveness&) = delete;
 
     // A request has heard nothing from `ep` since `silent_since`. Returns the reason when a
-    // probe started at least `after_s` into that silence got no answer (the endpoint is
-    // frozen), else "" — and starts a probe when one is due. Never blocks.
+    // probe that started during that silence got no answer (the endpoint is frozen), else ""
+    // — and starts a probe when one is due (once the request has been silent `after_s` and
+    // no probe started in the last `after_s`). One probe's verdict serves every request that
+    // was already silent when it started, whoever asked for it. Never blocks.
     std::string frozen(const config::Endpoint& ep, std::chrono::steady_clock::time_point silent_since, double after_s, double timeout_s);
+
+    // Whether `ep` answered a probe that started at or after `since`: the process was serving
+    // while the request waited (a busy backend, not a frozen one).
+    bool answered_since(const config::Endpoint& ep, std::chrono::steady_clock::time_point since);
 
 private:
     struct Probe {
         bool running = false, answered = true;
         std::chrono::steady_clock::time_point started{};
+        std::chrono::steady_clock::time_point answered_at_start{};  // when the newest answered probe started
         std::string why;  // what the unanswered probe saw
         double timeout_s = 0;
     };

@@ -102,10 +102,14 @@ private:
                              {{"model", st_.req.model_id}})
                     .add();
             first_round = false;
+            // A misconfigured endpoint (endpoint_health.h) answers every request the same way:
+            // it is left out of the rounds until its setup is fixed.
+            std::erase_if(order, [&](size_t i) { return st_.req.rt->endpoints[i].health->misconfigured(); });
             return order;
         }, st_.t0 + duration_cast<steady_clock::duration>(duration<double>(st_.cfg.upstream.retry_window_s)));
         AttemptDriver driver(st_, plan);
         while (!st_.sink.lost() && !st_.gw.cutting()) {
+            if (every_endpoint_misconfigured()) break;  // no round can help: answered at once
             const auto step = plan.next({steady_clock::now(), st_.req.rt->regular_healthy(), retryable(st_.last_status)});
             if (step.kind == FailoverPlan::Step::Kind::give_up) {
                 if (step.refused_for_good) {
@@ -133,6 +137,27 @@ private:
         if (st_.sink.lost() && st_.outcome == Outcome::none) st_.outcome = Outcome::cancelled;
     }
 
+    bool every_endpoint_misconfigured() {
+        const auto& eps = st_.req.rt->endpoints;
+        if (eps.empty() || !std::all_of(eps.begin(), eps.end(), [](const EndpointRef& e) { return e.health->misconfigured(); })) return false;
+        st_.misconfigured = true;
+        return true;
+    }
+
+    // Every endpoint's own failure, for the client: the last one alone can hide the cause (a
+    // misconfigured first endpoint behind a second one that is simply down).
+    std::string failures_text() const {
+        std::string out;
+        for (const auto& e : st_.req.rt->endpoints) {
+            std::string why;
+            if (auto it = st_.failures.find(e.cfg->name); it != st_.failures.end()) why = it->second;
+            else if (!e.health->healthy()) why = e.health->last_error();
+            else continue;
+            out += (out.empty() ? "" : "; ") + e.cfg->name + ": " + why;
+        }
+        return out;
+    }
+
     // The request goes to a last-resort endpoint (the plan allows it once per request), marked
     // in the response head (X-Pulse-Fallback), the log and pulse_last_resort_requests_total.
     void to_last_resort(const EndpointRef& ep, const char* reason) {
@@ -156,9 +181,11 @@ private:
             const bool window_spent = st_.outcome == Outcome::none && retryable(st_.last_status);
             if (st_.outcome == Outcome::none) st_.outcome = window_spent ? Outcome::unavailable : Outcome::rejected;
             std::string msg = st_.gw.cutting() ? st_.last_error
+                              : st_.misconfigured ? "every endpoint of model '" + st_.req.model_id + "' is misconfigured: " + failures_text()
                               : window_spent ? "no backend could take the request within " +
                                                    std::to_string(static_cast<int>(st_.cfg.upstream.retry_window_s)) + " s; last error: " + st_.last_error
                                              : st_.last_error;
+            if (window_spent && !st_.misconfigured && !st_.gw.cutting() && st_.failures.size() > 1) msg += " (each endpoint: " + failures_text() + ")";
             if (st_.req.streaming && st_.builder && st_.builder->started())
                 st_.builder->fail(st_.last_status, msg);  // SSE already open (keepalives): a terminal event
             else

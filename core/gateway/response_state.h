@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,8 @@ struct ResponseState {
     Outcome outcome = Outcome::none;
     pulse_status_t last_status = PULSE_E_UNAVAILABLE;
     std::string last_error = "no endpoint configured";
+    std::map<std::string, std::string> failures;  // endpoint name -> how it last failed this request
+    bool misconfigured = false;                   // given up because every endpoint is misconfigured
     int retry_after_s = 0;  // the longest Retry-After a backend asked for
     std::string served_by;  // the endpoint that accepted it last
     std::optional<std::chrono::milliseconds> ttft;

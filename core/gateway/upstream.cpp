@@ -197,8 +197,10 @@ std::unique_ptr<Session> connect_and_send(const RequestTarget& t, bool from_pool
 // the response head, HTTP framing, then SSE.
 class HttpBody : public DetachedBody {
 public:
-    HttpBody(std::unique_ptr<Session> s, std::string key, bool reused, const config::Upstream& t, const config::Endpoint& ep, Liveness* liveness)
+    HttpBody(std::unique_ptr<Session> s, std::string key, bool reused, const config::Upstream& t, const config::Endpoint& ep, Liveness* liveness,
+             steady_clock::time_point window_end)
         : session_(std::move(s)), key_(std::move(key)), fd_(session_->socket().impl()->sockfd()), reused_(reused), ep_(ep),
+          window_end_(window_end), retry_window_s_(t.retry_window_s),
           liveness_(t.liveness_after_s > 0 ? liveness : nullptr), liveness_after_s_(t.liveness_after_s), liveness_timeout_s_(t.liveness_timeout_s),
           idle_(duration_cast<steady_clock::duration>(duration<double>(t.idle_timeout_s))), idle_timeout_s_(t.idle_timeout_s),
           head_deadline_(steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(t.head_timeout_s))),
@@ -233,7 +235,8 @@ public:
 
     steady_clock::time_point idle_deadline() const override {
         const auto hard = silence_limit();
-        return hard == steady_clock::time_point::max() || !liveness_ ? hard : std::min(hard, liveness_check_at());
+        const auto window = waiting_for_output() ? window_end_ : steady_clock::time_point::max();
+        return std::min(window, hard == steady_clock::time_point::max() || !liveness_ ? hard : std::min(hard, liveness_check_at()));
     }
     std::optional<UpEvent> silence(steady_clock::time_point now) override {
         const auto hard = silence_limit();
@@ -241,6 +244,14 @@ public:
             if (phase_ == Phase::head)
                 return failure(false, "no response head from the backend within " + seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
             return failure(true, "no data from the backend for " + seconds_text(idle_timeout_s_) + " s (upstream.idle_timeout_s)");
+        }
+        // The retry window is a deadline the client can count on: an attempt with nothing to
+        // show by then is cut, unless its endpoint proved alive while it waited (a long prefill).
+        if (waiting_for_output() && now >= window_end_) {
+            window_end_ = steady_clock::time_point::max();  // decided once
+            if (!liveness_ || !liveness_->answered_since(ep_, last_byte_))
+                return failure(phase_ == Phase::body, "the retry window (upstream.retry_window_s = " + seconds_text(retry_window_s_) +
+                                                          " s) ended with no answer from this endpoint, which had not shown it was alive");
         }
         if (!liveness_ || hard == steady_clock::time_point::max() || now < liveness_check_at()) return std::nullopt;
         if (std::string why = liveness_->frozen(ep_, last_byte_, liveness_after_s_, liveness_timeout_s_); !why.empty())
@@ -264,6 +275,8 @@ private:
         if (phase_ == Phase::head) return head_deadline_;  // a backend that took the request but never answers
         return phase_ != Phase::body || done_ || exhausted_ ? steady_clock::time_point::max() : last_byte_ + idle_;
     }
+    // No SSE data yet: what the client has of this attempt is at most keepalives.
+    bool waiting_for_output() const { return phase_ == Phase::head || (phase_ == Phase::body && !data_seen_ && !done_ && !exhausted_); }
     // When the endpoint's liveness is asked about next: liveness_after_s into a silence.
     steady_clock::time_point liveness_check_at() const {
         return std::max(next_check_, last_byte_ + duration_cast<steady_clock::duration>(duration<double>(liveness_after_s_)));
@@ -338,7 +351,9 @@ private:
         }
         if (done_) return;  // after the terminal marker only the body's end matters
         const bool body_over = framing_.complete();
+        const size_t before = out.size();
         feed_sse(parser_, body_, done_, out);
+        if (out.size() > before) data_seen_ = true;
         if (parser_.overflowed() && !done_) return fail(out, "the backend sent an SSE line over 16 MiB");
         // A keep-alive connection does not close after the body: its end is the end.
         if (body_over && !done_) fail(out, "the backend stream ended without its terminal [DONE] marker");
@@ -370,6 +385,8 @@ private:
     int fd_;
     bool reused_;
     config::Endpoint ep_;
+    steady_clock::time_point window_end_;  // max: no retry window, or decided
+    double retry_window_s_;
     Liveness* liveness_;  // null: silence is judged by the timeouts alone
     double liveness_after_s_, liveness_timeout_s_;
     steady_clock::time_point next_check_{};
@@ -384,7 +401,7 @@ private:
     double head_timeout_s_;
     int retry_after_s_ = 0;
     steady_clock::time_point last_byte_ = steady_clock::now();
-    bool done_ = false, broken_ = false, exhausted_ = false, close_ = false, got_bytes_ = false;
+    bool done_ = false, broken_ = false, exhausted_ = false, close_ = false, got_bytes_ = false, data_seen_ = false;
 };
 
 // What a backend's stream_next emits, queued for the stream loop, which an eventfd wakes.
@@ -580,8 +597,19 @@ ProbeAnswer get_models(const config::Endpoint& ep, double timeout_s) {
     return a;
 }
 
-std::string probe_http(const config::Endpoint& ep, double timeout_s, const BackendDialect& dialect) {
+std::vector<std::string> listed_models(std::string_view body) {
+    std::vector<std::string> ids;
+    rapidjson::Document d;
+    d.Parse(body.data(), body.size());
+    if (d.HasParseError() || !d.IsObject() || !d.HasMember("data") || !d["data"].IsArray()) return ids;
+    for (const auto& m : d["data"].GetArray())
+        if (m.IsObject() && m.HasMember("id") && m["id"].IsString()) ids.emplace_back(m["id"].GetString(), m["id"].GetStringLength());
+    return ids;
+}
+
+std::string probe_http(const config::Endpoint& ep, double timeout_s, const BackendDialect& dialect, std::string* body) {
     ProbeAnswer a = get_models(ep, timeout_s);
+    if (body) *body = a.body;
     if (!a.answered) return "probe failed: " + a.error;
     return dialect.probe(a.status, a.body, a.path);
 }
@@ -617,12 +645,12 @@ int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, con
 }
 
 std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,
-                                        bool fresh, UpEvent& error, Liveness* liveness) {
+                                        bool fresh, UpEvent& error, Liveness* liveness, steady_clock::time_point window_end) {
     RequestTarget t(ep, req, timeouts);
     try {
         bool reused = false;
         auto s = connect_and_send(t, !fresh, reused);
-        return std::make_unique<HttpBody>(std::move(s), t.key, reused, timeouts, ep, liveness);
+        return std::make_unique<HttpBody>(std::move(s), t.key, reused, timeouts, ep, liveness, window_end);
     } catch (const Poco::Exception& e) {
         error = upstream_failure(false, e.displayText());
     } catch (const std::exception& e) {

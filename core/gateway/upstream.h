@@ -76,8 +76,12 @@ int post_prepared(const config::Endpoint& ep, const pulse_upstream_req& req, con
 // bounded by the connect timeout) and returns the connection for the stream loop to read the
 // response from. On failure: nullptr and a `failed` (before acceptance) event in `error`.
 // With `liveness`, a silent backend is also asked whether it is frozen (liveness.h).
+// `window_end`: the request's retry window ends then (upstream.retry_window_s). An attempt that
+// has had no output by then is cut at that moment, unless the endpoint answered a liveness
+// probe while the attempt waited (a long prefill on a live server is never cut by the window).
 std::unique_ptr<DetachedBody> send_http(const config::Endpoint& ep, const pulse_upstream_req& req, const config::Upstream& timeouts,
-                                        bool fresh, UpEvent& error, Liveness* liveness = nullptr);
+                                        bool fresh, UpEvent& error, Liveness* liveness = nullptr,
+                                        std::chrono::steady_clock::time_point window_end = std::chrono::steady_clock::time_point::max());
 
 // GET {base}/models on a connection of its own, bounded by `timeout_s` in all.
 struct ProbeAnswer {
@@ -90,7 +94,11 @@ ProbeAnswer get_models(const config::Endpoint& ep, double timeout_s);
 // Active health probe of an HTTP endpoint: GET {base}/models within `timeout_s`, its answer
 // read by the model's profile (`dialect`). Returns "" when ready, "loading: ..." while the
 // server starts, else why it is down.
-std::string probe_http(const config::Endpoint& ep, double timeout_s, const BackendDialect& dialect);
+std::string probe_http(const config::Endpoint& ep, double timeout_s, const BackendDialect& dialect, std::string* body = nullptr);
+
+// The model ids an OpenAI-style GET /models answer lists ({"data":[{"id":...}]}); empty when
+// the body is not such a list.
+std::vector<std::string> listed_models(std::string_view body);
 
 // Sends `req` (its method, path and body) on a fresh connection the blocking way and returns
 // the HTTP status (0 when the endpoint could not be reached or the exchange broke), with at most

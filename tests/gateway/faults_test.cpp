@@ -119,6 +119,80 @@ TEST_CASE("a frozen backend is failed over within liveness_after_s + liveness_ti
     }
 }
 
+// One probe's verdict serves every request waiting on the endpoint: requests that fell silent a
+// moment after the one that asked for the probe are failed over with it, not after a second
+// probe (they used to take liveness_after_s longer).
+TEST_CASE("a frozen endpoint: one liveness verdict fails over every request waiting on it") {
+    FakeBackend frozen(R"({"turns":[{"head_stall_ms":30000,"content":"never"}]})");
+    FakeBackend other(R"({"turns":[{"content":"from the second"}]})");
+    // No background health probe during the test: only the liveness rule decides.
+    Gateway gw(model_toml({frozen.url(), other.url()}), "",
+               "keepalive_s = 0.3\nconnect_timeout_s = 5\nhealth_interval_s = 60\nretry_window_s = 0\nliveness_after_s = 3\n"
+               "liveness_timeout_s = 1\nhead_timeout_s = 60\n");
+    constexpr int kRequests = 3;
+    std::vector<std::future<std::pair<HttpResult, double>>> answers;
+    for (int i = 0; i < kRequests; ++i) {
+        answers.push_back(std::async(std::launch::async, [&] {
+            const auto t0 = steady_clock::now();
+            auto r = post(gw.port, "/v1/responses", request(true), {}, 60);
+            return std::pair{r, duration<double>(steady_clock::now() - t0).count()};
+        }));
+        std::this_thread::sleep_for(milliseconds(150));  // each falls silent a little after the one before
+    }
+    REQUIRE(eventually([&] { return frozen.requests().size() == kRequests; }, 5000));
+    frozen.child->signal(SIGSTOP);
+    for (auto& a : answers) {
+        auto [r, took] = a.get();
+        MESSAGE("failed over after " << took << " s");
+        CHECK(check_stream(r.body).terminal == "response.completed");
+        CHECK(r.body.find("from the second") != std::string::npos);
+        // liveness_after_s + liveness_timeout_s = 4 s, and the probe loop's 250 ms; a second
+        // probe would make it 7 s.
+        CHECK(took < 5.5);
+    }
+    frozen.child->signal(SIGCONT);
+}
+
+// The retry window is a deadline: with every endpoint frozen, an attempt still waiting when it
+// ends is cut then, not when its own liveness probe or head timeout would have ended it.
+TEST_CASE("every endpoint frozen: requests end at the retry window, not after the attempt running at its end") {
+    FakeBackend a(R"({"turns":[{"content":"never"}]})");
+    FakeBackend b(R"({"turns":[{"content":"never"}]})");
+    Gateway gw(model_toml({a.url(), b.url()}), "",
+               "keepalive_s = 0.3\nconnect_timeout_s = 5\nhealth_interval_s = 60\nretry_window_s = 5\nliveness_after_s = 3\n"
+               "liveness_timeout_s = 1\nhead_timeout_s = 60\n");
+    std::this_thread::sleep_for(milliseconds(1000));  // the gateway's first health probe has answered
+    a.child->signal(SIGSTOP);
+    b.child->signal(SIGSTOP);
+    auto ask = [&](bool streaming) {
+        return std::async(std::launch::async, [&, streaming] {
+            const auto t0 = steady_clock::now();
+            auto r = post(gw.port, "/v1/responses", request(streaming), {}, 60);
+            return std::pair{r, duration<double>(steady_clock::now() - t0).count()};
+        });
+    };
+    auto first = ask(true);
+    auto second = ask(false);
+    for (auto* f : {&first, &second}) {
+        auto [r, took] = f->get();
+        MESSAGE("ended after " << took << " s");
+        // Without the deadline: a's probe fails at 4 s, b's attempt then runs to 8 s.
+        CHECK(took < 6.5);
+        CHECK(took > 4.5);
+        if (r.status == 200) {
+            auto st = check_stream(r.body);
+            CHECK(st.terminal == "response.failed");
+        } else {
+            CHECK(r.status == 503);
+            CHECK(!r.retry_after.empty());
+        }
+        CHECK(r.body.find("no backend could take the request within 5 s") != std::string::npos);
+    }
+    CHECK(gw.log().find("the retry window (upstream.retry_window_s = 5 s) ended") != std::string::npos);
+    a.child->signal(SIGCONT);
+    b.child->signal(SIGCONT);
+}
+
 TEST_CASE("a backend that freezes mid-answer is resumed elsewhere within the liveness bound, not after idle_timeout_s") {
     const char* words = "one two three four five six seven eight nine ten eleven twelve";
     FakeBackend frozen(std::string(R"({"turns":[{"content":")") + words + R"(","delay_ms":300}]})");
@@ -137,6 +211,67 @@ TEST_CASE("a backend that freezes mid-answer is resumed elsewhere within the liv
     CHECK(str(st.item(0)["content"][0], "text") == words);
     CHECK(took < 8);
     CHECK(gw.log().find("resuming the response after") != std::string::npos);
+}
+
+// A backend that does not serve the configured model (vLLM started without the right
+// --served-model-name) answers every request 404: misconfigured, not slow. It is marked down
+// with that reason at once, the request fails over at once, and the reason reaches the client,
+// /health and the status page; a probe that answers does not bring it back while its model list
+// lacks the model.
+TEST_CASE("an endpoint that answers 404 for the model is misconfigured: down with the reason, failed over at once") {
+    const std::vector<std::string> wrong_name = {"--served-name", "Qwen/Qwen3.8-Flash-Next"};
+    const std::string window = std::string(kFast) + "retry_window_s = 30\n";
+    SUBCASE("another endpoint serves") {
+        FakeBackend wrong(R"({"turns":[{"content":"never"}]})", "vllm", 0, wrong_name);
+        FakeBackend good(R"({"turns":[{"content":"from the second"}]})");
+        Gateway gw(model_toml({wrong.url(), good.url()}), "", window);
+        for (int i = 0; i < 2; ++i) {
+            const auto t0 = steady_clock::now();
+            auto r = post(gw.port, "/v1/responses", request(true), {}, 60);
+            CHECK(duration<double>(steady_clock::now() - t0).count() < 3);
+            CHECK(check_stream(r.body).terminal == "response.completed");
+            CHECK(r.body.find("from the second") != std::string::npos);
+        }
+        CHECK(wrong.requests().size() == 1);  // the second request went straight to the other
+        std::this_thread::sleep_for(milliseconds(800));  // several health probes, each answered 200
+        const std::string health = get(gw.port, "/health");
+        CHECK(health.find("misconfigured: backend answered HTTP 404: The model `m` does not exist.") != std::string::npos);
+        CHECK(health.find("\"state\":\"down\"") != std::string::npos);
+        CHECK(get(gw.port, "/status.json").find("does not exist") != std::string::npos);
+    }
+    SUBCASE("every endpoint misconfigured: a 503 at once that says why, not after the retry window") {
+        FakeBackend a(R"({"turns":[{"content":"never"}]})", "vllm", 0, wrong_name);
+        FakeBackend b(R"({"turns":[{"content":"never"}]})", "vllm", 0, wrong_name);
+        Gateway gw(model_toml({a.url(), b.url()}), "", window);
+        const auto t0 = steady_clock::now();
+        auto r = post(gw.port, "/v1/responses", request(false), {}, 60);
+        CHECK(duration<double>(steady_clock::now() - t0).count() < 3);
+        CHECK(r.status == 503);
+        CHECK(r.body.find("every endpoint of model 'm' is misconfigured: ep0: misconfigured: backend answered HTTP 404: The model `m` does "
+                          "not exist.") != std::string::npos);
+        CHECK(r.body.find("ep1: misconfigured") != std::string::npos);
+    }
+    SUBCASE("behind another endpoint that is down, the 503 still names the misconfigured one") {
+        FakeBackend wrong(R"({"turns":[{"content":"never"}]})", "vllm", 0, wrong_name);
+        DeadPort dead;
+        Gateway gw(model_toml({wrong.url(), "http://127.0.0.1:" + std::to_string(dead.port) + "/v1"}), "",
+                   std::string(kFast) + "retry_window_s = 1\n");
+        auto r = post(gw.port, "/v1/responses", request(false), {}, 60);
+        CHECK(r.status == 503);
+        CHECK(r.body.find("ep0: misconfigured: backend answered HTTP 404: The model `m` does not exist.") != std::string::npos);
+    }
+    SUBCASE("the server restarted with the right name: listed by the probe, back in service") {
+        const uint16_t port = free_port();
+        auto wrong = std::make_unique<FakeBackend>(R"({"turns":[{"content":"never"}]})", "vllm", port, wrong_name);
+        Gateway gw(model_toml({wrong->url()}), "", window);
+        CHECK(post(gw.port, "/v1/responses", request(false), {}, 60).status == 503);
+        wrong.reset();
+        FakeBackend right(R"({"turns":[{"content":"fixed"}]})", "vllm", port, {"--served-name", "m"});
+        CHECK(eventually([&] { return get(gw.port, "/health").find("\"state\":\"healthy\"") != std::string::npos; }, 10000));
+        auto r = post(gw.port, "/v1/responses", request(false), {}, 60);
+        CHECK(r.status == 200);
+        CHECK(r.body.find("fixed") != std::string::npos);
+    }
 }
 
 // 2. A non-streaming client always gets a status line and a JSON error.

@@ -113,6 +113,7 @@ rapidjson::Document g_script;
 std::string g_record;
 std::string g_flavor = "vllm";
 std::string g_served_name = "fake";
+bool g_check_model = false;  // --served-name given: requests for another model get vLLM's 404
 std::string g_max_model_len = "262144";
 std::mutex g_record_mutex;
 std::atomic<int> g_served{0};
@@ -517,6 +518,17 @@ public:
                     cont_reasoning = cmode == "reasoning_content" || ((cmode.empty() || cmode == "auto") && !pre_reasoning.empty() && pre_content.empty());
             }
         }
+        // vLLM serves only its --served-model-name: another model is a 404 (checked when the
+        // test names one with --served-name; otherwise any model is taken).
+        if (g_flavor == "vllm" && g_check_model && rq.IsObject() && get_str(rq, "model") != g_served_name) {
+            std::string b = R"({"error":{"message":"The model `)" + get_str(rq, "model") +
+                            R"(` does not exist.","type":"NotFoundError","param":null,"code":404}})";
+            resp.setStatus(Poco::Net::HTTPResponse::HTTP_NOT_FOUND);
+            resp.setContentType("application/json");
+            resp.sendBuffer(b.data(), b.size());
+            record(R"({"served":0,"status":404})");
+            return;
+        }
         if (g_flavor == "vllm" && rq.IsObject() && rq.HasMember("thinking_token_budget") &&
             !(g_script.HasMember("reasoning_config") && g_script["reasoning_config"].IsTrue())) {
             std::string b = R"({"error":{"message":"thinking_token_budget is set but reasoning_config is not configured. Please set --reasoning-config to use thinking_token_budget.","type":"BadRequestError","param":null,"code":400}})";
@@ -811,7 +823,7 @@ int main(int argc, char** argv) {
         else if (a == "--port") port = std::stoi(argv[i + 1]);
         else if (a == "--record") g_record = argv[i + 1];
         else if (a == "--flavor") g_flavor = argv[i + 1];
-        else if (a == "--served-name") g_served_name = argv[i + 1];
+        else if (a == "--served-name") g_served_name = argv[i + 1], g_check_model = true;
         else if (a == "--max-model-len") g_max_model_len = std::to_string(std::stoll(argv[i + 1]));
     }
     // One bulk copy: scripts of tens of MiB (the slow-client tests) took over the harness's

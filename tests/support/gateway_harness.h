@@ -57,11 +57,15 @@ struct FakeBackend {
     uint16_t port = 0;
     std::filesystem::path record;
 
-    explicit FakeBackend(const std::string& script, const std::string& flavor = "vllm", uint16_t fixed_port = 0) {
+    // `extra`: more fake_vllm arguments (--served-name NAME: vLLM's 404 for any other model).
+    explicit FakeBackend(const std::string& script, const std::string& flavor = "vllm", uint16_t fixed_port = 0,
+                         const std::vector<std::string>& extra = {}) {
         auto s = dir.write("script.json", script);
         record = dir / "requests.jsonl";
-        child = std::make_unique<Child>(std::vector<std::string>{env_or_fail("PULSE_FAKE_VLLM"), "--script", s.string(), "--port",
-                                                                 std::to_string(fixed_port), "--record", record.string(), "--flavor", flavor});
+        std::vector<std::string> argv{env_or_fail("PULSE_FAKE_VLLM"), "--script", s.string(), "--port", std::to_string(fixed_port),
+                                      "--record", record.string(), "--flavor", flavor};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        child = std::make_unique<Child>(argv);
         // 30 s: a loaded CI machine running the sanitizer build starts it slowly.
         port = static_cast<uint16_t>(std::stoi(wait_for([&] { return child->stdout_so_far(); },
                                                         std::regex(R"(listening on 127\.0\.0\.1:(\d+))"), 30000)));
