@@ -784,7 +784,9 @@ int cmd_distill_head(const std::vector<std::string>& args) {
 }
 
 int cmd_distill(const std::vector<std::string>& args) {
-    if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) return std::fputs(kDistillHelp, stdout), 0;
+    // `--help` anywhere, after any subcommand, is a request for help (exit 0), never a usage error.
+    for (const auto& a : args)
+        if (a == "--help" || a == "-h") return std::fputs(kDistillHelp, stdout), 0;
     if (!args.empty() && (args[0] == "export-head" || args[0] == "import-head")) return cmd_distill_head(args);
     if (!args.empty() && args[0] == "vocab") return cmd_distill_vocab(args);
     if (args.empty() || args[0] != "collect") {
