@@ -110,8 +110,14 @@ const char* kPluginsHelp =
 const char* kConfigHelp =
     "usage: pulse config check FILE\n"
     "\n"
-    "Parses and validates FILE (with the environment overrides applied) and exits 0 when it\n"
-    "is valid, 3 with FILE:LINE:COL messages when it is not. Loads no plugin.\n";
+    "Checks FILE as `pulse serve` would before serving: parses and validates it (with the\n"
+    "environment overrides applied), loads the plugins it names, checks that every model's\n"
+    "translation profile, policy and plugin:// backend is provided, and creates each profile\n"
+    "with its profile_options (a misspelt name or option is named, with the closest known one).\n"
+    "In-process backends are not started (that would load their models): their options are\n"
+    "checked when `pulse serve` starts them.\n"
+    "Exit 0 when valid; 3 with FILE:LINE:COL or the option at fault when the config is not; 4\n"
+    "when a plugin it needs is missing or failed to load (each named on stderr).\n";
 
 const char* kModelHelp =
     "usage: pulse model [--config FILE] <subcommand> ...\n"
@@ -307,6 +313,18 @@ int cmd_config(const Args& a) {
     Args b = a;
     b.config = a.rest[1];
     config::Config cfg = load_config(b, true);
+    // As serve does before it listens: the plugins, the components, each profile's options.
+    if (!a.log_level) log::set_level(log::Level::error);  // problems are printed below, not logged twice
+    plugin::PluginManager pm(plugin_options(cfg));
+    pm.load_all();
+    auto problems = pm.fatal_problems();
+    auto missing = gateway::SnapshotBuilder::check_components(cfg, pm);
+    problems.insert(problems.end(), missing.begin(), missing.end());
+    if (!problems.empty()) {
+        for (const auto& p : problems) std::fprintf(stderr, "%s: %s\n", a.rest[1].c_str(), p.c_str());
+        return kExitPlugin;
+    }
+    gateway::SnapshotBuilder(pm).build(cfg, gateway::SnapshotBuilder::Backends::skip);  // a rejected option: ConfigError (exit 3)
     std::printf("%s: ok (%zu model%s, listen %s:%u)\n", a.rest[1].c_str(), cfg.models.size(),
                 cfg.models.size() == 1 ? "" : "s", cfg.server.listen.host.c_str(), cfg.server.listen.port);
     for (const auto& o : cfg.env_overrides) std::printf("  from the environment: %s\n", o.c_str());

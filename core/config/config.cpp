@@ -11,6 +11,7 @@
 
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
+#include <pulse/plugin.hpp>
 #include <toml++/toml.h>
 
 namespace pulse::config {
@@ -138,8 +139,8 @@ public:
             if (!known) {
                 std::string list;
                 for (const auto& a : allowed_) list += (list.empty() ? "" : ", ") + a;
-                throw ConfigError(where(file_, k.source()) + ": unknown key '" + qualified(k.str()) +
-                                  "'; allowed here: " + list);
+                throw ConfigError(where(file_, k.source()) + ": unknown key '" + qualified(k.str()) + "'" +
+                                  pulse::did_you_mean(k.str(), allowed_) + "; allowed here: " + list);
             }
         }
     }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <pulse/plugin.hpp>
+
 #include "plugin/host_api.h"
 
 namespace pulse::gateway {
@@ -90,22 +92,23 @@ std::vector<std::string> SnapshotBuilder::check_components(const config::Config&
     };
     for (const auto& m : cfg.models) {
         if (!plugins_.translation(m.profile))
-            out.push_back("model '" + m.id + "': translation profile '" + m.profile +
-                          "' is not provided by any loaded plugin (loaded profiles: " +
+            out.push_back("model '" + m.id + "': translation profile '" + m.profile + "'" +
+                          pulse::did_you_mean(m.profile, plugins_.component_names(PULSE_KIND_TRANSLATION)) +
+                          " is not provided by any loaded plugin (loaded profiles: " +
                           list(plugins_.component_names(PULSE_KIND_TRANSLATION)) + ")");
         if (m.policy && !plugins_.policy(m.policy->name))
-            out.push_back("model '" + m.id + "': policy '" + m.policy->name + "' is not provided by any loaded plugin (loaded policies: " +
+            out.push_back("model '" + m.id + "': policy '" + m.policy->name + "'" + pulse::did_you_mean(m.policy->name, plugins_.component_names(PULSE_KIND_POLICY)) + " is not provided by any loaded plugin (loaded policies: " +
                           list(plugins_.component_names(PULSE_KIND_POLICY)) + ")");
         for (const auto& e : m.endpoints)
             if (e.is_plugin() && !plugins_.backend(e.plugin_name()))
-                out.push_back("model '" + m.id + "', endpoint '" + e.name + "': backend '" + e.plugin_name() +
-                              "' is not provided by any loaded plugin (loaded backends: " +
+                out.push_back("model '" + m.id + "', endpoint '" + e.name + "': backend '" + e.plugin_name() + "'" +
+                              pulse::did_you_mean(e.plugin_name(), plugins_.component_names(PULSE_KIND_BACKEND)) + " is not provided by any loaded plugin (loaded backends: " +
                               list(plugins_.component_names(PULSE_KIND_BACKEND)) + ")");
     }
     return out;
 }
 
-std::unique_ptr<Snapshot> SnapshotBuilder::build(config::Config cfg) {
+std::unique_ptr<Snapshot> SnapshotBuilder::build(config::Config cfg, Backends backends) {
     auto snap = std::make_unique<Snapshot>();
     snap->cfg = std::move(cfg);
     const std::string file = snap->cfg.source.empty() ? std::string("config") : snap->cfg.source.string();
@@ -158,7 +161,7 @@ std::unique_ptr<Snapshot> SnapshotBuilder::build(config::Config cfg) {
             auto& h = health_[key];
             if (!h) h = std::make_shared<EndpointHealth>(key);
             ref.health = h;
-            if (e.is_plugin()) {
+            if (e.is_plugin() && backends == Backends::start) {
                 auto& b = backends_[key];
                 if (!b) {
                     auto lease = plugins_.backend(e.plugin_name());

@@ -79,7 +79,10 @@ public:
     static std::vector<std::string> check_components(const config::Config& cfg, const plugin::PluginManager& plugins);
     // The runtimes of `cfg`, each profile instance created with its options. Throws
     // config::ConfigError when a plugin rejects its options or a component is missing.
-    std::unique_ptr<Snapshot> build(config::Config cfg);
+    // Backends::skip (`pulse config check`): in-process backends are not started (that would
+    // load their models); the snapshot is for validation only.
+    enum class Backends { start, skip };
+    std::unique_ptr<Snapshot> build(config::Config cfg, Backends backends = Backends::start);
     // Destroys the backend instances (at shutdown, after the last snapshot).
     void release_backends();
 

@@ -227,10 +227,13 @@ Options Options::parse(const Json& cfg, std::string_view profile) {
             if (!s) bad(key, "a string (\"\" when the backend has no per-request reasoning budget)");
             o.budget_field = std::string(*s);
         } else {
-            throw Error(PULSE_E_INVALID_ARGUMENT,
-                        std::string(profile) + ": unknown profile option '" + std::string(key) +
-                            "' (allowed: thinking, force_tool_choice, namespace_separator, images, chat_template_kwargs, "
-                            "cache_prompt, slots, budget_field, resume)");
+            static constexpr std::string_view kOptions[] = {"thinking",     "force_tool_choice", "namespace_separator",
+                                                            "images",       "chat_template_kwargs", "cache_prompt",
+                                                            "slots",        "budget_field",      "resume"};
+            std::string allowed;
+            for (const auto k : kOptions) allowed += (allowed.empty() ? "" : ", ") + std::string(k);
+            throw Error(PULSE_E_INVALID_ARGUMENT, std::string(profile) + ": unknown profile option '" + std::string(key) + "'" +
+                                                      did_you_mean(key, kOptions) + " (allowed: " + allowed + ")");
         }
     }
     return o;

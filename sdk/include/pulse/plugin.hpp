@@ -23,6 +23,37 @@ inline std::string_view view(pulse_str_t s) noexcept {
     return s.ptr ? std::string_view(s.ptr, s.len) : std::string_view();
 }
 
+// " (did you mean 'X'?)" for the candidate closest to a misspelt `name` (at most a third of
+// its letters edited, transpositions counting once), else "": for load errors that name an
+// unknown key or component the way a person would correct it.
+template <class Names>
+std::string did_you_mean(std::string_view name, const Names& candidates) {
+    auto distance = [](std::string_view a, std::string_view b) {  // optimal string alignment
+        std::basic_string<size_t> m((a.size() + 1) * (b.size() + 1), 0);
+        auto at = [&](size_t i, size_t j) -> size_t& { return m[i * (b.size() + 1) + j]; };
+        for (size_t i = 0; i <= a.size(); ++i) at(i, 0) = i;
+        for (size_t j = 0; j <= b.size(); ++j) at(0, j) = j;
+        for (size_t i = 1; i <= a.size(); ++i)
+            for (size_t j = 1; j <= b.size(); ++j) {
+                const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+                size_t v = at(i - 1, j - 1) + cost;
+                if (at(i - 1, j) + 1 < v) v = at(i - 1, j) + 1;
+                if (at(i, j - 1) + 1 < v) v = at(i, j - 1) + 1;
+                if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && at(i - 2, j - 2) + 1 < v) v = at(i - 2, j - 2) + 1;
+                at(i, j) = v;
+            }
+        return at(a.size(), b.size());
+    };
+    std::string best;
+    size_t best_d = name.size() / 3 + 1;
+    for (const auto& c : candidates) {
+        const std::string_view cv(c);
+        if (cv == name) return {};
+        if (const size_t dd = distance(name, cv); dd < best_d) best_d = dd, best = std::string(cv);
+    }
+    return best.empty() ? std::string() : " (did you mean '" + best + "'?)";
+}
+
 // A JSON string literal (with quotes) for `s`, for plugins that assemble small JSON payloads
 // themselves (e.g. chunks a backend emits through chunk->data).
 inline std::string json_quote(std::string_view s) {
