@@ -118,7 +118,16 @@ public:
         fs::create_directories(file.parent_path(), ec);
         fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd_ < 0) {
-            error_ = file.string() + ": " + std::strerror(errno);
+            // Not another command's lock: the state directory cannot be written by this user, or
+            // is not there. Said as such, with the way out.
+            const int e = errno;
+            error_ = "cannot create the lock file " + file.string() + ": " + std::strerror(e);
+            if (e == EACCES || e == EPERM || e == EROFS)
+                error_ += " (the state directory " + file.parent_path().parent_path().string() +
+                          " is not writable by this user: run as its owner, e.g. `sudo -u pulse-gateway pulse model ...`, or give "
+                          "--state-dir DIR)";
+            else if (e == ENOENT)
+                error_ += " (the state directory could not be created" + (ec ? ": " + ec.message() : std::string()) + "; give --state-dir DIR)";
             return;
         }
         if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -127,6 +136,7 @@ public:
             std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown holder";
             while (!holder.empty() && holder.back() == '\n') holder.pop_back();
             error_ = "held by " + holder;
+            contended_ = true;
             ::close(fd_);
             fd_ = -1;
             return;
@@ -139,11 +149,13 @@ public:
         if (fd_ >= 0) ::close(fd_);
     }
     bool held() const { return fd_ >= 0; }
+    bool contended() const { return contended_; }  // another command holds it (else: it could not be created)
     const std::string& error() const { return error_; }
 
 private:
     fs::path path_;
     int fd_ = -1;
+    bool contended_ = false;
     std::string error_;
 };
 
@@ -191,9 +203,10 @@ struct Controller::Impl {
     }
 
     // ---- scripts ----------------------------------------------------------------------------
+    static constexpr int kNoRecipeDir = 90;  // a node script's exit when the recipe directory is not there
     static std::string prologue(const Node& n) {
         return "set -u\ncd -- " + shell_quote(n.recipe_dir) + " || { echo \"FAIL recipe directory " + n.recipe_dir +
-               " is missing or not accessible\"; exit 90; }\n";
+               " is missing or not accessible\"; exit " + std::to_string(kNoRecipeDir) + "; }\n";
     }
     static std::string first_word(const std::string& cmd) { return cmd.substr(0, cmd.find(' ')); }
 
@@ -292,6 +305,9 @@ struct Controller::Impl {
         if (!r.spawn_error.empty()) return "could not run: " + r.spawn_error;
         if (r.timed_out) return "timed out after " + fmt("%.0f", timeout_s) + " s";
         if (r.exit_code == 255) return "exit 255 (ssh could not connect or authenticate: " + tail_lines(r.output, 1, "") + ")";
+        if (r.exit_code == kNoRecipeDir)  // the prologue's own verdict: the node answered, its directory is the problem
+            for (const auto& l : lines_of(r.output))
+                if (l.rfind("FAIL ", 0) == 0) return l.substr(5);
         return "exit " + std::to_string(r.exit_code);
     }
 
@@ -532,11 +548,18 @@ struct Controller::Impl {
         return log.is_open();
     }
 
+    // The answer when a node's lock was not taken: another command has it (exit 5), or this
+    // user cannot create it (exit 1, the reason said as it is).
+    int locked(const std::string& node, const NodeLock& lock) {
+        if (lock.contended()) return out("node " + node + " is locked by another `pulse model` command (" + lock.error() + ")\n"), kLocked;
+        return out("node " + node + ": " + lock.error() + "\n"), kFailed;
+    }
+
     int run_up(const Plan& plan) {
         const Profile& p = *plan.profile;
         const Node& n = plan.node;
         NodeLock lock(settings.state_dir / "locks" / (n.name + ".lock"));
-        if (!lock.held()) return out("node " + n.name + " is locked by another `pulse model` command (" + lock.error() + ")\n"), kLocked;
+        if (!lock.held()) return locked(n.name, lock);
         open_log(n);
         auto t = transports(n);
         say("pulse model up " + p.qualified() + " --node " + n.name + ": recipe " + n.recipe_dir + " via " + t->describe());
@@ -820,7 +843,7 @@ struct Controller::Impl {
         auto n = node(a.node, rc);
         if (!n) return rc;
         NodeLock lock(settings.state_dir / "locks" / (n->name + ".lock"));
-        if (!lock.held()) return out("node " + n->name + " is locked by another `pulse model` command (" + lock.error() + ")\n"), kLocked;
+        if (!lock.held()) return locked(n->name, lock);
         open_log(*n);
         auto t = transports(*n);
         auto t0 = Clock::now();
@@ -891,7 +914,8 @@ struct Controller::Impl {
         }
         o += "server    " + std::string(up ? "up" : "down") + " on port " + port +
              (up ? "" : r.ok() ? " (/v1/models: " + (code == "000" || code.empty() ? std::string("not listening") : "HTTP " + code) + ")"
-                               : " (node not reachable: " + describe_failure(r, 30) + ")") + "\n";
+                               : r.exit_code == kNoRecipeDir ? " (" + describe_failure(r, 30) + ")"
+                                                             : " (node not reachable: " + describe_failure(r, 30) + ")") + "\n";
         if (up) o += "model     " + models + "\n";
         if (have_state)
             o += "profile   " + json_str(st, "profile") + " (state " + json_str(st, "status") + ", updated " + json_str(st, "updated_at") + ")\n";

@@ -5,7 +5,9 @@
 
 #include <netinet/in.h>
 #include <sys/file.h>
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -668,6 +670,62 @@ TEST_CASE("status: up shows model, profile, memory and the gateway's view; down 
     CHECK(s.out.find("profile   qwen38/best (state up") != std::string::npos);
     CHECK(s.out.find("memory    MemAvailable 20.0 GiB") != std::string::npos);
     CHECK(s.out.find("gateway   gateway not reachable at http://127.0.0.1:1") != std::string::npos);
+}
+
+// A missing recipe directory on a node that answers is said as such, not as an unreachable node.
+TEST_CASE("status: a missing recipe directory is named, the node is not called unreachable") {
+    Site s;
+    fs::rename(s.recipe, s.recipe.string() + ".moved");
+    CHECK(s.run({"status", "--node", "test"}) == kFailed);
+    INFO(s.out);
+    CHECK(s.out.find("recipe directory " + s.recipe.string() + " is missing or not accessible") != std::string::npos);
+    CHECK(s.out.find("not reachable: ") == std::string::npos);
+    fs::rename(s.recipe.string() + ".moved", s.recipe);
+}
+
+// A user who cannot write the state directory is told that, not that another command holds
+// the node's lock (the old message: "locked by another `pulse model` command (...: No such
+// file or directory)").
+TEST_CASE("down: a state directory this user cannot write is a permission error, not a lock held by another command") {
+    Site s;
+    fs::create_directories(s.state / "locks");
+    // The controller runs in a child: as nobody when this test runs as root (root writes
+    // anywhere), else as this user with the lock directory read-only.
+    const bool root = ::geteuid() == 0;
+    if (root) {
+        for (const auto& p : {s.tmp.path(), s.state, s.state / "locks"}) fs::permissions(p, fs::perms::owner_all | fs::perms::group_read |
+                                                                                              fs::perms::group_exec | fs::perms::others_read |
+                                                                                              fs::perms::others_exec);
+        for (const auto& e : fs::recursive_directory_iterator(s.tmp.path()))
+            fs::permissions(e.path(), fs::perms::others_read | (e.is_directory() ? fs::perms::others_exec : fs::perms::none), fs::perm_options::add);
+    } else {
+        fs::permissions(s.state / "locks", fs::perms::owner_read | fs::perms::owner_exec);
+    }
+    int pipe_fd[2];
+    REQUIRE(::pipe(pipe_fd) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::close(pipe_fd[0]);
+        if (root && (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(99);
+        const int rc = s.run({"down", "--node", "test"});
+        (void)!::write(pipe_fd[1], s.out.data(), s.out.size());
+        ::_exit(rc);
+    }
+    ::close(pipe_fd[1]);
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(pipe_fd[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+    ::close(pipe_fd[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    INFO(out);
+    CHECK(WEXITSTATUS(status) == kFailed);
+    CHECK(out.find("cannot create the lock file " + (s.state / "locks/test.lock").string() + ": Permission denied") != std::string::npos);
+    CHECK(out.find("is not writable by this user") != std::string::npos);
+    CHECK(out.find("locked by another") == std::string::npos);
+    fs::permissions(s.state / "locks", fs::perms::owner_all, fs::perm_options::add);
 }
 
 // ---- remote nodes ------------------------------------------------------------------------------------
