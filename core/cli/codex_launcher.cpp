@@ -78,6 +78,8 @@ std::string quote_toml(const std::string& s) {
     return o + "\"";
 }
 
+}  // namespace
+
 // The Codex 0.169 model catalog entry for `model` (docs/CODEX.md, "Run Codex": the catalog Codex needs).
 std::string catalog_json(const std::string& model, int64_t context_window) {
     rapidjson::StringBuffer b;
@@ -143,6 +145,8 @@ std::string catalog_json(const std::string& model, int64_t context_window) {
     w.EndObject();
     return b.GetString();
 }
+
+namespace {
 
 // A private directory for the catalog (it is ours alone; 0700).
 fs::path private_dir() {

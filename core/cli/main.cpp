@@ -30,6 +30,7 @@
 
 #include "cli/codex_launcher.h"
 #include "cli/continuity_cmd.h"
+#include "cli/doctor.h"
 #include "common/log.h"
 #include "common/metric_defs.h"
 #include "common/metrics.h"
@@ -329,6 +330,58 @@ int cmd_config(const Args& a) {
                 cfg.models.size() == 1 ? "" : "s", cfg.server.listen.host.c_str(), cfg.server.listen.port);
     for (const auto& o : cfg.env_overrides) std::printf("  from the environment: %s\n", o.c_str());
     return kExitOk;
+}
+
+std::string gateway_client_url(const config::Config& cfg);
+
+// pulse doctor: the endpoints of the config (or the URLs given), checked for what Codex needs.
+int cmd_doctor(int argc, char** argv) {
+    Args a;
+    std::optional<std::string> model;
+    std::vector<std::string> urls;
+    cli::DoctorSettings s;
+    for (int i = 2; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (arg == "--help" || arg == "-h") return std::fputs(cli::kDoctorHelp, stdout), kExitOk;
+        if (arg == "--json") {
+            s.json = true;
+        } else if (arg == "--config" || arg == "--model" || arg == "--write-catalog") {
+            if (i + 1 >= argc) return usage_error("doctor: " + arg + " needs a value", cli::kDoctorHelp);
+            const std::string v = argv[++i];
+            if (arg == "--config") a.config = v;
+            else if (arg == "--model") model = v;
+            else s.write_catalog = v;
+        } else if (arg.rfind("http://", 0) == 0 || arg.rfind("https://", 0) == 0) {
+            urls.push_back(arg);
+        } else {
+            return usage_error("doctor: unexpected argument " + arg + " (URLs start with http://)", cli::kDoctorHelp);
+        }
+    }
+    if (!urls.empty()) {
+        if (a.config) return usage_error("doctor: give --config or URLs, not both", cli::kDoctorHelp);
+        for (const auto& u : urls) s.targets.push_back({"", model.value_or(""), u, u, 0});
+        return cli::run_doctor(s);
+    }
+    config::Config cfg = load_config(a, false);
+    s.config_path = cfg.source.string();
+    s.gateway_url = gateway_client_url(cfg);
+    s.api_key = cfg.server.api_key;
+    s.head_timeout_s = cfg.upstream.head_timeout_s;
+    s.keepalive_s = cfg.upstream.keepalive_s;
+    for (const auto& m : cfg.models) {
+        if (model && m.id != *model) continue;
+        for (const auto& e : m.endpoints) {
+            if (e.is_plugin()) {
+                std::fprintf(stderr, "pulse doctor: model %s, endpoint %s: an in-process backend (%s): only the turn through the gateway checks it\n",
+                             m.id.c_str(), e.name.c_str(), e.url.c_str());
+                continue;
+            }
+            s.targets.push_back({m.id, m.upstream_model, e.name, e.url, m.context_window});
+        }
+    }
+    if (model && std::none_of(cfg.models.begin(), cfg.models.end(), [&](const config::Model& m) { return m.id == *model; }))
+        return usage_error("doctor: no model '" + *model + "' in " + (s.config_path.empty() ? std::string("the config") : s.config_path), cli::kDoctorHelp);
+    return cli::run_doctor(s);
 }
 
 int cmd_plugins(const Args& a) {
@@ -704,6 +757,7 @@ int main(int argc, char** argv) {
         if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kMainHelp, stdout), kExitOk;
         if (cmd == "version" || cmd == "--version") return cmd_version();
         if (cmd == "model") return cmd_model(argc, argv);
+        if (cmd == "doctor") return cmd_doctor(argc, argv);
         if (cmd == "bench") return cmd_bench(argc, argv);
         if (cmd == "decode" || cmd == "gguf" || cmd == "distill") return cmd_decoder_tool(argc, argv);
         if (cmd == "continuity")

@@ -103,6 +103,34 @@ TEST_CASE("config check: valid file, invalid file, missing file") {
     CHECK(has(r.err, "PULSE_QWEN_BACKENDS"));
 }
 
+// config check validates what serve validates before it listens: the profile a model names and
+// that profile's options (they used to pass the check and make serve exit).
+TEST_CASE("config check: a misspelt profile, profile option or key is named with the closest known one") {
+    TempDir tmp;
+    const std::string endpoint = "[[models.m.endpoints]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/v1\"\n";
+    auto profile = tmp.write("profile.toml", "[models.m]\nprofile = \"qwen83\"\n" + endpoint);
+    auto r = run({exe(), "config", "check", profile.string()}, kNoEnvOverrides);
+    CHECK(r.code == 4);
+    CHECK(has(r.err, "model 'm': translation profile 'qwen83' (did you mean 'qwen38'?) is not provided by any loaded plugin"));
+    CHECK(!has(r.out, "ok"));
+    auto option = tmp.write("option.toml", "[models.m]\nprofile = \"qwen38\"\n[models.m.profile_options]\nthinkng = true\n" + endpoint);
+    r = run({exe(), "config", "check", option.string()}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "models.m.profile_options: qwen38: unknown profile option 'thinkng' (did you mean 'thinking'?)"));
+    auto value = tmp.write("value.toml", "[models.m]\nprofile = \"llamacpp\"\n[models.m.profile_options]\nresume = \"bytes\"\n" + endpoint);
+    r = run({exe(), "config", "check", value.string()}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "resume"));
+    auto key = tmp.write("key.toml", "[models.m]\nprofil = \"qwen38\"\n");
+    r = run({exe(), "config", "check", key.string()}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "unknown key 'models.m.profil' (did you mean 'profile'?)"));
+    // serve refuses the same files the same way.
+    r = run({exe(), "serve", "--config", option.string()}, kNoEnvOverrides);
+    CHECK(r.code == 3);
+    CHECK(has(r.err, "unknown profile option 'thinkng'"));
+}
+
 TEST_CASE("plugins: a table row per file, rejections in one line each") {
     Site site({"good_minimal", "good_cpp", "entry_v2_only", "needs_newer_minor", "init_fails_with_message"}, "");
     auto r = run({exe(), "plugins", "--config", site.config.string()}, kNoEnvOverrides);
@@ -872,7 +900,9 @@ TEST_CASE("every command and sub-command answers --help with exit 0") {
         {"serve"}, {"plugins"}, {"config"}, {"config", "check"}, {"model"}, {"codex"}, {"continuity"}, {"continuity", "list"},
         {"continuity", "show"}, {"continuity", "clear"}, {"continuity", "prune"}, {"continuity", "hooks-json"}, {"continuity", "hook"}, {"bench"},
         {"bench", "decode"}, {"bench", "accept"}, {"bench", "ttft"}, {"bench", "quality"}, {"bench", "drift"}, {"bench", "agent"},
-        {"decode"}, {"gguf"}, {"gguf", "make-demo"}, {"gguf", "info"}};
+        {"decode"}, {"gguf"}, {"gguf", "make-demo"}, {"gguf", "info"}, {"distill"}, {"distill", "collect"}, {"distill", "export-head"},
+        {"distill", "import-head"}, {"distill", "vocab"}, {"model", "profiles"}, {"model", "render"}, {"model", "up"}, {"model", "down"},
+        {"model", "status"}, {"doctor"}};
     for (const auto& c : cmds) {
         std::vector<std::string> argv = {exe()};
         argv.insert(argv.end(), c.begin(), c.end());
