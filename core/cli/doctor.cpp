@@ -6,6 +6,7 @@
 #include <rapidjson/writer.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -157,8 +158,13 @@ private:
     void add(std::string check, Verdict v, std::string why, std::string fix = {}) {
         checks.push_back({std::move(check), v, std::move(why), std::move(fix)});
     }
+    // A config line for this model's table ("[models.ID] key = value"; the id quoted unless
+    // it is a bare TOML key).
     std::string model_line(const std::string& key_value) const {
-        return t_.model_id.empty() ? key_value : "[models." + t_.model_id + "] " + key_value;
+        if (t_.model_id.empty()) return key_value;
+        const bool bare = std::all_of(t_.model_id.begin(), t_.model_id.end(),
+                                      [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
+        return "[models." + (bare ? t_.model_id : json_quote(t_.model_id)) + "] " + key_value;
     }
 
     bool reachable() {

@@ -378,6 +378,7 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
         t.number("head_timeout_s", cfg.upstream.head_timeout_s, 0.05, 86400);
         t.number("liveness_after_s", cfg.upstream.liveness_after_s, 0, 86400);
         t.number("liveness_timeout_s", cfg.upstream.liveness_timeout_s, 0.05, 3600);
+        t.number("stall_after_s", cfg.upstream.stall_after_s, 0, 86400);
         t.number("health_interval_s", cfg.upstream.health_interval_s, 0.05, 3600);
         std::string frag;
         t.str("endpoint_fragments", frag);

@@ -114,6 +114,10 @@ struct Upstream {
     // liveness_timeout_s means frozen, and the request moves on at once (0 = never ask).
     double liveness_after_s = 8;
     double liveness_timeout_s = 4;
+    // A backend that reports prefill progress (llama-server, asked with return_progress) and
+    // makes none for stall_after_s while still answering is stalled: the request fails over (or
+    // resumes) then. A prefill that keeps progressing is never cut. 0 = never.
+    double stall_after_s = 30;
     double health_interval_s = 5;
     // Directory of endpoint fragments (*.toml) written by `pulse model up`; "" = none.
     std::filesystem::path endpoint_fragments;

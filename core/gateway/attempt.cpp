@@ -169,6 +169,10 @@ std::optional<AttemptDriver::Step> AttemptDriver::on_event(UpEvent e, const Endp
         case UpEvent::Kind::failed:
             if (e.stale) return Step::again;
             return endpoint_failure(ep, e.status ? e.status : PULSE_E_UNAVAILABLE, e.text);
+        case UpEvent::Kind::progress:
+            st_.entry->prefill(e.progress.processed, e.progress.total, e.progress.cached, e.progress.time_ms);
+            st_.keepalive_if_due();
+            return std::nullopt;
         case UpEvent::Kind::data: return on_data(e, ep);
         case UpEvent::Kind::done: return on_done(ep);
     }

@@ -60,6 +60,14 @@ void RequestBoard::Entry::output(int64_t total_tokens) {
     board_.add_tokens(model_, endpoint, added);
 }
 
+void RequestBoard::Entry::prefill(int64_t processed, int64_t total, int64_t cached, int64_t time_ms) {
+    std::lock_guard lock(m_);
+    prefill_done_ = processed;
+    prefill_total_ = total;
+    prefill_cached_ = cached;
+    prefill_ms_ = time_ms;
+}
+
 void RequestBoard::Entry::waiting() {
     std::lock_guard lock(m_);
     if (phase_ == Phase::waiting_endpoint) return;
@@ -193,6 +201,26 @@ void RequestBoard::write_live(Json& w, const std::vector<std::shared_ptr<Entry>>
             const double s = duration<double>(now - e->first_output_).count();
             w.Key("tokens_per_s");
             w.Double(s > 0.05 ? static_cast<double>(static_cast<int64_t>(static_cast<double>(e->out_) / s * 10)) / 10 : 0.0);
+        }
+        if (e->prefill_total_ > 0) {
+            // Prompt tokens done of the total, the rate the backend computed them at (cached ones
+            // cost nothing) and the time left at that rate.
+            w.Key("prefill");
+            w.StartObject();
+            w.Key("processed");
+            w.Int64(e->prefill_done_);
+            w.Key("total");
+            w.Int64(e->prefill_total_);
+            w.Key("cached");
+            w.Int64(e->prefill_cached_);
+            const int64_t computed = e->prefill_done_ - e->prefill_cached_;
+            const double rate = e->prefill_ms_ > 0 && computed > 0 ? static_cast<double>(computed) * 1000.0 / static_cast<double>(e->prefill_ms_) : 0;
+            w.Key("tokens_per_s");
+            w.Double(static_cast<double>(static_cast<int64_t>(rate * 10)) / 10);
+            w.Key("eta_s");
+            if (rate > 0) w.Double(static_cast<double>(static_cast<int64_t>(static_cast<double>(e->prefill_total_ - e->prefill_done_) / rate * 10)) / 10);
+            else w.Null();
+            w.EndObject();
         }
         w.Key("keepalives");
         w.Int64(e->keepalives_);

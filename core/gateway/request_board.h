@@ -38,6 +38,9 @@ public:
         void attempt(const std::string& endpoint);  // sent to `endpoint`: waiting for its head
         void accepted();                            // its response head arrived
         void output(int64_t total_tokens);          // output so far (every attempt)
+        // The backend's prefill progress (prompt tokens: processed counts the cached ones; the
+        // backend's own milliseconds since it started on them).
+        void prefill(int64_t processed, int64_t total, int64_t cached, int64_t time_ms);
         void waiting();                             // between failover rounds: no endpoint took it
         void keepalive();
         void failover();
@@ -56,6 +59,7 @@ public:
         Phase phase_ = Phase::waiting_endpoint;
         std::chrono::steady_clock::time_point phase_since_ = t0_, first_output_{};
         int64_t out_ = 0, keepalives_ = 0, failovers_ = 0, resumes_ = 0;
+        int64_t prefill_done_ = 0, prefill_total_ = 0, prefill_cached_ = 0, prefill_ms_ = 0;  // total 0: none reported
     };
 
     // How a request ended, as its log line says it.

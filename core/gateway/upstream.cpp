@@ -126,11 +126,35 @@ void feed_sse(SseParser& parser, std::string_view bytes, bool& done, Events& out
         if (done) return;
         if (data == "[DONE]") {
             done = true;
-            out.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
+            out.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false, 0, {}});
         } else {
-            out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false});
+            out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::string(data), false, 0, {}});
         }
     });
+}
+
+// llama-server's prefill progress chunk (asked for with return_progress: a role-only delta
+// with "prompt_progress": {total, cache, processed, time_ms}). True when `data` is one and
+// carries nothing else: no text, no reasoning, no call, no finish.
+bool read_progress(std::string_view data, UpEvent::Progress& p) {
+    if (data.find("\"prompt_progress\"") == std::string_view::npos) return false;
+    rapidjson::Document d;
+    d.Parse(data.data(), data.size());
+    if (d.HasParseError() || !d.IsObject() || !d.HasMember("prompt_progress") || !d["prompt_progress"].IsObject()) return false;
+    const auto& pp = d["prompt_progress"];
+    auto num = [&](const char* k) { return pp.HasMember(k) && pp[k].IsInt64() ? pp[k].GetInt64() : int64_t{0}; };
+    p = {num("total"), num("cache"), num("processed"), num("time_ms")};
+    if (d.HasMember("choices") && d["choices"].IsArray())
+        for (const auto& c : d["choices"].GetArray()) {
+            if (!c.IsObject()) continue;
+            if (c.HasMember("finish_reason") && !c["finish_reason"].IsNull()) return false;
+            if (!c.HasMember("delta") || !c["delta"].IsObject()) continue;
+            for (const auto& [k, v] : c["delta"].GetObject()) {
+                const std::string_view key(k.GetString(), k.GetStringLength());
+                if (key != "role" && !v.IsNull() && !(v.IsString() && v.GetStringLength() == 0)) return false;
+            }
+        }
+    return p.total > 0;
 }
 
 // Where and what to POST: built once per attempt.
@@ -200,7 +224,7 @@ public:
     HttpBody(std::unique_ptr<Session> s, std::string key, bool reused, const config::Upstream& t, const config::Endpoint& ep, Liveness* liveness,
              steady_clock::time_point window_end)
         : session_(std::move(s)), key_(std::move(key)), fd_(session_->socket().impl()->sockfd()), reused_(reused), ep_(ep),
-          window_end_(window_end), retry_window_s_(t.retry_window_s),
+          window_end_(window_end), retry_window_s_(t.retry_window_s), stall_after_s_(t.stall_after_s),
           liveness_(t.liveness_after_s > 0 ? liveness : nullptr), liveness_after_s_(t.liveness_after_s), liveness_timeout_s_(t.liveness_timeout_s),
           idle_(duration_cast<steady_clock::duration>(duration<double>(t.idle_timeout_s))), idle_timeout_s_(t.idle_timeout_s),
           head_deadline_(steady_clock::now() + duration_cast<steady_clock::duration>(duration<double>(t.head_timeout_s))),
@@ -236,7 +260,7 @@ public:
     steady_clock::time_point idle_deadline() const override {
         const auto hard = silence_limit();
         const auto window = waiting_for_output() ? window_end_ : steady_clock::time_point::max();
-        return std::min(window, hard == steady_clock::time_point::max() || !liveness_ ? hard : std::min(hard, liveness_check_at()));
+        return std::min({window, stall_at(), hard == steady_clock::time_point::max() || !liveness_ ? hard : std::min(hard, liveness_check_at())});
     }
     std::optional<UpEvent> silence(steady_clock::time_point now) override {
         const auto hard = silence_limit();
@@ -244,6 +268,14 @@ public:
             if (phase_ == Phase::head)
                 return failure(false, "no response head from the backend within " + seconds_text(head_timeout_s_) + " s (upstream.head_timeout_s)");
             return failure(true, "no data from the backend for " + seconds_text(idle_timeout_s_) + " s (upstream.idle_timeout_s)");
+        }
+        // A prefill that reported progress and then made none for stall_after_s: stalled (an
+        // engine that stopped while its HTTP side still answers), not slow.
+        if (now >= stall_at()) {
+            char what[160];
+            std::snprintf(what, sizeof what, "the backend's prefill stalled at %lld of %lld prompt tokens: no progress for %g s (upstream.stall_after_s)",
+                          static_cast<long long>(prefill_.processed), static_cast<long long>(prefill_.total), stall_after_s_);
+            return failure(phase_ == Phase::body, what);
         }
         // The retry window is a deadline the client can count on: an attempt with nothing to
         // show by then is cut, unless its endpoint proved alive while it waited (a long prefill).
@@ -274,6 +306,12 @@ private:
     steady_clock::time_point silence_limit() const {
         if (phase_ == Phase::head) return head_deadline_;  // a backend that took the request but never answers
         return phase_ != Phase::body || done_ || exhausted_ ? steady_clock::time_point::max() : last_byte_ + idle_;
+    }
+    // When a prefill that stopped progressing counts as stalled (max: none under way).
+    steady_clock::time_point stall_at() const {
+        if (stall_after_s_ <= 0 || prefill_.total == 0 || generating_ || done_ || exhausted_ || prefill_.processed >= prefill_.total)
+            return steady_clock::time_point::max();
+        return progress_at_ + duration_cast<steady_clock::duration>(duration<double>(stall_after_s_));
     }
     // No SSE data yet: what the client has of this attempt is at most keepalives.
     bool waiting_for_output() const { return phase_ == Phase::head || (phase_ == Phase::body && !data_seen_ && !done_ && !exhausted_); }
@@ -327,7 +365,7 @@ private:
                 }
                 if (status_ == 200) {
                     phase_ = Phase::body;
-                    out.push_back(UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false});
+                    out.push_back(UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false, 0, {}});
                 } else {
                     phase_ = Phase::rejected;
                 }
@@ -354,6 +392,18 @@ private:
         const size_t before = out.size();
         feed_sse(parser_, body_, done_, out);
         if (out.size() > before) data_seen_ = true;
+        for (size_t i = before; i < out.size(); ++i) {
+            if (out[i].kind != UpEvent::Kind::data) continue;
+            if (UpEvent::Progress p; read_progress(out[i].text, p)) {
+                out[i].kind = UpEvent::Kind::progress;
+                out[i].progress = p;
+                out[i].text.clear();
+                if (p.processed > prefill_.processed || prefill_.total == 0) progress_at_ = steady_clock::now();
+                prefill_ = p;
+            } else {
+                generating_ = true;  // output (or the first chunk after the prompt): the prefill is over
+            }
+        }
         if (parser_.overflowed() && !done_) return fail(out, "the backend sent an SSE line over 16 MiB");
         // A keep-alive connection does not close after the body: its end is the end.
         if (body_over && !done_) fail(out, "the backend stream ended without its terminal [DONE] marker");
@@ -387,6 +437,10 @@ private:
     config::Endpoint ep_;
     steady_clock::time_point window_end_;  // max: no retry window, or decided
     double retry_window_s_;
+    double stall_after_s_;
+    UpEvent::Progress prefill_;              // the last progress reported
+    steady_clock::time_point progress_at_{};  // when it last advanced
+    bool generating_ = false;                 // a chunk other than progress came
     Liveness* liveness_;  // null: silence is judged by the timeouts alone
     double liveness_after_s_, liveness_timeout_s_;
     steady_clock::time_point next_check_{};
@@ -464,7 +518,7 @@ public:
         if (reported_end_) return;
         if (!announced_) {
             announced_ = true;
-            out.push_back(UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false});
+            out.push_back(UpEvent{UpEvent::Kind::accepted, 200, PULSE_OK, {}, false, 0, {}});
         }
         std::lock_guard lock(sink_.m);
         if (!sink_.chunks.empty()) {
@@ -472,7 +526,7 @@ public:
             deadline_ = steady_clock::now() + idle_;
             call_deadline_ms_ = monotonic_ms(deadline_);
         }
-        for (auto& c : sink_.chunks) out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::move(c), false});
+        for (auto& c : sink_.chunks) out.push_back(UpEvent{UpEvent::Kind::data, 0, PULSE_OK, std::move(c), false, 0, {}});
         sink_.chunks.clear();
         sink_.bytes = 0;
         sink_.room.notify_one();
@@ -484,9 +538,9 @@ public:
             // The end before any chunk: nothing was answered, not even a finish reason (an HTTP
             // backend that closes its stream so is retried too).
             out.push_back(UpEvent{UpEvent::Kind::failed, 0, PULSE_E_UNAVAILABLE,
-                                  "backend '" + lease_->registration.name + "' ended its stream without a chunk", false});
+                                  "backend '" + lease_->registration.name + "' ended its stream without a chunk", false, 0, {}});
         } else {
-            out.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false});
+            out.push_back(UpEvent{UpEvent::Kind::done, 0, PULSE_OK, {}, false, 0, {}});
         }
     }
 
@@ -551,7 +605,7 @@ private:
             {
                 std::lock_guard lock(sink_.m);
                 if (rc != PULSE_END)
-                    failure_ = UpEvent{UpEvent::Kind::failed, 0, rc, host::call_error(call, rc, lease_->plugin_id()), false};
+                    failure_ = UpEvent{UpEvent::Kind::failed, 0, rc, host::call_error(call, rc, lease_->plugin_id()), false, 0, {}};
                 over_ = true;
             }
             sink_.wake();

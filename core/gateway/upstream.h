@@ -32,6 +32,7 @@ struct UpEvent {
         data,      // one SSE data payload (a Chat Completions chunk)
         done,      // the terminal marker ([DONE] / PULSE_END)
         failed,    // transport failure, before acceptance or mid-stream
+        progress,  // prefill progress, no output: `progress` says how far (llama-server's return_progress)
     };
     Kind kind = Kind::timeout;
     int http_status = 0;
@@ -39,6 +40,9 @@ struct UpEvent {
     std::string text;
     bool stale = false;     // failed: a pooled connection had been closed by the backend; nothing was processed
     int retry_after_s = 0;  // rejected: the backend's Retry-After (seconds), 0 = none
+    struct Progress {
+        int64_t total = 0, cached = 0, processed = 0, time_ms = 0;  // prompt tokens; processed counts the cached ones too
+    } progress;
 };
 
 // A backend's answer, read by the stream loop (stream_loop.h) without blocking: accepted or

@@ -490,6 +490,9 @@ void write_sampling(const Options& opt, const Json& req, const Json& model, cons
     else if (max_tokens.is_number()) w.key("max_tokens").copy(max_tokens);
 
     if (opt.cache_prompt) w.key("cache_prompt").boolean(true);
+    // Prefill progress chunks: the gateway tells a long prefill from a stalled one by them
+    // (upstream.stall_after_s) and shows them on its status page.
+    if (opt.server == Options::Server::llama_server) w.key("return_progress").boolean(true);
     if (opt.slots > 0) {
         if (auto key = req["prompt_cache_key"].string(); key && !key->empty()) {
             uint64_t h = 1469598103934665603ull;  // FNV-1a: stable across restarts

@@ -53,7 +53,7 @@ TEST_CASE("the shipped config/pulse.toml loads with the documented defaults") {
     const Model& m = *c.find_model("qwen3.8-flash-next");
     CHECK(m.id == "qwen3.8-flash-next");
     CHECK(m.profile == "qwen38");
-    CHECK(m.context_window == 524288);
+    CHECK(m.context_window == 262144);  // the shipped runtime profiles' --max-model-len
     REQUIRE(m.endpoints.size() == 1);
     CHECK(m.endpoints[0].url == "http://127.0.0.1:8888/v1");
     CHECK(m.sampling.temperature.value() == doctest::Approx(0.6));

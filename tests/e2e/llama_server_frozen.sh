@@ -3,8 +3,9 @@
 # by tools/dev) and Pulse's default liveness settings (upstream.liveness_after_s = 8,
 # liveness_timeout_s = 4; head_timeout_s stays at 300):
 #   1. a prefill of one to two minutes (6,600 tokens into the 332.7M synthetic model on one thread,
-#      its context raised to 8,192) completes untouched: llama-server answers GET /v1/models
-#      while it computes;
+#      its context raised to 8,192) completes untouched: it reports its progress batch by batch
+#      (return_progress, shown on /status.json), and upstream.stall_after_s (20 s here, over a
+#      batch's ~5 s) never cuts a prefill that progresses;
 #   2. SIGSTOP in the middle of such a prefill: the request is served by the second endpoint
 #      within 15 s of the stop, not after head_timeout_s;
 #   3. SIGSTOP in the middle of an answer: the response is resumed on the second endpoint within
@@ -42,6 +43,7 @@ cat >> "$work/pulse.toml" <<TOML
 [upstream]
 retry_window_s = 60
 health_interval_s = 1
+stall_after_s = 20
 [models.solo]
 profile = "llamacpp"
 [[models.solo.endpoints]]
@@ -106,15 +108,33 @@ def log():
 
 # 1. A long prefill is busy, not frozen: it completes on the only endpoint.
 long_prompt = " ".join(f"w{i}" for i in range(1500))   # about 6,600 tokens: 65 s here
+progress = []  # (processed, total) seen on /status.json while the prefill runs
+watching = [True]
+def watch():
+    while watching[0]:
+        try:
+            with urllib.request.urlopen(gateway + "/status.json", timeout=5) as r:
+                for q in json.loads(r.read()).get("requests", []):
+                    if "prefill" in q: progress.append((q["prefill"]["processed"], q["prefill"]["total"]))
+        except OSError:
+            pass
+        time.sleep(1)
+import threading
+watcher = threading.Thread(target=watch)
+watcher.start()
 terminal, took, _ = stream("solo", long_prompt, 4)
-print(f"long prefill: {terminal} after {took:.1f} s", flush=True)
+watching[0] = False
+watcher.join()
+print(f"long prefill: {terminal} after {took:.1f} s; progress seen: {progress[:3]} ... {progress[-3:]}", flush=True)
+check(len({p for p, _ in progress}) >= 3, f"the status page showed the prefill advancing ({len(progress)} readings)")
+check(all(t > 6000 for _, t in progress), "the status page showed the prompt's whole size")
+check("stalled" not in log(), "a progressing prefill was not taken for a stalled one (stall_after_s = 20)")
 check(terminal in ("response.completed", "response.incomplete"), f"a {took:.0f} s prefill completed ({terminal})")
 check(took > 30, f"the prefill took long enough to be asked about several times ({took:.1f} s; liveness_after_s is 8)")
 check("stopped answering" not in log(), "a busy llama-server was not taken for a frozen one")
 
 # 2. SIGSTOP in the middle of a prefill.
 check(idle(), "slow server idle before the mid-prefill stop")
-import threading
 stopped_at = []
 def stop_later():
     time.sleep(3)

@@ -274,6 +274,58 @@ TEST_CASE("an endpoint that answers 404 for the model is misconfigured: down wit
     }
 }
 
+// Liveness from progress: a llama-server asked for return_progress reports its prefill batch
+// by batch. A prefill that keeps progressing is never cut, however long (here past every
+// timeout the gateway has); one that stops progressing while the server still answers is a
+// stall, failed over after upstream.stall_after_s. The progress shows on /status.json.
+TEST_CASE("llama-server prefill progress: a progressing prefill is never cut, a stalled one fails over after stall_after_s") {
+    auto llama_toml = [](const std::vector<std::string>& urls) {
+        std::string t = "[models.m]\nprofile = \"llamacpp\"\n";
+        for (size_t i = 0; i < urls.size(); ++i) t += "[[models.m.endpoints]]\nname = \"ep" + std::to_string(i) + "\"\nurl = \"" + urls[i] + "\"\n";
+        return t;
+    };
+    SUBCASE("progressing for 4 s with every timeout at 1-1.5 s: served by the first endpoint") {
+        FakeBackend slow(R"({"turns":[{"content":"after a long prefill","progress":{"total":6600,"steps":16,"every_ms":250}}]})", "llamacpp");
+        FakeBackend other(R"({"turns":[{"content":"from the second"}]})", "llamacpp");
+        Gateway gw(llama_toml({slow.url(), other.url()}), "",
+                   std::string(kFast) + "retry_window_s = 1\nliveness_after_s = 1\nliveness_timeout_s = 1\nhead_timeout_s = 1.5\n"
+                                        "idle_timeout_s = 1.5\nstall_after_s = 1\n");
+        auto answer = std::async(std::launch::async, [&] { return post(gw.port, "/v1/responses", request(true), {}, 60); });
+        // Mid-prefill the status page shows how far it is.
+        std::string seen;
+        CHECK(eventually([&] {
+            seen = get(gw.port, "/status.json");
+            return seen.find("\"prefill\":{\"processed\":") != std::string::npos && seen.find("\"total\":6600") != std::string::npos &&
+                   seen.find("\"processed\":0,") == std::string::npos;
+        }, 4000));
+        CHECK(seen.find("\"eta_s\":") != std::string::npos);
+        auto st = check_stream(answer.get().body);
+        CHECK(st.terminal == "response.completed");
+        CHECK(str(st.item(0)["content"][0], "text") == "after a long prefill");
+        CHECK(other.requests().empty());
+        CHECK(slow.requests().front().find("\"return_progress\":true") != std::string::npos);
+        CHECK(gw.log().find("stalled") == std::string::npos);
+    }
+    SUBCASE("progress stops at an eighth while /models still answers: failed over within stall_after_s") {
+        FakeBackend stuck(R"({"turns":[{"content":"never","progress":{"total":6600,"steps":8,"every_ms":100,"stall_after_steps":2,"stall_ms":30000}}]})",
+                          "llamacpp");
+        FakeBackend other(R"({"turns":[{"content":"from the second"}]})", "llamacpp");
+        Gateway gw(llama_toml({stuck.url(), other.url()}), "",
+                   std::string(kFast) + "retry_window_s = 20\nliveness_after_s = 1\nliveness_timeout_s = 1\nstall_after_s = 2\n");
+        const auto t0 = steady_clock::now();
+        auto st = check_stream(post(gw.port, "/v1/responses", request(true), {}, 60).body);
+        const double took = duration<double>(steady_clock::now() - t0).count();
+        MESSAGE("stalled prefill failed over after " << took << " s");
+        CHECK(st.terminal == "response.completed");
+        CHECK(str(st.item(0)["content"][0], "text") == "from the second");
+        CHECK(took > 2);    // not before stall_after_s: the server answered the liveness probes
+        CHECK(took < 4.5);  // 0.1 s of progress, then stall_after_s
+        CHECK(gw.log().find("the backend's prefill stalled at 825 of 6600 prompt tokens: no progress for 2 s (upstream.stall_after_s)") !=
+              std::string::npos);
+        CHECK(gw.log().find("stopped answering") == std::string::npos);
+    }
+}
+
 // 2. A non-streaming client always gets a status line and a JSON error.
 TEST_CASE("non-streaming: a backend that drops the connection before any event gets a JSON 503, not an empty reply") {
     FakeBackend drop(R"({"turns":[{"drop_after_head":true}]})");

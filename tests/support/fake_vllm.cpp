@@ -23,6 +23,9 @@
 //   "truncate": true            close the stream without [DONE]
 //   "delay_ms": N               pause before each chunk (and "first_delay_ms" before the first)
 //   "usage": {"prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens"}
+//   "progress": {"total", "steps", "every_ms", "stall_after_steps", "stall_ms"}
+//                               llamacpp flavor, requests with return_progress: prefill progress
+//                               chunks first, as llama-server sends them (see below)
 // A request's "max_tokens" is honoured as the real servers do: after that many output deltas
 // (one delta is one token here) the stream finishes with finish_reason "length".
 //   "match": text              the turn for any request whose body contains text (checked
@@ -30,7 +33,8 @@
 //                               with "tools_seen": N only when the request carries N tool messages
 // A request with "stream": false gets the turn as one chat.completion object (content, reasoning,
 // tool calls, usage; the streaming faults do not apply; its "max_tokens" cuts the output as in a
-// stream, finish_reason "length").
+// stream, finish_reason "length"; vllm flavor: a named "tool_choice" function makes the answer
+// that call, as vLLM's structured output does).
 //   "die_after": N, "die": how  fail mid-stream after N output deltas (reasoning, content and
 //                               tool-call deltas; the role chunk is not one): "drop" (default)
 //                               closes the connection, "kill" SIGKILLs this process (kill -9),
@@ -578,6 +582,15 @@ public:
                     ++n;
                 }
             std::string content = get_str(turn, "content"), reasoning = get_str(turn, "reasoning");
+            // vLLM honours a named tool_choice with structured output: the answer is that call.
+            if (g_flavor == "vllm" && rq.HasMember("tool_choice") && rq["tool_choice"].IsObject() && rq["tool_choice"].HasMember("function") &&
+                rq["tool_choice"]["function"].IsObject()) {
+                calls = R"({"id":"chatcmpl-tool-)" + std::to_string(served) + R"(-0","type":"function","function":{"name":)" +
+                        quote(get_str(rq["tool_choice"]["function"], "name")) + R"(,"arguments":"{}"}})";
+                n = 1;
+                content.clear();
+                reasoning.clear();
+            }
             int64_t completion = static_cast<int64_t>(words(content).size() + words(reasoning).size()) + n;
             // max_tokens as the servers apply it to a whole answer: the output stops there
             // (reasoning first, then content; calls are lost), finish_reason "length".
@@ -657,6 +670,23 @@ public:
                  (per_token ? "," + timings() : "") + "}");
         };
 
+        // llama-server's prefill progress (asked with return_progress): role-only chunks with
+        // "prompt_progress", one per batch, then the answer. "stall_after_steps" stops them
+        // there for "stall_ms" while the HTTP side goes on answering (an engine that stalled).
+        if (g_flavor == "llamacpp" && rq.IsObject() && rq.HasMember("return_progress") && rq["return_progress"].IsTrue() &&
+            turn.HasMember("progress") && turn["progress"].IsObject()) {
+            const auto& pg = turn["progress"];
+            const int64_t total = get_int(pg, "total", 1000), steps = std::max<int64_t>(get_int(pg, "steps", 10), 1);
+            const int64_t every = get_int(pg, "every_ms", 100), stall_after = get_int(pg, "stall_after_steps", -1);
+            for (int64_t i = 0; i <= steps && !gone; ++i) {
+                if (i == stall_after) std::this_thread::sleep_for(std::chrono::milliseconds(get_int(pg, "stall_ms", 60000)));
+                out << "data: " << head << R"([{"index":0,"delta":{"role":"assistant","content":null},"finish_reason":null}],"prompt_progress":{"total":)"
+                    << total << R"(,"cache":0,"processed":)" << total * i / steps << R"(,"time_ms":)" << every * i << "}}\n\n";
+                out.flush();
+                if (!out.good()) gone = true;
+                if (i < steps) std::this_thread::sleep_for(std::chrono::milliseconds(every));
+            }
+        }
         delta(R"({"role":"assistant","content":""})");
         if (turn.HasMember("stream_error")) {
             send(R"({"error":{"message":)" + quote(get_str(turn, "stream_error")) + R"(,"type":"InternalServerError","code":500}})");
