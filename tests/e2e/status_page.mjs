@@ -90,7 +90,7 @@ try {
   took = await within(page, 2500 + deadline, () => [...document.querySelectorAll("#live tr[data-phase]")].some((r) => r.dataset.phase === "generating"));
   const firstToken = slowSent + 2500;
   check(took !== null && Date.now() - firstToken <= deadline, `it shows as generating within 2 s of its first token (${took === null ? "never" : Date.now() - firstToken + " ms after it"})`);
-  const tokensShown = await page.evaluate(() => Number(document.querySelector("#live tr[data-phase] td:nth-child(8)")?.textContent || 0));
+  const tokensShown = await page.evaluate(() => Number(document.querySelector("#live tr[data-phase] td[data-tokens]")?.textContent || 0));
   check(tokensShown >= 1, `tokens so far shown while it generates (${tokensShown})`);
   const slowDone = await slow;
   const slowEnded = Date.now();
