@@ -72,7 +72,8 @@ AttemptDriver::Result AttemptDriver::run(size_t i) {
     st_.entry->attempt(ep.cfg->name);
     fed_ = false;
     std::optional<Step> step;
-    if (!st_.profile->built()) step = prepare_on(ep);
+    if (!ep.start_error.empty()) step = endpoint_failure(ep, PULSE_E_UNAVAILABLE, ep.start_error);  // never an HTTP request to plugin://
+    if (!step && !st_.profile->built()) step = prepare_on(ep);
     if (!step) step = ep.backend ? run_plugin(ep) : run_http(ep);
     switch (*step) {
         case Step::served: return Result::served;

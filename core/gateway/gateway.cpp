@@ -136,6 +136,10 @@ void Gateway::probe_once(const Snapshot& snap) {
     std::map<std::string, Result> result;  // by health key
     for (const auto& m : snap.models)
         for (const auto& ep : m->endpoints) {
+            if (!ep.start_error.empty()) {  // no instance to ask: it stays down with why
+                endpoint_failed(ep, ep.start_error, false);
+                continue;
+            }
             auto it = result.find(ep.health->key());
             if (it == result.end()) {
                 std::string detail;

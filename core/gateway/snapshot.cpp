@@ -8,6 +8,7 @@
 
 #include <pulse/plugin.hpp>
 
+#include "common/log.h"
 #include "plugin/host_api.h"
 
 namespace pulse::gateway {
@@ -168,11 +169,19 @@ std::unique_ptr<Snapshot> SnapshotBuilder::build(config::Config cfg, Backends ba
                     if (!lease) throw config::ConfigError(file + ": model '" + m.id + "': backend '" + e.plugin_name() + "' is not loaded");
                     try {
                         b = std::make_unique<BackendInstance>(lease, e.options_json);
-                    } catch (const std::exception& ex) {
-                        throw config::ConfigError(file + ": models." + m.id + " endpoint '" + e.name + "': " + ex.what());
+                        h->set_misconfigured(false);  // it starts now (an earlier start may have failed): its probe brings it back
+                    } catch (const BackendStartError& ex) {
+                        if (ex.status == PULSE_E_INVALID_ARGUMENT) throw config::ConfigError(file + ": models." + m.id + " endpoint '" + e.name + "': " + ex.what());
+                        // It cannot start now (its model file is missing): down with the reason,
+                        // out of the rounds (endpoint_health.h); the next reload tries again.
+                        backends_.erase(key);
+                        ref.start_error = std::string("failed to start: ") + ex.what();
+                        log::error("serve", "model '" + m.id + "', endpoint '" + e.name + "': " + ref.start_error);
+                        h->set_misconfigured(true);
+                        h->mark_unhealthy(ref.start_error, false);
                     }
                 }
-                ref.backend = b.get();
+                if (auto it = backends_.find(key); it != backends_.end()) ref.backend = it->second.get();
             }
             rt->endpoints.push_back(std::move(ref));
         }

@@ -30,6 +30,7 @@ struct EndpointRef {
     const config::Endpoint* cfg = nullptr;
     std::shared_ptr<EndpointHealth> health;  // shared across snapshots (keyed by URL)
     BackendInstance* backend = nullptr;      // plugin:// endpoints; owned by the Gateway
+    std::string start_error;                 // a plugin:// endpoint that failed to start: why (backend is null)
 };
 
 // One configured model, ready to serve.

@@ -721,7 +721,7 @@ BackendInstance::BackendInstance(plugin::ComponentLease lease, const std::string
     const auto& vt = lease_->registration.backend;
     pulse_status_t rc = vt.create(lease_->registration.user, &call, opts.IsNull() ? nullptr : host::view(&opts), &backend_);
     if (rc != PULSE_OK)
-        throw std::runtime_error("backend '" + name() + "': create failed: " + host::call_error(call, rc, lease_->plugin_id()));
+        throw BackendStartError(rc, "backend '" + name() + "': create failed: " + host::call_error(call, rc, lease_->plugin_id()));
 }
 
 bool BackendInstance::enforces(std::string_view field) const {

@@ -110,6 +110,13 @@ std::vector<std::string> listed_models(std::string_view body);
 int exchange_blocking(const config::Endpoint& ep, const pulse_upstream_req& req, http::Timeouts t, size_t max_answer, std::string* answer);
 
 // A backend plugin instance (one per endpoint that names it).
+// A backend instance that could not be created: `status` says whose fault (INVALID_ARGUMENT:
+// its options; anything else: it cannot start now, e.g. its model file is missing).
+struct BackendStartError : std::runtime_error {
+    BackendStartError(pulse_status_t s, const std::string& what) : std::runtime_error(what), status(s) {}
+    pulse_status_t status;
+};
+
 class BackendInstance {
 public:
     BackendInstance(plugin::ComponentLease lease, const std::string& options_json);

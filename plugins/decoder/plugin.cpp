@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -137,6 +139,11 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
             pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: serving the demo model " + o.model.string() + " (RANDOM weights: its answers are random text)");
         }
         o.on_speculation = count_speculation;
+        // A model file that is not there (or not readable) yet: the endpoint cannot start now,
+        // which is no config error (the gateway serves the rest and shows why; a reload once the
+        // file is in place starts it). Anything the file then says against the options is one.
+        if (std::ifstream probe(o.model, std::ios::binary); !probe)
+            throw pulse::Error(PULSE_E_UNAVAILABLE, "decoder: cannot open the model " + o.model.string() + " (" + std::strerror(errno) + ")");
         try {
             b->engine = std::make_unique<pulse::decoder::Engine>(o);
         } catch (const std::exception& e) {

@@ -238,3 +238,35 @@ TEST_CASE("/status.json: the in-process decoder's engine report (queue, batch, s
     for (const char* k : {"queued", "active", "concurrency", "batch", "peak_batch", "state_bytes", "checkpoint_bytes"}) CHECK_MESSAGE(b.HasMember(k), k);
     CHECK(b["peak_batch"].GetInt64() >= 1);
 }
+
+// An in-process endpoint whose model file is not there cannot start; that is no reason to refuse
+// to serve the rest (it used to stop `pulse serve` with exit 3). It shows as down with why, its
+// model answers 503 at once naming it, and a reload once the file is in place starts it.
+TEST_CASE("a decoder endpoint whose model file is missing fails to start: down with why, the other models served, a reload starts it") {
+    TempDir d;
+    FakeBackend be(R"({"turns":[{"content":"fine"}]})");
+    const std::string model = (d / "later.gguf").string();
+    Gateway gw("[models.local]\nprofile = \"qwen38\"\n[[models.local.endpoints]]\nname = \"engine\"\nurl = \"decoder://" + model +
+                   "\"\n[models.local.profile_options]\nthinking = \"off\"\n[models.m]\nprofile = \"qwen38\"\n[[models.m.endpoints]]\nname = \"ep0\"\n"
+                   "url = \"" + be.url() + "\"\n",
+               "", std::string(kFast) + "retry_window_s = 30\n");
+    CHECK(gw.log().find("model 'local', endpoint 'engine': failed to start: backend 'decoder': create failed: decoder: cannot open the model " + model +
+                        " (No such file or directory)") != std::string::npos);
+    auto ok = post(gw.port, "/v1/responses", R"({"model":"m","stream":false,"store":false,"input":"hi"})");
+    CHECK(ok.status == 200);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = post(gw.port, "/v1/responses", R"({"model":"local","stream":false,"store":false,"input":"hi"})");
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 3);  // not after the 30 s window
+    CHECK(r.status == 503);
+    CHECK(r.body.find("engine: failed to start: backend 'decoder': create failed: decoder: cannot open the model") != std::string::npos);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // probes run: it stays down
+    const std::string health = get(gw.port, "/health");
+    CHECK(health.find("\"last_error\":\"failed to start: backend 'decoder'") != std::string::npos);
+    // The file arrives; a reload starts the endpoint.
+    auto demo = run({std::getenv("PULSE_EXE"), "gguf", "make-demo", model});
+    REQUIRE(demo.code == 0);
+    CHECK(post(gw.port, "/admin/reload", "").status == 202);
+    CHECK(eventually([&] {
+        return post(gw.port, "/v1/responses", R"({"model":"local","stream":false,"store":false,"max_output_tokens":4,"input":"hi"})").status == 200;
+    }, 20000));
+}
