@@ -156,10 +156,21 @@ void Gateway::probe_once(const Snapshot& snap) {
                 continue;
             }
             // A misconfigured endpoint (it answered 404 for the model) was answering probes all
-            // along: it is back only once its model list names the model.
-            if (ep.health->misconfigured()) {
-                const auto ids = listed_models(it->second.body);
-                if (std::find(ids.begin(), ids.end(), m->cfg->upstream_model) == ids.end()) continue;
+            // along: it is back only once its model list names the model. A server that serves
+            // only what it lists (vLLM) and does not list the model is misconfigured before any
+            // request finds out.
+            const auto ids = ep.backend ? std::vector<std::string>{} : listed_models(it->second.body);
+            const bool listed = std::find(ids.begin(), ids.end(), m->cfg->upstream_model) != ids.end();
+            if (!ep.backend && !listed && !ep.health->misconfigured() && serves_only_listed(it->second.body)) {
+                std::string names;
+                for (const auto& i : ids) names += (names.empty() ? "'" : ", '") + i + "'";
+                ep.health->set_misconfigured(true);
+                endpoint_failed(ep, "misconfigured: the server serves " + names + ", not '" + m->cfg->upstream_model +
+                                        "' (start vLLM with --served-model-name " + m->cfg->upstream_model + ", or set upstream_model)", false);
+                continue;
+            }
+            if (ep.health->misconfigured() && !ep.backend) {
+                if (!listed) continue;
                 ep.health->set_misconfigured(false);
                 log::info("health", "endpoint " + ep.cfg->name + " now lists model '" + m->cfg->upstream_model + "'");
             }

@@ -185,7 +185,8 @@ private:
                               : window_spent ? "no backend could take the request within " +
                                                    std::to_string(static_cast<int>(st_.cfg.upstream.retry_window_s)) + " s; last error: " + st_.last_error
                                              : st_.last_error;
-            if (window_spent && !st_.misconfigured && !st_.gw.cutting() && st_.failures.size() > 1) msg += " (each endpoint: " + failures_text() + ")";
+            if (window_spent && !st_.misconfigured && !st_.gw.cutting() && st_.req.rt->endpoints.size() > 1)
+                if (std::string each = failures_text(); each.find("; ") != std::string::npos) msg += " (each endpoint: " + each + ")";
             if (st_.req.streaming && st_.builder && st_.builder->started())
                 st_.builder->fail(st_.last_status, msg);  // SSE already open (keepalives): a terminal event
             else

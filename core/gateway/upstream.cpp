@@ -661,6 +661,15 @@ std::vector<std::string> listed_models(std::string_view body) {
     return ids;
 }
 
+bool serves_only_listed(std::string_view body) {
+    rapidjson::Document d;
+    d.Parse(body.data(), body.size());
+    if (d.HasParseError() || !d.IsObject() || !d.HasMember("data") || !d["data"].IsArray() || d["data"].Empty()) return false;
+    for (const auto& m : d["data"].GetArray())
+        if (!m.IsObject() || !m.HasMember("owned_by") || !m["owned_by"].IsString() || std::string_view(m["owned_by"].GetString()) != "vllm") return false;
+    return true;
+}
+
 std::string probe_http(const config::Endpoint& ep, double timeout_s, const BackendDialect& dialect, std::string* body) {
     ProbeAnswer a = get_models(ep, timeout_s);
     if (body) *body = a.body;

@@ -103,6 +103,9 @@ std::string probe_http(const config::Endpoint& ep, double timeout_s, const Backe
 // The model ids an OpenAI-style GET /models answer lists ({"data":[{"id":...}]}); empty when
 // the body is not such a list.
 std::vector<std::string> listed_models(std::string_view body);
+// Whether such an answer comes from a server that serves only the names it lists (vLLM: every
+// entry "owned_by": "vllm"; it answers any other name 404). llama-server answers any name.
+bool serves_only_listed(std::string_view body);
 
 // Sends `req` (its method, path and body) on a fresh connection the blocking way and returns
 // the HTTP status (0 when the endpoint could not be reached or the exchange broke), with at most

@@ -117,7 +117,10 @@ rapidjson::Document g_script;
 std::string g_record;
 std::string g_flavor = "vllm";
 std::string g_served_name = "fake";
-bool g_check_model = false;  // --served-name given: requests for another model get vLLM's 404
+// --served-name given: requests for another model get vLLM's 404, and /v1/models says
+// "owned_by": "vllm" as vLLM does. Without it any name is served, and /v1/models does not claim
+// to be a vLLM that serves only the name it lists.
+bool g_check_model = false;
 std::string g_max_model_len = "262144";
 std::mutex g_record_mutex;
 std::atomic<int> g_served{0};
@@ -411,7 +414,7 @@ public:
                 return;
             }
             std::string body = R"({"object":"list","data":[{"id":")" + g_served_name +
-                               R"(","object":"model","owned_by":"vllm","max_model_len":)" + g_max_model_len + "}]}";
+                               R"(","object":"model","owned_by":")" + (g_check_model ? "vllm" : "fake-any-name") + R"(","max_model_len":)" + g_max_model_len + "}]}";
             resp.setContentType("application/json");
             resp.sendBuffer(body.data(), body.size());
             return;
