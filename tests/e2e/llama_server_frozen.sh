@@ -9,7 +9,11 @@
 #   2. SIGSTOP in the middle of such a prefill: the request is served by the second endpoint
 #      within 15 s of the stop, not after head_timeout_s;
 #   3. SIGSTOP in the middle of an answer: the response is resumed on the second endpoint within
-#      15 s of the stop, not after idle_timeout_s.
+#      15 s of the stop, not after idle_timeout_s;
+#   4. the engine alone stops in the middle of a prefill (ptrace stops the one thread that
+#      computes, with -t 1 the one burning CPU; its HTTP threads go on answering): no more
+#      progress while the liveness probe is answered — a stall, served by the second endpoint
+#      within stall_after_s (20 s) of the last progress.
 #
 # usage: llama_server_frozen.sh PULSE_EXE PLUGIN_DIR MAKE_SYNTHETIC
 # Needs PULSE_LLAMA_SERVER and PULSE_LLAMA_TEMPLATE (tools/dev sets both); else SKIP.
@@ -44,6 +48,8 @@ cat >> "$work/pulse.toml" <<TOML
 retry_window_s = 60
 health_interval_s = 1
 stall_after_s = 20
+[warmup]
+enabled = false  # no replays after a recovery: the slow server is idle when a step starts
 [models.solo]
 profile = "llamacpp"
 [[models.solo.endpoints]]
@@ -164,6 +170,79 @@ check(bool(stopped_at), "the slow server started answering")
 check(terminal in ("response.completed", "response.incomplete"), f"resumed after a mid-answer SIGSTOP ({terminal})")
 check(0 <= after_stop < 15, f"within 15 s of the stop ({after_stop:.1f} s; idle_timeout_s is 300)")
 check(log().count("resuming the response after") > before, "the log says the response was resumed")
+# 4. The engine stops, its HTTP side does not.
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.restype = ctypes.c_long
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+PTRACE_SEIZE, PTRACE_INTERRUPT, PTRACE_DETACH, WALL = 0x4206, 0x4207, 17, 0x40000000
+def busiest_thread():
+    """The thread that computes: with -t 1 the one burning CPU during a prefill."""
+    def cpu():
+        out = {}
+        for tid in os.listdir(f"/proc/{slow_pid}/task"):
+            try:
+                f = open(f"/proc/{slow_pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+                out[int(tid)] = int(f[11]) + int(f[12])  # utime + stime
+            except OSError:
+                pass
+        return out
+    a = cpu()
+    time.sleep(1)
+    b = cpu()
+    return max(b, key=lambda t: b[t] - a.get(t, 0))
+engine = []
+def stop_engine():
+    """Stops that thread only: a thread is traced alone, the others (HTTP) run on."""
+    tid = busiest_thread()
+    if libc.ptrace(PTRACE_SEIZE, tid, None, None) != 0:
+        raise OSError(ctypes.get_errno(), "ptrace(PTRACE_SEIZE) on llama-server: " + os.strerror(ctypes.get_errno()))
+    libc.ptrace(PTRACE_INTERRUPT, tid, None, None)
+    os.waitpid(tid, WALL)  # in its ptrace stop now
+    engine.append(tid)
+def resume_engine():
+    for tid in engine: libc.ptrace(PTRACE_DETACH, tid, None, None)
+def slow_healthy(timeout=120):
+    """Waits until the gateway counts the slow endpoint healthy again (step 3 froze it)."""
+    until = time.time() + timeout
+    while time.time() < until:
+        try:
+            with urllib.request.urlopen(gateway + "/health", timeout=5) as r:
+                eps = [e for m in json.loads(r.read())["models"] for e in m["endpoints"] if e["name"] == "slow"]
+                if eps and all(e["state"] == "healthy" for e in eps): return True
+        except (OSError, KeyError, ValueError):
+            pass
+        time.sleep(0.5)
+    return False
+check(slow_healthy(), "the gateway counts the slow endpoint healthy again")
+check(idle(), "slow server idle before the engine stop")
+stopped_at.clear()
+before_frozen, before_stalled = log().count("stopped answering"), log().count("prefill stalled at")
+# The request streams on a thread of its own: ptrace binds the tracee to the tracing thread,
+# which must live until it lets go (a tracer thread that ends detaches, and the engine runs on).
+result = []
+asker = threading.Thread(target=lambda: result.append(stream("pair", " ".join(f"w{i}" for i in range(350)), 8)))
+served_fast = log().count("model=pair endpoint=fast")
+t_start = time.time()
+asker.start()
+time.sleep(2)  # into the prefill (and a second to find the computing thread)
+try:
+    stop_engine()
+    stopped_at.append(time.time())
+except OSError as e:
+    print(f"cannot stop the engine thread: {e}", flush=True)
+asker.join(120)
+resume_engine()
+terminal, took, text = result[0] if result else (None, 0, "")
+after_stop = t_start + took - stopped_at[0] if stopped_at else -1
+print(f"engine stopped mid-prefill: {terminal} {after_stop:.1f} s after the stop", flush=True)
+check(bool(stopped_at), "the engine thread was stopped (ptrace)")
+check(terminal in ("response.completed", "response.incomplete"), f"served by the second endpoint after the engine stopped ({terminal})")
+check(log().count("model=pair endpoint=fast") > served_fast, "the second endpoint served it")
+check(0 <= after_stop < 24, f"within stall_after_s (20 s) of the last progress ({after_stop:.1f} s after the stop)")
+check(log().count("prefill stalled at") > before_stalled, "the log says the prefill stalled")
+check(log().count("stopped answering") == before_frozen, "the server, still answering, was not taken for a frozen one")
+check(idle(), "slow server idle after the engine went on")
 sys.exit(1 if failures else 0)
 PY
 echo "frozen-backend checks passed"
