@@ -263,7 +263,7 @@ TEST_CASE("a decoder endpoint whose model file is missing fails to start: down w
     const std::string health = get(gw.port, "/health");
     CHECK(health.find("\"last_error\":\"failed to start: backend 'decoder'") != std::string::npos);
     // The file arrives; a reload starts the endpoint.
-    auto demo = run({std::getenv("PULSE_EXE"), "gguf", "make-demo", model});
+    auto demo = run({env_or_fail("PULSE_DECODER_EXE"), "gguf", "make-demo", model});
     REQUIRE(demo.code == 0);
     CHECK(post(gw.port, "/admin/reload", "").status == 202);
     CHECK(eventually([&] {
