@@ -66,6 +66,7 @@ const char* kMainHelp =
     "  serve [--config FILE] [--log-level L]   run the gateway\n"
     "  plugins [--config FILE]                 list plugins found, with status or rejection reason\n"
     "  config check FILE                       validate a config file and exit\n"
+    "  doctor [--config FILE] [URL ...]        what each endpoint's server can do for Codex, and the fixes\n"
     "  model ...                               runtime controller commands (provided by a plugin)\n"
     "  bench decode|accept|ttft|quality|drift|agent\n"
     "                                          measurements against any OpenAI-compatible server\n"

@@ -912,7 +912,13 @@ TEST_CASE("every command and sub-command answers --help with exit 0") {
         CHECK(r.code == 0);
         CHECK(has(r.out, "usage: pulse " + c[0]));
     }
+    // Regression: `pulse doctor` answered --help but the command list left it out. Every command
+    // here is listed, at the start of a line of the list.
     auto r = run({exe(), "--help"});
+    for (const auto& c : cmds) {
+        CAPTURE(c[0]);
+        CHECK(has(r.out, "\n  " + c[0] + " "));
+    }
     CHECK(has(r.out, "bench decode|accept|ttft|quality|drift|agent"));
 }
 
