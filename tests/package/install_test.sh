@@ -59,8 +59,15 @@ done
 unit=$(cd "$root" && ls lib/systemd/system/pulse-gateway.service usr/lib/systemd/system/pulse-gateway.service 2>/dev/null | head -n1)
 [ -n "$unit" ] || fail "pulse-gateway.service is not installed"
 [ -L "$root/etc/systemd/system/multi-user.target.wants/pulse-gateway.service" ] || fail "the unit is not enabled"
+for page in pulse pulse-bench pulse-decoder pulse-device-check; do
+  [ -f "$root/usr/share/man/man1/$page.1.gz" ] || fail "the manual page $page(1) is not installed"
+done
 if in_root sh -c 'command -v systemd-analyze' >/dev/null; then
-  out=$(in_root systemd-analyze verify "/$unit" 2>&1) || { echo "$out"; fail "systemd-analyze verify"; }
+  # The unit's Documentation=man:pulse(1) is looked up by running man(1), which a minimal root
+  # may not have (its page is checked above).
+  man_check=()
+  in_root sh -c 'command -v man' >/dev/null || man_check=(--man=no)
+  out=$(in_root systemd-analyze verify "${man_check[@]}" "/$unit" 2>&1) || { echo "$out"; fail "systemd-analyze verify"; }
   ! grep -q pulse-gateway <<<"$out" || { echo "$out"; fail "systemd-analyze verify reported problems"; }
   echo "systemd-analyze verify /$unit: ok"
 fi

@@ -14,7 +14,9 @@ exe=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$unit")
 # Verify a copy whose ExecStart points into the stage (the rest resolves against this system).
 mkdir -p "$work/units"
 sed "s|^ExecStart=$exe|ExecStart=$work/stage$exe|" "$unit" > "$work/units/pulse-gateway.service"
-out=$(systemd-analyze verify "$work/units/pulse-gateway.service" 2>&1) || { echo "$out"; echo "FAIL: systemd-analyze verify"; exit 1; }
+# Its Documentation=man:pulse(1) is looked up with man(1): the staged pages are what it must find.
+man_dir=$(dirname "$(find "$work/stage" -type d -path '*/man/man1' | head -n1)")
+out=$(MANPATH=$man_dir systemd-analyze verify "$work/units/pulse-gateway.service" 2>&1) || { echo "$out"; echo "FAIL: systemd-analyze verify"; exit 1; }
 # verify prints warnings without failing; treat any line about our unit as a failure.
 if grep -q "pulse-gateway.service" <<<"$out"; then echo "$out"; echo "FAIL: systemd-analyze reported problems"; exit 1; fi
 grep -q '^Type=notify' "$unit" && grep -q '^WatchdogSec=' "$unit" && grep -q '^NoNewPrivileges=yes' "$unit" \

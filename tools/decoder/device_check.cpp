@@ -6,7 +6,7 @@
 // first thing to run on a new machine (tools/gpu-check runs it before anything else), so that
 // a wrong op is found by name, not as "the logits differ".
 //
-//   device-check [--devices cpu,cuda] [--levels all|LEVEL,...] [--require cuda] [--cases N] [--verbose]
+//   pulse-device-check [--devices cpu,cuda] [--levels all|LEVEL,...] [--require cuda] [--quick] [--verbose]
 //
 // Exit 0: every op of every device/level passed; 1: a failure (named in the table, and each
 // failing case below it); 2: usage. A device this build lacks or this machine cannot run is a
@@ -536,7 +536,7 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 int usage(const char* why) {
-    std::fprintf(stderr, "device-check: %s\nusage: device-check [--devices cpu,cuda] [--levels all|LEVEL,...] [--require cuda] [--quick] [--verbose]\n", why);
+    std::fprintf(stderr, "device-check: %s\nusage: pulse-device-check [--devices cpu,cuda] [--levels all|LEVEL,...] [--require cuda] [--quick] [--verbose]\n", why);
     return 2;
 }
 
@@ -561,10 +561,13 @@ int main(int argc, char** argv) {
         else if (a == "--verbose") table.verbose = true;
         else if (a == "-h" || a == "--help") {
             std::printf("device-check: every decoder device op on every CPU kernel level and the CUDA device, against a double-precision reference\n"
-                        "usage: device-check [--devices cpu,cuda] [--levels all|LEVEL,...] [--require cuda] [--quick] [--verbose]\n"
+                        "usage: pulse-device-check [--devices cpu,cuda] [--levels all|LEVEL,...] [--require cuda] [--quick] [--verbose]\n"
+                        "  --devices  the devices to check (default: cpu, and cuda where this build has it)\n"
                         "  --levels   CPU kernel levels to run (this CPU's: all of them by default)\n"
                         "  --require  a device that must run (without it, a CUDA device this machine cannot run is reported, not failed)\n"
-                        "  --quick    fewer token counts for the matmuls\n");
+                        "  --quick    fewer token counts for the matmuls\n"
+                        "  --verbose  every case with its errors, not only the table and the failures\n"
+                        "exit codes: 0 every op within tolerance, 1 a failure (or a --require'd device that did not run), 2 usage\n");
             return 0;
         } else return usage(("unknown argument '" + a + "'").c_str());
     }
