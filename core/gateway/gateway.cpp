@@ -1,5 +1,5 @@
 #include "gateway/gateway.h"
-#include "gateway/response_session.h"
+#include "gateway/request/response_session.h"
 
 #include <Poco/String.h>
 
@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "common/metric_defs.h"
 #include "common/metrics.h"
-#include "gateway/http_util.h"
+#include "gateway/protocol/http_util.h"
 
 namespace pulse::gateway {
 

@@ -23,40 +23,22 @@
 #include <rapidjson/document.h>
 
 #include "config/config.h"
-#include "gateway/endpoint_health.h"
-#include "gateway/liveness.h"
-#include "gateway/policy.h"
-#include "gateway/request_board.h"
-#include "gateway/response_builder.h"
+#include "gateway/background/endpoint_health.h"
+#include "gateway/upstream/liveness.h"
+#include "gateway/request/policy.h"
+#include "gateway/status/request_board.h"
+#include "gateway/protocol/response_builder.h"
+#include "gateway/request/request_context.h"
 #include "gateway/snapshot.h"
-#include "gateway/status.h"
-#include "gateway/stream_loop.h"
-#include "gateway/upstream.h"
-#include "gateway/warmup.h"
+#include "gateway/status/status.h"
+#include "gateway/upstream/stream_loop.h"
+#include "gateway/upstream/upstream.h"
+#include "gateway/background/warmup.h"
 #include "plugin/plugin_manager.h"
 
 #include "server/http_server.h"
 
 namespace pulse::gateway {
-
-// What one request may use of the gateway, and nothing more: its configuration snapshot, the
-// shared services, and the two calls that report what a request learned about an endpoint.
-class RequestContext {
-public:
-    virtual std::shared_ptr<const Snapshot> snapshot() const = 0;
-    // The drain deadline passed: responses in flight end now.
-    virtual bool cutting() const = 0;
-    virtual RequestBoard& board() = 0;
-    virtual PrefixStore& prefixes() = 0;
-    virtual Warmer* warmer() = 0;  // null when warmup is off
-    virtual Liveness* liveness() = 0;
-    virtual StreamLoop& relay() = 0;
-    virtual void endpoint_ok(const std::string& model, const EndpointRef& ep, bool real_request) = 0;
-    virtual void endpoint_failed(const EndpointRef& ep, const std::string& why, bool real_request) = 0;
-
-protected:
-    ~RequestContext() = default;
-};
 
 class Gateway : private RequestContext {
 public:

@@ -17,10 +17,10 @@
 #include <rapidjson/document.h>
 
 #include "config/config.h"
-#include "gateway/endpoint_health.h"
-#include "gateway/policy.h"
-#include "gateway/response_builder.h"
-#include "gateway/upstream.h"
+#include "gateway/background/endpoint_health.h"
+#include "gateway/request/policy.h"
+#include "gateway/protocol/response_builder.h"
+#include "gateway/upstream/upstream.h"
 #include "plugin/plugin_manager.h"
 
 namespace pulse::gateway {

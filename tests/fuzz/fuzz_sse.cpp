@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "fuzz_support.h"
-#include "gateway/response_builder.h"
-#include "gateway/sse.h"
+#include "gateway/protocol/response_builder.h"
+#include "gateway/protocol/sse.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace pulse;

@@ -1,4 +1,4 @@
-// The failover rules (core/gateway/failover), as a table: each case drives a FailoverPlan with
+// The failover rules (core/gateway/request/failover), as a table: each case drives a FailoverPlan with
 // a simulated clock and attempt results and checks the exact sequence of steps it gives.
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "gateway/failover.h"
+#include "gateway/request/failover.h"
 
 using pulse::gateway::FailoverPlan;
 using namespace std::chrono;

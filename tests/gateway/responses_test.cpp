@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "gateway/responses_api.h"
+#include "gateway/request/responses_api.h"
 #include "support/gateway_harness.h"
 
 using namespace pulse::test;

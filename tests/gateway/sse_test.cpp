@@ -1,10 +1,10 @@
-// The upstream SSE parser (core/gateway/sse.h), fed every way a socket can split a stream.
+// The upstream SSE parser (core/gateway/protocol/sse.h), fed every way a socket can split a stream.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#include "gateway/sse.h"
+#include "gateway/protocol/sse.h"
 
 using pulse::gateway::SseParser;
 

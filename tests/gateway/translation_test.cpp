@@ -12,7 +12,7 @@
 #include <set>
 #include <map>
 
-#include "gateway/response_builder.h"
+#include "gateway/protocol/response_builder.h"
 #include "plugin/plugin_manager.h"
 #include "support/temp_dir.h"
 

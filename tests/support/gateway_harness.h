@@ -25,7 +25,7 @@
 
 #include <rapidjson/document.h>
 
-#include "gateway/sse.h"
+#include "gateway/protocol/sse.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 

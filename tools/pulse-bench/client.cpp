@@ -8,7 +8,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "gateway/sse.h"
+#include "gateway/protocol/sse.h"
 #include "http/client.h"
 
 namespace pulse::bench {
