@@ -4,6 +4,8 @@
 - core/gateway's job folders include only the folders before them in ORDER (and the root's
   snapshot.h and their own folder); none includes gateway.h, the router: a request sees the
   gateway through request/request_context.h.
+- plugins/decoder's folders likewise include only those before them in DECODER_ORDER (device/cpu
+  and device/cuda count as device), with the one exception DECODER_EXCEPTIONS names;
 - core/ includes no plugin's header; a plugin includes no host header but the shared HTTP client
   (core/http, a library the host and some plugins link).
 Prints each violation with the file and line; exit 1 when there is one.
@@ -14,6 +16,9 @@ import re
 import sys
 
 ORDER = ["protocol", "upstream", "background", "status", "request"]
+DECODER_ORDER = ["format", "device", "model", "speculation", "serving", "tools"]
+# The plugin's make_demo option writes the demo model with the synthetic-model generator.
+DECODER_EXCEPTIONS = {("serving/plugin.cpp", "tools/synthetic.h")}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -53,6 +58,18 @@ def main(root):
         if f.suffix not in (".h", ".cpp", ".cu", ".cuh"):
             continue
         checked += 1
+        rel = f.relative_to(plugins)
+        if rel.parts[0] == "decoder" and len(rel.parts) >= 3:
+            job = rel.parts[1]
+            for n, inc in includes(f):
+                target = inc.split("/")[0]
+                if "/" not in inc or target not in DECODER_ORDER or target == job:
+                    continue
+                if (str(rel.relative_to("decoder")), inc) in DECODER_EXCEPTIONS:
+                    continue
+                if job not in DECODER_ORDER or DECODER_ORDER.index(target) > DECODER_ORDER.index(job):
+                    allowed = (", ".join(DECODER_ORDER[: DECODER_ORDER.index(job)]) if job in DECODER_ORDER else "") or "none"
+                    problems.append(f"{f.relative_to(root)}:{n}: #include \"{inc}\": decoder/{job}/ may include {allowed} (plugins/decoder/README.md)")
         for n, inc in includes(f):
             head = inc.split("/")[0]
             if "/" in inc and head in host_dirs and head != "http":

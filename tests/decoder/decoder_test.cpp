@@ -26,18 +26,18 @@
 #include <omp.h>
 #endif
 
-#include "blocks.h"
-#include "gguf.h"
-#include "hadamard.h"
-#include "kernels.h"
-#include "model.h"
-#include "quants.h"
-#include "distill.h"
-#include "speculate.h"
+#include "device/cpu/kernels.h"
+#include "format/blocks.h"
+#include "format/gguf.h"
+#include "format/hadamard.h"
+#include "format/quants.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "speculation/speculate.h"
 #include "support/forwarding_device.h"
 #include "support/temp_dir.h"
-#include "synthetic.h"
-#include "tokenizer.h"
+#include "tools/distill.h"
+#include "tools/synthetic.h"
 
 using namespace pulse::decoder;
 using pulse::test::TempDir;
@@ -3173,7 +3173,7 @@ TEST_CASE("device: an unknown device is refused naming what this build has; mode
                          std::invalid_argument);
 #endif
     // Only devices turn a DevPtr into an address; the model offsets it and hands it to ops.
-    std::ifstream in(source_root() / "plugins/decoder/model.cpp");
+    std::ifstream in(source_root() / "plugins/decoder/model/model.cpp");
     std::string src((std::istreambuf_iterator<char>(in)), {});
     REQUIRE(src.size() > 1000);
     CHECK(src.find("DeviceMemory") == std::string::npos);

@@ -15,10 +15,10 @@
 #include <rapidjson/document.h>
 
 #include "qwen_format.h"
-#include "engine.h"
+#include "serving/engine.h"
 #include "support/forwarding_device.h"
 #include "support/gateway_harness.h"
-#include "synthetic.h"
+#include "tools/synthetic.h"
 
 using namespace pulse::decoder;
 using namespace pulse::qwen;

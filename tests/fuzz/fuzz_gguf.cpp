@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gguf.h"
-#include "model.h"
+#include "format/gguf.h"
+#include "model/model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace pulse::decoder;

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "device.h"
+#include "device/device.h"
 
 namespace pulse::test {
 

@@ -50,12 +50,12 @@
 #include <omp.h>
 #endif
 
-#include "device.h"
-#include "gguf.h"
-#include "kernels.h"
-#include "model.h"
-#include "quants.h"
-#include "tokenizer.h"
+#include "device/cpu/kernels.h"
+#include "device/device.h"
+#include "format/gguf.h"
+#include "format/quants.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
 
 using namespace pulse::decoder;
 using Clock = std::chrono::steady_clock;

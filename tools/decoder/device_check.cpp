@@ -24,12 +24,12 @@
 #include <string>
 #include <vector>
 
-#include "blocks.h"
-#include "device.h"
-#include "gguf.h"
-#include "hadamard.h"
-#include "kernels.h"
-#include "quants.h"
+#include "device/cpu/kernels.h"
+#include "device/device.h"
+#include "format/blocks.h"
+#include "format/gguf.h"
+#include "format/hadamard.h"
+#include "format/quants.h"
 
 using namespace pulse::decoder;
 

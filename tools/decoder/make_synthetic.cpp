@@ -15,8 +15,8 @@
 #include <filesystem>
 #include <string>
 
-#include "gguf.h"
-#include "synthetic.h"
+#include "format/gguf.h"
+#include "tools/synthetic.h"
 
 using namespace pulse::decoder;
 
