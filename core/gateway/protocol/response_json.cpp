@@ -1,5 +1,7 @@
 #include "gateway/protocol/response_json.h"
 
+#include "gateway/protocol/status_errors.h"
+
 namespace pulse::gateway {
 
 std::string response_json(const ResponseView& r) {
@@ -12,7 +14,7 @@ std::string response_json(const ResponseView& r) {
     o.key("error");
     if (r.failure) {
         o.begin()
-            .kv("code", r.failure->first == PULSE_E_CONTEXT_LENGTH ? "context_length_exceeded" : "server_error")
+            .kv("code", status_error(r.failure->first).event_code)
             .kv("message", r.failure->second)
             .end();
     } else {

@@ -6,24 +6,6 @@
 
 namespace pulse::gateway {
 
-// Never 500: Codex hides a 500's message behind "high demand". A plugin's own failure
-// (INTERNAL, ABI, CANCELLED while the client is still there) is a 502 that says what failed,
-// with no Retry-After: asking again gives the same answer.
-HttpError http_error_for(pulse_status_t s) {
-    switch (s) {
-        case PULSE_E_INVALID_ARGUMENT:
-        case PULSE_E_UNSUPPORTED: return {400, "invalid_request_error", "invalid_request", 0};
-        case PULSE_E_CONTEXT_LENGTH: return {400, "invalid_request_error", "context_length_exceeded", 0};
-        case PULSE_E_UNAVAILABLE:
-        case PULSE_E_RESOURCE_EXHAUSTED: return {503, "server_error", "backend_unavailable", 1};
-        case PULSE_E_DEADLINE: return {504, "server_error", "timeout", 1};
-        case PULSE_E_INTERNAL:
-        case PULSE_E_ABI:
-        case PULSE_E_CANCELLED: return {502, "server_error", "plugin_error", 0};
-        default: return {502, "server_error", "bad_gateway", 1};
-    }
-}
-
 void ResponseSink::event(std::string_view type, std::string_view json) {
     events_ += "event: ";
     events_ += type;
@@ -67,9 +49,9 @@ void ResponseSink::answer(int status, std::string body) {
 }
 
 void ResponseSink::error(pulse_status_t s, const std::string& message, const char* code, int retry_after_s) {
-    const HttpError h = http_error_for(s);
-    if (const int retry = h.retry_after ? std::max(h.retry_after, retry_after_s) : 0; retry > 0) header("Retry-After", std::to_string(retry));
-    answer(h.status, http::error_body(h.type, message, {}, code ? code : h.code));
+    const StatusError e = status_error(s);
+    if (const int retry = e.retry_after ? std::max(e.retry_after, retry_after_s) : 0; retry > 0) header("Retry-After", std::to_string(retry));
+    answer(e.http_status, http::error_body(e.type, message, {}, code ? code : e.code));
 }
 
 bool ResponseSink::end() {

@@ -16,19 +16,11 @@
 #include <string>
 #include <string_view>
 
+#include "gateway/protocol/status_errors.h"
 #include "server/http_server.h"
 
 namespace pulse::gateway {
 
-// How a status reaches an HTTP client that has not seen any event yet (docs/SDK.md, "Status
-// codes"): the HTTP status, the OpenAI error type and code, and a Retry-After (0 = none).
-struct HttpError {
-    int status;
-    const char* type;
-    const char* code;
-    int retry_after;
-};
-HttpError http_error_for(pulse_status_t s);
 
 class ResponseSink {
 public:

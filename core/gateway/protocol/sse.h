@@ -1,4 +1,5 @@
-// Server-sent events: formatting our events, and an incremental parser for upstream streams.
+// Server-sent events: the incremental parser for upstream streams (the client's events are
+// framed by ResponseSink::event).
 #pragma once
 
 #include <cstring>
@@ -6,9 +7,6 @@
 #include <string_view>
 
 namespace pulse::gateway {
-
-// "event: TYPE\ndata: JSON\n\n". `json` must be a single line (compact JSON always is).
-std::string sse_event(std::string_view type, std::string_view json);
 
 // Incremental SSE parser (WHATWG rules that matter here): lines end in LF, CRLF or CR; lines
 // starting with ':' are comments; `data:` lines of one event are joined with '\n'; an empty

@@ -193,7 +193,7 @@ private:
                 st_.sink.error(st_.last_status, msg, nullptr, st_.retry_after_s);
         } else if (!st_.req.streaming && st_.outcome != Outcome::cancelled) {
             if (auto f = st_.builder->failure(); f && !st_.builder->has_output())
-                st_.sink.error(f->first, f->second, f->first == PULSE_E_CONTEXT_LENGTH ? "context_length_exceeded" : nullptr, st_.retry_after_s);
+                st_.sink.error(f->first, f->second, nullptr, st_.retry_after_s);
             else
                 st_.sink.answer(200, st_.builder->final_response());
         }

@@ -39,7 +39,7 @@ void ResponseState::keepalive_if_due() {
 bool ResponseState::refused_by_profile(pulse_status_t rc) {
     last_status = rc;
     last_error = profile->error(rc);
-    if (http_error_for(rc).status >= 500) log::error("responses", id + ": " + last_error);
+    if (status_error(rc).http_status >= 500) log::error("responses", id + ": " + last_error);
     outcome = Outcome::rejected;
     return false;
 }
