@@ -22,6 +22,7 @@
 
 #include "catalog.h"
 #include "env_file.h"
+#include "http/client.h"
 #include "nodes.h"
 
 namespace pulse::runtime {
@@ -327,45 +328,32 @@ struct Controller::Impl {
     fs::path fragment_path(const Node& n) const {
         return settings.gateway.endpoint_fragments.empty() ? fs::path() : fs::path(settings.gateway.endpoint_fragments) / (n.name + ".toml");
     }
-    // curl here (not on the node): the gateway runs on this host or is reached from it.
-    RunResult gateway_call(const Node& n, const std::string& method, const std::string& path) {
-        std::vector<std::string> argv = {"curl", "-sS", "-m", "5", "-X", method, "-w", "\n%{http_code}", "-H", "@-", gateway_url(n) + path};
-        if (method == "POST") argv.insert(argv.end() - 1, {"--data-binary", ""});  // Content-Length: 0
-        std::string headers = settings.gateway.api_key.empty() ? std::string("X-Pulse-Client: pulse-model\n")
-                                                               : "Authorization: Bearer " + settings.gateway.api_key + "\n";
-        return run_process(argv, headers, 10);
-    }
-    static int http_code(const RunResult& r) {
-        auto nl = r.output.rfind('\n');
-        try {
-            return std::stoi(r.output.substr(nl == std::string::npos ? 0 : nl + 1));
-        } catch (...) {
-            return 0;
-        }
-    }
-    static std::string http_body(const RunResult& r) {
-        auto nl = r.output.rfind('\n');
-        return nl == std::string::npos ? std::string() : r.output.substr(0, nl);
+    // From this host (not the node): the gateway runs here or is reached from here. The
+    // project's HTTP client, so a missing curl cannot break `pulse model`.
+    http::Answer gateway_call(const Node& n, const std::string& method, const std::string& path) {
+        http::Request req;
+        req.method = method;
+        req.target = path;
+        if (settings.gateway.api_key.empty()) req.fields.emplace_back("X-Pulse-Client", "pulse-model");
+        else req.fields.emplace_back("Authorization", "Bearer " + settings.gateway.api_key);
+        return http::fetch(gateway_url(n), req, http::Timeouts::all(5));
     }
     void reload_gateway(const Node& n) {
-        RunResult r = gateway_call(n, "POST", "/admin/reload");
-        int code = http_code(r);
-        if (code == 202) say("      gateway at " + gateway_url(n) + ": reload requested");
-        else if (code == 0)
-            say("      gateway at " + gateway_url(n) + " not reachable (" + tail_lines(http_body(r), 1, "") .substr(0, 200) +
+        const http::Answer a = gateway_call(n, "POST", "/admin/reload");
+        if (a.status == 202) say("      gateway at " + gateway_url(n) + ": reload requested");
+        else if (a.status == 0)
+            say("      gateway at " + gateway_url(n) + " not reachable (" + a.error.substr(0, 200) +
                 "); it reads the fragment when it starts, or reload it with SIGHUP");
-        else say("      gateway at " + gateway_url(n) + " refused the reload: HTTP " + std::to_string(code) + " " + http_body(r).substr(0, 200));
+        else say("      gateway at " + gateway_url(n) + " refused the reload: HTTP " + std::to_string(a.status) + " " + a.body.substr(0, 200));
     }
     // The gateway's view of this node's endpoint: "healthy on model X", "down: ...", or why unknown.
     std::string gateway_view(const Node& n, const std::string& url) {
-        RunResult r = gateway_call(n, "GET", "/health");
-        int code = http_code(r);
-        if (code == 0) return "gateway not reachable at " + gateway_url(n);
+        const http::Answer a = gateway_call(n, "GET", "/health");
+        if (a.status == 0) return "gateway not reachable at " + gateway_url(n);
         rapidjson::Document d;
-        std::string body = http_body(r);
-        d.Parse(body.c_str());
+        d.Parse(a.body.c_str());
         if (d.HasParseError() || !d.IsObject() || !d.HasMember("models") || !d["models"].IsArray())
-            return "gateway answered HTTP " + std::to_string(code) + " without a health document";
+            return "gateway answered HTTP " + std::to_string(a.status) + " without a health document";
         std::string found;
         for (const auto& m : d["models"].GetArray()) {
             if (!m.IsObject() || !m.HasMember("endpoints") || !m["endpoints"].IsArray()) continue;
