@@ -18,8 +18,8 @@
 
 #include "config/config.h"
 #include "gateway/background/endpoint_health.h"
-#include "gateway/request/policy.h"
 #include "gateway/protocol/response_builder.h"
+#include "gateway/request/policy.h"
 #include "gateway/upstream/upstream.h"
 #include "plugin/plugin_manager.h"
 

@@ -11,8 +11,8 @@
 #include <string>
 
 #include "config/config.h"
-#include "gateway/upstream/backend_dialect.h"
 #include "gateway/background/endpoint_health.h"
+#include "gateway/upstream/backend_dialect.h"
 
 namespace pulse::gateway {
 

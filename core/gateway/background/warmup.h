@@ -19,10 +19,10 @@
 #include <thread>
 
 #include "config/config.h"
-#include "gateway/upstream/backend_dialect.h"
 #include "gateway/background/endpoint_health.h"
 #include "gateway/background/prefix_store.h"
 #include "gateway/background/slot_keeper.h"
+#include "gateway/upstream/backend_dialect.h"
 
 namespace pulse::gateway {
 

@@ -17,8 +17,8 @@
 
 #include <rapidjson/document.h>
 
-#include "gateway/request/request_plan.h"
 #include "gateway/protocol/response_builder.h"
+#include "gateway/request/request_plan.h"
 #include "plugin/host_api.h"
 
 namespace pulse::gateway {

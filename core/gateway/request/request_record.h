@@ -9,9 +9,9 @@
 #include <optional>
 #include <string>
 
-#include "gateway/status/request_board.h"
-#include "gateway/request/request_plan.h"
 #include "gateway/protocol/response_builder.h"
+#include "gateway/request/request_plan.h"
+#include "gateway/status/request_board.h"
 
 namespace pulse::gateway {
 

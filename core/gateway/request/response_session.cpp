@@ -12,9 +12,9 @@
 #include "common/log.h"
 #include "common/metric_defs.h"
 #include "common/metrics.h"
+#include "gateway/protocol/http_util.h"
 #include "gateway/request/attempt.h"
 #include "gateway/request/failover.h"
-#include "gateway/protocol/http_util.h"
 #include "gateway/request/response_state.h"
 
 namespace pulse::gateway {

@@ -9,13 +9,13 @@
 #include <optional>
 #include <string>
 
-#include "gateway/request/request_context.h"
-#include "gateway/snapshot.h"
-#include "gateway/request/profile_session.h"
-#include "gateway/request/request_plan.h"
-#include "gateway/request/request_record.h"
 #include "gateway/protocol/response_builder.h"
 #include "gateway/protocol/response_sink.h"
+#include "gateway/request/profile_session.h"
+#include "gateway/request/request_context.h"
+#include "gateway/request/request_plan.h"
+#include "gateway/request/request_record.h"
+#include "gateway/snapshot.h"
 
 namespace pulse::gateway {
 

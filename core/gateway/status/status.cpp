@@ -5,9 +5,9 @@
 
 #include "common/metric_defs.h"
 #include "common/metrics.h"
+#include "gateway/protocol/http_util.h"
 #include "gateway/snapshot.h"
 #include "gateway/status/request_board.h"
-#include "gateway/protocol/http_util.h"
 #include "status_page.h"  // kStatusPage: status_page.html, generated at build time
 
 namespace pulse::gateway {
