@@ -30,25 +30,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* kHelp =
-    "usage: pulse codex [--model ID] [--gateway URL] [--start-gateway [--keep-gateway]] [--config FILE] [--codex BIN]\n"
-    "                   [--no-continuity] [--] [codex args...]\n"
-    "\n"
+const char* kFooter =
     "Runs the Codex CLI against Pulse for this one process (your ~/.codex/config.toml is not\n"
     "touched). It checks the gateway's /health, writes a model catalog for the model, and passes\n"
     "the provider, catalog, model and auto-compaction settings to codex as -c flags.\n"
-    "\n"
-    "  --model ID        the model (default: the first model with a healthy backend)\n"
-    "  --gateway URL     the gateway (default: server.listen of --config, else http://127.0.0.1:8800)\n"
-    "  --start-gateway   start `pulse serve` in the background if none is running; it is stopped\n"
-    "                    (drained) when codex exits\n"
-    "  --keep-gateway    leave the gateway it started running after codex exits\n"
-    "  --config FILE     the gateway config (for --gateway and --start-gateway); default: the one\n"
-    "                    `pulse serve` reads ($PULSE_CONFIG, ~/.config/pulse-gateway/pulse.toml, the\n"
-    "                    installed pulse.toml, a build tree's config/pulse.toml)\n"
-    "  --codex BIN       the codex executable (default $PULSE_CODEX_BIN, else `codex` on PATH)\n"
-    "  --no-continuity   leave out the task-continuity hooks (`pulse continuity --help`), and with\n"
-    "                    them --dangerously-bypass-hook-trust, which they need\n"
     "\n"
     "Everything after `--` (or any argument pulse does not know) goes to codex, e.g.\n"
     "  pulse codex -- exec --full-auto \"fix the failing test\"\n"
@@ -197,41 +182,29 @@ void forward(int sig) {
 }
 }  // namespace
 
-int cmd_codex(int argc, char** argv, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of,
+CLI::App* add_codex_command(CLI::App& pulse, CodexArgs& a) {
+    CLI::App* cmd = pulse.add_subcommand("codex", "run the Codex CLI against this gateway");
+    cmd->footer(kFooter);
+    cmd->add_option("--model", a.model, "the model (default: the first model with a healthy backend)")->option_text("ID");
+    cmd->add_option("--gateway", a.gateway, "the gateway (default: server.listen of --config, else http://127.0.0.1:8800)")->option_text("URL");
+    cmd->add_flag("--start-gateway", a.start, "start `pulse serve` in the background if none is running; it is stopped (drained) when codex exits");
+    cmd->add_flag("--keep-gateway", a.keep, "leave the gateway it started running after codex exits");
+    cmd->add_option("--config", a.config,
+                    "the gateway config (for --gateway and --start-gateway); default: the one `pulse serve` reads")
+        ->option_text("FILE");
+    cmd->add_option("--codex", a.codex, "the codex executable (default $PULSE_CODEX_BIN, else `codex` on PATH)")->option_text("BIN");
+    cmd->add_flag("!--no-continuity", a.continuity,
+                  "leave out the task-continuity hooks (`pulse continuity --help`), and with them --dangerously-bypass-hook-trust, which they need");
+    cmd->allow_extras();  // codex's own options
+    return cmd;
+}
+
+int cmd_codex(const CodexArgs& opts, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of,
               const std::function<std::string()>& find_config) {
-    std::optional<std::string> model, gateway, config, codex;
-    bool start = false, keep = false, continuity = true;
-    std::vector<std::string> passthrough;
-    for (int i = 2; i < argc; ++i) {
-        std::string a = argv[i];
-        auto value = [&](std::optional<std::string>& out) {
-            if (i + 1 >= argc) return false;
-            out = argv[++i];
-            return true;
-        };
-        if (a == "--") {
-            for (++i; i < argc; ++i) passthrough.emplace_back(argv[i]);
-            break;
-        }
-        if (a == "--help" || a == "-h") return std::fputs(kHelp, stdout), 0;
-        if (a == "--model") {
-            if (!value(model)) return fail("--model needs a value"), 2;
-        } else if (a == "--gateway") {
-            if (!value(gateway)) return fail("--gateway needs a value"), 2;
-        } else if (a == "--config") {
-            if (!value(config)) return fail("--config needs a value"), 2;
-        } else if (a == "--codex") {
-            if (!value(codex)) return fail("--codex needs a value"), 2;
-        } else if (a == "--start-gateway") {
-            start = true;
-        } else if (a == "--keep-gateway") {
-            keep = true;
-        } else if (a == "--no-continuity") {
-            continuity = false;
-        } else {
-            passthrough.push_back(a);
-        }
-    }
+    std::optional<std::string> model = opts.model, gateway = opts.gateway, config = opts.config, codex = opts.codex;
+    const bool start = opts.start, keep = opts.keep, continuity = opts.continuity;
+    std::vector<std::string> passthrough = opts.passthrough;
+    passthrough.insert(passthrough.end(), opts.passthrough_after_dashes.begin(), opts.passthrough_after_dashes.end());
     if (!config)
         if (std::string found = find_config(); !found.empty()) config = found;
     std::string url;

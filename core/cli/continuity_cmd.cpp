@@ -8,28 +8,19 @@
 #include <optional>
 #include <iostream>
 
+#include <rapidjson/prettywriter.h>
+#include <rapidjson/stringbuffer.h>
+
 #include "continuity/continuity.h"
 
 namespace pulse::cli {
 
 namespace {
 
-const char* kHelp =
-    "usage: pulse continuity <command>\n"
-    "\n"
+const char* kFooter =
     "Keeps a Codex task's state (the user's requests, files changed, commands run and their exit\n"
     "codes, how each turn ended) outside the model context, and gives it back to the model after\n"
     "Codex compacts the conversation. `pulse codex` installs it for its run.\n"
-    "\n"
-    "commands:\n"
-    "  hook            the Codex hook command: reads one hook event (JSON) on stdin\n"
-    "  show SESSION    print the task state of a Codex session as the model gets it\n"
-    "  clear SESSION   forget a session's task state (clear --all: every session's)\n"
-    "  list            the sessions with a recorded state, newest first\n"
-    "  prune --older-than AGE [--keep N]\n"
-    "                  forget sessions not updated for AGE (e.g. 7d, 12h, 30m), then all but the\n"
-    "                  N most recent\n"
-    "  hooks-json      print a hooks.json that installs the hook for plain `codex`\n"
     "\n"
     "The state lives in $XDG_STATE_HOME/pulse-gateway/continuity (default ~/.local/state/pulse-gateway/continuity),\n"
     "one file per session, mode 0600. When a session starts, states not updated for 30 days are\n"
@@ -64,19 +55,6 @@ std::string read_stdin(size_t cap) {
     return in;
 }
 
-std::string json_string(const std::string& s) {
-    std::string out = "\"";
-    for (char c : s) {
-        if (c == '"' || c == '\\') out += '\\', out += c;
-        else if (static_cast<unsigned char>(c) < 0x20) {
-            char b[8];
-            std::snprintf(b, sizeof b, "\\u%04x", c);
-            out += b;
-        } else out += c;
-    }
-    return out + "\"";
-}
-
 }  // namespace
 
 const std::vector<std::string>& continuity_events() {
@@ -84,12 +62,35 @@ const std::vector<std::string>& continuity_events() {
     return events;
 }
 
-int cmd_continuity(const std::vector<std::string>& args, const std::string& self_exe) {
-    const std::string sub = args.empty() ? "" : args[0];
-    if (sub == "--help" || sub == "-h" || sub == "help") return std::fputs(kHelp, stdout), 0;
-    for (const auto& a : args)  // Codex runs the hook with no arguments: an option is a person asking
-        if (a == "--help" || a == "-h") return std::fputs(kHelp, stdout), 0;
-    if (sub == "hook") {
+CLI::App* add_continuity_command(CLI::App& pulse, ContinuityArgs& a) {
+    CLI::App* cmd = pulse.add_subcommand("continuity", "hook|show|clear|list|prune: Codex task state kept across context compaction");
+    cmd->footer(kFooter);
+    cmd->require_subcommand(1);
+    auto session_id = [](const std::string& id) -> std::string {
+        return continuity::valid_session_id(id) ? "" : "'" + id + "' is not a Codex session id";
+    };
+    a.hook = cmd->add_subcommand("hook", "the Codex hook command: reads one hook event (JSON) on stdin");
+    a.hook->allow_extras();  // Codex passes none; the hook never fails Codex over its arguments
+    a.show = cmd->add_subcommand("show", "print the task state of a Codex session as the model gets it");
+    a.show->add_option("SESSION", a.session, "a Codex session id")->type_name("")->required()->check(session_id);
+    a.clear = cmd->add_subcommand("clear", "forget a session's task state (--all: every session's)");
+    CLI::Option* one = a.clear->add_option("SESSION", a.session, "a Codex session id")->type_name("")->check(session_id);
+    CLI::Option* all = a.clear->add_flag("--all", a.all, "every session's")->excludes(one);
+    a.clear->require_option(1);
+    (void)all;
+    a.list = cmd->add_subcommand("list", "the sessions with a recorded state, newest first");
+    a.prune = cmd->add_subcommand("prune", "forget sessions not updated for AGE, then all but the N most recent");
+    a.prune->add_option("--older-than", a.older_than, "e.g. 7d, 12h, 30m or 90s")
+        ->option_text("AGE")
+        ->required()
+        ->check([](const std::string& v) -> std::string { return parse_age(v) ? "" : "wants an age like 7d, 12h, 30m or 90s"; });
+    a.prune->add_option("--keep", a.keep, "keep at most the N most recent")->option_text("N");
+    a.hooks_json = cmd->add_subcommand("hooks-json", "print a hooks.json that installs the hook for plain `codex`");
+    return cmd;
+}
+
+int cmd_continuity(const ContinuityArgs& a, const std::string& self_exe) {
+    if (*a.hook) {
         // Whatever happens, Codex goes on: a hook that failed prints why and exits 0.
         try {
             std::string out = continuity::handle_hook(read_stdin(16 << 20), continuity::state_dir());
@@ -99,67 +100,62 @@ int cmd_continuity(const std::vector<std::string>& args, const std::string& self
         }
         return 0;
     }
-    if (sub == "clear" && args.size() == 2 && args[1] == "--all") {
+    if (*a.clear && a.all) {
         std::printf("cleared %zu sessions\n", continuity::clear_all(continuity::state_dir()));
         return 0;
     }
-    if (sub == "prune") {
-        std::optional<std::chrono::seconds> age;
-        size_t keep = SIZE_MAX;
-        for (size_t i = 1; i < args.size(); ++i) {
-            if (args[i] == "--older-than" && i + 1 < args.size()) {
-                age = parse_age(args[++i]);
-                if (!age) return std::fprintf(stderr, "pulse continuity: --older-than wants an age like 7d, 12h, 30m or 90s\n"), 2;
-            } else if (args[i] == "--keep" && i + 1 < args.size()) {
-                try {
-                    keep = static_cast<size_t>(std::stoull(args[++i]));
-                } catch (const std::exception&) {
-                    return std::fprintf(stderr, "pulse continuity: --keep wants a count\n"), 2;
-                }
-            } else {
-                return std::fprintf(stderr, "pulse continuity: unexpected argument '%s' to prune\n%s", args[i].c_str(), kHelp), 2;
-            }
-        }
-        if (!age) return std::fprintf(stderr, "pulse continuity: prune needs --older-than AGE\n%s", kHelp), 2;
-        std::printf("pruned %zu sessions\n", continuity::prune(continuity::state_dir(), *age, keep));
+    if (*a.prune) {
+        std::printf("pruned %zu sessions\n", continuity::prune(continuity::state_dir(), *parse_age(a.older_than), a.keep));
         return 0;
     }
-    if ((sub == "show" || sub == "clear") && args.size() == 2) {
-        if (!continuity::valid_session_id(args[1])) {
-            std::fprintf(stderr, "pulse continuity: '%s' is not a Codex session id\n", args[1].c_str());
-            return 2;
-        }
-        if (sub == "clear") {
-            if (continuity::clear(continuity::state_dir(), args[1])) return 0;
-            std::fprintf(stderr, "pulse continuity: no task state recorded for session %s\n", args[1].c_str());
-            return 1;
-        }
-        auto text = continuity::render(continuity::state_dir(), args[1]);
+    if (*a.clear) {
+        if (continuity::clear(continuity::state_dir(), a.session)) return 0;
+        std::fprintf(stderr, "pulse continuity: no task state recorded for session %s\n", a.session.c_str());
+        return 1;
+    }
+    if (*a.show) {
+        auto text = continuity::render(continuity::state_dir(), a.session);
         if (!text) {
-            std::fprintf(stderr, "pulse continuity: no task state recorded for session %s\n", args[1].c_str());
+            std::fprintf(stderr, "pulse continuity: no task state recorded for session %s\n", a.session.c_str());
             return 1;
         }
         std::fputs(text->c_str(), stdout);
         return 0;
     }
-    if (sub == "list" && args.size() == 1) {
+    if (*a.list) {
         for (const auto& s : continuity::list(continuity::state_dir()))
             std::printf("%s  %s  %s\n", s.id.c_str(), s.updated.c_str(), s.cwd.c_str());
         return 0;
     }
-    if (sub == "hooks-json" && args.size() == 1) {
-        std::string cmd = json_string(self_exe + " continuity hook");
-        std::string out = "{\n  \"hooks\": {\n";
-        const auto& ev = continuity_events();
-        for (size_t i = 0; i < ev.size(); ++i)
-            out += "    \"" + ev[i] + "\": [{\"hooks\": [{\"type\": \"command\", \"command\": " + cmd + ", \"timeout\": 10}]}]" +
-                   (i + 1 < ev.size() ? ",\n" : "\n");
-        out += "  }\n}\n";
-        std::fputs(out.c_str(), stdout);
-        return 0;
+    // hooks-json: every event on this binary's hook command.
+    rapidjson::StringBuffer buf;
+    rapidjson::PrettyWriter<rapidjson::StringBuffer> w(buf);
+    const std::string command = self_exe + " continuity hook";
+    w.StartObject();
+    w.Key("hooks");
+    w.StartObject();
+    for (const auto& event : continuity_events()) {
+        w.Key(event.c_str());
+        w.StartArray();
+        w.StartObject();
+        w.Key("hooks");
+        w.StartArray();
+        w.StartObject();
+        w.Key("type");
+        w.String("command");
+        w.Key("command");
+        w.String(command.c_str(), static_cast<rapidjson::SizeType>(command.size()));
+        w.Key("timeout");
+        w.Int(10);
+        w.EndObject();
+        w.EndArray();
+        w.EndObject();
+        w.EndArray();
     }
-    std::fprintf(stderr, "pulse continuity: %s\n%s", sub.empty() ? "missing command" : ("unexpected arguments to '" + sub + "'").c_str(), kHelp);
-    return 2;
+    w.EndObject();
+    w.EndObject();
+    std::printf("%s\n", buf.GetString());
+    return 0;
 }
 
 }  // namespace pulse::cli

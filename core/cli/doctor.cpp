@@ -19,9 +19,7 @@
 
 namespace pulse::cli {
 
-const char* kDoctorHelp =
-    "usage: pulse doctor [--config FILE] [--model ID] [--json] [--write-catalog FILE] [URL ...]\n"
-    "\n"
+const char* kDoctorFooter =
     "Asks each endpoint of the config (or each URL given, e.g. http://127.0.0.1:8080/v1) what it\n"
     "is and what it can do for Codex, and says for each check PASS, WARN or FAIL with why and the\n"
     "fix: reachable; what the server is (llama-server: build, slots, per-slot context, template;\n"
@@ -32,12 +30,6 @@ const char* kDoctorHelp =
     "it the time to first token of an 11k-token first turn against upstream.head_timeout_s and\n"
     "the keepalive; speculative decoding; finally one Codex-shaped turn through the gateway itself\n"
     "(with a config, when it is running). It ends with the config lines to change.\n"
-    "\n"
-    "  --config FILE        the gateway config (default: the one `pulse serve` reads)\n"
-    "  --model ID           only this model's endpoints (with URLs: the model name to ask for)\n"
-    "  --json               the report as one JSON object\n"
-    "  --write-catalog FILE write the Codex model catalog for the model with the servers' real\n"
-    "                       context window (an existing FILE is kept as FILE.bak: the way back)\n"
     "\n"
     "Each check sends at most a few short requests (a few thousand prompt tokens, a handful of\n"
     "output tokens). Exit 0 when no check failed, 1 when one did, 2 usage, 3 a config error or an\n"

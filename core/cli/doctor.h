@@ -10,7 +10,7 @@
 
 namespace pulse::cli {
 
-extern const char* kDoctorHelp;
+extern const char* kDoctorFooter;  // `pulse doctor --help`: what it checks, exit codes
 
 // One endpoint to examine, and what the config says of its model (empty when given as a URL).
 struct DoctorTarget {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "args/args.h"
 #include "cli/codex_launcher.h"
 #include "cli/continuity_cmd.h"
 #include "cli/doctor.h"
@@ -55,37 +56,18 @@ namespace {
 namespace fs = std::filesystem;
 using namespace pulse;
 
-constexpr int kExitOk = 0, kExitRuntime = 1, kExitUsage = 2, kExitConfig = 3, kExitPlugin = 4, kExitOptionalPlugin = 5;
+constexpr int kExitOk = 0, kExitRuntime = 1, kExitConfig = 3, kExitPlugin = 4, kExitOptionalPlugin = 5;
 
-const char* kMainHelp =
-    "usage: pulse <command> [options]\n"
-    "\n"
-    "Pulse: a Responses API gateway that lets the Codex CLI work against local models.\n"
-    "\n"
-    "commands:\n"
-    "  serve [--config FILE] [--log-level L]   run the gateway\n"
-    "  plugins [--config FILE]                 list plugins found, with status or rejection reason\n"
-    "  config check FILE                       validate a config file and exit\n"
-    "  doctor [--config FILE] [URL ...]        what each endpoint's server can do for Codex, and the fixes\n"
-    "  model ...                               runtime controller commands (provided by a plugin)\n"
-    "  bench decode|accept|ttft|quality|drift|agent\n"
-    "                                          measurements against any OpenAI-compatible server\n"
-    "  decode MODEL.gguf --prompt TEXT         run the in-process decoder directly\n"
-    "  gguf make-demo [--mtp] [FILE] | info FILE  the random-weight demo model; inspect a GGUF file\n"
-    "  distill collect MODEL.gguf --prompts F --out DIR  the model's own continuations and hidden states\n"
-    "  codex [options] [-- codex args]         run the Codex CLI against this gateway\n"
-    "  continuity hook|show|clear|list|prune   Codex task state kept across context compaction\n"
-    "  version                                 print version and plugin ABI\n"
-    "\n"
+const char* kAbout = "Pulse: a Responses API gateway that lets the Codex CLI work against local models.";
+
+const char* kMainFooter =
     "Every command takes --help. Without --config the config file is the first of: $PULSE_CONFIG,\n"
     "~/.config/pulse-gateway/pulse.toml ($XDG_CONFIG_HOME), " PULSE_SYSCONF_DIR "/pulse.toml, and for a\n"
     "binary in its build tree, the source tree's config/pulse.toml.\n"
     "\n"
     "exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 config error, 4 plugin error\n";
 
-const char* kServeHelp =
-    "usage: pulse serve [--config FILE] [--log-level trace|debug|info|warn|error]\n"
-    "\n"
+const char* kServeFooter =
     "Loads the config and every plugin, then serves HTTP on server.listen (default\n"
     "127.0.0.1:8800): POST /v1/responses, GET /v1/models, /health, /metrics.\n"
     "SIGTERM/SIGINT: drain (server.drain_timeout_s) and stop. SIGHUP: reload the config and\n"
@@ -94,13 +76,10 @@ const char* kServeHelp =
     "environment overrides: PULSE_QWEN_BACKENDS=\"MODEL: name=url,...\" PULSE_GATEWAY_API_KEY\n"
     "PULSE_GATEWAY_TRACE_FILE PULSE_GATEWAY_WARMUP_STATE_FILE PULSE_PLUGIN_DIRS=dir:dir\n";
 
-const char* kPluginsHelp =
-    "usage: pulse plugins [--config FILE] [-v]\n"
-    "\n"
+const char* kPluginsFooter =
     "Scans the plugin directories of the config (or the built-in defaults when no config\n"
     "exists), loads each plugin and prints one row per file: id, kind, version, ABI and\n"
-    "status or the reason it was rejected or skipped; -v adds each plugin's build description\n"
-    "(PULSE_BUILD_INFO: compiler, SDK version, build type). Exit 4 if a required plugin did not\n"
+    "status or the reason it was rejected or skipped. Exit 4 if a required plugin did not\n"
     "load, or if a model of the config needs a translation profile or plugin:// backend that no\n"
     "plugin provides (each named on stderr); exit 5 if only optional plugins were rejected or\n"
     "failed (a file skipped for its name, or a plugin that said it cannot run here, is no\n"
@@ -109,9 +88,7 @@ const char* kPluginsHelp =
     "Without plugin directories in the config: the installed plugin directory (" PULSE_PLUGIN_DIR ")\n"
     "and the site drop-ins; a pulse run from its build directory uses that build's plugins.\n";
 
-const char* kConfigHelp =
-    "usage: pulse config check FILE\n"
-    "\n"
+const char* kConfigFooter =
     "Checks FILE as `pulse serve` would before serving: parses and validates it (with the\n"
     "environment overrides applied), loads the plugins it names, checks that every model's\n"
     "translation profile, policy and plugin:// backend is provided, and creates each profile\n"
@@ -121,50 +98,25 @@ const char* kConfigHelp =
     "Exit 0 when valid; 3 with FILE:LINE:COL or the option at fault when the config is not; 4\n"
     "when a plugin it needs is missing or failed to load (each named on stderr).\n";
 
-const char* kModelHelp =
-    "usage: pulse model [--config FILE] <subcommand> ...\n"
-    "\n"
+const char* kModelFooter =
     "Runtime controller commands. They are implemented by the runtime controller plugin;\n"
-    "run `pulse model help` to see what the installed controller offers.\n";
+    "run `pulse model help` to see what the installed controller offers. Every argument but\n"
+    "--config and --log-level goes to the controller.\n";
 
+// The options of the commands that read the config.
 struct Args {
-    std::vector<std::string> rest;
     std::optional<std::string> config;
     std::optional<std::string> log_level;
-    bool help = false;
 };
 
-// Parses the options every command shares; leaves positional args (and, after "--", all args)
-// in `rest`. Returns an error message for an unknown option.
-std::string parse_common(int argc, char** argv, int start, Args& a, bool pass_unknown = false) {
-    bool positional_only = false;
-    for (int i = start; i < argc; ++i) {
-        std::string s = argv[i];
-        if (positional_only) {
-            a.rest.push_back(s);
-        } else if (s == "--") {
-            positional_only = true;
-        } else if (s == "--help" || s == "-h") {
-            a.help = true;
-        } else if (s == "--config" || s == "-c" || s == "--log-level") {
-            if (i + 1 >= argc) return "option " + s + " needs a value";
-            (s == "--log-level" ? a.log_level : a.config) = argv[++i];
-        } else if (s.rfind("--config=", 0) == 0) {
-            a.config = s.substr(9);
-        } else if (s.rfind("--log-level=", 0) == 0) {
-            a.log_level = s.substr(12);
-        } else if (!s.empty() && s[0] == '-' && !pass_unknown) {
-            return "unknown option " + s;
-        } else {
-            a.rest.push_back(s);
-        }
-    }
-    return {};
+void add_config_option(CLI::App& cmd, Args& a) {
+    cmd.add_option("-c,--config", a.config, "the config file (default: see `pulse --help`)")->option_text("FILE");
 }
 
-int usage_error(const std::string& msg, const char* help) {
-    std::fprintf(stderr, "pulse: %s\n\n%s", msg.c_str(), help);
-    return kExitUsage;
+void add_log_level_option(CLI::App& cmd, Args& a) {
+    cmd.add_option("--log-level", a.log_level, "trace, debug, info, warn, error or off (default: the config's log_level)")
+        ->option_text("LEVEL")
+        ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 }
 
 // A `pulse` run from the build directory it was linked in (build/core/pulse) finds that build's
@@ -210,9 +162,11 @@ int exec_companion(const char* program, const char* build_path, std::vector<std:
     return kExitRuntime;
 }
 
-int cmd_bench(int argc, char** argv) {
-    std::vector<std::string> args(argv + 1, argv + argc);  // argv[1] = "bench" becomes the program name
-    args[0] = "pulse-bench";
+// `pulse bench ARGS` is `pulse-bench ARGS`; `pulse decode|gguf|distill ARGS` is
+// `pulse-decoder decode|gguf|distill ARGS`. Their arguments are theirs: pulse passes them on as given.
+int cmd_bench(const std::vector<std::string>& rest) {
+    std::vector<std::string> args{"pulse-bench"};
+    args.insert(args.end(), rest.begin(), rest.end());
 #if defined(PULSE_BUILD_BENCH)
     return exec_companion("pulse-bench", PULSE_BUILD_BENCH, args);
 #else
@@ -220,9 +174,9 @@ int cmd_bench(int argc, char** argv) {
 #endif
 }
 
-int cmd_decoder_tool(int argc, char** argv) {
-    std::vector<std::string> args{"pulse-decoder"};
-    args.insert(args.end(), argv + 1, argv + argc);  // decode|gguf ARGS
+int cmd_decoder_tool(const std::string& command, const std::vector<std::string>& rest) {
+    std::vector<std::string> args{"pulse-decoder", command};
+    args.insert(args.end(), rest.begin(), rest.end());
 #if defined(PULSE_BUILD_DECODER_TOOL)
     return exec_companion("pulse-decoder", PULSE_BUILD_DECODER_TOOL, args);
 #else
@@ -303,17 +257,16 @@ void apply_log_level(const Args& a, const config::Config& cfg) {
     log::set_level(l);
 }
 
+std::string version_text();
+
 int cmd_version() {
-    std::printf("pulse %s (plugin ABI %d.%d)\n", PULSE_VERSION, PULSE_ABI_MAJOR, PULSE_ABI_MINOR);
+    std::printf("%s\n", version_text().c_str());
     return kExitOk;
 }
 
-int cmd_config(const Args& a) {
-    if (a.help) return std::fputs(kConfigHelp, stdout), kExitOk;
-    if (a.rest.size() != 2 || a.rest[0] != "check")
-        return usage_error(a.rest.empty() ? "config: missing subcommand" : "config: expected `check FILE`", kConfigHelp);
+int cmd_config_check(const Args& a, const std::string& file) {
     Args b = a;
-    b.config = a.rest[1];
+    b.config = file;
     config::Config cfg = load_config(b, true);
     // As serve does before it listens: the plugins, the components, each profile's options.
     if (!a.log_level) log::set_level(log::Level::error);  // problems are printed below, not logged twice
@@ -323,11 +276,11 @@ int cmd_config(const Args& a) {
     auto missing = gateway::SnapshotBuilder::check_components(cfg, pm);
     problems.insert(problems.end(), missing.begin(), missing.end());
     if (!problems.empty()) {
-        for (const auto& p : problems) std::fprintf(stderr, "%s: %s\n", a.rest[1].c_str(), p.c_str());
+        for (const auto& p : problems) std::fprintf(stderr, "%s: %s\n", file.c_str(), p.c_str());
         return kExitPlugin;
     }
     gateway::SnapshotBuilder(pm).build(cfg, gateway::SnapshotBuilder::Backends::skip);  // a rejected option: ConfigError (exit 3)
-    std::printf("%s: ok (%zu model%s, listen %s:%u)\n", a.rest[1].c_str(), cfg.models.size(),
+    std::printf("%s: ok (%zu model%s, listen %s:%u)\n", file.c_str(), cfg.models.size(),
                 cfg.models.size() == 1 ? "" : "s", cfg.server.listen.host.c_str(), cfg.server.listen.port);
     for (const auto& o : cfg.env_overrides) std::printf("  from the environment: %s\n", o.c_str());
     return kExitOk;
@@ -336,30 +289,37 @@ int cmd_config(const Args& a) {
 std::string gateway_client_url(const config::Config& cfg);
 
 // pulse doctor: the endpoints of the config (or the URLs given), checked for what Codex needs.
-int cmd_doctor(int argc, char** argv) {
-    Args a;
+struct DoctorArgs {
+    Args common;
     std::optional<std::string> model;
     std::vector<std::string> urls;
-    cli::DoctorSettings s;
-    for (int i = 2; i < argc; ++i) {
-        const std::string arg = argv[i];
-        if (arg == "--help" || arg == "-h") return std::fputs(cli::kDoctorHelp, stdout), kExitOk;
-        if (arg == "--json") {
-            s.json = true;
-        } else if (arg == "--config" || arg == "--model" || arg == "--write-catalog") {
-            if (i + 1 >= argc) return usage_error("doctor: " + arg + " needs a value", cli::kDoctorHelp);
-            const std::string v = argv[++i];
-            if (arg == "--config") a.config = v;
-            else if (arg == "--model") model = v;
-            else s.write_catalog = v;
-        } else if (arg.rfind("http://", 0) == 0 || arg.rfind("https://", 0) == 0) {
-            urls.push_back(arg);
-        } else {
-            return usage_error("doctor: unexpected argument " + arg + " (URLs start with http://)", cli::kDoctorHelp);
-        }
-    }
+    cli::DoctorSettings settings;
+};
+
+CLI::App* add_doctor_command(CLI::App& pulse, DoctorArgs& d) {
+    CLI::App* cmd = pulse.add_subcommand("doctor", "what each endpoint's server can do for Codex, and the fixes");
+    cmd->footer(cli::kDoctorFooter);
+    add_config_option(*cmd, d.common);
+    cmd->add_option("--model", d.model, "only this model's endpoints (with URLs: the model name to ask for)")->option_text("ID");
+    cmd->add_flag("--json", d.settings.json, "the report as one JSON object");
+    cmd->add_option("--write-catalog", d.settings.write_catalog,
+                    "write the Codex model catalog for the model with the servers' real context window (an existing FILE is kept as FILE.bak)")
+        ->option_text("FILE");
+    cmd->add_option("URL", d.urls, "check these servers instead of the config's endpoints (e.g. http://127.0.0.1:8080/v1)")
+        ->type_name("")
+        ->check([](const std::string& u) -> std::string {
+            return u.rfind("http://", 0) == 0 || u.rfind("https://", 0) == 0 ? "" : "'" + u + "' is not a URL (URLs start with http://)";
+        });
+    return cmd;
+}
+
+int cmd_doctor(const CLI::App& cmd, DoctorArgs& d) {
+    auto& a = d.common;
+    auto& s = d.settings;
+    auto& urls = d.urls;
+    auto& model = d.model;
     if (!urls.empty()) {
-        if (a.config) return usage_error("doctor: give --config or URLs, not both", cli::kDoctorHelp);
+        if (a.config) return args::usage_error(cmd, "give --config or URLs, not both");
         for (const auto& u : urls) s.targets.push_back({"", model.value_or(""), u, u, 0});
         return cli::run_doctor(s);
     }
@@ -381,17 +341,11 @@ int cmd_doctor(int argc, char** argv) {
         }
     }
     if (model && std::none_of(cfg.models.begin(), cfg.models.end(), [&](const config::Model& m) { return m.id == *model; }))
-        return usage_error("doctor: no model '" + *model + "' in " + (s.config_path.empty() ? std::string("the config") : s.config_path), cli::kDoctorHelp);
+        return args::usage_error(cmd, "no model '" + *model + "' in " + (s.config_path.empty() ? std::string("the config") : s.config_path));
     return cli::run_doctor(s);
 }
 
-int cmd_plugins(const Args& a) {
-    if (a.help) return std::fputs(kPluginsHelp, stdout), kExitOk;
-    bool verbose = false;
-    for (const auto& r : a.rest) {
-        if (r == "-v" || r == "--verbose") verbose = true;
-        else return usage_error("plugins: unexpected argument " + r, kPluginsHelp);
-    }
+int cmd_plugins(const Args& a, bool verbose) {
     config::Config cfg = load_config(a, false);
     if (!a.log_level) log::set_level(log::Level::error);  // the table says it all
     else apply_log_level(a, cfg);
@@ -445,13 +399,7 @@ std::string gateway_client_url(const config::Config& cfg) {
     return "http://" + host + ":" + std::to_string(cfg.server.listen.port);
 }
 
-int cmd_model(int argc, char** argv) {
-    Args a;
-    // Everything after `model` belongs to the controller except --config/--log-level.
-    if (std::string err = parse_common(argc, argv, 2, a, /*pass_unknown=*/true); !err.empty())
-        return usage_error(err, kModelHelp);
-    if (a.help && a.rest.empty()) return std::fputs(kModelHelp, stdout), kExitOk;
-    if (a.help) a.rest.push_back("--help");
+int cmd_model(const Args& a, const std::vector<std::string>& rest) {
     config::Config cfg = load_config(a, false);
     if (!a.log_level) log::set_level(log::Level::warn);
     else apply_log_level(a, cfg);
@@ -499,7 +447,7 @@ int cmd_model(int argc, char** argv) {
         void write(std::string_view t) override { std::fwrite(t.data(), 1, t.size(), stdout); }
     } out;
     std::vector<pulse_str_t> av;
-    for (const auto& s : a.rest) av.push_back({s.data(), s.size()});
+    for (const auto& s : rest) av.push_back({s.data(), s.size()});
     int32_t exit_code = 0;
     call.clear_error();
     rc = vt.command(ctl, &call, av.size(), av.data(), &out, &exit_code);
@@ -700,8 +648,6 @@ size_t report_startup_problems(const config::Config& cfg, const plugin::PluginMa
 }
 
 int cmd_serve(const Args& a) {
-    if (a.help) return std::fputs(kServeHelp, stdout), kExitOk;
-    if (!a.rest.empty()) return usage_error("serve: unexpected argument " + a.rest[0], kServeHelp);
     config::Config cfg = load_config(a, true);
     apply_log_level(a, cfg);
     if (!cfg.server.listen.is_loopback() && cfg.server.api_key.empty())
@@ -749,41 +695,123 @@ int cmd_serve(const Args& a) {
     return kExitOk;
 }
 
+
+// Every command, as the parser knows it (its options, its help), and what ran.
+struct Commands {
+    Args serve, plugins, config, model;
+    bool plugins_verbose = false, model_help = false;
+    std::string config_file;
+    DoctorArgs doctor;
+    cli::CodexArgs codex;
+    cli::ContinuityArgs continuity;
+    CLI::App *serve_cmd, *plugins_cmd, *config_cmd, *model_cmd, *doctor_cmd, *codex_cmd, *continuity_cmd, *version_cmd, *help_cmd;
+    std::vector<CLI::App*> companions;  // bench, decode, gguf, distill: other programs (main() runs them)
+
+    explicit Commands(CLI::App& pulse) {
+        serve_cmd = pulse.add_subcommand("serve", "run the gateway");
+        serve_cmd->footer(kServeFooter);
+        add_config_option(*serve_cmd, serve);
+        add_log_level_option(*serve_cmd, serve);
+
+        plugins_cmd = pulse.add_subcommand("plugins", "list plugins found, with status or rejection reason");
+        plugins_cmd->footer(kPluginsFooter);
+        add_config_option(*plugins_cmd, plugins);
+        add_log_level_option(*plugins_cmd, plugins);
+        plugins_cmd->add_flag("-v,--verbose", plugins_verbose, "each plugin's build description (PULSE_BUILD_INFO: compiler, SDK version, build type)");
+
+        config_cmd = pulse.add_subcommand("config", "config check FILE: validate a config file and exit");
+        config_cmd->require_subcommand(1);
+        CLI::App* check = config_cmd->add_subcommand("check", "validate a config file as `pulse serve` would, and exit");
+        check->footer(kConfigFooter);
+        check->add_option("FILE", config_file, "the config file")->type_name("")->required();
+        add_log_level_option(*check, config);
+
+        doctor_cmd = add_doctor_command(pulse, doctor);
+
+        model_cmd = pulse.add_subcommand("model", "runtime controller commands (provided by a plugin)");
+        model_cmd->footer(kModelFooter);
+        add_config_option(*model_cmd, model);
+        add_log_level_option(*model_cmd, model);
+        model_cmd->allow_extras();  // the controller's own command line
+        model_cmd->set_help_flag();
+        model_cmd->add_flag("-h,--help", model_help, "this help; after a controller command, that command's help");
+
+        const std::pair<const char*, const char*> companion_list[] = {
+            {"bench", "decode|accept|ttft|quality|drift|agent: measurements against any OpenAI-compatible server"},
+            {"decode", "MODEL.gguf --prompt TEXT: run the in-process decoder directly"},
+            {"gguf", "make-demo [--mtp] [FILE] | info FILE: the random-weight demo model; inspect a GGUF file"},
+            {"distill", "collect MODEL.gguf --prompts F --out DIR: the model's own continuations and hidden states"},
+        };
+        for (const auto& [name, about] : companion_list) companions.push_back(pulse.add_subcommand(name, about));
+        codex_cmd = cli::add_codex_command(pulse, codex);
+        continuity_cmd = cli::add_continuity_command(pulse, continuity);
+        version_cmd = pulse.add_subcommand("version", "print version and plugin ABI");
+        help_cmd = pulse.add_subcommand("help", "this help")->group("");
+    }
+};
+
+std::string version_text() {
+    return "pulse " PULSE_VERSION " (plugin ABI " + std::to_string(PULSE_ABI_MAJOR) + "." + std::to_string(PULSE_ABI_MINOR) + ")";
+}
+
+int run(CLI::App& pulse, Commands& c) {
+    if (*c.version_cmd) return cmd_version();
+    if (*c.help_cmd) return std::fputs(pulse.help().c_str(), stdout), kExitOk;
+    if (*c.serve_cmd) return cmd_serve(c.serve);
+    if (*c.plugins_cmd) return cmd_plugins(c.plugins, c.plugins_verbose);
+    if (*c.config_cmd) return cmd_config_check(c.config, c.config_file);
+    if (*c.doctor_cmd) return cmd_doctor(*c.doctor_cmd, c.doctor);
+    if (*c.model_cmd) {
+        std::vector<std::string> rest = c.model_cmd->remaining();
+        if (c.model_help && rest.empty()) return std::fputs(c.model_cmd->help("pulse").c_str(), stdout), kExitOk;
+        if (c.model_help) rest.push_back("--help");
+        return cmd_model(c.model, rest);
+    }
+    if (*c.codex_cmd) {
+        auto listen_of = [](const std::string* config) {
+            Args a;
+            if (config) a.config = *config;
+            return gateway_client_url(load_config(a, false));
+        };
+        auto find_config = [] {
+            auto p = default_config();
+            return p ? p->string() : std::string();
+        };
+        c.codex.passthrough = c.codex_cmd->remaining();
+        return cli::cmd_codex(c.codex, fs::read_symlink("/proc/self/exe").string(), listen_of, find_config);
+    }
+    if (*c.continuity_cmd) return cli::cmd_continuity(c.continuity, fs::read_symlink("/proc/self/exe").string());
+    return args::usage_error(pulse, "missing command");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc < 2) return usage_error("missing command", kMainHelp);
-    std::string cmd = argv[1];
+    CLI::App pulse{kAbout, "pulse"};
+    args::style(pulse);
+    pulse.footer(kMainFooter);
+    pulse.set_version_flag("--version", version_text());
+    Commands commands(pulse);
+    // `pulse bench|decode|gguf|distill ARGS`: another program's arguments, read by no parser
+    // here (on the parser only for the command list).
+    if (argc >= 2)
+        for (CLI::App* companion : commands.companions)
+            if (companion->get_name() == argv[1]) {
+                const std::vector<std::string> rest(argv + 2, argv + argc);
+                return companion->get_name() == "bench" ? cmd_bench(rest) : cmd_decoder_tool(argv[1], rest);
+            }
+    // `pulse codex ARGS -- CODEX ARGS`: what follows "--" is codex's, read by no parser here.
+    int parsed_argc = argc;
+    if (argc >= 2 && std::string(argv[1]) == "codex")
+        for (int i = 2; i < argc; ++i)
+            if (std::string(argv[i]) == "--") {
+                commands.codex.passthrough_after_dashes.assign(argv + i + 1, argv + argc);
+                parsed_argc = i;
+                break;
+            }
+    if (auto exit = args::parse(pulse, parsed_argc, argv)) return *exit;
     try {
-        if (cmd == "--help" || cmd == "-h" || cmd == "help") return std::fputs(kMainHelp, stdout), kExitOk;
-        if (cmd == "version" || cmd == "--version") return cmd_version();
-        if (cmd == "model") return cmd_model(argc, argv);
-        if (cmd == "doctor") return cmd_doctor(argc, argv);
-        if (cmd == "bench") return cmd_bench(argc, argv);
-        if (cmd == "decode" || cmd == "gguf" || cmd == "distill") return cmd_decoder_tool(argc, argv);
-        if (cmd == "continuity")
-            return cli::cmd_continuity(std::vector<std::string>(argv + 2, argv + argc), fs::read_symlink("/proc/self/exe").string());
-        if (cmd == "codex") {
-            auto listen_of = [](const std::string* config) {
-                Args a;
-                if (config) a.config = *config;
-                config::Config cfg = load_config(a, false);
-                return gateway_client_url(cfg);
-            };
-            auto find_config = [] {
-                auto p = default_config();
-                return p ? p->string() : std::string();
-            };
-            return cli::cmd_codex(argc, argv, fs::read_symlink("/proc/self/exe").string(), listen_of, find_config);
-        }
-        Args a;
-        const char* help = cmd == "serve" ? kServeHelp : cmd == "plugins" ? kPluginsHelp : cmd == "config" ? kConfigHelp : kMainHelp;
-        if (cmd != "serve" && cmd != "plugins" && cmd != "config")
-            return usage_error("unknown command '" + cmd + "'", kMainHelp);
-        if (std::string err = parse_common(argc, argv, 2, a, /*pass_unknown=*/cmd == "plugins"); !err.empty()) return usage_error(err, help);
-        if (cmd == "serve") return cmd_serve(a);
-        if (cmd == "plugins") return cmd_plugins(a);
-        return cmd_config(a);
+        return run(pulse, commands);
     } catch (const config::ConfigError& e) {
         std::fprintf(stderr, "pulse: config error:\n%s\n", e.what());
         return kExitConfig;

@@ -22,6 +22,7 @@
 
 #include "catalog.h"
 #include "env_file.h"
+#include "args/args.h"
 #include "http/client.h"
 #include "nodes.h"
 
@@ -29,18 +30,7 @@ namespace pulse::runtime {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-const char* const kUsageText =
-    "usage: pulse model COMMAND [options]\n"
-    "\n"
-    "  profiles                          the runtime profiles, one line each\n"
-    "  render PROFILE [--node N]         the .env the profile produces (site paths from node N)\n"
-    "  up PROFILE --node N [--dry-run]   stop the node's server, write the .env, start, verify,\n"
-    "                                    publish the endpoint to the gateway (--dry-run: print the\n"
-    "                                    .env and every step's script; run and write nothing)\n"
-    "  down --node N                     stop the node's server and withdraw its endpoint\n"
-    "  status --node N                   server up?, model, profile, MemAvailable, gateway view\n"
-    "\n"
-    "options: --nodes FILE (default: [controller] nodes), --profiles DIR, --state-dir DIR\n"
+const char* const kFooter =
     "exit codes: 0 ok, 1 a step failed, 2 usage, 3 invalid profiles/nodes, 5 node locked\n";
 
 namespace {
@@ -161,9 +151,9 @@ private:
 };
 
 struct Args {
-    std::vector<std::string> positional;
+    std::string profile;  // render, up
     std::string node, nodes_file, profiles_dir, state_dir;
-    bool dry_run = false, help = false;
+    bool dry_run = false;
 };
 
 }  // namespace
@@ -382,13 +372,12 @@ struct Controller::Impl {
     }
 
     int render_cmd(const Args& a) {
-        if (a.positional.size() != 2) return out("usage: pulse model render PROFILE [--node N]\n"), kUsage;
         int rc = kOk;
         auto cat = catalog(rc);
         if (!cat) return rc;
         const Profile* p;
         try {
-            p = &cat->find(a.positional[1]);
+            p = &cat->find(a.profile);
         } catch (const std::exception& e) {
             return out(std::string(e.what()) + "\n"), kUsage;
         }
@@ -425,13 +414,12 @@ struct Controller::Impl {
     }
 
     int up(const Args& a) {
-        if (a.positional.size() != 2 || a.node.empty()) return out("usage: pulse model up PROFILE --node N [--dry-run]\n"), kUsage;
         int rc = kOk;
         auto cat = catalog(rc);
         if (!cat) return rc;
         Plan plan;
         try {
-            plan.profile = &cat->find(a.positional[1]);
+            plan.profile = &cat->find(a.profile);
         } catch (const std::exception& e) {
             return out(std::string(e.what()) + "\n"), kUsage;
         }
@@ -826,7 +814,6 @@ struct Controller::Impl {
     }
 
     int down(const Args& a) {
-        if (a.positional.size() != 1 || a.node.empty()) return out("usage: pulse model down --node N\n"), kUsage;
         int rc = kOk;
         auto n = node(a.node, rc);
         if (!n) return rc;
@@ -865,7 +852,6 @@ struct Controller::Impl {
     }
 
     int status(const Args& a) {
-        if (a.positional.size() != 1 || a.node.empty()) return out("usage: pulse model status --node N\n"), kUsage;
         int rc = kOk;
         auto n = node(a.node, rc);
         if (!n) return rc;
@@ -924,37 +910,44 @@ Controller::Controller(Settings settings, Print out, TransportFactory transports
 
 int Controller::command(const std::vector<std::string>& args) {
     Args a;
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& s = args[i];
-        auto value = [&](std::string& out) {
-            if (i + 1 >= args.size()) return false;
-            out = args[++i];
-            return true;
-        };
-        bool ok = true;
-        if (s == "--node") ok = value(a.node);
-        else if (s == "--nodes") ok = value(a.nodes_file);
-        else if (s == "--profiles") ok = value(a.profiles_dir);
-        else if (s == "--state-dir") ok = value(a.state_dir);
-        else if (s == "--dry-run") a.dry_run = true;
-        else if (s == "--help" || s == "-h") a.help = true;
-        else if (s.rfind("--", 0) == 0) return impl_->out("pulse model: unknown option " + s + "\n" + kUsageText), kUsage;
-        else a.positional.push_back(s);
-        if (!ok) return impl_->out("pulse model: " + s + " needs a value\n" + kUsageText), kUsage;
-    }
+    CLI::App model{"Runtime controller: the node's model server, brought up from a runtime profile.", "pulse model"};
+    pulse::args::style(model);
+    model.footer(kFooter);
+    model.require_subcommand(0, 1);
+    model.add_option("--nodes", a.nodes_file, "the nodes file (default: [controller] nodes)")->option_text("FILE");
+    model.add_option("--profiles", a.profiles_dir, "the runtime profile directory")->option_text("DIR");
+    model.add_option("--state-dir", a.state_dir, "node state, run logs and locks")->option_text("DIR");
+    auto node = [&](CLI::App* c, bool required) {
+        CLI::Option* o = c->add_option("--node", a.node, "the node (its [paths] fill in the site paths)")->option_text("N");
+        if (required) o->required();
+    };
+    CLI::App* profiles = model.add_subcommand("profiles", "the runtime profiles, one line each");
+    CLI::App* render = model.add_subcommand("render", "the .env the profile produces (site paths from --node)");
+    render->add_option("PROFILE", a.profile, "a runtime profile (`pulse model profiles`)")->type_name("")->required();
+    node(render, false);
+    CLI::App* up = model.add_subcommand(
+        "up", "stop the node's server, write the .env, start, verify, publish the endpoint to the gateway");
+    up->add_option("PROFILE", a.profile, "a runtime profile (`pulse model profiles`)")->type_name("")->required();
+    node(up, true);
+    up->add_flag("--dry-run", a.dry_run, "print the .env and every step's script; run and write nothing");
+    CLI::App* down = model.add_subcommand("down", "stop the node's server and withdraw its endpoint");
+    node(down, true);
+    CLI::App* status = model.add_subcommand("status", "server up?, model, profile, MemAvailable, gateway view");
+    node(status, true);
+    CLI::App* help = model.add_subcommand("help", "this help");
+
+    const pulse::args::Output to{[this](const std::string& t) { impl_->out(t); }, [this](const std::string& t) { impl_->out(t); }};
+    if (auto exit = pulse::args::parse(model, args, to)) return *exit;
+    if (*help) return impl_->out(model.help()), kOk;
     if (!a.nodes_file.empty()) impl_->settings.nodes_file = a.nodes_file;
     if (!a.profiles_dir.empty()) impl_->settings.profiles_dir = a.profiles_dir;
     if (!a.state_dir.empty()) impl_->settings.state_dir = a.state_dir;
-    if (a.help || a.positional.empty() || a.positional[0] == "help") return impl_->out(kUsageText), a.positional.empty() && !a.help ? kUsage : kOk;
-    const std::string& cmd = a.positional[0];
-    if (a.dry_run && cmd != "up") return impl_->out("pulse model: --dry-run applies to `up` only\n"), kUsage;
-    if (cmd == "profiles") return impl_->profiles();
-    if (cmd == "render") return impl_->render_cmd(a);
-    if (cmd == "up") return impl_->up(a);
-    if (cmd == "down") return impl_->down(a);
-    if (cmd == "status") return impl_->status(a);
-    impl_->out("pulse model: unknown command '" + cmd + "'\n" + kUsageText);
-    return kUsage;
+    if (*profiles) return impl_->profiles();
+    if (*render) return impl_->render_cmd(a);
+    if (*up) return impl_->up(a);
+    if (*down) return impl_->down(a);
+    if (*status) return impl_->status(a);
+    return pulse::args::usage_error(model, "missing command", to);
 }
 
 }  // namespace pulse::runtime

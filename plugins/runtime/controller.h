@@ -48,6 +48,4 @@ private:
     std::shared_ptr<Impl> impl_;
 };
 
-extern const char* const kUsageText;
-
 }  // namespace pulse::runtime

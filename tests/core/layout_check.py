@@ -6,8 +6,8 @@
   gateway through request/request_context.h.
 - plugins/decoder's folders likewise include only those before them in DECODER_ORDER (device/cpu
   and device/cuda count as device), with the one exception DECODER_EXCEPTIONS names;
-- core/ includes no plugin's header; a plugin includes no host header but the shared HTTP client
-  (core/http, a library the host and some plugins link).
+- core/ includes no plugin's header; a plugin includes no host header but the libraries SHARED
+  names (core/http, the HTTP client; core/args, the command-line convention).
 Prints each violation with the file and line; exit 1 when there is one.
 usage: layout_check.py SOURCE_ROOT
 """
@@ -19,6 +19,8 @@ ORDER = ["protocol", "upstream", "background", "status", "request"]
 DECODER_ORDER = ["format", "device", "model", "speculation", "serving", "tools"]
 # The plugin's make_demo option writes the demo model with the synthetic-model generator.
 DECODER_EXCEPTIONS = {("serving/plugin.cpp", "tools/synthetic.h")}
+# Libraries in core/ that the host and plugins both link: the HTTP client, the command-line convention.
+SHARED = ("http", "args")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -72,8 +74,8 @@ def main(root):
                     problems.append(f"{f.relative_to(root)}:{n}: #include \"{inc}\": decoder/{job}/ may include {allowed} (plugins/decoder/README.md)")
         for n, inc in includes(f):
             head = inc.split("/")[0]
-            if "/" in inc and head in host_dirs and head != "http":
-                problems.append(f"{f.relative_to(root)}:{n}: #include \"{inc}\": a plugin includes a host header (only core/http is shared)")
+            if "/" in inc and head in host_dirs and head not in SHARED:
+                problems.append(f"{f.relative_to(root)}:{n}: #include \"{inc}\": a plugin includes a host header (only {', '.join('core/' + d for d in SHARED)} are shared)")
     for p in problems:
         print(p)
     print(f"layout: {checked} files, {len(problems)} violations")

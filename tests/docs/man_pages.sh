@@ -24,7 +24,7 @@ done
 # The commands of `pulse --help` (the words at the start of its command lines), each a tagged
 # paragraph of pulse(1)'s COMMANDS section.
 rendered=$(MANWIDTH=200 groff -man -Tutf8 -rLL=200n -P-cbou "$mandir/pulse.1" 2>/dev/null)
-commands=$(sed -n '/^commands:/,/^$/p' <("$build_root/core/pulse" --help) | sed -n 's/^  \([a-z][a-z-]*\).*/\1/p')
+commands=$(sed -n '/^Subcommands:/,/^$/p' <("$build_root/core/pulse" --help) | sed -n 's/^  \([a-z][a-z-]*\).*/\1/p')
 [ "$(wc -l <<<"$commands")" -ge 10 ] || { echo "FAIL: read too few commands from pulse --help: $commands"; exit 1; }
 section=$(sed -n '/^COMMANDS/,/^OPTIONS/p' <<<"$rendered")
 for c in $commands; do

@@ -371,7 +371,7 @@ TEST_CASE("render: without --node site paths stay visible; a node lacking one is
 TEST_CASE("usage errors: unknown command, option, missing --node, render-only and unknown profiles") {
     Site s;
     CHECK(s.run({"launch"}) == kUsage);
-    CHECK(s.out.find("unknown command 'launch'") != std::string::npos);
+    CHECK(s.out.find("pulse model: The following argument was not expected: launch") != std::string::npos);
     CHECK(s.run({"up", "best", "--nod", "test"}) == kUsage);
     CHECK(s.run({"up", "best"}) == kUsage);
     CHECK(s.run({"up", "tp2", "--node", "test"}) == kUsage);
