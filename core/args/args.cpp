@@ -2,10 +2,39 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 
 namespace pulse::args {
 
 namespace {
+
+constexpr size_t kColumn = 34, kWidth = 100;  // where descriptions start; the line length they wrap at
+
+// Words refilled to lines of at most `width` characters; the formatter indents the lines after
+// the first to the description column.
+std::string wrap(const std::string& text, size_t width) {
+    std::string out, line, word;
+    std::istringstream words(text);
+    while (words >> word) {
+        if (!line.empty() && line.size() + 1 + word.size() > width) {
+            out += line + "\n";
+            line.clear();
+        }
+        line += (line.empty() ? "" : " ") + word;
+    }
+    return out + line;
+}
+
+// CLI11's layout, with long descriptions wrapped under their column instead of running on.
+class Formatter : public CLI::Formatter {
+public:
+    std::string make_option_desc(const CLI::Option* o) const override { return wrap(CLI::Formatter::make_option_desc(o), kWidth - kColumn); }
+    std::string make_subcommand(const CLI::App* sub) const override {
+        std::stringstream out;
+        CLI::detail::format_help(out, sub->get_display_name(true), wrap(sub->get_description(), kWidth - kColumn), column_width_);
+        return out.str();
+    }
+};
 
 // The subcommand the parse reached: the last selected one, followed down from the root.
 const CLI::App& deepest(const CLI::App& app) {
@@ -34,13 +63,13 @@ std::optional<int> handle(CLI::App& app, const CLI::ParseError& e, const Output&
 }  // namespace
 
 void style(CLI::App& app) {
-    auto f = std::make_shared<CLI::Formatter>();
+    auto f = std::make_shared<Formatter>();
     f->label("Usage", "usage");
     f->label("OPTIONS", "options");
     f->label("SUBCOMMAND", "command");
     f->label("SUBCOMMANDS", "command");
     f->label("REQUIRED", "(required)");
-    f->column_width(34);
+    f->column_width(kColumn);
     app.formatter(f);
     app.option_defaults()->always_capture_default(false);
 }

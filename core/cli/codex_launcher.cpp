@@ -193,7 +193,7 @@ CLI::App* add_codex_command(CLI::App& pulse, CodexArgs& a) {
                     "the gateway config (for --gateway and --start-gateway); default: the one `pulse serve` reads")
         ->option_text("FILE");
     cmd->add_option("--codex", a.codex, "the codex executable (default $PULSE_CODEX_BIN, else `codex` on PATH)")->option_text("BIN");
-    cmd->add_flag("!--no-continuity", a.continuity,
+    cmd->add_flag("--no-continuity", a.no_continuity,
                   "leave out the task-continuity hooks (`pulse continuity --help`), and with them --dangerously-bypass-hook-trust, which they need");
     cmd->allow_extras();  // codex's own options
     return cmd;
@@ -202,7 +202,7 @@ CLI::App* add_codex_command(CLI::App& pulse, CodexArgs& a) {
 int cmd_codex(const CodexArgs& opts, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of,
               const std::function<std::string()>& find_config) {
     std::optional<std::string> model = opts.model, gateway = opts.gateway, config = opts.config, codex = opts.codex;
-    const bool start = opts.start, keep = opts.keep, continuity = opts.continuity;
+    const bool start = opts.start, keep = opts.keep, continuity = !opts.no_continuity;
     std::vector<std::string> passthrough = opts.passthrough;
     passthrough.insert(passthrough.end(), opts.passthrough_after_dashes.begin(), opts.passthrough_after_dashes.end());
     if (!config)

@@ -14,7 +14,7 @@ namespace pulse::cli {
 // What `pulse codex` was asked for.
 struct CodexArgs {
     std::optional<std::string> model, gateway, config, codex;
-    bool start = false, keep = false, continuity = true;
+    bool start = false, keep = false, no_continuity = false;
     std::vector<std::string> passthrough;              // arguments pulse does not know, for codex, in order
     std::vector<std::string> passthrough_after_dashes;  // everything after "--", for codex, as given
 };

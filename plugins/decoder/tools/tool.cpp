@@ -3,6 +3,7 @@
 // links none of the decoder: no ICU, no OpenMP).
 //   pulse-decoder decode MODEL.gguf --prompt TEXT ...
 //   pulse-decoder gguf make-demo [--mtp] [FILE] | info FILE
+//   pulse-decoder distill collect|export-head|import-head|vocab ...
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -19,6 +21,7 @@
 #include <omp.h>
 #endif
 
+#include "args/args.h"
 #include "device/cpu/kernels.h"
 #include "format/gguf.h"
 #include "model/model.h"
@@ -33,41 +36,11 @@ namespace pulse::decoder_tool {
 
 namespace {
 
-const char* kDecodeHelp =
-    "usage: pulse decode MODEL.gguf (--prompt TEXT | --tokens ID,ID,...) [options]\n"
-    "\n"
+const char* kDecodeFooter =
     "Runs the in-process decoder on a qwen35 GGUF file: prefill the prompt, generate N tokens.\n"
-    "  -n N              tokens to generate (default 32)\n"
-    "  --threads N       CPU threads (default: all)\n"
-    "  --device NAME     the compute device: cpu, or cuda where the build has it (default: cuda when\n"
-    "                    a GPU answers the probe, else cpu; the JSON's device_note says which and why)\n"
-    "  --logits K        print the top-K logits at each generated position\n"
-    "  --temperature T --top-k K --top-p P --min-p P --seed S   sampling (default: greedy)\n"
-    "  --json            machine-readable output: token ids, pieces, logits, prefill/decode tok/s\n"
-    "  --no-special      read <|...|> in --prompt as plain text\n"
-    "  --exact           f32 activations in every matmul (default: int8 for Q8_0, TQ2_0, Q2_0 layouts)\n"
-    "  --draft mtp|model:PATH|off  speculative decoding with the file's MTP block, or with a smaller\n"
-    "                    draft model of the same vocabulary (greedy or sampled); --json reports steps,\n"
-    "                    drafts, acceptance by position and tokens per step (default: off)\n"
-    "  --draft-k K       drafts per step, 1-16 (default 4); auto[:MAX]: each step as many as the running\n"
-    "                    acceptance and the drafts' measured cost make worth verifying (up to MAX,\n"
-    "                    default 8; none while none is)\n"
-    "  --draft-vocab FILE  with --draft mtp: draft among FILE's tokens only (`pulse distill vocab`\n"
-    "                    writes it): a draft reads that many rows of the output head, not all;\n"
-    "                    first:N: among ids 0..N-1 (BPE's merge order, roughly by frequency)\n"
-    "  --synthetic-acceptance L  benchmarking only: drafts kept at random so that a step yields L\n"
-    "                    tokens on average (1 to k+1; llama.cpp's --spec-synth-len): the cost of\n"
-    "                    speculation at that acceptance; the text is NOT the model's\n"
-    "  --streams N       serve N requests at once through the serving engine (continuous batching):\n"
-    "                    each a chat turn of --prompt TEXT (+ its number), N tokens each; reports\n"
-    "                    aggregate tok/s and per-stream time to first token\n"
-    "  --max-sequences M with --streams: the engine's batch limit (default N)\n"
     "exit codes: 0 ok, 2 usage, 3 the file cannot be used\n";
 
-const char* kGgufHelp =
-    "usage: pulse gguf make-demo [--mtp] [FILE]  write the demo model (random weights, qwen35, ~1 MB);\n"
-    "                                       --mtp: with an MTP (nextn) block, random too\n"
-    "       pulse gguf info FILE            metadata summary and tensor table\n"
+const char* kGgufFooter =
     "The demo model's weights are random: it answers with random text. It exists so a fresh\n"
     "install can serve Codex end to end with no other server.\n";
 
@@ -285,80 +258,95 @@ void write_speculation(rapidjson::Writer<rapidjson::StringBuffer>& w, const deco
 
 }  // namespace
 
-int cmd_decode(const std::vector<std::string>& args) {
-    std::string path, prompt, tokens_csv;
-    bool json = false, special = true, have_prompt = false, exact = false;
+// `pulse decode`'s command line.
+struct DecodeArgs {
+    std::string path, tokens_csv, device, draft_k = "4", draft_vocab;
+    std::optional<std::string> prompt, draft;
+    bool json = false, no_special = false, exact = false, int8_prefill = false;
     int64_t n = 32, topk_print = 0, streams = 0, max_sequences = 0;
     int threads = 0;
-    DraftArgs draft;
-    std::string device;
+    double synthetic_length = 0;
     decoder::SamplerParams sp;
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        auto next = [&]() -> std::string {
-            if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-            return args[++i];
-        };
-        try {
-            if (a == "--help" || a == "-h") return std::fputs(kDecodeHelp, stdout), 0;
-            if (a == "--prompt") prompt = next(), have_prompt = true;
-            else if (a == "--tokens") tokens_csv = next();
-            else if (a == "-n") n = std::stoll(next());
-            else if (a == "--threads") threads = std::stoi(next());
-            else if (a == "--device") device = next();
-            else if (a == "--logits") topk_print = std::stoll(next());
-            else if (a == "--temperature") sp.temperature = std::stod(next());
-            else if (a == "--top-k") sp.top_k = std::stoll(next());
-            else if (a == "--top-p") sp.top_p = std::stod(next());
-            else if (a == "--min-p") sp.min_p = std::stod(next());
-            else if (a == "--seed") sp.seed = std::stoull(next());
-            else if (a == "--json") json = true;
-            else if (a == "--no-special") special = false;
-            else if (a == "--exact") exact = true;
-            else if (a == "--draft") draft.setting = decoder::DraftSetting::parse(next());
-            else if (a == "--draft-k") {
-                const std::string v = next();
-                draft.adaptive = v.rfind("auto", 0) == 0;  // auto or auto:MAX
-                draft.k = draft.adaptive ? (v.size() > 5 && v[4] == ':' ? std::stoi(v.substr(5)) : 8) : std::stoi(v);
-            }
-            else if (a == "--synthetic-acceptance") draft.synthetic_length = std::stod(next());
-            else if (a == "--draft-vocab") draft.vocab = next();
-            else if (a == "--streams") streams = std::stoll(next());
-            else if (a == "--max-sequences") max_sequences = std::stoll(next());
-            else if (a == "--int8-prefill") throw std::invalid_argument("--int8-prefill is gone: int8 activations are the default; --exact turns them off");
-            else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unknown option " + a);
-            else if (path.empty()) path = a;
-            else throw std::invalid_argument("unexpected argument " + a);
-        } catch (const std::invalid_argument& e) {
-            std::fprintf(stderr, "pulse decode: %s\n%s", e.what(), kDecodeHelp);
-            return 2;
-        } catch (const std::out_of_range&) {
-            std::fprintf(stderr, "pulse decode: %s: value out of range\n", a.c_str());
-            return 2;
-        }
+};
+
+CLI::App* add_decode_command(CLI::App& pulse, DecodeArgs& a) {
+    CLI::App* cmd = pulse.add_subcommand("decode", "run the in-process decoder directly");
+    cmd->footer(kDecodeFooter);
+    cmd->add_option("MODEL", a.path, "a qwen35 GGUF file")->type_name("")->required();
+    cmd->add_option("--prompt", a.prompt, "the prompt text (<|...|> read as special tokens)")->option_text("TEXT");
+    cmd->add_option("--tokens", a.tokens_csv, "the prompt as token ids")->option_text("ID,ID,...");
+    cmd->add_option("-n", a.n, "tokens to generate (default 32)")->option_text("N")->check(CLI::NonNegativeNumber);
+    cmd->add_option("--threads", a.threads, "CPU threads (default: all)")->option_text("N");
+    cmd->add_option("--device", a.device,
+                    "the compute device: cpu, or cuda where the build has it (default: cuda when a GPU answers the probe, else cpu; "
+                    "the JSON's device_note says which and why)")
+        ->option_text("NAME");
+    cmd->add_option("--logits", a.topk_print, "print the top-K logits at each generated position")->option_text("K")->check(CLI::NonNegativeNumber);
+    cmd->add_option("--temperature", a.sp.temperature, "sampling temperature (default 0: greedy)")->option_text("T");
+    cmd->add_option("--top-k", a.sp.top_k, "sampling: the K most likely tokens only")->option_text("K");
+    cmd->add_option("--top-p", a.sp.top_p, "sampling: nucleus")->option_text("P");
+    cmd->add_option("--min-p", a.sp.min_p, "sampling: drop tokens under P times the most likely")->option_text("P");
+    cmd->add_option("--seed", a.sp.seed, "sampling seed")->option_text("S");
+    cmd->add_flag("--json", a.json, "machine-readable output: token ids, pieces, logits, prefill/decode tok/s");
+    cmd->add_flag("--no-special", a.no_special, "read <|...|> in --prompt as plain text");
+    cmd->add_flag("--exact", a.exact, "f32 activations in every matmul (default: int8 for Q8_0, TQ2_0, Q2_0 layouts)");
+    cmd->add_option("--draft", a.draft,
+                    "speculative decoding with the file's MTP block, or with a smaller draft model of the same vocabulary (greedy or "
+                    "sampled); --json reports steps, drafts, acceptance by position and tokens per step (default: off)")
+        ->option_text("mtp|model:PATH|off");
+    cmd->add_option("--draft-k", a.draft_k,
+                    "drafts per step, 1-16 (default 4); auto[:MAX]: each step as many as the running acceptance and the drafts' "
+                    "measured cost make worth verifying (up to MAX, default 8; none while none is)")
+        ->option_text("K");
+    cmd->add_option("--draft-vocab", a.draft_vocab,
+                    "with --draft mtp: draft among FILE's tokens only (`pulse distill vocab` writes it): a draft reads that many rows "
+                    "of the output head, not all; first:N: among ids 0..N-1 (BPE's merge order, roughly by frequency)")
+        ->option_text("FILE");
+    cmd->add_option("--synthetic-acceptance", a.synthetic_length,
+                    "benchmarking only: drafts kept at random so that a step yields L tokens on average (1 to k+1; llama.cpp's "
+                    "--spec-synth-len): the cost of speculation at that acceptance; the text is NOT the model's")
+        ->option_text("L");
+    cmd->add_option("--streams", a.streams,
+                    "serve N requests at once through the serving engine (continuous batching): each a chat turn of --prompt TEXT "
+                    "(+ its number), N tokens each; reports aggregate tok/s and per-stream time to first token")
+        ->option_text("N");
+    cmd->add_option("--max-sequences", a.max_sequences, "with --streams: the engine's batch limit (default N)")->option_text("M");
+    cmd->add_flag("--int8-prefill", a.int8_prefill)->group("");  // removed; named so its user learns what replaced it
+    return cmd;
+}
+
+int cmd_decode(const CLI::App& cmd, const DecodeArgs& a) {
+    const std::string& path = a.path;
+    const std::string prompt = a.prompt.value_or("");
+    const std::string& tokens_csv = a.tokens_csv;
+    const std::string& device = a.device;
+    const bool json = a.json, special = !a.no_special, have_prompt = a.prompt.has_value(), exact = a.exact;
+    const int64_t n = a.n, topk_print = a.topk_print, streams = a.streams, max_sequences = a.max_sequences;
+    const int threads = a.threads;
+    const decoder::SamplerParams& sp = a.sp;
+    if (a.int8_prefill) return args::usage_error(cmd, "--int8-prefill is gone: int8 activations are the default; --exact turns them off");
+    DraftArgs draft;
+    draft.synthetic_length = a.synthetic_length;
+    draft.vocab = a.draft_vocab;
+    try {
+        if (a.draft) draft.setting = decoder::DraftSetting::parse(*a.draft);
+        draft.adaptive = a.draft_k.rfind("auto", 0) == 0;  // auto or auto:MAX
+        draft.k = draft.adaptive ? (a.draft_k.size() > 5 && a.draft_k[4] == ':' ? std::stoi(a.draft_k.substr(5)) : 8) : std::stoi(a.draft_k);
+    } catch (const std::invalid_argument& e) {
+        return args::usage_error(cmd, e.what());
+    } catch (const std::out_of_range&) {
+        return args::usage_error(cmd, "--draft-k: value out of range");
     }
-    if (path.empty() || (have_prompt == !tokens_csv.empty()) || n < 0 || topk_print < 0) {
-        std::fprintf(stderr, "pulse decode: give MODEL.gguf and exactly one of --prompt or --tokens\n%s", kDecodeHelp);
-        return 2;
-    }
-    if (draft.k < 1 || draft.k > decoder::Speculator::kMaxDraft) {
-        std::fprintf(stderr, "pulse decode: --draft-k takes 1 to %d or auto[:MAX]\n%s", decoder::Speculator::kMaxDraft, kDecodeHelp);
-        return 2;
-    }
+    if (have_prompt == !tokens_csv.empty()) return args::usage_error(cmd, "give exactly one of --prompt or --tokens");
+    if (draft.k < 1 || draft.k > decoder::Speculator::kMaxDraft)
+        return args::usage_error(cmd, "--draft-k takes 1 to " + std::to_string(decoder::Speculator::kMaxDraft) + " or auto[:MAX]");
     const bool speculate = draft.setting.kind != decoder::DraftSetting::off;
-    if (!draft.vocab.empty() && draft.setting.kind != decoder::DraftSetting::mtp) {
-        std::fprintf(stderr, "pulse decode: --draft-vocab goes with --draft mtp\n%s", kDecodeHelp);
-        return 2;
-    }
-    if (draft.synthetic_length != 0 && (!speculate || streams != 0 || !(draft.synthetic_length >= 1 && draft.synthetic_length <= draft.k + 1))) {
-        std::fprintf(stderr, "pulse decode: --synthetic-acceptance L needs --draft, one stream and 1 <= L <= k + 1\n%s", kDecodeHelp);
-        return 2;
-    }
+    if (!draft.vocab.empty() && draft.setting.kind != decoder::DraftSetting::mtp) return args::usage_error(cmd, "--draft-vocab goes with --draft mtp");
+    if (draft.synthetic_length != 0 && (!speculate || streams != 0 || !(draft.synthetic_length >= 1 && draft.synthetic_length <= draft.k + 1)))
+        return args::usage_error(cmd, "--synthetic-acceptance L needs --draft, one stream and 1 <= L <= k + 1");
     if (streams != 0 || max_sequences != 0) {
-        if (streams < 1 || !have_prompt || topk_print || n < 1 || max_sequences < 0) {
-            std::fprintf(stderr, "pulse decode: --streams N (N >= 1) takes --prompt, -n >= 1 and no --logits\n%s", kDecodeHelp);
-            return 2;
-        }
+        if (streams < 1 || !have_prompt || topk_print || n < 1 || max_sequences < 0)
+            return args::usage_error(cmd, "--streams N (N >= 1) takes --prompt, -n >= 1 and no --logits");
         return decode_streams(path, prompt, streams, max_sequences, n, threads, device, exact, sp, draft);
     }
 #ifdef _OPENMP
@@ -572,73 +560,71 @@ void print_mtp_summary(const decoder::GgufFile& f) {
                 shared.empty() ? "" : ("; " + shared + " shared with the main model").c_str());
 }
 
-int cmd_gguf(const std::vector<std::string>& args) {
-    if (args.empty() || args[0] == "--help" || args[0] == "-h") return std::fputs(kGgufHelp, args.empty() ? stderr : stdout), args.empty() ? 2 : 0;
-    if (args.size() > 1 && (args[1] == "--help" || args[1] == "-h")) return std::fputs(kGgufHelp, stdout), 0;
-    if (args[0] == "make-demo") {
-        const size_t first = args.size() > 1 && args[1] == "--mtp" ? 2 : 1;  // the FILE's index
-        const bool mtp = first == 2;
-        if (args.size() > first + 1) return std::fputs(kGgufHelp, stderr), 2;
-        std::string out = args.size() > first ? args[first] : "pulse-demo.gguf";
+struct GgufArgs {
+    CLI::App *make_demo = nullptr, *info = nullptr;
+    bool mtp = false;
+    std::string file = "pulse-demo.gguf";
+};
+
+CLI::App* add_gguf_command(CLI::App& pulse, GgufArgs& a) {
+    CLI::App* cmd = pulse.add_subcommand("gguf", "make-demo [--mtp] [FILE] | info FILE: the random-weight demo model; inspect a GGUF file");
+    cmd->footer(kGgufFooter);
+    cmd->require_subcommand(1);
+    a.make_demo = cmd->add_subcommand("make-demo", "write the demo model (random weights, qwen35, ~1 MB)");
+    a.make_demo->add_flag("--mtp", a.mtp, "with an MTP (nextn) block, random too");
+    a.make_demo->add_option("FILE", a.file, "where (default pulse-demo.gguf)")->type_name("");
+    a.info = cmd->add_subcommand("info", "metadata summary and tensor table");
+    a.info->add_option("FILE", a.file, "a GGUF file")->type_name("")->required();
+    return cmd;
+}
+
+int cmd_gguf(const GgufArgs& a) {
+    if (*a.make_demo) {
         try {
-            decoder::write_demo_model(out, mtp);
+            decoder::write_demo_model(a.file, a.mtp);
         } catch (const std::exception& e) {
             std::fprintf(stderr, "pulse gguf: %s\n", e.what());
             return 1;
         }
-        std::printf("wrote %s: a qwen35 demo model with RANDOM weights (its answers are random text)\n", out.c_str());
+        std::printf("wrote %s: a qwen35 demo model with RANDOM weights (its answers are random text)\n", a.file.c_str());
         return 0;
     }
-    if (args[0] == "info" && args.size() == 2) {
-        try {
-            auto f = decoder::GgufFile::open(args[1]);
-            std::printf("%s: GGUF v%u, %zu metadata keys, %zu tensors, alignment %llu\n", args[1].c_str(), f->version(), f->metadata().size(),
-                        f->tensors().size(), static_cast<unsigned long long>(f->alignment()));
-            print_mtp_summary(*f);
-            for (const auto& [k, v] : f->metadata()) {
-                if (v.type == decoder::ValueType::array) std::printf("  %-48s array[%zu]\n", k.c_str(), v.items.size());
-                else if (v.type == decoder::ValueType::string) std::printf("  %-48s %s\n", k.c_str(), v.s.substr(0, 80).c_str());
-                else if (v.is_float()) std::printf("  %-48s %g\n", k.c_str(), v.f);
-                else if (v.type == decoder::ValueType::boolean) std::printf("  %-48s %s\n", k.c_str(), v.b ? "true" : "false");
-                else std::printf("  %-48s %lld\n", k.c_str(), static_cast<long long>(v.i + static_cast<int64_t>(v.u)));
-            }
-            for (const auto& t : f->tensors()) {
-                std::string shape;
-                for (auto x : t.ne) shape += (shape.empty() ? "" : " x ") + std::to_string(x);
-                std::printf("  %-40s %-8s %s\n", t.name.c_str(), decoder::type_name(t.type).c_str(), shape.c_str());
-            }
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "pulse gguf: %s\n", e.what());
-            return 3;
+    try {
+        auto f = decoder::GgufFile::open(a.file);
+        std::printf("%s: GGUF v%u, %zu metadata keys, %zu tensors, alignment %llu\n", a.file.c_str(), f->version(), f->metadata().size(),
+                    f->tensors().size(), static_cast<unsigned long long>(f->alignment()));
+        print_mtp_summary(*f);
+        for (const auto& [k, v] : f->metadata()) {
+            if (v.type == decoder::ValueType::array) std::printf("  %-48s array[%zu]\n", k.c_str(), v.items.size());
+            else if (v.type == decoder::ValueType::string) std::printf("  %-48s %s\n", k.c_str(), v.s.substr(0, 80).c_str());
+            else if (v.is_float()) std::printf("  %-48s %g\n", k.c_str(), v.f);
+            else if (v.type == decoder::ValueType::boolean) std::printf("  %-48s %s\n", k.c_str(), v.b ? "true" : "false");
+            else std::printf("  %-48s %lld\n", k.c_str(), static_cast<long long>(v.i + static_cast<int64_t>(v.u)));
         }
-        return 0;
+        for (const auto& t : f->tensors()) {
+            std::string shape;
+            for (auto x : t.ne) shape += (shape.empty() ? "" : " x ") + std::to_string(x);
+            std::printf("  %-40s %-8s %s\n", t.name.c_str(), decoder::type_name(t.type).c_str(), shape.c_str());
+        }
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pulse gguf: %s\n", e.what());
+        return 3;
     }
-    std::fprintf(stderr, "pulse gguf: unknown subcommand\n%s", kGgufHelp);
-    return 2;
+    return 0;
 }
 
-const char* kDistillHelp =
-    "usage: pulse distill collect MODEL.gguf --prompts FILE.jsonl --out DIR [-n 128] [--threads N]\n"
-    "                             [--temperature T --seed S] [--samples N] [--batch 8] [--device NAME]\n"
+const char* kCollectFooter =
     "Generates the model's own continuations of each prompt and writes them with the model's hidden\n"
     "state at every position (NumPy files in DIR: tokens, hidden, starts, generated_from, meta.json):\n"
     "the data an MTP draft head is trained on (docs/DECODER.md, \"Self-distillation\").\n"
-    "--samples N: N sampled continuations per prompt (needs --temperature > 0); --batch: sequences\n"
-    "run together: their prompts packed into steps of up to 64 rows, then one row each per step (the\n"
-    "weights read once for all).\n"
     "FILE.jsonl: one JSON object per line, {\"prompt\": TEXT} (special tokens read) or a chat request\n"
-    "{\"messages\": [...], \"tools\": [...]} (rendered with the Qwen3.5 chat format).\n"
-    "       pulse distill export-head MODEL.gguf --out DIR\n"
-    "The file's MTP block as f32 NumPy files with head.json and a check of the decoder's own logits:\n"
-    "what tools/distill/train.py trains.\n"
-    "       pulse distill import-head MODEL.gguf --head DIR --out NEW.gguf\n"
-    "A copy of MODEL.gguf with the block's tensors replaced by DIR's trained ones (quantized to each\n"
-    "tensor's type).\n"
-    "       pulse distill vocab MODEL.gguf SOURCE... --out FILE [--top N] [--held-out SOURCE]...\n"
+    "{\"messages\": [...], \"tools\": [...]} (rendered with the Qwen3.5 chat format).\n";
+
+const char* kVocabFooter =
     "A draft vocabulary (the decoder's draft_vocab, `pulse decode --draft-vocab`): the N tokens\n"
-    "(default 32768) seen most often in the SOURCEs, most frequent first, one id and its count a\n"
-    "line. A SOURCE is a `collect` output directory (the tokens the model generated there) or a text\n"
-    "file (its tokens under MODEL's tokenizer: code and prose like what the model will write).\n"
+    "seen most often in the SOURCEs, most frequent first, one id and its count a line. A SOURCE is\n"
+    "a `collect` output directory (the tokens the model generated there) or a text file (its tokens\n"
+    "under MODEL's tokenizer: code and prose like what the model will write).\n"
     "--held-out: sources not ranked, only counted against the list: the share of their tokens it\n"
     "misses bounds the draft acceptance it can cost (a draft is right only where the next token is\n"
     "listed), printed for N and for smaller and larger lists, beside what `first:N` (ids 0..N-1)\n"
@@ -666,26 +652,61 @@ std::vector<std::vector<int32_t>> read_prompts(const std::string& path, const de
     return out;
 }
 
-// pulse distill vocab: the tokens drafts are made among, by how often the model writes them.
-int cmd_distill_vocab(const std::vector<std::string>& args) {
-    std::string path, out;
+// `pulse distill`'s subcommands and their arguments.
+struct DistillArgs {
+    CLI::App *collect = nullptr, *export_head = nullptr, *import_head = nullptr, *vocab = nullptr;
+    std::string path, prompts, out, head, device;
     std::vector<std::string> sources, held_out;
     int64_t top = 32768;
-    try {
-        for (size_t i = 1; i < args.size(); ++i) {
-            const std::string& a = args[i];
-            if (a == "--out" && i + 1 < args.size()) out = args[++i];
-            else if (a == "--top" && i + 1 < args.size()) top = std::stoll(args[++i]);
-            else if (a == "--held-out" && i + 1 < args.size()) held_out.push_back(args[++i]);
-            else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unexpected argument " + a);
-            else if (path.empty()) path = a;
-            else sources.push_back(a);
-        }
-        if (path.empty() || sources.empty() || out.empty() || top < 1) throw std::invalid_argument("give MODEL.gguf, one SOURCE or more, --out FILE and --top >= 1");
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "pulse distill vocab: %s\n%s", e.what(), kDistillHelp);
-        return 2;
-    }
+    int threads = 0;
+    decoder::CollectOptions opt;
+};
+
+CLI::App* add_distill_command(CLI::App& pulse, DistillArgs& a) {
+    CLI::App* cmd = pulse.add_subcommand("distill", "collect|export-head|import-head|vocab: data for, and the round trip of, a trained MTP draft head");
+    cmd->require_subcommand(1);
+    auto model = [&](CLI::App* c) { c->add_option("MODEL", a.path, "a qwen35 GGUF file")->type_name("")->required(); };
+    a.collect = cmd->add_subcommand("collect", "the model's own continuations and hidden states");
+    a.collect->footer(kCollectFooter);
+    model(a.collect);
+    a.collect->add_option("--prompts", a.prompts, "the prompts, one JSON object a line")->option_text("FILE.jsonl")->required();
+    a.collect->add_option("--out", a.out, "the output directory")->option_text("DIR")->required();
+    a.collect->add_option("-n", a.opt.max_new, "tokens to generate per continuation (default 128)")->option_text("N")->check(CLI::PositiveNumber);
+    a.collect->add_option("--threads", a.threads, "CPU threads (default: all)")->option_text("N");
+    a.collect->add_option("--temperature", a.opt.sampling.temperature, "sampling temperature (default 0: greedy)")->option_text("T");
+    a.collect->add_option("--seed", a.opt.sampling.seed, "sampling seed")->option_text("S");
+    a.collect->add_option("--samples", a.opt.samples, "sampled continuations per prompt (needs --temperature > 0)")->option_text("N");
+    a.collect->add_option("--batch", a.opt.batch,
+                          "sequences run together: their prompts packed into steps of up to 64 rows, then one row each per step "
+                          "(the weights read once for all; default 8)")
+        ->option_text("N");
+    a.collect->add_option("--device", a.device, "the compute device (as `pulse decode --device`)")->option_text("NAME");
+    a.export_head = cmd->add_subcommand(
+        "export-head", "the file's MTP block as f32 NumPy files with head.json and a check of the decoder's own logits (what tools/distill/train.py trains)");
+    model(a.export_head);
+    a.export_head->add_option("--out", a.out, "the output directory")->option_text("DIR")->required();
+    a.import_head = cmd->add_subcommand(
+        "import-head", "a copy of MODEL with the block's tensors replaced by DIR's trained ones (quantized to each tensor's type)");
+    model(a.import_head);
+    a.import_head->add_option("--head", a.head, "the trained tensors (NAME.npy)")->option_text("DIR")->required();
+    a.import_head->add_option("--out", a.out, "the new file")->option_text("NEW.gguf")->required();
+    a.vocab = cmd->add_subcommand("vocab", "a draft vocabulary: the tokens the model writes most often");
+    a.vocab->footer(kVocabFooter);
+    model(a.vocab);
+    a.vocab->add_option("SOURCE", a.sources, "collect directories or text files")->type_name("")->required();
+    a.vocab->add_option("--out", a.out, "the vocabulary file")->option_text("FILE")->required();
+    a.vocab->add_option("--top", a.top, "tokens listed (default 32768)")->option_text("N")->check(CLI::PositiveNumber);
+    a.vocab->add_option("--held-out", a.held_out, "a source counted against the list, not ranked (repeatable)")->option_text("SOURCE");
+    return cmd;
+}
+
+// pulse distill vocab: the tokens drafts are made among, by how often the model writes them.
+int cmd_distill_vocab(const DistillArgs& a) {
+    const std::string& path = a.path;
+    const std::string& out = a.out;
+    const std::vector<std::string>& sources = a.sources;
+    const std::vector<std::string>& held_out = a.held_out;
+    const int64_t top = a.top;
     try {
         auto file = decoder::GgufFile::open(path);
         const auto tok = decoder::Tokenizer::load(*file);
@@ -754,17 +775,12 @@ int cmd_distill_vocab(const std::vector<std::string>& args) {
 }
 
 // pulse distill export-head / import-head: the block out to the trainer and back.
-int cmd_distill_head(const std::vector<std::string>& args) {
-    const bool exporting = args[0] == "export-head";
-    std::string path, head, out;
-    for (size_t i = 1; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if ((a == "--out" || a == "--head") && i + 1 < args.size()) (a == "--out" ? out : head) = args[++i];
-        else if (!a.empty() && a[0] != '-' && path.empty()) path = a;
-        else return std::fprintf(stderr, "pulse distill %s: unexpected argument %s\n%s", args[0].c_str(), a.c_str(), kDistillHelp), 2;
-    }
-    if (path.empty() || out.empty() || exporting == !head.empty())
-        return std::fprintf(stderr, "pulse distill %s: give MODEL.gguf and %s\n%s", args[0].c_str(), exporting ? "--out DIR" : "--head DIR --out NEW.gguf", kDistillHelp), 2;
+int cmd_distill_head(const DistillArgs& a) {
+    const bool exporting = a.export_head->parsed();
+    const std::string& path = a.path;
+    const std::string& head = a.head;
+    const std::string& out = a.out;
+    const char* name = exporting ? "export-head" : "import-head";
     try {
         auto file = decoder::GgufFile::open(path);
         if (exporting) {
@@ -777,55 +793,26 @@ int cmd_distill_head(const std::vector<std::string>& args) {
             std::printf("wrote %s: %d tensors of the block from %s, the rest from %s\n", out.c_str(), n, head.c_str(), path.c_str());
         }
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "pulse distill %s: %s\n", args[0].c_str(), e.what());
+        std::fprintf(stderr, "pulse distill %s: %s\n", name, e.what());
         return 3;
     }
     return 0;
 }
 
-int cmd_distill(const std::vector<std::string>& args) {
-    // `--help` anywhere, after any subcommand, is a request for help (exit 0), never a usage error.
-    for (const auto& a : args)
-        if (a == "--help" || a == "-h") return std::fputs(kDistillHelp, stdout), 0;
-    if (!args.empty() && (args[0] == "export-head" || args[0] == "import-head")) return cmd_distill_head(args);
-    if (!args.empty() && args[0] == "vocab") return cmd_distill_vocab(args);
-    if (args.empty() || args[0] != "collect") {
-        std::fprintf(stderr, "pulse distill: %s\n%s", args.empty() ? "give a subcommand" : ("unknown subcommand '" + args[0] + "'").c_str(), kDistillHelp);
-        return 2;
-    }
-    std::string path, prompts, out, device;
-    decoder::CollectOptions opt;
-    int threads = 0;
-    try {
-        for (size_t i = 1; i < args.size(); ++i) {
-            const std::string& a = args[i];
-            auto next = [&]() -> std::string {
-                if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-                return args[++i];
-            };
-            if (a == "--help" || a == "-h") return std::fputs(kDistillHelp, stdout), 0;
-            if (a == "--prompts") prompts = next();
-            else if (a == "--out") out = next();
-            else if (a == "-n") opt.max_new = std::stoll(next());
-            else if (a == "--threads") threads = std::stoi(next());
-            else if (a == "--temperature") opt.sampling.temperature = std::stod(next());
-            else if (a == "--seed") opt.sampling.seed = std::stoull(next());
-            else if (a == "--samples") opt.samples = std::stoi(next());
-            else if (a == "--batch") opt.batch = std::stoll(next());
-            else if (a == "--device") device = next();
-            else if (!a.empty() && a[0] == '-') throw std::invalid_argument("unknown option " + a);
-            else if (path.empty()) path = a;
-            else throw std::invalid_argument("unexpected argument " + a);
-        }
-        if (path.empty() || prompts.empty() || out.empty() || opt.max_new < 1) throw std::invalid_argument("give MODEL.gguf, --prompts FILE, --out DIR and -n >= 1");
-        if (opt.samples < 1 || opt.batch < 1 || opt.batch > decoder::Model::kMaxStepRows)
-            throw std::invalid_argument("--samples must be >= 1 and --batch 1.." + std::to_string(decoder::Model::kMaxStepRows));
-        if (opt.samples > 1 && opt.sampling.temperature <= 0)
-            throw std::invalid_argument("--samples " + std::to_string(opt.samples) + " with greedy decoding would repeat each continuation: give --temperature > 0");
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "pulse distill: %s\n%s", e.what(), kDistillHelp);
-        return 2;
-    }
+int cmd_distill(const DistillArgs& a) {
+    if (*a.export_head || *a.import_head) return cmd_distill_head(a);
+    if (*a.vocab) return cmd_distill_vocab(a);
+    const std::string& path = a.path;
+    const std::string& prompts = a.prompts;
+    const std::string& out = a.out;
+    const std::string& device = a.device;
+    const decoder::CollectOptions& opt = a.opt;
+    const int threads = a.threads;
+    if (opt.samples < 1 || opt.batch < 1 || opt.batch > decoder::Model::kMaxStepRows)
+        return args::usage_error(*a.collect, "--samples must be >= 1 and --batch 1.." + std::to_string(decoder::Model::kMaxStepRows));
+    if (opt.samples > 1 && opt.sampling.temperature <= 0)
+        return args::usage_error(*a.collect, "--samples " + std::to_string(opt.samples) +
+                                                 " with greedy decoding would repeat each continuation: give --temperature > 0");
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #else
@@ -855,12 +842,21 @@ int cmd_distill(const std::vector<std::string>& args) {
 
 }  // namespace pulse::decoder_tool
 
+// Run as `pulse decode|gguf|distill ...` (the host passes the arguments on as given), so the
+// usage reads "pulse decode".
 int main(int argc, char** argv) {
-    std::string cmd = argc > 1 ? argv[1] : "";
-    std::vector<std::string> rest(argv + std::min(argc, 2), argv + argc);
-    if (cmd == "decode") return pulse::decoder_tool::cmd_decode(rest);
-    if (cmd == "gguf") return pulse::decoder_tool::cmd_gguf(rest);
-    if (cmd == "distill") return pulse::decoder_tool::cmd_distill(rest);
-    std::fprintf(stderr, "usage: pulse-decoder decode ARGS | gguf ARGS | distill ARGS (run as `pulse decode` / `pulse gguf` / `pulse distill`)\n");
-    return 2;
+    using namespace pulse::decoder_tool;
+    CLI::App pulse{"The decoder's own commands.", "pulse"};
+    pulse::args::style(pulse);
+    pulse.require_subcommand(1);
+    DecodeArgs decode;
+    GgufArgs gguf;
+    DistillArgs distill;
+    CLI::App* decode_cmd = add_decode_command(pulse, decode);
+    CLI::App* gguf_cmd = add_gguf_command(pulse, gguf);
+    add_distill_command(pulse, distill);
+    if (auto exit = pulse::args::parse(pulse, argc, argv)) return *exit;
+    if (*decode_cmd) return cmd_decode(*decode_cmd, decode);
+    if (*gguf_cmd) return cmd_gguf(gguf);
+    return cmd_distill(distill);
 }
