@@ -542,7 +542,8 @@ TEST_CASE("bench: usage errors exit 2 with the reason") {
              {"decode", "--endpoint", "http://127.0.0.1:9/v1", "--reps", "0"}, {"ttft", "--endpoint", "http://127.0.0.1:9/v1", "--cases", "restart"}}) {
         BenchRun r(args);
         CHECK_MESSAGE(r.r.code == 2, args[0]);
-        CHECK(r.r.err.find("pulse bench:") != std::string::npos);
+        CHECK(r.r.err.find("pulse bench") == 0);  // the command, then what is wrong
+        CHECK(r.r.err.find("`pulse bench") != std::string::npos);
     }
     BenchRun down({"decode", "--endpoint", "http://127.0.0.1:9/v1"});  // nothing listens
     CHECK(down.r.code == 1);

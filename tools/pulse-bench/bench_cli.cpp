@@ -25,6 +25,7 @@
 #include "pulse-bench/humaneval.h"
 #include "pulse-bench/prometheus.h"
 #include "pulse-bench/report.h"
+#include "args/args.h"
 #include "pulse-bench/agent.h"
 #include "pulse-bench/sandbox.h"
 #include "pulse-bench/stats.h"
@@ -33,38 +34,7 @@ namespace pulse::bench {
 namespace fs = std::filesystem;
 using Alloc = rapidjson::Document::AllocatorType;
 
-const char* const kBenchHelp =
-    "usage: pulse bench TOOL [options]\n"
-    "\n"
-    "  decode   decode tok/s, TTFT and end-to-end time on fixed coding prompts (code_write, code_edit)\n"
-    "  accept   speculative-decoding acceptance from the server's /metrics deltas (or llama timings)\n"
-    "  ttft     time to first token: cold prefix cache, warm, first turn after a backend restart\n"
-    "  quality  HumanEval pass@k, each completion run in a sandbox\n"
-    "  drift    A/B of two configurations: identical outputs, first divergence, speed ratio\n"
-    "  agent    matched agent tasks (tool-calling scenarios, repository tasks) per arm, compared pair by pair\n"
-    "\n"
-    "common options:\n"
-    "  --endpoint [NAME=]URL     the server's OpenAI base URL, e.g. http://127.0.0.1:8888/v1\n"
-    "  --arms A=URL,B=URL        two or more endpoints (decode, drift); --interleave runs them A B A B;\n"
-    "                            URL#MODEL sets that arm's model (two models of one gateway)\n"
-    "  --model M                 request model (default: the first /v1/models lists)\n"
-    "  --api-key-env VAR         read a bearer key from this environment variable\n"
-    "  --out DIR                 where JSON and charts go (default bench-results)\n"
-    "  --json                    print the result JSON on stdout; no progress, no table\n"
-    "  --no-plot                 skip the chart\n"
-    "  --timeout S               per request (default 600)\n"
-    "  --reps N --max-tokens N --prompts FILE --temperature T\n"
-    "  --chat-template-kwargs JSON   default {\"enable_thinking\": false}\n"
-    "decode: --reps 3, --max-tokens 600, --ignore-eos, --api chat|responses (a Pulse gateway), --effort E\n"
-    "accept: --metrics URL, --max-tokens 256, --api chat|responses (responses: a Pulse gateway, whose own\n"
-    "        /metrics has its in-process decoder's counters)\n"
-    "ttft: --cases cold,warm,restart --restart-cmd CMD --api chat|responses --prompt-words N\n"
-    "quality: --dataset PATH (HumanEval .jsonl[.gz]) --samples N --k 1,10 --limit N --mode chat|completions\n"
-    "         --exec-timeout S --cpu-s S\n"
-    "agent: --suite FILE (default the shipped suite) --kind tools|repo|smoke|all --limit N --seed N --max-turns N\n"
-    "       --api chat|responses (responses for a Pulse gateway) --effort E --max-tokens N (8192: per answer,\n"
-    "       reasoning included; answers cut there are counted and warned about)\n"
-    "exit codes: 0 ok, 1 some request or run failed, 2 usage\n";
+const char* const kFooter = "exit codes: 0 ok, 1 some request or run failed, 2 usage\n";
 
 namespace {
 
@@ -98,88 +68,130 @@ std::vector<std::string> split(const std::string& s, char sep) {
     return out;
 }
 
-Options parse(const std::vector<std::string>& args) {
+// The command line: each tool a subcommand with the options it reads, then the checks that
+// span options (or need the environment) once parsing is done.
+struct CommandLine {
     Options o;
-    if (args.empty()) throw Usage("missing TOOL");
-    o.tool = args[0];
-    if (o.tool != "decode" && o.tool != "accept" && o.tool != "ttft" && o.tool != "quality" && o.tool != "drift" && o.tool != "agent")
-        throw Usage("unknown tool '" + o.tool + "'");  // before its options: they depend on the tool
-    std::vector<std::string> endpoints;
-    for (size_t i = 1; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        auto next = [&]() -> std::string {
-            if (i + 1 >= args.size()) throw Usage(a + " needs a value");
-            return args[++i];
+    std::vector<std::string> endpoints, arms;
+    std::string ks = "1", cases = "cold,warm";
+    std::vector<std::pair<std::string, CLI::App*>> tools;
+
+    explicit CommandLine(CLI::App& bench) {
+        auto tool = [&](const char* name, const char* about) {
+            CLI::App* t = bench.add_subcommand(name, about);
+            add_common(*t);
+            tools.emplace_back(name, t);
+            return t;
         };
-        auto number = [&](double lo, double hi) {
-            std::string v = next();
-            char* end = nullptr;
-            double d = std::strtod(v.c_str(), &end);
-            if (v.empty() || *end || d < lo || d > hi) throw Usage(a + " " + v + ": expected a number from " + num(lo, 0) + " to " + num(hi, 0));
-            return d;
-        };
-        if (a == "--endpoint") endpoints.push_back(next());
-        else if (a == "--arms") for (auto& e : split(next(), ',')) endpoints.push_back(e);
-        else if (a == "--model") o.model = next();
-        else if (a == "--api-key-env") o.api_key_env = next();
-        else if (a == "--out") o.out = next();
-        else if (a == "--json") o.json = true;
-        else if (a == "--no-plot") o.plot = false;
-        else if (a == "--interleave") o.interleave = true;
-        else if (a == "--ignore-eos") o.ignore_eos = true;
-        else if (a == "--timeout") o.timeout = number(0.1, 86400);
-        else if (a == "--reps") o.reps = static_cast<int>(number(1, 10000));
-        else if (a == "--max-tokens") o.max_tokens = static_cast<int>(number(1, 1 << 20));
-        else if (a == "--prompts") o.prompts = next();
-        else if (a == "--temperature") o.temperature = number(0, 10);
-        else if (a == "--chat-template-kwargs") o.template_kwargs = next();
-        else if (a == "--metrics") o.metrics = next();
-        else if (a == "--cases") o.cases = split(next(), ',');
-        else if (a == "--restart-cmd") o.restart_cmd = next();
-        else if (a == "--ready-timeout") o.ready_timeout = number(1, 86400);
-        else if (a == "--api") o.api = next();
-        else if (a == "--effort") o.effort = next();
-        else if (a == "--suite") o.suite = next();
-        else if (a == "--kind") o.kind = next();
-        else if (a == "--max-turns") o.max_turns = static_cast<int>(number(1, 50));
-        else if (a == "--seed") o.seed = static_cast<int>(number(0, 1 << 30));
-        else if (a == "--prompt-words") o.prompt_words = static_cast<int>(number(1, 1000000));
-        else if (a == "--dataset") o.dataset = next();
-        else if (a == "--samples") o.samples = static_cast<int>(number(1, 1000));
-        else if (a == "--k") {
-            o.ks.clear();
-            for (auto& k : split(next(), ',')) o.ks.push_back(std::atoi(k.c_str()));
-        } else if (a == "--limit") o.limit = static_cast<int>(number(1, 1000000));
-        else if (a == "--mode") o.mode = next();
-        else if (a == "--exec-timeout") o.exec_timeout = number(0.1, 3600);
-        else if (a == "--cpu-s") o.cpu_s = static_cast<int>(number(1, 3600));
-        else throw Usage("unknown option " + a);
+        CLI::App* decode = tool("decode", "decode tok/s, TTFT and end-to-end time on fixed coding prompts (code_write, code_edit)");
+        add_reps(*decode, 3);
+        add_prompts(*decode);
+        add_interleave(*decode);
+        add_ignore_eos(*decode);
+        add_api(*decode);
+        add_effort(*decode);
+        CLI::App* accept = tool("accept", "speculative-decoding acceptance from the server's /metrics deltas (or llama timings)");
+        add_prompts(*accept);
+        accept->add_option("--metrics", o.metrics, "the server's Prometheus /metrics (default: beside the endpoint)")->option_text("URL");
+        add_api(*accept, " (responses: a Pulse gateway, whose own /metrics has its in-process decoder's counters)");
+        CLI::App* ttft = tool("ttft", "time to first token: cold prefix cache, warm, first turn after a backend restart");
+        add_reps(*ttft, 3);
+        ttft->add_option("--cases", cases, "which of cold, warm, restart (default cold,warm)")->option_text("LIST");
+        ttft->add_option("--restart-cmd", o.restart_cmd, "restarts the backend (the restart case)")->option_text("CMD");
+        ttft->add_option("--ready-timeout", o.ready_timeout, "how long a restarted backend may take to answer (default 900)")
+            ->option_text("S")
+            ->check(CLI::Range(1.0, 86400.0));
+        ttft->add_option("--prompt-words", o.prompt_words, "the prompt's length (default 1500)")->option_text("N")->check(CLI::Range(1, 1000000));
+        add_api(*ttft);
+        CLI::App* quality = tool("quality", "HumanEval pass@k, each completion run in a sandbox");
+        quality->add_option("--dataset", o.dataset, "HumanEval .jsonl[.gz]")->option_text("PATH")->required();
+        quality->add_option("--samples", o.samples, "completions per problem (default 1)")->option_text("N")->check(CLI::Range(1, 1000));
+        quality->add_option("--k", ks, "the k of pass@k (default 1)")->option_text("1,10");
+        add_limit(*quality);
+        quality->add_option("--mode", o.mode, "chat or completions (default chat)")->option_text("chat|completions")->check(CLI::IsMember({"chat", "completions"}));
+        add_sandbox(*quality);
+        add_api(*quality);
+        add_effort(*quality);
+        CLI::App* drift = tool("drift", "A/B of two configurations: identical outputs, first divergence, speed ratio");
+        add_prompts(*drift);
+        add_ignore_eos(*drift);
+        CLI::App* agent = tool("agent", "matched agent tasks (tool-calling scenarios, repository tasks) per arm, compared pair by pair");
+        agent->add_option("--suite", o.suite, "the task file (default: the shipped suite)")->option_text("FILE");
+        agent->add_option("--kind", o.kind, "which tasks (default all)")->option_text("tools|repo|smoke|all")->check(CLI::IsMember({"tools", "repo", "smoke", "all"}));
+        add_limit(*agent);
+        agent->add_option("--seed", o.seed, "the task order's seed (default 1)")->option_text("N")->check(CLI::Range(0, 1 << 30));
+        agent->add_option("--max-turns", o.max_turns, "per task (default: the task's)")->option_text("N")->check(CLI::Range(1, 50));
+        add_sandbox(*agent);
+        add_api(*agent, " (responses for a Pulse gateway)");
+        add_effort(*agent);
     }
-    for (size_t i = 0; i < endpoints.size(); ++i) {
-        try {
-            o.arms.push_back(parse_endpoint(endpoints[i], endpoints.size() == 1 ? "endpoint" : std::string(1, static_cast<char>('a' + i))));
-        } catch (const std::invalid_argument& e) {
-            throw Usage(e.what());
+
+    void add_common(CLI::App& t) {
+        t.footer(kFooter);
+        t.add_option("--endpoint", endpoints, "the server's OpenAI base URL, e.g. http://127.0.0.1:8888/v1")->option_text("[NAME=]URL");
+        t.add_option("--arms", arms,
+                     "two or more endpoints; URL#MODEL sets that arm's model (two models of one gateway)")
+            ->option_text("A=URL,B=URL")
+            ->delimiter(',');
+        t.add_option("--model", o.model, "request model (default: the first /v1/models lists)")->option_text("M");
+        t.add_option("--api-key-env", o.api_key_env, "read a bearer key from this environment variable")->option_text("VAR");
+        t.add_option("--out", o.out, "where JSON and charts go (default bench-results)")->option_text("DIR");
+        t.add_flag("--json", o.json, "print the result JSON on stdout; no progress, no table");
+        t.add_flag("--no-plot", no_plot, "skip the chart");
+        t.add_option("--timeout", o.timeout, "per request, seconds (default 600)")->option_text("S")->check(CLI::Range(0.1, 86400.0));
+        t.add_option("--max-tokens", o.max_tokens, "per answer (default: the tool's)")->option_text("N")->check(CLI::Range(1, 1 << 20));
+        t.add_option("--temperature", o.temperature, "sampling temperature (default 0)")->option_text("T")->check(CLI::Range(0.0, 10.0));
+        t.add_option("--chat-template-kwargs", o.template_kwargs, "default {\"enable_thinking\": false}")->option_text("JSON");
+    }
+    void add_reps(CLI::App& t, int dflt) {
+        t.add_option("--reps", o.reps, "repetitions (default " + std::to_string(dflt) + ")")->option_text("N")->check(CLI::Range(1, 10000));
+    }
+    void add_prompts(CLI::App& t) { t.add_option("--prompts", o.prompts, "the prompt file (default: the shipped one)")->option_text("FILE"); }
+    void add_interleave(CLI::App& t) { t.add_flag("--interleave", o.interleave, "run the arms A B A B rather than A A B B"); }
+    void add_ignore_eos(CLI::App& t) { t.add_flag("--ignore-eos", o.ignore_eos, "generate --max-tokens every time"); }
+    void add_api(CLI::App& t, const std::string& note = " (responses: a Pulse gateway)") {
+        t.add_option("--api", o.api, "chat or responses" + note)->option_text("chat|responses")->check(CLI::IsMember({"chat", "responses"}));
+    }
+    void add_effort(CLI::App& t) { t.add_option("--effort", o.effort, "--api responses: reasoning.effort (default: none sent)")->option_text("E"); }
+    void add_limit(CLI::App& t) { t.add_option("--limit", o.limit, "at most N tasks")->option_text("N")->check(CLI::Range(1, 1000000)); }
+    void add_sandbox(CLI::App& t) {
+        t.add_option("--exec-timeout", o.exec_timeout, "per sandboxed run, seconds (default 10)")->option_text("S")->check(CLI::Range(0.1, 3600.0));
+        t.add_option("--cpu-s", o.cpu_s, "CPU seconds per sandboxed run (default 5)")->option_text("S")->check(CLI::Range(1, 3600));
+    }
+
+    // The checks no single option can make. Throws Usage.
+    void finish() {
+        o.plot = !no_plot;
+        o.cases = split(cases, ',');
+        o.ks.clear();
+        for (const auto& k : split(ks, ',')) o.ks.push_back(std::atoi(k.c_str()));
+        std::vector<std::string> all = endpoints;
+        all.insert(all.end(), arms.begin(), arms.end());
+        for (size_t i = 0; i < all.size(); ++i) {
+            try {
+                o.arms.push_back(parse_endpoint(all[i], all.size() == 1 ? "endpoint" : std::string(1, static_cast<char>('a' + i))));
+            } catch (const std::invalid_argument& e) {
+                throw Usage(e.what());
+            }
         }
+        if (o.arms.empty()) throw Usage("--endpoint URL (or --arms A=URL,B=URL) is required");
+        const char* key = o.api_key_env.empty() ? nullptr : std::getenv(o.api_key_env.c_str());
+        if (!o.api_key_env.empty() && !key) throw Usage("--api-key-env " + o.api_key_env + ": the variable is not set");
+        for (auto& e : o.arms) {
+            if (!o.model.empty()) e.model = o.model;
+            if (key) e.api_key = key;
+        }
+        rapidjson::Document kw;
+        kw.Parse(o.template_kwargs.c_str());
+        if (kw.HasParseError() || !kw.IsObject()) throw Usage("--chat-template-kwargs must be a JSON object");
+        for (const auto& c : o.cases)
+            if (c != "cold" && c != "warm" && c != "restart") throw Usage("--cases: '" + c + "' is not one of cold, warm, restart");
+        for (int k : o.ks)
+            if (k < 1 || k > o.samples) throw Usage("--k " + std::to_string(k) + " needs 1 <= k <= --samples (" + std::to_string(o.samples) + ")");
     }
-    if (o.arms.empty()) throw Usage("--endpoint URL (or --arms A=URL,B=URL) is required");
-    const char* key = o.api_key_env.empty() ? nullptr : std::getenv(o.api_key_env.c_str());
-    if (!o.api_key_env.empty() && !key) throw Usage("--api-key-env " + o.api_key_env + ": the variable is not set");
-    for (auto& e : o.arms) {
-        if (!o.model.empty()) e.model = o.model;
-        if (key) e.api_key = key;
-    }
-    rapidjson::Document kw;
-    kw.Parse(o.template_kwargs.c_str());
-    if (kw.HasParseError() || !kw.IsObject()) throw Usage("--chat-template-kwargs must be a JSON object");
-    if (o.api != "chat" && o.api != "responses") throw Usage("--api must be chat or responses");
-    if (o.mode != "chat" && o.mode != "completions") throw Usage("--mode must be chat or completions");
-    for (const auto& c : o.cases)
-        if (c != "cold" && c != "warm" && c != "restart") throw Usage("--cases: '" + c + "' is not one of cold, warm, restart");
-    for (int k : o.ks)
-        if (k < 1 || k > o.samples) throw Usage("--k " + std::to_string(k) + " needs 1 <= k <= --samples (" + std::to_string(o.samples) + ")");
-    return o;
-}
+
+    bool no_plot = false;
+};
 
 fs::path data_dir() {
     for (const char* d : {PULSE_BENCH_DATA_DIR, PULSE_BENCH_SOURCE_DATA_DIR})
@@ -1024,32 +1036,36 @@ int drift(Options& o) {
 
 }  // namespace
 
-int run_bench(const std::vector<std::string>& args) {
-    if (args.empty() || args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
-        std::fputs(kBenchHelp, stdout);
-        return args.empty() ? 2 : 0;
+int run_bench(int argc, const char* const* argv) {
+    CLI::App bench{"Measurements against any OpenAI-compatible server (docs/BENCHMARKS.md).", "pulse bench"};
+    args::style(bench);
+    bench.footer(kFooter);
+    CommandLine cl(bench);
+    if (auto exit = args::parse(bench, argc, argv)) return *exit;
+    for (auto& [name, cmd] : cl.tools) {
+        if (!*cmd) continue;
+        Options& o = cl.o;
+        o.tool = name;
+        try {
+            cl.finish();
+        } catch (const Usage& e) {
+            return args::usage_error(*cmd, e.what());
+        }
+        try {
+            if (name == "decode") return decode(o);
+            if (name == "accept") return accept(o);
+            if (name == "ttft") return ttft(o);
+            if (name == "quality") return quality(o);
+            if (name == "drift") return drift(o);
+            return agent_bench(o);
+        } catch (const Usage& e) {
+            return args::usage_error(*cmd, e.what());
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "pulse bench %s: %s\n", name.c_str(), e.what());
+            return 1;
+        }
     }
-    // `pulse bench TOOL --help`: the help (every tool's options are in it), exit 0.
-    if (std::find(args.begin(), args.end(), "--help") != args.end() || std::find(args.begin(), args.end(), "-h") != args.end()) {
-        std::fputs(kBenchHelp, stdout);
-        return 0;
-    }
-    try {
-        Options o = parse(args);
-        if (o.tool == "decode") return decode(o);
-        if (o.tool == "accept") return accept(o);
-        if (o.tool == "ttft") return ttft(o);
-        if (o.tool == "quality") return quality(o);
-        if (o.tool == "drift") return drift(o);
-        if (o.tool == "agent") return agent_bench(o);
-        throw Usage("unknown tool '" + o.tool + "'");
-    } catch (const Usage& e) {
-        std::fprintf(stderr, "pulse bench: %s\n%s", e.what(), kBenchHelp);
-        return 2;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "pulse bench: %s\n", e.what());
-        return 1;
-    }
+    return args::usage_error(bench, "give a tool: decode, accept, ttft, quality, drift or agent");
 }
 
 }  // namespace pulse::bench

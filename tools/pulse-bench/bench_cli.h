@@ -1,12 +1,8 @@
 // The `pulse-bench` program (run as `pulse bench ...`): measurement tools. Returns the exit code.
 #pragma once
 
-#include <string>
-#include <vector>
-
 namespace pulse::bench {
 
-extern const char* const kBenchHelp;
-int run_bench(const std::vector<std::string>& args);  // args after "bench"
+int run_bench(int argc, const char* const* argv);  // argv[0] is the program, argv[1] the tool
 
 }  // namespace pulse::bench

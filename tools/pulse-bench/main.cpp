@@ -1,9 +1,6 @@
 // pulse-bench: the measurement tools, a program of their own so the host process stays minimal.
 // `pulse bench ARGS` runs `pulse-bench ARGS` (found next to `pulse`, or on PATH); both spellings
 // take the same arguments.
-#include <string>
-#include <vector>
-
 #include "pulse-bench/bench_cli.h"
 
-int main(int argc, char** argv) { return pulse::bench::run_bench(std::vector<std::string>(argv + 1, argv + argc)); }
+int main(int argc, char** argv) { return pulse::bench::run_bench(argc, argv); }

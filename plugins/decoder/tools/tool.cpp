@@ -848,15 +848,15 @@ int main(int argc, char** argv) {
     using namespace pulse::decoder_tool;
     CLI::App pulse{"The decoder's own commands.", "pulse"};
     pulse::args::style(pulse);
-    pulse.require_subcommand(1);
     DecodeArgs decode;
     GgufArgs gguf;
     DistillArgs distill;
     CLI::App* decode_cmd = add_decode_command(pulse, decode);
     CLI::App* gguf_cmd = add_gguf_command(pulse, gguf);
-    add_distill_command(pulse, distill);
+    CLI::App* distill_cmd = add_distill_command(pulse, distill);
     if (auto exit = pulse::args::parse(pulse, argc, argv)) return *exit;
     if (*decode_cmd) return cmd_decode(*decode_cmd, decode);
     if (*gguf_cmd) return cmd_gguf(gguf);
-    return cmd_distill(distill);
+    if (*distill_cmd) return cmd_distill(distill);
+    return pulse::args::usage_error(pulse, "give a command: decode, gguf or distill");
 }
