@@ -26,8 +26,9 @@ enter_netns "$@"
 
 # The slow server: the 332.7M-parameter synthetic model, one thread, 512-token batches (a
 # cancelled prefill is dropped at the next batch's end). --ignore-eos keeps its answers going
-# until the token limit. The fast second server: the tiny model.
-"$make_synthetic" --bench Q8_0 "$work/bench.gguf" > /dev/null
+# until the token limit. The fast second server: the tiny model. f32: the slowest synthetic
+# layout, the one these timings were set with.
+"$make_synthetic" --bench f32 "$work/bench.gguf" > /dev/null
 "$make_synthetic" --tiny "$work/tiny.gguf"
 bias=()
 for t in $(seq 128 255); do bias+=(--logit-bias "$t-inf"); done  # no invalid UTF-8 from random weights

@@ -19,8 +19,8 @@ pulse=$(realpath "$1") plugins=$(realpath "$2") make_synthetic=$(realpath "$3")
 require_llama_server
 enter_netns "$@"
 
-# The 332.7M model: slow enough on one thread (tens of tokens a second) to be killed mid-answer.
-"$make_synthetic" --bench Q8_0 "$work/model.gguf" > /dev/null
+# The 332.7M model in f32: slow enough on one thread (tens of tokens a second) to be killed mid-answer.
+"$make_synthetic" --bench f32 "$work/model.gguf" > /dev/null
 # Byte tokens 128..255 (UTF-8 pieces) banned, as in llama_server_live.sh: random weights would
 # write invalid UTF-8. (A character split across tokens is covered by the unit tests: the token
 # record then has a hole and the resume goes by text.) --ignore-eos: answers run to the limit.

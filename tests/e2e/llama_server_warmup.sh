@@ -21,7 +21,8 @@ pulse=$(realpath "$1") plugins=$(realpath "$2") make_synthetic=$(realpath "$3")
 require_llama_server
 enter_netns "$@"
 
-"$make_synthetic" --bench Q8_0 "$work/bench.gguf" > /dev/null
+# The 332.7M model in f32 (the slowest synthetic layout): a prefill long enough to measure warmup by.
+"$make_synthetic" --bench f32 "$work/bench.gguf" > /dev/null
 bias=()
 for t in $(seq 128 255); do bias+=(--logit-bias "$t-inf"); done  # no invalid UTF-8 from random weights
 lport=$(free_port)

@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "args/args.h"
 #include "support/subprocess.h"
 
 using namespace std::chrono;
@@ -59,12 +60,6 @@ struct Sample {
     int tokens = 0;
     bool ok = false;
 };
-
-std::string arg(int argc, char** argv, const std::string& name, const std::string& def) {
-    for (int i = 1; i + 1 < argc; ++i)
-        if (argv[i] == name) return argv[i + 1];
-    return def;
-}
 
 uint16_t wait_port(Child& c, bool from_stderr, const std::regex& re) {
     std::smatch m;
@@ -211,31 +206,29 @@ long rss_kib(pid_t pid) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string pulse = arg(argc, argv, "--pulse", ""), fake = arg(argc, argv, "--fake", ""), plugins = arg(argc, argv, "--plugins", "");
-    std::string relay_bin = arg(argc, argv, "--relay", "");
-    if (pulse.empty() || fake.empty() || plugins.empty() || relay_bin.empty()) {
-        std::fprintf(stderr, "usage: gateway_overhead --pulse BIN --fake BIN --relay BIN --plugins DIR [--tokens N] [--delay-ms D] "
-                             "[--concurrency 1,16,64,256] [--samples N] [--arrivals steady|burst] [--lockstep] [--stream-threads N] "
-                             "[--json FILE]\n");
-        return 2;
-    }
-    int tokens = std::stoi(arg(argc, argv, "--tokens", "64"));
-    int delay = std::stoi(arg(argc, argv, "--delay-ms", "2"));
-    int samples = std::stoi(arg(argc, argv, "--samples", "128"));
-    const std::string stream_threads = arg(argc, argv, "--stream-threads", "1");
-    const std::string arrivals = arg(argc, argv, "--arrivals", "steady");
-    if (arrivals != "steady" && arrivals != "burst") {
-        std::fprintf(stderr, "--arrivals must be steady or burst\n");
-        return 2;
-    }
-    const bool steady = arrivals == "steady";
+    std::string pulse, fake, plugins, relay_bin, stream_threads = "1", arrivals = "steady", out;
+    int tokens = 64, delay = 2, samples = 128;
+    double idle_s = 5;
     bool lockstep = false;
-    for (int i = 1; i < argc; ++i) lockstep = lockstep || std::string(argv[i]) == "--lockstep";
-    std::vector<int> levels;
-    {
-        std::istringstream in(arg(argc, argv, "--concurrency", "1,16,64,256"));
-        for (std::string x; std::getline(in, x, ',');) levels.push_back(std::stoi(x));
-    }
+    std::vector<int> levels = {1, 16, 64, 256};
+    CLI::App app{"Gateway overhead: direct, through a byte relay and through Pulse, at each concurrency (docs/PERFORMANCE.md).",
+                 "gateway_overhead"};
+    pulse::args::style(app);
+    app.add_option("--pulse", pulse, "the pulse binary")->option_text("BIN")->required();
+    app.add_option("--fake", fake, "the fake vLLM binary")->option_text("BIN")->required();
+    app.add_option("--relay", relay_bin, "the byte relay (tcp_relay)")->option_text("BIN")->required();
+    app.add_option("--plugins", plugins, "the plugin directory")->option_text("DIR")->required();
+    app.add_option("--tokens", tokens, "tokens per answer (default 64)")->option_text("N")->check(CLI::PositiveNumber);
+    app.add_option("--delay-ms", delay, "the fake backend's delay between tokens (default 2)")->option_text("D")->check(CLI::NonNegativeNumber);
+    app.add_option("--concurrency", levels, "the levels (default 1,16,64,256)")->option_text("1,16,...")->delimiter(',')->check(CLI::PositiveNumber);
+    app.add_option("--samples", samples, "requests per level and arm (default 128)")->option_text("N")->check(CLI::PositiveNumber);
+    app.add_option("--arrivals", arrivals, "steady or burst (default steady)")->option_text("steady|burst")->check(CLI::IsMember({"steady", "burst"}));
+    app.add_flag("--lockstep", lockstep, "every stream's tokens at the same instants");
+    app.add_option("--stream-threads", stream_threads, "the gateway's stream threads (default 1)")->option_text("N");
+    app.add_option("--idle-s", idle_s, "idle time measured after the load (default 5)")->option_text("S")->check(CLI::NonNegativeNumber);
+    app.add_option("--json", out, "write the results here")->option_text("FILE");
+    if (auto exit = pulse::args::parse(app, argc, argv)) return *exit;
+    const bool steady = arrivals == "steady";
     ::signal(SIGPIPE, SIG_IGN);
 
     pulse::test::TempDir dir;
@@ -288,9 +281,9 @@ int main(int argc, char** argv) {
     // while idle, so it is not charged to the tokens.
     double idle_g0 = cpu_us(gpid), idle_r0 = cpu_us(rl.pid());
     auto idle_t0 = steady_clock::now();
-    std::this_thread::sleep_for(duration<double>(std::stod(arg(argc, argv, "--idle-s", "5"))));
-    double idle_s = duration<double>(steady_clock::now() - idle_t0).count();
-    const double idle_us_per_s[3] = {0, (cpu_us(rl.pid()) - idle_r0) / idle_s, (cpu_us(gpid) - idle_g0) / idle_s};
+    std::this_thread::sleep_for(duration<double>(idle_s));
+    const double idled_s = duration<double>(steady_clock::now() - idle_t0).count();
+    const double idle_us_per_s[3] = {0, (cpu_us(rl.pid()) - idle_r0) / idled_s, (cpu_us(gpid) - idle_g0) / idled_s};
     std::printf("idle CPU: gateway %.0f us/s, byte relay %.0f us/s (subtracted below)\n", idle_us_per_s[2], idle_us_per_s[1]);
     json += ",\"idle_cpu_us_per_s\":" + std::to_string(idle_us_per_s[2]) + ",\"stream_ms\":" + std::to_string(stream_ms) + ",\"levels\":[";
     std::printf("gateway overhead: %d tokens per stream, %d ms between tokens (%s), %s arrivals (a stream lasts %.0f ms direct)\n",
@@ -369,7 +362,6 @@ int main(int argc, char** argv) {
         total_errors += errors;
     }
     json += "],\"cores\":" + std::to_string(std::thread::hardware_concurrency()) + "}";
-    std::string out = arg(argc, argv, "--json", "");
     if (!out.empty()) std::ofstream(out) << json << "\n";
     gw.signal(SIGTERM);
     gw.wait(30);

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "args/args.h"
+
 namespace {
 
 struct Pair;
@@ -86,12 +88,10 @@ bool relay(Side& from) {
 
 int main(int argc, char** argv) {
     int to_port = 0;
-    for (int i = 1; i + 1 < argc; ++i)
-        if (std::string(argv[i]) == "--to") to_port = std::atoi(argv[i + 1]);
-    if (to_port <= 0) {
-        std::fprintf(stderr, "usage: tcp_relay --to PORT\n");
-        return 2;
-    }
+    CLI::App app{"A byte relay on a loopback port to 127.0.0.1:PORT: the floor of a relay hop for gateway_overhead.", "tcp_relay"};
+    pulse::args::style(app);
+    app.add_option("--to", to_port, "the port relayed to")->option_text("PORT")->required()->check(CLI::Range(1, 65535));
+    if (auto exit = pulse::args::parse(app, argc, argv)) return *exit;
     ::signal(SIGPIPE, SIG_IGN);
     sockaddr_in target{};
     target.sin_family = AF_INET;

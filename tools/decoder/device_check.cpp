@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "args/args.h"
 #include "device/cpu/kernels.h"
 #include "device/device.h"
 #include "format/blocks.h"
@@ -535,46 +536,33 @@ std::vector<std::string> split(const std::string& s) {
     return out;
 }
 
-int usage(const char* why) {
-    std::fprintf(stderr, "device-check: %s\nusage: pulse-device-check [--devices cpu,cuda] [--levels all|LEVEL,...] [--require cuda] [--quick] [--verbose]\n", why);
-    return 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
     std::vector<std::string> devices = device_names(), levels;
-    bool require_cuda = false, quick = false;
+    std::string level_list = "all", require;
+    bool quick = false;
     Table table;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-        if (a == "--devices") devices = split(value());
-        else if (a == "--levels") {
-            const std::string v = value();
-            if (v != "all") levels = split(v);
-        } else if (a == "--require") {
-            const std::string v = value();
-            if (v != "cuda") return usage(("--require takes cuda, not '" + v + "'").c_str());
-            require_cuda = true;
-        } else if (a == "--quick") quick = true;
-        else if (a == "--verbose") table.verbose = true;
-        else if (a == "-h" || a == "--help") {
-            std::printf("device-check: every decoder device op on every CPU kernel level and the CUDA device, against a double-precision reference\n"
-                        "usage: pulse-device-check [--devices cpu,cuda] [--levels all|LEVEL,...] [--require cuda] [--quick] [--verbose]\n"
-                        "  --devices  the devices to check (default: cpu, and cuda where this build has it)\n"
-                        "  --levels   CPU kernel levels to run (this CPU's: all of them by default)\n"
-                        "  --require  a device that must run (without it, a CUDA device this machine cannot run is reported, not failed)\n"
-                        "  --quick    fewer token counts for the matmuls\n"
-                        "  --verbose  every case with its errors, not only the table and the failures\n"
-                        "exit codes: 0 every op within tolerance, 1 a failure (or a --require'd device that did not run), 2 usage\n");
-            return 0;
-        } else return usage(("unknown argument '" + a + "'").c_str());
-    }
+    CLI::App app{"Every decoder device op on every CPU kernel level and the CUDA device, against a double-precision reference.",
+                 "pulse-device-check"};
+    pulse::args::style(app);
+    app.footer("exit codes: 0 every op within tolerance, 1 a failure (or a --require'd device that did not run), 2 usage\n");
+    app.add_option("--devices", devices, "the devices to check (default: cpu, and cuda where this build has it)")
+        ->option_text("cpu,cuda")
+        ->delimiter(',');
+    app.add_option("--levels", level_list, "CPU kernel levels to run (this CPU's: all of them by default)")->option_text("all|LEVEL,...");
+    app.add_option("--require", require, "a device that must run (without it, a CUDA device this machine cannot run is reported, not failed)")
+        ->option_text("cuda")
+        ->check(CLI::IsMember({"cuda"}));
+    app.add_flag("--quick", quick, "fewer token counts for the matmuls");
+    app.add_flag("--verbose", table.verbose, "every case with its errors, not only the table and the failures");
+    if (auto exit = pulse::args::parse(app, argc, argv)) return *exit;
+    const bool require_cuda = require == "cuda";
+    if (level_list != "all") levels = split(level_list);
     const std::vector<std::string> have = kernel_levels();
     if (levels.empty()) levels = have;
     for (const auto& l : levels)
-        if (std::find(have.begin(), have.end(), l) == have.end()) return usage(("this CPU cannot run kernel level '" + l + "'").c_str());
+        if (std::find(have.begin(), have.end(), l) == have.end()) return pulse::args::usage_error(app, "this CPU cannot run kernel level '" + l + "'");
 
     std::printf("device-check: CPU kernel levels here: ");
     for (const auto& l : have) std::printf("%s ", l.c_str());
