@@ -1,5 +1,8 @@
 #include "common/metrics.h"
 
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -36,25 +39,6 @@ std::string num(double v) {
     char b[32];
     auto r = std::to_chars(b, b + sizeof b, v);
     return std::string(b, r.ptr);
-}
-
-std::string json_str(const std::string& s) {
-    std::string o = "\"";
-    for (unsigned char c : s) {
-        if (c == '"' || c == '\\') o += '\\', o += static_cast<char>(c);
-        else if (c < 0x20) {
-            char b[8];
-            std::snprintf(b, sizeof b, "\\u%04x", c);
-            o += b;
-        } else o += static_cast<char>(c);
-    }
-    return o + "\"";
-}
-
-std::string labels_json(const Labels& l) {
-    std::string o = "{";
-    for (size_t i = 0; i < l.size(); ++i) o += (i ? "," : "") + json_str(l[i].first) + ":" + json_str(l[i].second);
-    return o + "}";
 }
 
 }  // namespace
@@ -141,34 +125,71 @@ std::string Registry::prometheus() const {
 
 std::string Registry::json() const {
     std::lock_guard lock(mutex_);
-    std::string o = "{";
-    bool first_family = true;
-    for (const auto& [name, f] : families_) {
-        static const char* kinds[] = {"counter", "gauge", "histogram"};
-        o += (first_family ? "" : ",") + json_str(name) + ":{\"type\":\"" + kinds[static_cast<int>(f.kind)] + "\",\"help\":" +
-             json_str(f.help) + ",\"series\":[";
-        first_family = false;
-        bool first = true;
-        auto sep = [&] {
-            std::string s = first ? "" : ",";
-            first = false;
-            return s;
-        };
-        for (const auto& [l, c] : f.counters) o += sep() + "{\"labels\":" + labels_json(l) + ",\"value\":" + std::to_string(c->value()) + "}";
-        for (const auto& [l, g] : f.gauges) o += sep() + "{\"labels\":" + labels_json(l) + ",\"value\":" + std::to_string(g->value()) + "}";
-        for (const auto& [l, h] : f.histograms) {
-            auto cum = h->cumulative();
-            o += sep() + "{\"labels\":" + labels_json(l) + ",\"count\":" + std::to_string(h->count()) + ",\"sum\":" + num(h->sum()) +
-                 ",\"buckets\":[";
-            for (size_t i = 0; i < cum.size(); ++i) {
-                double le = i < h->bounds().size() ? h->bounds()[i] : INFINITY;
-                o += (i ? "," : "") + std::string("{\"le\":") + (std::isinf(le) ? "\"+Inf\"" : num(le)) + ",\"count\":" + std::to_string(cum[i]) + "}";
-            }
-            o += "]}";
+    rapidjson::StringBuffer buf;
+    rapidjson::Writer<rapidjson::StringBuffer> w(buf);
+    auto str = [&](const std::string& v) { w.String(v.c_str(), static_cast<rapidjson::SizeType>(v.size())); };
+    auto number = [&](double v) { std::isfinite(v) ? w.Double(v) : w.Null(); };  // JSON has no NaN or infinity
+    auto labels = [&](const Labels& l) {
+        w.Key("labels");
+        w.StartObject();
+        for (const auto& [k, v] : l) {
+            w.Key(k.c_str(), static_cast<rapidjson::SizeType>(k.size()));
+            str(v);
         }
-        o += "]}";
+        w.EndObject();
+    };
+    static const char* kinds[] = {"counter", "gauge", "histogram"};
+    w.StartObject();
+    for (const auto& [name, f] : families_) {
+        w.Key(name.c_str(), static_cast<rapidjson::SizeType>(name.size()));
+        w.StartObject();
+        w.Key("type");
+        w.String(kinds[static_cast<int>(f.kind)]);
+        w.Key("help");
+        str(f.help);
+        w.Key("series");
+        w.StartArray();
+        for (const auto& [l, c] : f.counters) {
+            w.StartObject();
+            labels(l);
+            w.Key("value");
+            w.Uint64(c->value());
+            w.EndObject();
+        }
+        for (const auto& [l, g] : f.gauges) {
+            w.StartObject();
+            labels(l);
+            w.Key("value");
+            w.Int64(g->value());
+            w.EndObject();
+        }
+        for (const auto& [l, h] : f.histograms) {
+            w.StartObject();
+            labels(l);
+            w.Key("count");
+            w.Uint64(h->count());
+            w.Key("sum");
+            number(h->sum());
+            w.Key("buckets");
+            w.StartArray();
+            const auto cum = h->cumulative();
+            for (size_t i = 0; i < cum.size(); ++i) {
+                w.StartObject();
+                w.Key("le");
+                if (i < h->bounds().size()) number(h->bounds()[i]);
+                else w.String("+Inf");
+                w.Key("count");
+                w.Uint64(cum[i]);
+                w.EndObject();
+            }
+            w.EndArray();
+            w.EndObject();
+        }
+        w.EndArray();
+        w.EndObject();
     }
-    return o + "}";
+    w.EndObject();
+    return {buf.GetString(), buf.GetSize()};
 }
 
 Registry& global() {

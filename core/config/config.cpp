@@ -7,8 +7,10 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <optional>
 #include <sstream>
 
+#include <rapidjson/document.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <pulse/plugin.hpp>
@@ -169,51 +171,58 @@ std::filesystem::path resolve(const std::filesystem::path& base, const std::stri
     return path.is_relative() ? (base / path).lexically_normal() : path;
 }
 
-// Converts a TOML node to JSON text, for plugin option tables (the host hands plugins JSON).
-void to_json(const toml::node& n, std::string& out);
-
-void json_string(std::string_view s, std::string& out) {
-    rapidjson::StringBuffer b;
-    rapidjson::Writer<rapidjson::StringBuffer> w(b);
-    w.String(s.data(), static_cast<rapidjson::SizeType>(s.size()));
-    out.append(b.GetString(), b.GetSize());
-}
-
-void to_json(const toml::node& n, std::string& out) {
+// A TOML node as JSON, for plugin option tables (the host hands plugins JSON).
+void write_json(const toml::node& n, rapidjson::Writer<rapidjson::StringBuffer>& w) {
     if (auto* t = n.as_table()) {
-        out += '{';
-        bool first = true;
+        w.StartObject();
         for (const auto& [k, v] : *t) {
-            if (!first) out += ',';
-            first = false;
-            json_string(k.str(), out);
-            out += ':';
-            to_json(v, out);
+            w.Key(k.data(), static_cast<rapidjson::SizeType>(k.length()));
+            write_json(v, w);
         }
-        out += '}';
+        w.EndObject();
     } else if (auto* a = n.as_array()) {
-        out += '[';
-        for (size_t i = 0; i < a->size(); ++i) {
-            if (i) out += ',';
-            to_json(*a->get(i), out);
-        }
-        out += ']';
+        w.StartArray();
+        for (const auto& v : *a) write_json(v, w);
+        w.EndArray();
     } else if (auto* s = n.as_string()) {
-        json_string(s->get(), out);
+        w.String(s->get().data(), static_cast<rapidjson::SizeType>(s->get().size()));
     } else if (auto* i = n.as_integer()) {
-        out += std::to_string(i->get());
+        w.Int64(i->get());
     } else if (auto* f = n.as_floating_point()) {
-        double v = f->get();
-        if (!std::isfinite(v)) throw ConfigError("non-finite numbers cannot be passed to plugins");
-        std::ostringstream o;
-        o.precision(17);
-        o << v;
-        out += o.str();
+        if (!std::isfinite(f->get())) throw ConfigError("non-finite numbers cannot be passed to plugins");
+        w.Double(f->get());
     } else if (auto* b = n.as_boolean()) {
-        out += b->get() ? "true" : "false";
+        w.Bool(b->get());
     } else {
         throw ConfigError(where(n.source().path ? *n.source().path : std::string("config"), n.source()) + ": dates and times cannot be passed to plugins; use a string");
     }
+}
+
+std::string to_json(const toml::node& n) {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    write_json(n, w);
+    return {b.GetString(), b.GetSize()};
+}
+
+// An endpoint's options with "model" set first: the decoder:// alias. nullopt when the options
+// name a model already.
+std::optional<std::string> with_model_option(const std::string& options_json, const std::string& model) {
+    rapidjson::Document options;
+    options.Parse(options_json.c_str());
+    if (options.IsObject() && options.HasMember("model")) return std::nullopt;
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.StartObject();
+    w.Key("model");
+    w.String(model.c_str(), static_cast<rapidjson::SizeType>(model.size()));
+    if (options.IsObject())
+        for (const auto& m : options.GetObject()) {
+            w.Key(m.name.GetString(), m.name.GetStringLength());
+            m.value.Accept(w);
+        }
+    w.EndObject();
+    return std::string(b.GetString(), b.GetSize());
 }
 
 void check_url(const Table& t, const toml::node& n, const std::string& url) {
@@ -236,22 +245,16 @@ Endpoint parse_endpoint(const toml::node& node, const std::string& path, const s
     t.str("url", e.url);
     t.number("weight", e.weight, 0.001, 1e6);
     t.boolean("last_resort", e.last_resort);
-    if (const toml::table* o = t.subtable("options")) {
-        e.options_json.clear();
-        to_json(*o, e.options_json);
-    }
+    if (const toml::table* o = t.subtable("options")) e.options_json = to_json(*o);
     t.reject_unknown();
     if (e.url.empty()) t.fail_here("'" + t.qualified("url") + "' is required");
     // decoder:///path/model.gguf: the in-process decoder backend with options.model = the path.
     if (e.url.rfind("decoder://", 0) == 0) {
         std::string model = e.url.substr(10);
         if (model.empty()) t.fail(*et->get("url"), "endpoint url '" + e.url + "' names no model file (decoder:///path/model.gguf)");
-        if (e.options_json.find("\"model\"") != std::string::npos)
-            t.fail(*et->get("url"), "endpoint url '" + e.url + "' already names the model; drop options.model");
-        std::string quoted;
-        json_string(resolve(base, model).string(), quoted);
-        e.options_json = e.options_json == "null" || e.options_json == "{}" ? "{\"model\":" + quoted + "}"
-                                                                            : "{\"model\":" + quoted + "," + e.options_json.substr(1);
+        auto options = with_model_option(e.options_json, resolve(base, model).string());
+        if (!options) t.fail(*et->get("url"), "endpoint url '" + e.url + "' already names the model; drop options.model");
+        e.options_json = *options;
         e.url = "plugin://decoder";
     }
     check_url(t, *et->get("url"), e.url);
@@ -293,8 +296,7 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
         s.reject_unknown();
     }
     if (const toml::table* po = t.subtable("profile_options")) {
-        m.profile_options_json.clear();
-        to_json(*po, m.profile_options_json);
+        m.profile_options_json = to_json(*po);
     }
     if (const toml::table* pt = t.subtable("policy")) {
         Table p(*pt, t.qualified("policy"), file);
@@ -302,8 +304,7 @@ Model parse_model(const std::string& id, const toml::table& mt, const std::strin
         p.str("name", pol.name);
         p.integer("timeout_ms", pol.timeout_ms, 1, 60000);
         if (const toml::table* o = p.subtable("options")) {
-            pol.options_json.clear();
-            to_json(*o, pol.options_json);
+            pol.options_json = to_json(*o);
         }
         p.reject_unknown();
         if (pol.name.empty()) p.fail_here("'" + p.qualified("name") + "' is required (a policy component, e.g. \"static\")");
@@ -398,8 +399,7 @@ Config parse(const toml::table& root, const std::string& file, const std::filesy
     }
     if (const toml::table* ct = top.subtable("controller")) {
         // Validated by the controller plugin; the host only adds where relative paths start.
-        cfg.controller_json.clear();
-        to_json(*ct, cfg.controller_json);
+        cfg.controller_json = to_json(*ct);
     }
     if (const toml::table* mt = top.subtable("models")) {
         // In the order the file lists them (TOML tables iterate by key): the first is the

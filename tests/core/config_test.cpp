@@ -340,6 +340,20 @@ url = "decoder:///srv/x.gguf"
     CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"decoder://\"\n").find("names no model file") != std::string::npos);
     CHECK(error_of("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"decoder:///a.gguf\"\n[models.m.endpoints.options]\nmodel = \"/b\"\n")
               .find("already names the model") != std::string::npos);
+    // Regression: "model" anywhere in the options' text (a value, a nested key) was taken for
+    // options.model, and the endpoint refused.
+    Config nested = load_string("[models.m]\nprofile = \"p\"\n[[models.m.endpoints]]\nurl = \"decoder:///a.gguf\"\n"
+                                "[models.m.endpoints.options]\nnote = \"model\"\ndraft = { model = \"/d.gguf\" }\n",
+                                "nested.toml");
+    CHECK(nested.models[0].endpoints[0].options_json == R"({"model":"/a.gguf","draft":{"model":"/d.gguf"},"note":"model"})");
+}
+
+TEST_CASE("plugin options reach the plugin as the JSON of their TOML (keys sorted, as TOML tables are)") {
+    Config c = load_string("[models.m]\nprofile = \"p\"\n[models.m.profile_options]\nf = 0.1\ni = -3\nb = true\n"
+                           "s = \"q\\\"\\u0001\"\na = [1, [2.5, \"x\"]]\nt = { u = {} }\n"
+                           "[[models.m.endpoints]]\nurl = \"http://127.0.0.1:1/v1\"\n",
+                           "types.toml");
+    CHECK(c.models[0].profile_options_json == R"({"a":[1,[2.5,"x"]],"b":true,"f":0.1,"i":-3,"s":"q\"\u0001","t":{"u":{}}})");
 }
 
 TEST_CASE("models keep the order the file lists them in (the first is the default elsewhere)") {

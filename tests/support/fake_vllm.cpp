@@ -111,6 +111,8 @@
 #include <string>
 #include <thread>
 
+#include "args/args.h"
+
 namespace {
 
 rapidjson::Document g_script;
@@ -850,15 +852,18 @@ public:
 int main(int argc, char** argv) {
     std::string script_path;
     int port = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        std::string a = argv[i];
-        if (a == "--script") script_path = argv[i + 1];
-        else if (a == "--port") port = std::stoi(argv[i + 1]);
-        else if (a == "--record") g_record = argv[i + 1];
-        else if (a == "--flavor") g_flavor = argv[i + 1];
-        else if (a == "--served-name") g_served_name = argv[i + 1], g_check_model = true;
-        else if (a == "--max-model-len") g_max_model_len = std::to_string(std::stoll(argv[i + 1]));
-    }
+    int64_t max_model_len = 0;
+    CLI::App app{"A scripted stand-in for vLLM (or llama-server: --flavor) on loopback, faults included.", "fake_vllm"};
+    pulse::args::style(app);
+    app.add_option("--script", script_path, "the turns to play (JSON)")->option_text("FILE")->required();
+    app.add_option("--port", port, "the port (0: any; the chosen one is printed)")->option_text("PORT");
+    app.add_option("--record", g_record, "append each request received to this file")->option_text("FILE");
+    app.add_option("--flavor", g_flavor, "which server's answers to give")->option_text("NAME");
+    CLI::Option* served = app.add_option("--served-name", g_served_name, "the one model name served (others get vLLM's 404)")->option_text("NAME");
+    app.add_option("--max-model-len", max_model_len, "the context window /v1/models reports")->option_text("N");
+    if (auto exit = pulse::args::parse(app, argc, argv)) return *exit;
+    g_check_model = served->count() > 0;
+    if (max_model_len) g_max_model_len = std::to_string(max_model_len);
     // One bulk copy: scripts of tens of MiB (the slow-client tests) took over the harness's
     // start-up bound read a character at a time in the sanitizer build.
     std::ifstream in(script_path, std::ios::binary);

@@ -53,6 +53,7 @@
 #include "device/cpu/kernels.h"
 #include "device/device.h"
 #include "format/gguf.h"
+#include "args/args.h"
 #include "format/quants.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -397,42 +398,46 @@ int tokenize_mode(const std::string& path, const std::string& text_path, int rou
     return 0;
 }
 
-int usage() {
-    std::fprintf(stderr,
-                 "usage: decoder_ops step MODEL.gguf [--streams 1,4] [--rows 1] [--steps 64] [--threads 2] [--rounds 3]\n"
-                 "       decoder_ops verify MODEL.gguf [--k 1,2,4,8] [--steps 32] [--threads 2] [--rounds 3] [--draft-vocab N]\n"
-                 "       decoder_ops tokenize MODEL.gguf --text FILE [--rounds 3]\n"
-                 "       decoder_ops kernels [--groups 8] [--reps 30]\n");
-    return 2;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc < 2) return usage();
-    const std::string mode = argv[1];
-    std::map<std::string, std::string> opt;
-    std::string model;
-    for (int i = 2; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a.rfind("--", 0) == 0 && i + 1 < argc) opt[a] = argv[++i];
-        else if (model.empty() && a.rfind("--", 0) != 0) model = a;
-        else return usage();
-    }
-    auto get = [&](const char* k, const char* dflt) { return opt.count(k) ? opt[k] : std::string(dflt); };
+    CLI::App app{"Per-op timings of the in-process decoder: a model step, MTP verification, the tokenizer, the kernels.", "decoder_ops"};
+    pulse::args::style(app);
+    std::string model, text, streams = "1,4", ks = "1,2,4,8";
+    int rows = 1, steps = 0, threads = 2, rounds = 3, reps = 30;
+    int64_t draft_vocab = 0, groups = 8;
+    auto with_model = [&](CLI::App* c) { c->add_option("MODEL", model, "a qwen35 GGUF file")->type_name("")->required(); };
+    auto timing = [&](CLI::App* c) {
+        c->add_option("--steps", steps, "steps timed per round")->option_text("N");
+        c->add_option("--threads", threads, "CPU threads (default 2)")->option_text("N");
+        c->add_option("--rounds", rounds, "rounds, the best reported (default 3)")->option_text("N");
+    };
+    CLI::App* step = app.add_subcommand("step", "a model step for several streams and rows (--steps default 64)");
+    with_model(step);
+    step->add_option("--streams", streams, "stream counts (default 1,4)")->option_text("1,4");
+    step->add_option("--rows", rows, "rows per stream (default 1)")->option_text("N");
+    timing(step);
+    CLI::App* verify = app.add_subcommand("verify", "MTP drafting and verification at each k (--steps default 32)");
+    with_model(verify);
+    verify->add_option("--k", ks, "drafts per step (default 1,2,4,8)")->option_text("1,2,...");
+    verify->add_option("--draft-vocab", draft_vocab, "draft among the first N ids (0: all)")->option_text("N");
+    timing(verify);
+    CLI::App* tokenize = app.add_subcommand("tokenize", "the tokenizer on a text file");
+    with_model(tokenize);
+    tokenize->add_option("--text", text, "the text")->option_text("FILE")->required();
+    tokenize->add_option("--rounds", rounds, "rounds, the best reported (default 3)")->option_text("N");
+    CLI::App* kernels = app.add_subcommand("kernels", "each kernel level's matmuls");
+    kernels->add_option("--groups", groups, "weight groups (default 8)")->option_text("N");
+    kernels->add_option("--reps", reps, "repetitions (default 30)")->option_text("N");
+    if (auto exit = pulse::args::parse(app, argc, argv)) return *exit;
     try {
-        if (mode == "step" && !model.empty())
-            return step_mode(model, parse_list(get("--streams", "1,4")), std::atoi(get("--rows", "1").c_str()), std::atoi(get("--steps", "64").c_str()),
-                             std::atoi(get("--threads", "2").c_str()),
-                             std::atoi(get("--rounds", "3").c_str()));
-        if (mode == "verify" && !model.empty())
-            return verify_mode(model, parse_list(get("--k", "1,2,4,8")), std::atoi(get("--steps", "32").c_str()), std::atoi(get("--threads", "2").c_str()),
-                               std::atoi(get("--rounds", "3").c_str()), std::atoll(get("--draft-vocab", "0").c_str()));
-        if (mode == "tokenize" && !model.empty() && opt.count("--text")) return tokenize_mode(model, opt["--text"], std::atoi(get("--rounds", "3").c_str()));
-        if (mode == "kernels") return kernels_mode(std::atoll(get("--groups", "8").c_str()), std::atoi(get("--reps", "30").c_str()));
+        if (*step) return step_mode(model, parse_list(streams), rows, steps ? steps : 64, threads, rounds);
+        if (*verify) return verify_mode(model, parse_list(ks), steps ? steps : 32, threads, rounds, draft_vocab);
+        if (*tokenize) return tokenize_mode(model, text, rounds);
+        if (*kernels) return kernels_mode(groups, reps);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "decoder_ops: %s\n", e.what());
         return 3;
     }
-    return usage();
+    return pulse::args::usage_error(app, "give a mode: step, verify, tokenize or kernels");
 }
