@@ -16,193 +16,43 @@
 #include <pulse/plugin.hpp>
 #include <toml++/toml.h>
 
+#include "toml/reader.h"
+
 namespace pulse::config {
 namespace {
 
-std::string where(const std::string& file, const toml::source_region& r) {
-    std::ostringstream o;
-    o << file << ':' << r.begin.line << ':' << r.begin.column;
-    return o.str();
-}
+using toml_reader::where;
 
-// Walks one TOML table, consuming known keys; anything left over is an error that lists what
-// is allowed. Type errors name the key, the expected type and what was found.
-class Table {
+// The gateway's config stops at its first problem: each Table reports to a Problems of its
+// own in throw_first mode. The load functions turn toml_reader::Error into ConfigError.
+struct FirstProblem {
+    toml_reader::Problems problems;
+};
+class Table : private FirstProblem, public toml_reader::Table {
 public:
     Table(const toml::table& t, std::string path, const std::string& file)
-        : t_(t), path_(std::move(path)), file_(file) {}
-
-    ~Table() = default;
-
-    const std::string& file() const { return file_; }
-    const std::string& path() const { return path_; }
-
+        : FirstProblem{toml_reader::Problems(file, toml_reader::Problems::Mode::throw_first)},
+          toml_reader::Table(t, std::move(path), FirstProblem::problems) {}
+    const std::string& file() const { return FirstProblem::problems.file(); }
     [[noreturn]] void fail(const toml::node& n, const std::string& msg) const {
-        throw ConfigError(where(file_, n.source()) + ": " + msg);
+        toml_reader::Table::fail(n, msg);
+        throw ConfigError(msg);  // not reached: throw_first throws
     }
     [[noreturn]] void fail_here(const std::string& msg) const {
-        throw ConfigError(where(file_, t_.source()) + ": " + msg);
+        toml_reader::Table::fail_here(msg);
+        throw ConfigError(msg);  // not reached
     }
-
-    const toml::node* take(std::string_view key) {
-        allowed_.emplace_back(key);
-        return t_.get(key);
-    }
-
-    std::string qualified(std::string_view key) const {
-        return path_.empty() ? std::string(key) : path_ + "." + std::string(key);
-    }
-
-    void str(std::string_view key, std::string& out) {
-        if (auto* n = take(key)) {
-            if (!n->is_string()) fail(*n, "'" + qualified(key) + "' must be a string, found " + type_name(*n));
-            out = n->as_string()->get();
-        }
-    }
-    void boolean(std::string_view key, bool& out) {
-        if (auto* n = take(key)) {
-            if (!n->is_boolean()) fail(*n, "'" + qualified(key) + "' must be true or false, found " + type_name(*n));
-            out = n->as_boolean()->get();
-        }
-    }
-    void integer(std::string_view key, int64_t& out, int64_t lo, int64_t hi) {
-        if (auto* n = take(key)) {
-            if (!n->is_integer()) fail(*n, "'" + qualified(key) + "' must be an integer, found " + type_name(*n));
-            int64_t v = n->as_integer()->get();
-            if (v < lo || v > hi)
-                fail(*n, "'" + qualified(key) + "' = " + std::to_string(v) + " is out of range; allowed " +
-                             std::to_string(lo) + " to " + std::to_string(hi));
-            out = v;
-        }
-    }
-    void integer(std::string_view key, std::optional<int64_t>& out, int64_t lo, int64_t hi) {
-        if (t_.get(key)) {
-            int64_t v = 0;
-            integer(key, v, lo, hi);
-            out = v;
-        } else {
-            allowed_.emplace_back(key);
-        }
-    }
-    void number(std::string_view key, double& out, double lo, double hi) {
-        if (auto* n = take(key)) {
-            double v;
-            if (n->is_integer()) v = static_cast<double>(n->as_integer()->get());
-            else if (n->is_floating_point()) v = n->as_floating_point()->get();
-            else fail(*n, "'" + qualified(key) + "' must be a number, found " + type_name(*n));
-            if (!(v >= lo && v <= hi)) {
-                std::ostringstream o;
-                o << "'" << qualified(key) << "' = " << v << " is out of range; allowed " << lo << " to " << hi;
-                fail(*n, o.str());
-            }
-            out = v;
-        }
-    }
-    void number(std::string_view key, std::optional<double>& out, double lo, double hi) {
-        if (t_.get(key)) {
-            double v = 0;
-            number(key, v, lo, hi);
-            out = v;
-        } else {
-            allowed_.emplace_back(key);
-        }
-    }
-    void strings(std::string_view key, std::vector<std::string>& out) {
-        if (auto* n = take(key)) {
-            const toml::array* a = n->as_array();
-            if (!a) fail(*n, "'" + qualified(key) + "' must be an array of strings, found " + type_name(*n));
-            out.clear();
-            for (const auto& e : *a) {
-                if (!e.is_string()) fail(e, "'" + qualified(key) + "' must contain only strings, found " + type_name(e));
-                out.push_back(e.as_string()->get());
-            }
-        }
-    }
-    const toml::table* subtable(std::string_view key) {
-        if (auto* n = take(key)) {
-            if (!n->is_table()) fail(*n, "'" + qualified(key) + "' must be a table, found " + type_name(*n));
-            return n->as_table();
-        }
-        return nullptr;
-    }
-    const toml::array* array(std::string_view key) {
-        if (auto* n = take(key)) {
-            if (!n->is_array()) fail(*n, "'" + qualified(key) + "' must be an array, found " + type_name(*n));
-            return n->as_array();
-        }
-        return nullptr;
-    }
-
-    // Call once every key has been taken.
-    void reject_unknown() const {
-        for (const auto& [k, v] : t_) {
-            bool known = false;
-            for (const auto& a : allowed_) known = known || a == k.str();
-            if (!known) {
-                std::string list;
-                for (const auto& a : allowed_) list += (list.empty() ? "" : ", ") + a;
-                throw ConfigError(where(file_, k.source()) + ": unknown key '" + qualified(k.str()) + "'" +
-                                  pulse::did_you_mean(k.str(), allowed_) + "; allowed here: " + list);
-            }
-        }
-    }
-
-    static std::string type_name(const toml::node& n) {
-        switch (n.type()) {
-            case toml::node_type::string: return "a string";
-            case toml::node_type::integer: return "an integer";
-            case toml::node_type::floating_point: return "a float";
-            case toml::node_type::boolean: return "a boolean";
-            case toml::node_type::array: return "an array";
-            case toml::node_type::table: return "a table";
-            default: return "a date/time";
-        }
-    }
-
-private:
-    const toml::table& t_;
-    std::string path_;
-    const std::string& file_;
-    std::vector<std::string> allowed_;
 };
+
+// Plugin option tables as JSON; a value with no JSON form is a config error at its place.
+std::string to_json(const toml::node& n) {
+    toml_reader::Problems p(n.source().path ? *n.source().path : std::string("config"), toml_reader::Problems::Mode::throw_first);
+    return toml_reader::to_json(n, p);
+}
 
 std::filesystem::path resolve(const std::filesystem::path& base, const std::string& p) {
     std::filesystem::path path(p);
     return path.is_relative() ? (base / path).lexically_normal() : path;
-}
-
-// A TOML node as JSON, for plugin option tables (the host hands plugins JSON).
-void write_json(const toml::node& n, rapidjson::Writer<rapidjson::StringBuffer>& w) {
-    if (auto* t = n.as_table()) {
-        w.StartObject();
-        for (const auto& [k, v] : *t) {
-            w.Key(k.data(), static_cast<rapidjson::SizeType>(k.length()));
-            write_json(v, w);
-        }
-        w.EndObject();
-    } else if (auto* a = n.as_array()) {
-        w.StartArray();
-        for (const auto& v : *a) write_json(v, w);
-        w.EndArray();
-    } else if (auto* s = n.as_string()) {
-        w.String(s->get().data(), static_cast<rapidjson::SizeType>(s->get().size()));
-    } else if (auto* i = n.as_integer()) {
-        w.Int64(i->get());
-    } else if (auto* f = n.as_floating_point()) {
-        if (!std::isfinite(f->get())) throw ConfigError("non-finite numbers cannot be passed to plugins");
-        w.Double(f->get());
-    } else if (auto* b = n.as_boolean()) {
-        w.Bool(b->get());
-    } else {
-        throw ConfigError(where(n.source().path ? *n.source().path : std::string("config"), n.source()) + ": dates and times cannot be passed to plugins; use a string");
-    }
-}
-
-std::string to_json(const toml::node& n) {
-    rapidjson::StringBuffer b;
-    rapidjson::Writer<rapidjson::StringBuffer> w(b);
-    write_json(n, w);
-    return {b.GetString(), b.GetSize()};
 }
 
 // An endpoint's options with "model" set first: the decoder:// alias. nullopt when the options
@@ -472,14 +322,11 @@ const Model* Config::find_model(std::string_view id) const {
 }
 
 Config load_string(std::string_view text, const std::string& name, const std::filesystem::path& base_dir) {
-    toml::table root;
     try {
-        root = toml::parse(text, name);
-    } catch (const toml::parse_error& e) {
-        throw ConfigError(where(name, e.source()) + ": " + std::string(e.description()));
+        return parse(toml_reader::parse_string(text, name), name, base_dir);
+    } catch (const toml_reader::Error& e) {
+        throw ConfigError(e.what());
     }
-    Config cfg = parse(root, name, base_dir);
-    return cfg;
 }
 
 Config load_file(const std::filesystem::path& path) {
@@ -577,7 +424,20 @@ void apply_env(Config& cfg, Getenv getenv_fn) {
     }
 }
 
+namespace {
+void merge_fragments(Config& cfg);
+}
+
 void apply_fragments(Config& cfg) {
+    try {
+        merge_fragments(cfg);
+    } catch (const toml_reader::Error& e) {
+        throw ConfigError(e.what());
+    }
+}
+
+namespace {
+void merge_fragments(Config& cfg) {
     const auto& dir = cfg.upstream.endpoint_fragments;
     std::error_code ec;
     if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return;
@@ -587,12 +447,7 @@ void apply_fragments(Config& cfg) {
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
         const std::string file = f.string();
-        toml::table root;
-        try {
-            root = toml::parse_file(file);
-        } catch (const toml::parse_error& e) {
-            throw ConfigError(where(file, e.source()) + ": " + std::string(e.description()));
-        }
+        const toml::table root = toml_reader::parse_file(f);
         Table top(root, "", file);
         const toml::array* eps = top.array("endpoints");
         top.reject_unknown();
@@ -625,6 +480,7 @@ void apply_fragments(Config& cfg) {
         }
     }
 }
+}  // namespace
 
 void validate(const Config& cfg) {
     const std::string file = cfg.source.empty() ? std::string("config") : cfg.source.string();

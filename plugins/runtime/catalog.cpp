@@ -9,6 +9,10 @@
 #include <rapidjson/document.h>
 #include <toml++/toml.h>
 
+#include <climits>
+
+#include "toml/reader.h"
+
 namespace pulse::runtime {
 namespace fs = std::filesystem;
 
@@ -22,10 +26,6 @@ std::string read_file(const fs::path& p) {
     return s.str();
 }
 
-std::string at(const std::string& file, const toml::node& n) {
-    return file + ":" + std::to_string(n.source().begin.line);
-}
-
 // Reads one family's runtime.toml; problems are appended to `errors`.
 std::unique_ptr<Family> load_family(const fs::path& dir, std::vector<std::string>& errors) {
     auto fam = std::make_unique<Family>();
@@ -34,97 +34,78 @@ std::unique_ptr<Family> load_family(const fs::path& dir, std::vector<std::string
     const std::string file = (dir / "runtime.toml").string();
     toml::table root;
     try {
-        root = toml::parse_file(file);
-    } catch (const toml::parse_error& e) {
-        errors.push_back(file + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
+        root = toml_reader::parse_file(file);
+    } catch (const toml_reader::Error& e) {
+        errors.push_back(e.what());
         return nullptr;
     }
-    static const std::set<std::string> top_keys = {"description", "start_command", "stop_command", "port_key",
-                                                   "served_model_key", "max_model_len_keys", "log_command",
-                                                   "own_pids_command", "kv_cache_pattern", "proof", "keys"};
-    for (const auto& [k, v] : root)
-        if (!top_keys.count(std::string(k.str())))
-            errors.push_back(at(file, v) + ": unknown key '" + std::string(k.str()) + "'");
-    auto str = [&](const char* key, std::string& out, bool required) {
-        if (auto v = root[key].value<std::string>()) out = *v;
-        else if (root.contains(key)) errors.push_back(at(file, *root.get(key)) + ": '" + key + "' must be a string");
-        else if (required) errors.push_back(file + ": '" + key + "' is required");
+    toml_reader::Problems problems(file, toml_reader::Problems::Mode::collect);
+    toml_reader::Table top(root, "", problems);
+    auto required = [&](const char* key, std::string& out) {
+        if (!top.str(key, out) && !root.contains(key)) problems.add("'" + std::string(key) + "' is required");
     };
-    auto strings = [&](const char* key, std::vector<std::string>& out) {
-        const toml::node* n = root.get(key);
-        if (!n) return;
-        const toml::array* a = n->as_array();
-        if (!a) return errors.push_back(at(file, *n) + ": '" + key + "' must be an array of strings");
-        for (const auto& e : *a) {
-            if (auto s = e.value<std::string>()) out.push_back(*s);
-            else errors.push_back(at(file, e) + ": '" + key + "' must be an array of strings");
-        }
-    };
-    str("description", fam->description, true);
-    str("start_command", fam->start_command, false);
-    str("stop_command", fam->stop_command, false);
-    str("port_key", fam->port_key, false);
-    str("served_model_key", fam->served_model_key, true);
-    str("log_command", fam->log_command, true);
-    str("own_pids_command", fam->own_pids_command, false);
-    str("kv_cache_pattern", fam->kv_cache_pattern, true);
-    strings("max_model_len_keys", fam->max_model_len_keys);
-    strings("proof", fam->proofs);
+    required("description", fam->description);
+    top.str("start_command", fam->start_command);
+    top.str("stop_command", fam->stop_command);
+    top.str("port_key", fam->port_key);
+    required("served_model_key", fam->served_model_key);
+    required("log_command", fam->log_command);
+    top.str("own_pids_command", fam->own_pids_command);
+    required("kv_cache_pattern", fam->kv_cache_pattern);
+    top.strings("max_model_len_keys", fam->max_model_len_keys);
+    top.strings("proof", fam->proofs);
     for (const auto& p : fam->proofs) {
         try {
             std::regex re(p);
         } catch (const std::regex_error& e) {
-            errors.push_back(file + ": proof '" + p + "' is not a valid regex: " + e.what());
+            problems.add("proof '" + p + "' is not a valid regex: " + e.what());
         }
     }
     if (!fam->kv_cache_pattern.empty()) {
         try {
             std::regex re(fam->kv_cache_pattern);
-            if (re.mark_count() < 1) errors.push_back(file + ": kv_cache_pattern needs a group capturing the token count");
+            if (re.mark_count() < 1) problems.add("kv_cache_pattern needs a group capturing the token count");
         } catch (const std::regex_error& e) {
-            errors.push_back(file + ": kv_cache_pattern is not a valid regex: " + e.what());
+            problems.add(std::string("kv_cache_pattern is not a valid regex: ") + e.what());
         }
     }
-    const toml::table* keys = root["keys"].as_table();
-    if (!keys) {
-        errors.push_back(file + ": [keys.NAME] tables are required (the recipe's key schema)");
-        return fam;
-    }
-    static const std::set<std::string> spec_keys = {"type", "required", "sample", "min", "max", "choices", "doc"};
-    for (const auto& [k, v] : *keys) {
+    const toml::table* keys = top.subtable("keys");
+    top.reject_unknown();
+    if (!keys) problems.add("[keys.NAME] tables are required (the recipe's key schema)");
+    static const toml::table none;
+    for (const auto& [k, v] : keys ? *keys : none) {
         KeySpec spec;
         spec.name = std::string(k.str());
-        const toml::table* t = v.as_table();
-        if (!t || !valid_key(spec.name)) {
-            errors.push_back(at(file, v) + ": keys." + spec.name + " must be a table and a valid variable name");
+        const std::string at = "keys." + spec.name;
+        const toml::table* kt = v.as_table();
+        if (!kt || !valid_key(spec.name)) {
+            problems.add(v.source(), "'" + at + "' must be a table and a valid variable name");
             continue;
         }
-        for (const auto& [sk, sv] : *t)
-            if (!spec_keys.count(std::string(sk.str())))
-                errors.push_back(at(file, sv) + ": keys." + spec.name + ": unknown field '" + std::string(sk.str()) +
-                                 "'; allowed: type, required, sample, min, max, choices, doc");
-        std::string type = (*t)["type"].value_or(std::string("string"));
+        toml_reader::Table t(*kt, at, problems);
+        std::string type = "string";
+        t.str("type", type);
         static const std::map<std::string, KeyType> types = {{"string", KeyType::string}, {"int", KeyType::integer},
                                                              {"bool", KeyType::boolean}, {"path", KeyType::path},
                                                              {"json", KeyType::json},     {"choice", KeyType::choice}};
         if (auto it = types.find(type); it != types.end()) spec.type = it->second;
-        else errors.push_back(at(file, v) + ": keys." + spec.name + ".type '" + type + "' is not one of string, int, bool, path, json, choice");
-        spec.required = (*t)["required"].value_or(false);
-        spec.in_sample = (*t)["sample"].value_or(true);
-        if (auto x = (*t)["min"].value<int64_t>()) spec.min = *x;
-        if (auto x = (*t)["max"].value<int64_t>()) spec.max = *x;
-        spec.doc = (*t)["doc"].value_or(std::string());
-        if (const toml::array* c = (*t)["choices"].as_array())
-            for (const auto& e : *c)
-                if (auto s = e.value<std::string>()) spec.choices.push_back(*s);
-        if (spec.type == KeyType::choice && spec.choices.empty())
-            errors.push_back(at(file, v) + ": keys." + spec.name + ": type \"choice\" needs choices = [...]");
+        else t.fail(*kt->get("type"), "'" + at + ".type' = '" + type + "' is not one of string, int, bool, path, json, choice");
+        t.boolean("required", spec.required);
+        t.boolean("sample", spec.in_sample);
+        int64_t bound = 0;
+        if (t.integer("min", bound, INT64_MIN, INT64_MAX)) spec.min = bound;
+        if (t.integer("max", bound, INT64_MIN, INT64_MAX)) spec.max = bound;
+        t.str("doc", spec.doc);
+        t.strings("choices", spec.choices);
+        t.reject_unknown();
+        if (spec.type == KeyType::choice && spec.choices.empty()) t.fail_here("'" + at + "': type \"choice\" needs choices = [...]");
         fam->keys.push_back(std::move(spec));
     }
     for (const std::string* k : {&fam->port_key, &fam->served_model_key})
-        if (!k->empty() && !fam->key(*k)) errors.push_back(file + ": '" + *k + "' is not in [keys]");
+        if (!k->empty() && !fam->key(*k)) problems.add("'" + *k + "' is not in [keys]");
     for (const auto& k : fam->max_model_len_keys)
-        if (!fam->key(k)) errors.push_back(file + ": max_model_len_keys: '" + k + "' is not in [keys]");
+        if (!fam->key(k)) problems.add("max_model_len_keys: '" + k + "' is not in [keys]");
+    errors.insert(errors.end(), problems.list().begin(), problems.list().end());
     return fam;
 }
 

@@ -7,7 +7,8 @@
 - plugins/decoder's folders likewise include only those before them in DECODER_ORDER (device/cpu
   and device/cuda count as device), with the one exception DECODER_EXCEPTIONS names;
 - core/ includes no plugin's header; a plugin includes no host header but the libraries SHARED
-  names (core/http, the HTTP client; core/args, the command-line convention).
+  names (core/http, the HTTP client; core/args, the command-line convention; core/toml, the
+  TOML reader).
 Prints each violation with the file and line; exit 1 when there is one.
 usage: layout_check.py SOURCE_ROOT
 """
@@ -19,8 +20,9 @@ ORDER = ["protocol", "upstream", "background", "status", "request"]
 DECODER_ORDER = ["format", "device", "model", "speculation", "serving", "tools"]
 # The plugin's make_demo option writes the demo model with the synthetic-model generator.
 DECODER_EXCEPTIONS = {("serving/plugin.cpp", "tools/synthetic.h")}
-# Libraries in core/ that the host and plugins both link: the HTTP client, the command-line convention.
-SHARED = ("http", "args")
+# Libraries in core/ that the host and plugins both link: the HTTP client, the command-line
+# convention, the TOML reader.
+SHARED = ("http", "args", "toml")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 

@@ -270,7 +270,8 @@ TEST_CASE("profiles: a missing required key, a missing description and a bad pro
 TEST_CASE("profiles: a runtime.toml with an unknown field or a missing schema is rejected") {
     TempDir t;
     t.write("profiles/fam/runtime.toml", "description = 'x'\nserved_model_key = 'A'\nlog_command = 'cat log'\n"
-                                         "kv_cache_pattern = 'KV (\\d+)'\n[keys.A]\ntype = 'string'\ncolour = 'red'\n");
+                                         "kv_cache_pattern = 'KV (\\d+)'\n[keys.A]\ntype = 'string'\ncolour = 'red'\n"
+                                         "[keys.B]\ntype = 'int'\nmin = '5'\n");
     t.write("profiles/bad/runtime.toml", "description = 'x'\n");
     std::string e;
     try {
@@ -278,7 +279,10 @@ TEST_CASE("profiles: a runtime.toml with an unknown field or a missing schema is
     } catch (const CatalogError& x) {
         e = x.what();
     }
-    CHECK(e.find("keys.A: unknown field 'colour'") != std::string::npos);
+    CHECK(e.find("fam/runtime.toml:7:1: unknown key 'keys.A.colour'; allowed here: type, required, sample, min, max, doc, choices") !=
+          std::string::npos);
+    // Regression: a field of the wrong type was ignored (min = '5' set no minimum).
+    CHECK(e.find("fam/runtime.toml:10:7: 'keys.B.min' must be an integer, found a string") != std::string::npos);
     CHECK(e.find("bad/runtime.toml: 'served_model_key' is required") != std::string::npos);
     CHECK(e.find("[keys.NAME] tables are required") != std::string::npos);
 }
@@ -329,10 +333,21 @@ TEST_CASE("nodes: unknown keys, a missing recipe_dir, relative paths and a missi
     } catch (const NodesError& x) {
         e = x.what();
     }
-    CHECK(e.find("n.toml:2: unknown key 'recipe'") != std::string::npos);
-    CHECK(e.find("nodes.a.recipe_dir is required") != std::string::npos);
-    CHECK(e.find("nodes.b.recipe_dir is required") != std::string::npos);
-    CHECK(e.find("paths.x must be an absolute path") != std::string::npos);
+    // The config's format: FILE:LINE:COLUMN, the key with its table, what is wrong, what is allowed.
+    CHECK(e.find("n.toml:2:1: unknown key 'nodes.a.recipe'; allowed here: ssh, ") != std::string::npos);
+    CHECK(e.find("'nodes.a.recipe_dir' is required") != std::string::npos);
+    CHECK(e.find("'nodes.b.recipe_dir' is required") != std::string::npos);
+    CHECK(e.find("n.toml:8:5: 'nodes.c.paths.x' must be an absolute path") != std::string::npos);
+    // A value of the wrong type is named with what it is.
+    auto typed = t.write("typed.toml", "[nodes.a]\nrecipe_dir = \"/r\"\npoll_interval_s = \"fast\"\nssh_options = [\"-p\", 2222]\n");
+    e.clear();
+    try {
+        load_nodes(typed);
+    } catch (const NodesError& x) {
+        e = x.what();
+    }
+    CHECK(e.find("typed.toml:3:19: 'nodes.a.poll_interval_s' must be a number, found a string") != std::string::npos);
+    CHECK(e.find("typed.toml:4:22: 'nodes.a.ssh_options' must contain only strings, found an integer") != std::string::npos);
     CHECK_THROWS_WITH_AS(load_nodes(t / "missing.toml"), doctest::Contains("file not found"), NodesError);
 }
 

@@ -239,7 +239,18 @@ void trace(const std::string& file, const std::string& id, const char* what, std
         ::close(fd);
         return complain(std::string("cannot make it mode 0600: ") + std::strerror(errno));
     }
-    std::string line = "{\"id\":\"" + id + "\",\"what\":\"" + what + "\",\"body\":" + (json.empty() ? std::string("null") : std::string(json)) + "}\n";
+    rapidjson::StringBuffer buf;
+    rapidjson::Writer<rapidjson::StringBuffer> w(buf);
+    w.StartObject();
+    w.Key("id");
+    w.String(id.c_str(), static_cast<rapidjson::SizeType>(id.size()));
+    w.Key("what");
+    w.String(what);
+    w.Key("body");
+    if (json.empty()) w.Null();
+    else w.RawValue(json.data(), json.size(), rapidjson::kObjectType);  // already JSON: the request or the response
+    w.EndObject();
+    const std::string line = std::string(buf.GetString(), buf.GetSize()) + "\n";
     ssize_t n = ::write(fd, line.data(), line.size());
     (void)n;
     ::close(fd);
