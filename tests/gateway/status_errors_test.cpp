@@ -15,14 +15,19 @@ TEST_CASE("every plugin status maps as pulse/plugin.h documents it") {
         int http;
         const char* code;
         bool retry_after;
+        bool elsewhere;
     };
     // From the comments beside the PULSE_E_* definitions.
     const Row rows[] = {
-        {PULSE_E_INVALID_ARGUMENT, 400, "invalid_request", false}, {PULSE_E_UNSUPPORTED, 400, "invalid_request", false},
-        {PULSE_E_UNAVAILABLE, 503, "backend_unavailable", true},   {PULSE_E_RESOURCE_EXHAUSTED, 503, "backend_unavailable", true},
-        {PULSE_E_CANCELLED, 502, "plugin_error", false},           {PULSE_E_DEADLINE, 504, "timeout", true},
-        {PULSE_E_INTERNAL, 502, "plugin_error", false},            {PULSE_E_ABI, 502, "plugin_error", false},
-        {PULSE_E_CONTEXT_LENGTH, 400, "context_length_exceeded", false},
+        {PULSE_E_INVALID_ARGUMENT, 400, "invalid_request", false, false},
+        {PULSE_E_UNSUPPORTED, 400, "invalid_request", false, false},
+        {PULSE_E_UNAVAILABLE, 503, "backend_unavailable", true, true},
+        {PULSE_E_RESOURCE_EXHAUSTED, 503, "backend_unavailable", true, true},
+        {PULSE_E_CANCELLED, 502, "plugin_error", false, false},
+        {PULSE_E_DEADLINE, 504, "timeout", true, false},  // the request's own deadline: another endpoint would not meet it either
+        {PULSE_E_INTERNAL, 502, "plugin_error", false, false},
+        {PULSE_E_ABI, 502, "plugin_error", false, false},
+        {PULSE_E_CONTEXT_LENGTH, 400, "context_length_exceeded", false, false},
     };
     for (const Row& r : rows) {
         CAPTURE(r.s);
@@ -30,6 +35,8 @@ TEST_CASE("every plugin status maps as pulse/plugin.h documents it") {
         CHECK(e.http_status == r.http);
         CHECK(std::string(e.code) == r.code);
         CHECK((e.retry_after > 0) == r.retry_after);
+        CHECK(e.elsewhere == r.elsewhere);
+        CHECK(pulse::gateway::retryable(r.s) == r.elsewhere);
         CHECK(std::string(e.type) == (r.http < 500 ? "invalid_request_error" : "server_error"));
     }
 }

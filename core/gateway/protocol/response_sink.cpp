@@ -48,10 +48,10 @@ void ResponseSink::answer(int status, std::string body) {
     answer_ = std::move(body);
 }
 
-void ResponseSink::error(pulse_status_t s, const std::string& message, const char* code, int retry_after_s) {
+void ResponseSink::error(pulse_status_t s, const std::string& message, int retry_after_s) {
     const StatusError e = status_error(s);
     if (const int retry = e.retry_after ? std::max(e.retry_after, retry_after_s) : 0; retry > 0) header("Retry-After", std::to_string(retry));
-    answer(e.http_status, http::error_body(e.type, message, {}, code ? code : e.code));
+    answer(e.http_status, http::error_body(e.type, message, {}, e.code));
 }
 
 bool ResponseSink::end() {

@@ -40,9 +40,9 @@ public:
 
     // The response as one JSON document instead of a stream.
     void answer(int status, std::string body);
-    // An error answer in the OpenAI shape for `s` (`code` overrides the status's own code);
-    // a Retry-After of at least `retry_after_s` when the status has one.
-    void error(pulse_status_t s, const std::string& message, const char* code = nullptr, int retry_after_s = 0);
+    // An error answer in the OpenAI shape for `s` (status_errors.h: its HTTP status, type and
+    // code); a Retry-After of at least `retry_after_s` when the status has one.
+    void error(pulse_status_t s, const std::string& message, int retry_after_s = 0);
     bool has_answer() const { return answer_.has_value(); }
     // The end: the whole answer, or the stream's last chunk, queued behind what the client has
     // not taken yet (the accept loop sends the rest). False when the client is already lost.

@@ -190,10 +190,10 @@ private:
             if (st_.req.streaming && st_.builder && st_.builder->started())
                 st_.builder->fail(st_.last_status, msg);  // SSE already open (keepalives): a terminal event
             else
-                st_.sink.error(st_.last_status, msg, nullptr, st_.retry_after_s);
+                st_.sink.error(st_.last_status, msg, st_.retry_after_s);
         } else if (!st_.req.streaming && st_.outcome != Outcome::cancelled) {
             if (auto f = st_.builder->failure(); f && !st_.builder->has_output())
-                st_.sink.error(f->first, f->second, nullptr, st_.retry_after_s);
+                st_.sink.error(f->first, f->second, st_.retry_after_s);
             else
                 st_.sink.answer(200, st_.builder->final_response());
         }

@@ -12,15 +12,13 @@
 #include "gateway/protocol/response_builder.h"
 #include "gateway/protocol/response_sink.h"
 #include "gateway/request/profile_session.h"
+#include "gateway/protocol/status_errors.h"
 #include "gateway/request/request_context.h"
 #include "gateway/request/request_plan.h"
 #include "gateway/request/request_record.h"
 #include "gateway/snapshot.h"
 
 namespace pulse::gateway {
-
-// Only these are worth another endpoint or another round: the rest give the same answer again.
-inline bool retryable(pulse_status_t s) { return s == PULSE_E_UNAVAILABLE || s == PULSE_E_RESOURCE_EXHAUSTED; }
 
 struct ResponseState {
     ResponseState(RequestContext& gw, server::Exchange& ex);
