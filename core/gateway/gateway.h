@@ -23,17 +23,13 @@
 #include <rapidjson/document.h>
 
 #include "config/config.h"
-#include "gateway/background/endpoint_health.h"
 #include "gateway/background/warmup.h"
-#include "gateway/protocol/response_builder.h"
-#include "gateway/request/policy.h"
 #include "gateway/request/request_context.h"
 #include "gateway/snapshot.h"
 #include "gateway/status/request_board.h"
 #include "gateway/status/status.h"
 #include "gateway/upstream/liveness.h"
 #include "gateway/upstream/stream_loop.h"
-#include "gateway/upstream/upstream.h"
 #include "plugin/plugin_manager.h"
 
 #include "server/http_server.h"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "gateway/protocol/status_errors.h"
 #include "http/error_body.h"
 
 namespace pulse::gateway {

@@ -16,7 +16,6 @@
 #include <string>
 #include <string_view>
 
-#include "gateway/protocol/status_errors.h"
 #include "server/http_server.h"
 
 namespace pulse::gateway {

@@ -1,14 +1,13 @@
 #include "gateway/request/attempt.h"
 
-#include "gateway/background/prefix_store.h"
-#include "gateway/background/warmup.h"
-#include "gateway/request/attempt_recovery.h"
-
 #include <algorithm>
 
 #include "common/log.h"
-#include "common/metric_defs.h"
 #include "common/metrics.h"
+#include "gateway/background/prefix_store.h"
+#include "gateway/background/warmup.h"
+#include "gateway/protocol/status_errors.h"
+#include "gateway/request/attempt_recovery.h"
 
 namespace pulse::gateway {
 

@@ -16,7 +16,6 @@
 #include "common/log.h"
 #include "common/metric_defs.h"
 #include "common/metrics.h"
-#include "gateway/request/request_context.h"
 #include "gateway/snapshot.h"
 
 namespace pulse::gateway {

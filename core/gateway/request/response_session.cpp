@@ -13,6 +13,7 @@
 #include "common/metric_defs.h"
 #include "common/metrics.h"
 #include "gateway/protocol/http_util.h"
+#include "gateway/protocol/status_errors.h"
 #include "gateway/request/attempt.h"
 #include "gateway/request/failover.h"
 #include "gateway/request/response_state.h"

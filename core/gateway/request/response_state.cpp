@@ -4,6 +4,7 @@
 
 #include "common/log.h"
 #include "common/metrics.h"
+#include "gateway/protocol/status_errors.h"
 
 namespace pulse::gateway {
 

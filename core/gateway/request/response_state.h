@@ -12,7 +12,6 @@
 #include "gateway/protocol/response_builder.h"
 #include "gateway/protocol/response_sink.h"
 #include "gateway/request/profile_session.h"
-#include "gateway/protocol/status_errors.h"
 #include "gateway/request/request_context.h"
 #include "gateway/request/request_plan.h"
 #include "gateway/request/request_record.h"

@@ -23,7 +23,6 @@
 #include <rapidjson/document.h>
 
 #include "model/model.h"
-#include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "speculation/speculate.h"
 

@@ -11,7 +11,6 @@
 
 #include "model/model.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
 
 namespace pulse::decoder {
 
