@@ -36,6 +36,14 @@ public:
     }
 };
 
+// "pulse serve": the app's name preceded by its parents'.
+std::string command_path(const CLI::App& app) {
+    std::string path = app.get_name();
+    for (const CLI::App* p = app.get_parent(); p; p = p->get_parent())
+        if (!p->get_name().empty()) path = p->get_name() + " " + path;
+    return path;
+}
+
 // The subcommand the parse reached: the last selected one, followed down from the root.
 const CLI::App& deepest(const CLI::App& app) {
     const CLI::App* at = &app;
@@ -93,12 +101,6 @@ std::optional<int> parse(CLI::App& app, std::vector<std::string> args, const Out
     }
 }
 
-std::string command_path(const CLI::App& app) {
-    std::string path = app.get_name();
-    for (const CLI::App* p = app.get_parent(); p; p = p->get_parent())
-        if (!p->get_name().empty()) path = p->get_name() + " " + path;
-    return path;
-}
 
 int usage_error(const CLI::App& app, const std::string& message, const Output& to) {
     const std::string path = command_path(app);

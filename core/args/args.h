@@ -39,7 +39,4 @@ std::optional<int> parse(CLI::App& app, std::vector<std::string> args, const Out
 // printed as a parse error would be, for the deepest subcommand `app` ran; returns 2.
 int usage_error(const CLI::App& app, const std::string& message, const Output& to = {});
 
-// "pulse serve": the app's name preceded by its parents'.
-std::string command_path(const CLI::App& app);
-
 }  // namespace pulse::args

@@ -33,7 +33,6 @@ public:
     Table(const toml::table& t, std::string path, const std::string& file)
         : FirstProblem{toml_reader::Problems(file, toml_reader::Problems::Mode::throw_first)},
           toml_reader::Table(t, std::move(path), FirstProblem::problems) {}
-    const std::string& file() const { return FirstProblem::problems.file(); }
     [[noreturn]] void fail(const toml::node& n, const std::string& msg) const {
         toml_reader::Table::fail(n, msg);
         throw ConfigError(msg);  // not reached: throw_first throws

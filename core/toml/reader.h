@@ -63,9 +63,6 @@ class Table {
 public:
     Table(const toml::table& t, std::string path, Problems& problems) : t_(t), path_(std::move(path)), problems_(problems) {}
 
-    const toml::table& toml() const { return t_; }
-    const std::string& path() const { return path_; }
-    Problems& problems() const { return problems_; }
     std::string qualified(std::string_view key) const;
 
     void fail(const toml::node& n, const std::string& what) const { problems_.add(n.source(), what); }
