@@ -26,6 +26,7 @@
 #include <rapidjson/document.h>
 
 #include "gateway/protocol/sse.h"
+#include "support/eventually.h"
 #include "support/subprocess.h"
 #include "support/temp_dir.h"
 
@@ -162,15 +163,6 @@ inline uint16_t free_port() {
     return s.address().port();
 }
 
-// Polls `cond` every 20 ms for up to `ms`.
-template <class F>
-bool eventually(F cond, int ms = 10000) {
-    for (int waited = 0; waited < ms; waited += 20) {
-        if (cond()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return cond();
-}
 
 inline HttpResult post(uint16_t port, const std::string& path, const std::string& body,
                        const std::map<std::string, std::string>& headers = {}, int timeout_s = 20) {
