@@ -17,7 +17,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -584,10 +586,17 @@ struct ServeLoop {
                    rep.added, rep.failed);
     }
 
+    // How often the control thread wakes: to feed the systemd watchdog (twice per period, as
+    // sd_watchdog_enabled(3) advises) and to release retired snapshots and plugin generations.
+    std::chrono::microseconds watchdog_period() const {
+        const auto half = std::chrono::microseconds(watchdog && watchdog_usec / 2 < 500000 ? watchdog_usec / 2 : 500000);
+        return std::max(half, std::chrono::microseconds(1000));
+    }
+
     // Until SIGTERM / SIGINT.
     void run() {
-        timespec tick{0, 500 * 1000 * 1000};
-        if (watchdog && watchdog_usec / 2 < 500000) tick = {0, static_cast<long>(watchdog_usec / 2 * 1000)};
+        const auto period = watchdog_period();
+        const timespec tick{static_cast<time_t>(period.count() / 1000000), static_cast<long>(period.count() % 1000000 * 1000)};
         for (;;) {
             int sig = sigtimedwait(&signals, nullptr, &tick);
             if (watchdog) sd_notify(0, "WATCHDOG=1");
@@ -615,13 +624,12 @@ struct ServeLoop {
         sd_notify(0, "STOPPING=1\nSTATUS=draining");
         gw.set_draining(true);
         http.drain();
+        // Woken by the last request's end; the watchdog is fed meanwhile, as run() feeds it.
         auto wait_idle = [&](double seconds) {
-            const auto until = std::chrono::steady_clock::now() +
-                               std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
-            while (gw.active_requests() > 0 && std::chrono::steady_clock::now() < until) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            using std::chrono::steady_clock;
+            const auto until = steady_clock::now() + std::chrono::duration_cast<steady_clock::duration>(std::chrono::duration<double>(seconds));
+            while (!gw.wait_idle(std::min(until, steady_clock::now() + watchdog_period())) && steady_clock::now() < until)
                 if (watchdog) sd_notify(0, "WATCHDOG=1");
-            }
         };
         wait_idle(cfg.server.drain_timeout_s);
         if (int left = gw.active_requests(); left > 0) {

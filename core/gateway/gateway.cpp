@@ -58,8 +58,14 @@ void Gateway::reload(config::Config cfg) {
                             std::to_string(next->models.size()) + " models)");
 }
 
+bool Gateway::wait_idle(std::chrono::steady_clock::time_point until) {
+    std::unique_lock lock(idle_mutex_);
+    return idle_cv_.wait_until(lock, until, [&] { return active_.load() == 0; });
+}
+
 void Gateway::cut_streams() {
     cutting_ = true;
+    cut_signal_.signal();
     if (relay_) relay_->cut_all();
 }
 
@@ -255,17 +261,19 @@ void Gateway::models(server::Exchange& ex) { send_json(ex, 200, snapshot()->mode
 
 void Gateway::responses(server::Exchange& ex) {
     struct Active {
-        std::atomic<int>& n;
+        Gateway& gw;
         metrics::Gauge& g = metrics::global().gauge("pulse_active_requests", "Responses requests in flight");
-        explicit Active(std::atomic<int>& a) : n(a) {
-            n.fetch_add(1);
+        explicit Active(Gateway& w) : gw(w) {
+            gw.active_.fetch_add(1);
             g.add(1);
         }
         ~Active() {
-            n.fetch_sub(1);
             g.add(-1);
+            if (gw.active_.fetch_sub(1) != 1) return;
+            std::lock_guard lock(gw.idle_mutex_);  // the last one: wake a drain waiting for it
+            gw.idle_cv_.notify_all();
         }
-    } active(active_);
+    } active(*this);
     auto snap = snapshot();
     if (draining_) {
         ex.close_after();

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <optional>
 #include <functional>
@@ -22,6 +23,7 @@
 
 #include <rapidjson/document.h>
 
+#include "common/wakeup.h"
 #include "config/config.h"
 #include "gateway/background/warmup.h"
 #include "gateway/request/request_context.h"
@@ -68,7 +70,11 @@ public:
     // (streaming) or a 503 (not yet answered), instead of a cut connection.
     void cut_streams();
     bool cutting() const override { return cutting_.load(); }
+    const Wakeup& cut_signal() const override { return cut_signal_; }
     int active_requests() const { return active_.load(); }
+    // Sleeps until no Responses request is in flight (woken by the last one's end) or `until`;
+    // true when none is.
+    bool wait_idle(std::chrono::steady_clock::time_point until);
     std::shared_ptr<const Snapshot> snapshot() const override;
 
 private:
@@ -106,7 +112,10 @@ private:
     StatusReport status_{plugins_, board_};
 
     std::atomic<bool> draining_{false}, cutting_{false};
+    Wakeup cut_signal_;  // signalled with cutting_, never cleared
     std::atomic<int> active_{0};
+    std::mutex idle_mutex_;
+    std::condition_variable idle_cv_;  // active_ fell to 0
     std::atomic<bool> stop_{false};
     std::mutex probe_mutex_;
     std::condition_variable probe_cv_;

@@ -10,24 +10,24 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
 
+#include "common/deadlines.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/wakeup.h"
+#include "common/worker_pool.h"
 #include "http/body.h"
 #include "http/error_body.h"
 #include "http/request_head.h"
@@ -48,7 +48,7 @@ namespace {
 constexpr int kSpareWorkers = 16;
 constexpr size_t kMaxHead = 64 * 1024;
 constexpr auto kLinger = seconds(2);  // how long a closing connection's late bytes are read and dropped
-constexpr auto kTick = milliseconds(100);
+constexpr auto kAcceptRetry = milliseconds(100);  // out of descriptors: when accepting is tried again
 constexpr double kBodyGrace = 5;  // seconds a body may take before server.body_min_rate applies
 
 Clock::duration secs(double s) { return duration_cast<Clock::duration>(duration<double>(s)); }
@@ -187,9 +187,11 @@ size_t Outbox::pump() {
     return unsent();
 }
 
-bool Exchange::client_gone() const {
-    pollfd p{fd_, POLLRDHUP, 0};
-    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+bool Exchange::wait_client_gone(Clock::time_point until, int wake_fd) const {
+    // Not POLLIN: a pipelined next request is not a hang-up.
+    pollfd p[2] = {{fd_, POLLRDHUP, 0}, {wake_fd, POLLIN, 0}};
+    const int timeout = until == Clock::time_point::min() ? 0 : timeout_ms(until, Clock::now());
+    return ::poll(p, wake_fd < 0 ? 1 : 2, timeout) > 0 && (p[0].revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -198,7 +200,8 @@ bool Exchange::client_gone() const {
 class HttpServer::Loop {
 public:
     Loop(const config::Server& cfg, const Handler& handler)
-        : cfg_(cfg), handler_(handler), max_workers_(static_cast<int>(cfg.max_streams) + kSpareWorkers) {}
+        : cfg_(cfg), handler_(handler), max_workers_(static_cast<int>(cfg.max_streams) + kSpareWorkers),
+          workers_({"pulse-worker", max_workers_}) {}
 
     ~Loop() { stop(); }
 
@@ -206,44 +209,40 @@ public:
         raise_fd_limit();
         listen_fd_ = bind_and_listen();
         ep_ = ::epoll_create1(EPOLL_CLOEXEC);
-        wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (ep_ < 0 || wake_fd_ < 0) throw std::runtime_error(std::string("http server: ") + std::strerror(errno));
+        if (ep_ < 0) throw std::runtime_error(std::string("http server: ") + std::strerror(errno));
         watch(listen_fd_, EPOLLIN, EPOLL_CTL_ADD);
-        watch(wake_fd_, EPOLLIN, EPOLL_CTL_ADD);
+        watch(wake_.fd(), EPOLLIN, EPOLL_CTL_ADD);
         thread_ = std::thread([this] { main(); });
     }
 
     void drain() {
         draining_ = true;
-        wake();
+        wake_.signal();
     }
 
     void stop() {
         if (!thread_.joinable()) return;
         stopping_ = true;
-        wake();
+        wake_.signal();
         thread_.join();
-        {
-            std::lock_guard lock(qm_);
-            workers_stop_ = true;
-        }
-        qcv_.notify_all();
-        for (auto& t : workers_) t.join();
-        workers_.clear();
-        for (auto& j : queue_) ::close(j.conn->fd);
-        queue_.clear();
+        workers_.stop();  // the requests they have still end (their connections are closed)
         std::lock_guard lock(rm_);
-        for (auto& r : returned_) ::close(r.conn->fd);
-        returned_.clear();
-        ::close(wake_fd_);
+        returned_.clear();  // closed
         ::close(ep_);
     }
 
     uint16_t port() const { return port_; }
 
 private:
-    // One client connection while the loop owns it (between requests, or closing).
+    // One client connection while the loop owns it (between requests, or closing), or a worker
+    // (serving a request). Closed when destroyed.
     struct Conn {
+        Conn() = default;
+        Conn(const Conn&) = delete;
+        Conn& operator=(const Conn&) = delete;
+        ~Conn() {
+            if (fd >= 0) ::close(fd);
+        }
         int fd = -1;
         Poco::Net::SocketAddress peer;
         // sending: the accept loop sends what the client had not taken of the last answer, then
@@ -262,9 +261,6 @@ private:
         Outbox out{-1, {}};    // the answer's bytes the client has not taken yet
         bool keep_after = false;
         bool doomed = false;   // closed at the end of this round
-    };
-    struct Job {
-        std::unique_ptr<Conn> conn;
     };
     struct Returned {
         std::unique_ptr<Conn> conn;
@@ -315,27 +311,18 @@ private:
         ::epoll_ctl(ep_, op, fd, &ev);
     }
 
-    void wake() {
-        uint64_t one = 1;
-        ssize_t n = ::write(wake_fd_, &one, sizeof one);
-        (void)n;
-    }
-
     void main() {
         ::pthread_setname_np(::pthread_self(), "pulse-accept");
         epoll_event evs[256];
-        auto next_tick = Clock::now() + kTick;
+        std::vector<int> due;
         while (!stopping_) {
-            int timeout = static_cast<int>(std::max<int64_t>(0, duration_cast<milliseconds>(next_tick - Clock::now()).count()) + 1);
-            int n = ::epoll_wait(ep_, evs, 256, timeout);
+            int n = ::epoll_wait(ep_, evs, 256, timers_.wait_ms(Clock::now()));
             for (int i = 0; i < n; ++i) {
                 int fd = evs[i].data.fd;
                 if (fd == listen_fd_) {
                     accept_all();
-                } else if (fd == wake_fd_) {
-                    uint64_t v;
-                    ssize_t r = ::read(wake_fd_, &v, sizeof v);
-                    (void)r;
+                } else if (fd == wake_.fd()) {
+                    wake_.clear();
                     take_returned();
                 } else if (Conn* c = owned(fd)) {
                     if (c->state == Conn::State::sending)
@@ -344,16 +331,14 @@ private:
                         on_readable(*c);
                 }
             }
-            if (Clock::now() >= next_tick) {
-                next_tick = Clock::now() + kTick;
-                on_tick();
-            }
+            due.clear();
+            timers_.take_due(Clock::now(), due);
+            for (int fd : due) on_alarm(fd);
             for (int fd : doomed_) close_now(fd);
             doomed_.clear();
         }
         ::close(listen_fd_);
-        for (auto& [fd, c] : conns_) ::close(fd);
-        conns_.clear();
+        conns_.clear();  // closed
     }
 
     void accept_all() {
@@ -364,13 +349,13 @@ private:
             if (fd < 0) {
                 if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                     // Out of descriptors: the connection waits in the kernel's queue (not reset) until
-                    // some close; look again on the next tick.
+                    // some close; look again in a moment.
                     if (Clock::now() - last_fd_warning_ > seconds(10)) {
                         last_fd_warning_ = Clock::now();
                         log::warn("http", std::string("cannot accept connections: ") + std::strerror(errno) + " (raise LimitNOFILE)");
                     }
                     watch(listen_fd_, 0, EPOLL_CTL_MOD);
-                    listen_paused_ = true;
+                    timers_.arm(listen_fd_, Clock::now() + kAcceptRetry);
                 }
                 return;  // EAGAIN: all taken
             }
@@ -380,7 +365,7 @@ private:
             c->fd = fd;
             c->out = Outbox(fd, secs(cfg_.send_timeout_s));
             c->peer = Poco::Net::SocketAddress(reinterpret_cast<sockaddr*>(&ss), len);
-            c->deadline = Clock::now() + secs(cfg_.header_timeout_s);  // the first request must come soon
+            set_deadline(*c, Clock::now() + secs(cfg_.header_timeout_s));  // the first request must come soon
             watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_ADD);
             conns_[fd] = std::move(c);
             connections_.add(1);
@@ -431,7 +416,7 @@ private:
         if (c.in.empty()) return;
         if (c.state == Conn::State::idle) {
             c.state = Conn::State::head;
-            c.deadline = Clock::now() + secs(cfg_.header_timeout_s);
+            set_deadline(c, Clock::now() + secs(cfg_.header_timeout_s));
         }
         const HeadScan scan = scan_request_head(c.in, c.scanned);
         if (scan.state == HeadScan::State::bad_line_ending)
@@ -484,7 +469,7 @@ private:
         c.state = Conn::State::body;
         c.body_start = Clock::now();
         c.body_received = 0;
-        c.deadline = body_deadline(c);
+        set_deadline(c, body_deadline(c));
         std::string rest;
         rest.swap(c.in);
         if (!rest.empty()) read_body(c, rest);
@@ -529,32 +514,25 @@ private:
         // The budget counts what arrived, not what was declared: a sender that declared 32 MiB
         // and sent a byte holds a byte.
         if (int64_t grown = static_cast<int64_t>(c.body.size()) - c.reserved; grown > 0 && !reserve(c, grown)) return;
-        c.deadline = body_deadline(c);
+        set_deadline(c, body_deadline(c));
         if (!c.framing.complete()) return;
         c.in.assign(bytes.substr(used));  // the next (pipelined) request's first bytes
         dispatch(c);
     }
 
-    // A complete request: to a worker, or answered here when none may take it.
+    // A complete request: to a worker, or answered here when none may take it. (Only this
+    // thread submits, so a worker free now is free at submit().)
     void dispatch(Conn& c) {
         if (draining_) return refuse(c, 503, "draining", "the gateway is shutting down; retry shortly", 1, "draining");
-        std::unique_lock lock(qm_);
-        if (busy_ >= max_workers_) {
-            lock.unlock();
+        if (workers_.in_flight() >= max_workers_)
             return refuse(c, 503, "at_capacity",
                           "the gateway is at capacity (" + std::to_string(max_workers_) + " requests in flight); retry shortly", 1, "at_capacity");
-        }
-        ++busy_;
         const int fd = c.fd;
         watch(fd, 0, EPOLL_CTL_DEL);
+        timers_.disarm(fd);
         auto it = conns_.find(fd);
-        queue_.push_back(Job{std::move(it->second)});
+        workers_.submit([this, conn = std::move(it->second)]() mutable { serve(std::move(conn)); });
         conns_.erase(it);
-        // Waiting workers each take one job (they count as idle until they have one): a thread
-        // more only when the queue outgrows them.
-        if (static_cast<int>(queue_.size()) > idle_workers_ && static_cast<int>(workers_.size()) < max_workers_)
-            workers_.emplace_back([this] { worker(); });
-        qcv_.notify_one();
     }
 
     // Answers from the loop, then closes gracefully.
@@ -576,7 +554,7 @@ private:
         if (c.out.lost()) return unfinished(c);
         c.state = Conn::State::sending;
         c.keep_after = keep;
-        c.deadline = c.out.deadline();
+        set_deadline(c, c.out.deadline());
         watch(c.fd, keep ? EPOLLOUT : EPOLLOUT | EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
     }
 
@@ -585,7 +563,7 @@ private:
         if (!keep || draining_) return linger(c);
         if (c.state == Conn::State::sending) watch(c.fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
         c.state = Conn::State::idle;
-        c.deadline = Clock::now() + secs(cfg_.idle_timeout_s);
+        set_deadline(c, Clock::now() + secs(cfg_.idle_timeout_s));
         parse_pending(c);  // a pipelined request already read
     }
 
@@ -597,7 +575,7 @@ private:
         }
         if (c.out.pump() == 0 && !c.out.lost()) return after_send(c, c.keep_after);
         if (c.out.lost()) return unfinished(c);
-        c.deadline = c.out.deadline();
+        set_deadline(c, c.out.deadline());
     }
 
     // The client stopped taking its answer (or its socket failed) after the handler was done.
@@ -615,7 +593,7 @@ private:
         if (c.state == Conn::State::sending) watch(c.fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
         ::shutdown(c.fd, SHUT_WR);
         c.state = Conn::State::linger;
-        c.deadline = Clock::now() + kLinger;
+        set_deadline(c, Clock::now() + kLinger);
         c.in.clear();
         c.body.clear();
         c.body.shrink_to_fit();
@@ -627,46 +605,51 @@ private:
         if (it == conns_.end()) return;
         release(*it->second);
         watch(fd, 0, EPOLL_CTL_DEL);
-        ::close(fd);
-        conns_.erase(it);
+        timers_.disarm(fd);
+        conns_.erase(it);  // closed
         connections_.add(-1);
     }
 
-    void on_tick() {
+    // When a connection's time is up (idle, lingering, a stalled send, a slow request), or
+    // accepting may be tried again.
+    void set_deadline(Conn& c, Clock::time_point at) {
+        c.deadline = at;
+        timers_.arm(c.fd, at);
+    }
+
+    void on_alarm(int fd) {
+        if (fd == listen_fd_) return watch(listen_fd_, EPOLLIN, EPOLL_CTL_MOD);
+        Conn* c = owned(fd);
+        if (!c) return;
         const auto now = Clock::now();
-        if (listen_paused_) {
-            listen_paused_ = false;
-            watch(listen_fd_, EPOLLIN, EPOLL_CTL_MOD);
-        }
-        std::vector<int> expired;
-        for (auto& [fd, c] : conns_)
-            if (now >= c->deadline) expired.push_back(fd);
-        for (int fd : expired) {
-            Conn& c = *conns_[fd];
-            switch (c.state) {
-                case Conn::State::idle:
-                case Conn::State::linger: doom(c); break;
-                case Conn::State::sending: on_writable(c, 0); break;
-                case Conn::State::head:
+        if (now < c->deadline) return timers_.arm(fd, c->deadline);  // it moved later meanwhile
+        expired(*c, now);
+    }
+
+    void expired(Conn& c, Clock::time_point now) {
+        switch (c.state) {
+            case Conn::State::idle:
+            case Conn::State::linger: doom(c); break;
+            case Conn::State::sending: on_writable(c, 0); break;
+            case Conn::State::head:
+                refuse(c, 408, "request_timeout",
+                       "the request head did not arrive within " + std::to_string(static_cast<int>(cfg_.header_timeout_s)) +
+                           " s (server.header_timeout_s)",
+                       0, "header_timeout");
+                break;
+            case Conn::State::body:
+                if (now - c.body_start >= secs(cfg_.body_timeout_s))
                     refuse(c, 408, "request_timeout",
-                           "the request head did not arrive within " + std::to_string(static_cast<int>(cfg_.header_timeout_s)) +
-                               " s (server.header_timeout_s)",
-                           0, "header_timeout");
-                    break;
-                case Conn::State::body:
-                    if (now - c.body_start >= secs(cfg_.body_timeout_s))
-                        refuse(c, 408, "request_timeout",
-                               "the request body did not arrive within " + std::to_string(static_cast<int>(cfg_.body_timeout_s)) +
-                                   " s (server.body_timeout_s)",
-                               0, "body_timeout");
-                    else
-                        refuse(c, 408, "request_timeout",
-                               "the request body arrived slower than " + std::to_string(cfg_.body_min_rate) +
-                                   " bytes/s (server.body_min_rate): " + std::to_string(c.body_received) + " bytes in " +
-                                   std::to_string(duration_cast<milliseconds>(now - c.body_start).count()) + " ms",
-                               0, "body_too_slow");
-                    break;
-            }
+                           "the request body did not arrive within " + std::to_string(static_cast<int>(cfg_.body_timeout_s)) +
+                               " s (server.body_timeout_s)",
+                           0, "body_timeout");
+                else
+                    refuse(c, 408, "request_timeout",
+                           "the request body arrived slower than " + std::to_string(cfg_.body_min_rate) +
+                               " bytes/s (server.body_min_rate): " + std::to_string(c.body_received) + " bytes in " +
+                               std::to_string(duration_cast<milliseconds>(now - c.body_start).count()) + " ms",
+                           0, "body_too_slow");
+                break;
         }
     }
 
@@ -694,58 +677,42 @@ private:
         }
     }
 
-    void worker() {
-        ::pthread_setname_np(::pthread_self(), "pulse-worker");
-        for (;;) {
-            Job job;
-            {
-                std::unique_lock lock(qm_);
-                ++idle_workers_;
-                qcv_.wait(lock, [&] { return workers_stop_ || !queue_.empty(); });
-                --idle_workers_;
-                if (queue_.empty()) return;
-                job = std::move(queue_.front());
-                queue_.pop_front();
+    // On a worker: the request's handler, then the connection back to the loop.
+    void serve(std::unique_ptr<Conn> conn) {
+        Conn& c = *conn;
+        bool keep = false;
+        std::optional<Outbox> out;
+        {
+            Exchange ex(c.fd, c.peer, std::move(*c.req), std::move(c.body), cfg_.send_timeout_s, draining_.load());
+            try {
+                handler_(ex);
+            } catch (const std::exception& e) {
+                log::error("http", std::string("unhandled exception in request handler: ") + e.what());
             }
-            Conn& c = *job.conn;
-            bool keep = false;
-            std::optional<Outbox> out;
-            {
-                Exchange ex(c.fd, c.peer, std::move(*c.req), std::move(c.body), cfg_.send_timeout_s, draining_.load());
-                try {
-                    handler_(ex);
-                } catch (const std::exception& e) {
-                    log::error("http", std::string("unhandled exception in request handler: ") + e.what());
-                }
-                if (!ex.responded() && !ex.lost()) {
-                    ex.close_after();
-                    ex.respond(500, "application/json",
-                               R"json({"error":{"message":"the gateway failed to answer this request (a bug: see its log)","type":"server_error","param":null,"code":"internal_error"}})json");
-                }
-                keep = ex.keep_alive();
-                out.emplace(std::move(ex).release_out());
-                // The body is released here, with the exchange, before the connection goes back.
+            if (!ex.responded() && !ex.lost()) {
+                ex.close_after();
+                ex.respond(500, "application/json",
+                           R"json({"error":{"message":"the gateway failed to answer this request (a bug: see its log)","type":"server_error","param":null,"code":"internal_error"}})json");
             }
-            release(c);
-            {
-                std::lock_guard lock(qm_);
-                --busy_;
-            }
-            std::lock_guard lock(rm_);
-            if (stopping_) {
-                ::close(c.fd);
-                connections_.add(-1);
-                continue;
-            }
-            returned_.push_back({std::move(job.conn), keep, std::move(*out)});
-            wake();
+            keep = ex.keep_alive();
+            out.emplace(std::move(ex).release_out());
+            // The body is released here, with the exchange, before the connection goes back.
         }
+        release(c);
+        std::lock_guard lock(rm_);
+        if (stopping_) {
+            connections_.add(-1);
+            return;  // closed
+        }
+        returned_.push_back({std::move(conn), keep, std::move(*out)});
+        wake_.signal();
     }
 
     const config::Server cfg_;
     const Handler& handler_;
     const int max_workers_;
-    int listen_fd_ = -1, ep_ = -1, wake_fd_ = -1;
+    int listen_fd_ = -1, ep_ = -1;
+    Wakeup wake_;  // workers hand connections back; drain and stop
     uint16_t port_ = 0;
     std::thread thread_;
     std::atomic<bool> stopping_{false}, draining_{false};
@@ -757,20 +724,15 @@ private:
     // Loop-thread state.
     std::unordered_map<int, std::unique_ptr<Conn>> conns_;
     std::vector<int> doomed_;  // closed at the end of this round (events may still name them)
-    bool listen_paused_ = false;
+    Deadlines<int> timers_;  // by fd: each connection's deadline; the listening socket's retry
     Clock::time_point last_fd_warning_{};
 
-    // Worker queue.
-    std::mutex qm_;
-    std::condition_variable qcv_;
-    std::deque<Job> queue_;
-    std::vector<std::thread> workers_;
-    int busy_ = 0, idle_workers_ = 0;
-    bool workers_stop_ = false;
 
     // Connections handed back by workers.
     std::mutex rm_;
     std::vector<Returned> returned_;
+
+    WorkerPool workers_;  // last: destroyed first, while what its requests touch still exists
 };
 
 HttpServer::HttpServer(const config::Server& cfg, Handler handler) : cfg_(cfg), handler_(std::move(handler)) {}

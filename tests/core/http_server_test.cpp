@@ -3,13 +3,19 @@
 // server.send_timeout_s from the last byte taken.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
-#include <functional>
+#include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/metrics.h"
 #include "server/http_server.h"
@@ -52,15 +58,6 @@ struct Server {
     }
 };
 
-bool within(int ms, const std::function<bool()>& f) {
-    const auto until = steady_clock::now() + milliseconds(ms);
-    while (steady_clock::now() < until) {
-        if (f()) return true;
-        std::this_thread::sleep_for(milliseconds(10));
-    }
-    return f();
-}
-
 metrics::Gauge& connections() { return metrics::global().gauge("pulse_http_connections", "client connections open"); }
 
 }  // namespace
@@ -72,7 +69,7 @@ TEST_CASE("a whole answer the client has not read: the handler returns at once, 
     REQUIRE(c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\nGET /small HTTP/1.1\r\nHost: x\r\n\r\n"));
     // Regression: the worker wrote the answer itself and blocked until the client had taken all
     // of it (here: never, while nothing is read), holding a thread per slow reader.
-    CHECK(within(2000, [&] { return s.handled.load() >= 1; }));
+    CHECK(test::eventually([&] { return s.handled.load() >= 1; }, 2000));
     std::this_thread::sleep_for(milliseconds(300));
     CHECK(s.handled.load() == 1);  // the next request is read only once this answer is out
     const std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " + std::to_string(kBig) + "\r\n\r\n";
@@ -91,11 +88,11 @@ TEST_CASE("a client that never takes the rest of its answer: closed after send_t
     Server s(1);
     test::Raw c(s.srv.port());
     REQUIRE(c.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n"));
-    REQUIRE(within(2000, [&] { return s.handled.load() == 1; }));
+    REQUIRE(test::eventually([&] { return s.handled.load() == 1; }, 2000));
     CHECK(connections().value() >= 1);
     const auto t0 = steady_clock::now();
     // Closed by the server once nothing was taken for a second: no connection is left open.
-    REQUIRE(within(5000, [&] { return connections().value() == 0; }));
+    REQUIRE(test::eventually([&] { return connections().value() == 0; }, 5000));
     const auto waited = duration_cast<milliseconds>(steady_clock::now() - t0).count();
     MESSAGE("closed " << waited << " ms after the handler returned");
     CHECK(waited >= 700);  // not before the send timeout (1 s after the last byte taken)
@@ -127,4 +124,72 @@ TEST_CASE("a slow reader that keeps taking bytes is not cut: the send timeout co
     }
     REQUIRE(got.size() > kBig);
     CHECK(got.substr(got.size() - kBig) == pattern(kBig));
+}
+
+namespace {
+
+int open_descriptors() {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+}
+
+bool connect_to(int fd, uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+}
+
+// A client socket connected to `port`, or -1 once this process has no descriptor left.
+int connect_or_fail(uint16_t port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (!connect_to(fd, port)) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+}  // namespace
+
+TEST_CASE("out of descriptors: connections wait in the kernel's queue, and accepting starts again once some are free") {
+    Server s(10);
+    rlimit saved{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+    const int64_t base = connections().value();
+    // A socket made before the limit is lowered and connected once the process has run out: the
+    // kernel completes its handshake, and the loop has no descriptor to accept it with.
+    const int last = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(last >= 0);
+    rlimit low = saved;
+    low.rlim_cur = std::min<rlim_t>(saved.rlim_max, static_cast<rlim_t>(open_descriptors() + 24));
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+    std::vector<int> clients;
+    for (int i = 0; i < 40; ++i) {  // the test's sockets and the loop's accepted ones share the limit
+        int fd = connect_or_fail(s.srv.port());
+        if (fd < 0) break;
+        clients.push_back(fd);
+    }
+    const bool ran_out = clients.size() < 40;
+    const bool last_connected = connect_to(last, s.srv.port());
+    clients.push_back(last);
+    std::this_thread::sleep_for(milliseconds(300));
+    const int64_t accepted = connections().value() - base;
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+    MESSAGE(clients.size() << " clients connected, " << accepted << " accepted while out of descriptors");
+    REQUIRE(ran_out);
+    REQUIRE(last_connected);
+    CHECK(accepted < static_cast<int64_t>(clients.size()));  // some wait: the loop ran out
+    for (int fd : clients) ::close(fd);
+    // Nothing but the loop's own retry turns accepting back on: a new client is answered.
+    test::Raw c(s.srv.port());
+    REQUIRE(c.send("GET /small HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    std::string got;
+    const auto until = steady_clock::now() + seconds(10);
+    while (got.find("small") == std::string::npos && steady_clock::now() < until) got += c.read_all(200);
+    CHECK(got.find("HTTP/1.1 200 OK") == 0);
+    CHECK(got.find("small") != std::string::npos);
 }

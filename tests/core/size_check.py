@@ -3,9 +3,9 @@
 
 Sizes come from universal-ctags (the line a definition starts on to the line it ends on, comments
 inside included). EXCEPTIONS holds what is over the limit today, each at its present size: one
-that grows, a new one over the limit, or a listed one that no longer is (take it off the list)
-fails the check. The list is debt to pay, not permission: docs/ARCHITECTURE.md says why the
-largest stay for now.
+that grows, one that shrank (lower its entry), a new one over the limit, or a listed one that no
+longer is (take it off the list) fails the check. The list is debt to pay, not permission:
+docs/ARCHITECTURE.md says why the largest stay for now.
 usage: size_check.py SOURCE_ROOT
 """
 import json
@@ -47,7 +47,7 @@ EXCEPTIONS = {
     "core/gateway/snapshot.cpp:SnapshotBuilder::build": 81,
     # classes
     "plugins/runtime/controller.cpp:Controller::Impl": 743,
-    "core/server/http_server.cpp:HttpServer::Loop": 577,
+    "core/server/http_server.cpp:HttpServer::Loop": 537,
     "core/cli/doctor.cpp:Examiner": 347,
 }
 
@@ -93,6 +93,8 @@ def main(root):
             problems.append(f"{where}; the limit is {limit}: split it")
         elif lines > allowed:
             problems.append(f"{where}, {lines - allowed} more than its listed {allowed}: split it rather than grow it")
+        elif lines < allowed:
+            problems.append(f"{where}, listed at {allowed}: lower its entry to {lines} (the list ratchets down)")
     for k in sorted(set(EXCEPTIONS) - seen):
         problems.append(f"{k}: listed in EXCEPTIONS but within the limit now (or gone): take it off the list")
     for p in problems:

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <string>
 
+#include "common/wakeup.h"
+
 namespace pulse::gateway {
 
 class EndpointHealth {
@@ -52,6 +54,17 @@ public:
     // completes there: what that request found in the cache says what warmup achieved.
     std::atomic<bool> awaiting_first_turn{false};
 
+    // While set, a real request starting or ending here signals `w`: the warmer, which stays out
+    // of real traffic's way, sleeps on it instead of polling. One watcher at a time (TrafficWatch).
+    void watch_traffic(Wakeup* w) {
+        std::lock_guard lock(m_);
+        traffic_watch_ = w;
+    }
+    void traffic_changed() {
+        std::lock_guard lock(m_);
+        if (traffic_watch_) traffic_watch_->signal();
+    }
+
 private:
     std::string key_;
     std::atomic<bool> healthy_{true};
@@ -60,6 +73,7 @@ private:
     mutable std::mutex m_;
     std::string last_error_;
     std::string detail_;
+    Wakeup* traffic_watch_ = nullptr;  // under m_
     std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
 };
 
@@ -69,10 +83,26 @@ struct InFlight {
     explicit InFlight(EndpointHealth& e) : h(e) {
         h.real_requests.fetch_add(1);
         h.in_flight.fetch_add(1);
+        h.traffic_changed();
     }
-    ~InFlight() { h.in_flight.fetch_sub(1); }
+    ~InFlight() {
+        h.in_flight.fetch_sub(1);
+        h.traffic_changed();
+    }
     InFlight(const InFlight&) = delete;
     InFlight& operator=(const InFlight&) = delete;
+};
+
+// Watches an endpoint's real traffic for as long as it lives (EndpointHealth::watch_traffic).
+class TrafficWatch {
+public:
+    TrafficWatch(EndpointHealth& h, Wakeup& w) : h_(h) { h_.watch_traffic(&w); }
+    ~TrafficWatch() { h_.watch_traffic(nullptr); }
+    TrafficWatch(const TrafficWatch&) = delete;
+    TrafficWatch& operator=(const TrafficWatch&) = delete;
+
+private:
+    EndpointHealth& h_;
 };
 
 }  // namespace pulse::gateway

@@ -58,11 +58,14 @@ int SlotKeeper::count(const config::Endpoint& ep, const BackendDialect& dialect)
 }
 
 void SlotKeeper::save(const config::Endpoint& ep, const EndpointHealth& health, const BackendDialect& dialect,
-                      const std::function<bool(milliseconds)>& pause) {
+                      const std::function<bool(steady_clock::time_point)>& pause) {
     Slots st = get(ep.url);
-    // Wait (bounded) for the interval and for a moment without real traffic.
-    for (int i = 0; i < 600 && (steady_clock::now() - st.last_save < save_interval_ || health.in_flight.load() > 0); ++i)
-        if (!pause(milliseconds(100))) return;
+    for (const auto bound = steady_clock::now() + minutes(1); steady_clock::now() < bound;) {
+        const bool busy = health.in_flight.load() > 0;
+        const auto due = st.last_save + save_interval_;
+        if (!busy && steady_clock::now() >= due) break;
+        if (!pause(busy ? bound : std::min(bound, due))) return;  // busy: woken when a request ends
+    }
     auto done = [&](Slots s) {
         s.pending = false;
         put(ep.url, s);

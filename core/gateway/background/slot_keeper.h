@@ -25,10 +25,11 @@ public:
     // cache, the server has not said it cannot, and none is queued yet). True marks it queued.
     bool want_save(const config::Endpoint& ep, const BackendDialect& dialect);
     // Saves every slot once the last save is older than the interval and nothing is in flight
-    // there (a save holds the server while it writes). `pause(d)` waits up to d and returns
-    // false when the caller is stopping.
+    // there (a save holds the server while it writes), waiting at most a minute for both.
+    // `pause(t)` sleeps until t or until a real request starts or ends on the endpoint, and
+    // returns false when the caller is stopping.
     void save(const config::Endpoint& ep, const EndpointHealth& health, const BackendDialect& dialect,
-              const std::function<bool(std::chrono::milliseconds)>& pause);
+              const std::function<bool(std::chrono::steady_clock::time_point)>& pause);
     // The endpoint came back: its slots are counted again, once (a restarted server may run
     // with other flags; the count is what the next save covers), and the saved ones go back in,
     // far cheaper than replaying their prompts. True when at least one was loaded.

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "common/deadlines.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "gateway/upstream/upstream.h"
@@ -29,6 +30,7 @@ void Warmer::stop() {
         stop_ = true;
     }
     cv_.notify_all();
+    wake_.signal();
     thread_.join();
 }
 
@@ -81,11 +83,9 @@ void Warmer::run() {
             job = std::move(jobs_.front());
             jobs_.pop_front();
         }
+        const TrafficWatch watching(*job.health, wake_);
         if (job.kind == Job::save) {
-            slots_.save(job.ep, *job.health, job.dialect, [this](milliseconds d) {
-                std::unique_lock lock(m_);
-                return !cv_.wait_for(lock, d, [&] { return stop_; });
-            });
+            slots_.save(job.ep, *job.health, job.dialect, [this](steady_clock::time_point until) { return pause_until(until); });
         } else {
             slots_.recover(job.ep, job.dialect);  // counted once, saved slots loaded
             warm(job);
@@ -98,20 +98,27 @@ void Warmer::run() {
 // client), and a replay running then is batched with them: its prefill delays their first token.
 // The quiet time runs from the recovery or the last real request seen, whichever is later (kept
 // in `q` across the replays of one recovery). Bounded (10 min); false when stopping or when the
-// endpoint went down again.
+// endpoint went down again. Asleep in between: a real request starting or ending wakes it
+// (TrafficWatch), so the quiet time counts from the moment the last one ended.
 bool Warmer::wait_quiet(const Job& job, Quiet& q) {
-    auto& [quiet_since, seen] = q;
-    for (const auto deadline = steady_clock::now() + minutes(10); steady_clock::now() < deadline;) {
-        if (job.health->in_flight.load() > 0 || job.health->real_requests.load() != seen) {
+    auto& [quiet_since, seen, busy] = q;
+    for (const auto bound = steady_clock::now() + minutes(10);;) {
+        const auto now = steady_clock::now();
+        const bool busy_now = job.health->in_flight.load() > 0;
+        if (busy_now || busy || job.health->real_requests.load() != seen) {
             seen = job.health->real_requests.load();
-            quiet_since = steady_clock::now();
-        } else if (steady_clock::now() - quiet_since >= quiet_) {
-            return job.health->healthy();
+            quiet_since = now;  // traffic now, or it ended since the last look
         }
-        std::unique_lock lock(m_);
-        if (cv_.wait_for(lock, milliseconds(20), [&] { return stop_; })) return false;
+        busy = busy_now;
+        if (!busy && now - quiet_since >= quiet_) return job.health->healthy();
+        if (now >= bound || !pause_until(busy ? bound : std::min(bound, quiet_since + quiet_))) return false;
     }
-    return false;
+}
+
+bool Warmer::pause_until(steady_clock::time_point until) {
+    wake_.wait_until(until);
+    std::lock_guard lock(m_);
+    return !stop_;
 }
 
 void Warmer::warm(const Job& job) {
@@ -156,8 +163,10 @@ void Warmer::warm(const Job& job) {
                 std::lock_guard lock(m_);
                 if (stop_) return;
             }
-            pollfd p{up->fd(), POLLIN, 0};
-            ::poll(&p, 1, 20);  // a real request is noticed within 20 ms
+            // Asleep until the backend sends, a real request starts (or stop), or a deadline.
+            pollfd p[2] = {{up->fd(), POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
+            ::poll(p, 2, timeout_ms(std::min(deadline, up->idle_deadline()), steady_clock::now()));
+            if (p[1].revents & POLLIN) wake_.clear();
             events.clear();
             up->read(events);
             bool over = false;

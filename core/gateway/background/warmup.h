@@ -69,7 +69,11 @@ private:
     struct Quiet {
         std::chrono::steady_clock::time_point since;  // the last real traffic seen (or the recovery)
         uint64_t seen = 0;                            // EndpointHealth::real_requests then
+        bool busy = false;                            // a real request was in flight then
     };
+    // Sleeps until `until`, or until stop or traffic on the watched endpoint wakes it; false
+    // when stopping.
+    bool pause_until(std::chrono::steady_clock::time_point until);
     bool wait_quiet(const Job& job, Quiet& q);
 
     PrefixStore& store_;
@@ -78,6 +82,7 @@ private:
     std::chrono::steady_clock::duration quiet_;
     std::mutex m_;
     std::condition_variable cv_;
+    Wakeup wake_;  // stop, and real traffic on the endpoint of the job under way (TrafficWatch)
     std::deque<Job> jobs_;
     bool stop_ = false;
     std::thread thread_;

@@ -39,8 +39,8 @@ bool ResponseSink::flush() {
     return !ex_.lost();
 }
 
-bool ResponseSink::check_gone() {
-    if (!ex_.lost() && ex_.client_gone()) ex_.give_up();
+bool ResponseSink::wait_gone(std::chrono::steady_clock::time_point until, int wake_fd) {
+    if (!ex_.lost() && ex_.wait_client_gone(until, wake_fd)) ex_.give_up();
     return ex_.lost();
 }
 

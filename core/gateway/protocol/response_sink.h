@@ -12,6 +12,7 @@
 
 #include <pulse/plugin.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -50,8 +51,9 @@ public:
     // The client is gone (a failed write, a hang-up, the stream loop gave up on it).
     bool lost() const { return ex_.lost(); }
     void lose() { ex_.give_up(); }
-    // Checks without blocking whether the client hung up; true when it is lost.
-    bool check_gone();
+    // Sleeps until `until`, a hang-up of the client, or `wake_fd` readable, whichever is first;
+    // true when the client is lost.
+    bool wait_gone(std::chrono::steady_clock::time_point until, int wake_fd);
 
 private:
     server::Exchange& ex_;

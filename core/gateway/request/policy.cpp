@@ -1,12 +1,8 @@
 #include "gateway/request/policy.h"
 
 #include <chrono>
-#include <pthread.h>
-
 #include <condition_variable>
-#include <deque>
 #include <mutex>
-#include <thread>
 
 #include <rapidjson/document.h>
 
@@ -37,50 +33,11 @@ constexpr auto kIdleWorker = seconds(30);
 
 }  // namespace
 
-// The policy's instance and its worker pool, kept alive by the workers themselves: a request
-// that stopped waiting, or a policy being destroyed, does not take it from under a call.
-// Workers start on demand (one per decision waiting with no idle worker, at most kMaxInFlight)
-// and leave after kIdleWorker without work, so a steady load reuses the same few threads.
+// The policy's instance, kept alive by the calls running on it: a request that stopped waiting,
+// or a policy being destroyed, does not take it from under a call.
 struct Policy::Shared {
     pulse_policy_vt_t vt{};
     void* instance = nullptr;
-    std::mutex m;
-    std::condition_variable cv;       // in_flight went down (the destructor waits on it)
-    std::condition_variable work_cv;  // a job was queued, or the pool stops
-    std::deque<std::shared_ptr<Job>> queue;
-    int in_flight = 0;  // queued or running
-    int workers = 0, idle = 0;
-    bool stopping = false;
-
-    static void work(std::shared_ptr<Shared> s) {
-        ::pthread_setname_np(::pthread_self(), "pulse-policy");
-        std::unique_lock lock(s->m);
-        for (;;) {
-            while (s->queue.empty()) {
-                ++s->idle;
-                const bool woke = s->work_cv.wait_for(lock, kIdleWorker, [&] { return !s->queue.empty() || s->stopping; });
-                --s->idle;
-                if (!woke || s->queue.empty()) {
-                    --s->workers;
-                    return;
-                }
-            }
-            std::shared_ptr<Job> job = std::move(s->queue.front());
-            s->queue.pop_front();
-            lock.unlock();
-            // A request that stopped waiting before its turn came is not asked about.
-            pulse_status_t rc = job->cancelled ? PULSE_E_DEADLINE : s->vt.decide(s->instance, &job->call, host::view(&job->summary), &job->out);
-            {
-                std::lock_guard jl(job->m);
-                job->rc = rc;
-                job->done = true;
-            }
-            job->cv.notify_one();
-            lock.lock();
-            --s->in_flight;
-            s->cv.notify_all();
-        }
-    }
 };
 
 const char* Policy::name(Outcome o) {
@@ -96,7 +53,11 @@ const char* Policy::name(Outcome o) {
 }
 
 Policy::Policy(plugin::ComponentLease lease, const config::ModelPolicy& cfg, const std::string& where)
-    : lease_(std::move(lease)), component_(cfg.name), timeout_ms_(cfg.timeout_ms), shared_(std::make_shared<Shared>()) {
+    : lease_(std::move(lease)),
+      component_(cfg.name),
+      timeout_ms_(cfg.timeout_ms),
+      shared_(std::make_shared<Shared>()),
+      pool_({"pulse-policy", kMaxInFlight, kIdleWorker}) {
     shared_->vt = lease_->registration.policy;
     if (!shared_->vt.create || !shared_->vt.decide)
         throw config::ConfigError(where + ": policy '" + component_ + "' (plugin " + lease_->plugin_id() + ") has no create or decide function");
@@ -108,17 +69,13 @@ Policy::Policy(plugin::ComponentLease lease, const config::ModelPolicy& cfg, con
 }
 
 Policy::~Policy() {
-    std::unique_lock lock(shared_->m);
-    shared_->stopping = true;  // idle workers leave now
-    shared_->work_cv.notify_all();
     // A decide still running past its request's deadline: give it a moment to notice the
     // cancellation, else leave the instance to it (a leak beats a use after free).
-    if (!shared_->cv.wait_for(lock, seconds(2), [&] { return shared_->in_flight == 0; })) {
-        log::error("policy", "policy '" + component_ + "' (plugin " + lease_->plugin_id() + "): " + std::to_string(shared_->in_flight) +
+    if (!pool_.stop(seconds(2))) {
+        log::error("policy", "policy '" + component_ + "' (plugin " + lease_->plugin_id() + "): " + std::to_string(pool_.in_flight()) +
                                  " decide call(s) still running at shutdown; its instance is not destroyed");
         return;
     }
-    lock.unlock();
     if (shared_->vt.destroy) shared_->vt.destroy(shared_->instance);
 }
 
@@ -130,21 +87,17 @@ Policy::Outcome Policy::decide(const std::string& summary, const std::string& re
     const auto deadline = steady_clock::now() + milliseconds(timeout_ms_);
     job->call.deadline_ms = static_cast<uint64_t>(duration_cast<milliseconds>(deadline.time_since_epoch()).count());
     job->out.call = &job->call;
-    {
-        std::lock_guard lock(shared_->m);
-        if (shared_->in_flight >= kMaxInFlight) {
-            why = std::to_string(kMaxInFlight) + " decide calls already running (the policy is stuck or overloaded)";
-            return Outcome::busy;
-        }
-        ++shared_->in_flight;
-        shared_->queue.push_back(job);
-        // Every queued job needs an idle worker of its own, or a new one.
-        if (static_cast<size_t>(shared_->idle) < shared_->queue.size() && shared_->workers < kMaxInFlight) {
-            ++shared_->workers;
-            std::thread(Shared::work, shared_).detach();
-        } else {
-            shared_->work_cv.notify_one();
-        }
+    const bool queued = pool_.submit([s = shared_, job] {
+        // A request that stopped waiting before its turn came is not asked about.
+        pulse_status_t rc = job->cancelled ? PULSE_E_DEADLINE : s->vt.decide(s->instance, &job->call, host::view(&job->summary), &job->out);
+        std::lock_guard lock(job->m);
+        job->rc = rc;
+        job->done = true;
+        job->cv.notify_one();  // under the lock: the waiter may return and drop `job` at once (it is shared)
+    });
+    if (!queued) {
+        why = std::to_string(kMaxInFlight) + " decide calls already running (the policy is stuck or overloaded)";
+        return Outcome::busy;
     }
 
     std::unique_lock lock(job->m);

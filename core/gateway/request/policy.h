@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/worker_pool.h"
 #include "config/config.h"
 #include "plugin/plugin_manager.h"
 
@@ -57,6 +58,7 @@ private:
     std::string component_;
     int64_t timeout_ms_;
     std::shared_ptr<Shared> shared_;
+    mutable WorkerPool pool_;  // threads "pulse-policy", at most kMaxInFlight, gone after 30 s idle
 };
 
 // Reads a decision object; false (and `why`) when any member is of the wrong type, out of range

@@ -6,6 +6,10 @@
 #include <memory>
 #include <string>
 
+namespace pulse {
+class Wakeup;
+}
+
 namespace pulse::gateway {
 
 struct Snapshot;
@@ -23,6 +27,8 @@ public:
     virtual std::shared_ptr<const Snapshot> snapshot() const = 0;
     // The drain deadline passed: responses in flight end now.
     virtual bool cutting() const = 0;
+    // Signalled, and left signalled, when the cut comes: what a sleeping request thread waits on.
+    virtual const Wakeup& cut_signal() const = 0;
     virtual RequestBoard& board() = 0;
     virtual PrefixStore& prefixes() = 0;
     virtual Warmer* warmer() = 0;  // null when warmup is off

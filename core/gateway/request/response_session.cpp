@@ -7,11 +7,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "common/log.h"
 #include "common/metric_defs.h"
 #include "common/metrics.h"
+#include "common/wakeup.h"
 #include "gateway/protocol/http_util.h"
 #include "gateway/protocol/status_errors.h"
 #include "gateway/request/attempt.h"
@@ -79,13 +79,14 @@ private:
         return true;
     }
 
-    // Waits before the next round, keeping the client alive and noticing if it leaves.
+    // Waits before the next round, keeping the client alive: asleep until the backoff ends, the
+    // next keepalive is due, the client hangs up or the drain cut comes, whichever is first.
     void wait_backoff(steady_clock::duration d) {
         st_.entry->waiting();
-        auto until = steady_clock::now() + d;
+        const auto until = steady_clock::now() + d;
         while (!st_.sink.lost() && !st_.gw.cutting() && steady_clock::now() < until) {
-            std::this_thread::sleep_for(std::min<steady_clock::duration>(milliseconds(50), until - steady_clock::now()));
-            st_.sink.check_gone();
+            const auto keepalive = st_.req.streaming ? st_.last_event + st_.keepalive : steady_clock::time_point::max();
+            st_.sink.wait_gone(std::min(until, keepalive), st_.gw.cut_signal().fd());
             st_.keepalive_if_due();
         }
     }

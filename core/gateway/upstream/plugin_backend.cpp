@@ -2,19 +2,14 @@
 // own, the chunks handed to the stream loop; and the backend instance that opens such streams.
 #include "gateway/upstream/upstream.h"
 
-#include <sys/eventfd.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <thread>
 
 #include "common/log.h"
+#include "common/wakeup.h"
 #include "gateway/upstream/upstream_failure.h"
 
 namespace pulse::gateway {
@@ -34,19 +29,14 @@ struct ChunkCollector : pulse_chunk_sink {
     std::deque<std::string> chunks;  // under m
     size_t bytes = 0;                // under m: of the chunks queued
     std::condition_variable room;    // the queue was read (or the stream cancelled)
-    int wake_fd = -1;
-    void wake() {
-        uint64_t one = 1;
-        ssize_t n = ::write(wake_fd, &one, sizeof one);
-        (void)n;  // a full counter still wakes the loop
-    }
+    Wakeup loop;                     // the stream loop waits on it
     pulse_status_t data(std::string_view payload) override {
         {
             std::lock_guard lock(m);
             chunks.emplace_back(payload);
             bytes += payload.size();
         }
-        wake();
+        loop.signal();
         return PULSE_OK;
     }
 };
@@ -63,8 +53,6 @@ public:
         : lease_(std::move(lease)), stream_(stream), request_id_(std::move(request_id)),
           idle_(duration_cast<steady_clock::duration>(duration<double>(t.idle_timeout_s))), idle_timeout_s_(t.idle_timeout_s),
           head_timeout_s_(t.head_timeout_s), deadline_(head_deadline), call_deadline_ms_(monotonic_ms(head_deadline)) {
-        sink_.wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (sink_.wake_fd < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
         worker_ = std::thread([this] { run(); });
     }
     ~PluginBody() override {
@@ -76,15 +64,12 @@ public:
         if (!over) cancel();  // a stream abandoned mid-way (client gone, failover, drain)
         worker_.join();  // [stream-serial]: stream_close after the last stream_next returned
         vt().stream_close(stream_);
-        ::close(sink_.wake_fd);
     }
 
-    int fd() const override { return sink_.wake_fd; }
+    int fd() const override { return sink_.loop.fd(); }
 
     void read(std::vector<UpEvent>& out) override {
-        uint64_t n;
-        ssize_t r = ::read(sink_.wake_fd, &n, sizeof n);
-        (void)r;
+        sink_.loop.clear();
         if (reported_end_) return;
         if (!announced_) {
             announced_ = true;
@@ -178,7 +163,7 @@ private:
                     failure_ = UpEvent{UpEvent::Kind::failed, 0, rc, host::call_error(call, rc, lease_->plugin_id()), false, 0, {}};
                 over_ = true;
             }
-            sink_.wake();
+            sink_.loop.signal();
             return;
         }
     }

@@ -2,7 +2,6 @@
 
 #include <pthread.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,7 +11,9 @@
 #include <list>
 #include <stdexcept>
 
+#include "common/deadlines.h"
 #include "common/log.h"
+#include "common/wakeup.h"
 
 namespace pulse::gateway {
 
@@ -56,15 +57,14 @@ void watch(int ep, int op, int fd, uint32_t events, Handle* h) {
 // for a moment more (20 ms) so the connection can go back to the pool instead of being closed.
 class Lingering {
 public:
-    explicit Lingering(int ep) : ep_(ep) {}
-    // Takes the body over; the loop's next timer is moved up to its deadline.
-    void add(std::unique_ptr<DetachedBody> body, Clock::time_point& next_scan) {
+    Lingering(int ep, Deadlines<Handle*>& timers) : ep_(ep), timers_(timers) {}
+    // Takes the body over, with an alarm at its deadline.
+    void add(std::unique_ptr<DetachedBody> body) {
         auto& l = list_.emplace_back();
         l.body = std::move(body);
-        l.deadline = Clock::now() + kLinger;
         l.h.linger_body = &l;
         watch(ep_, EPOLL_CTL_MOD, l.body->fd(), EPOLLIN, &l.h);
-        next_scan = std::min(next_scan, l.deadline);
+        timers_.arm(&l.h, Clock::now() + kLinger);
     }
     // The body of handle `h` has something to read: its end, with luck.
     void ready(Handle& h, std::vector<UpEvent>& scratch) {
@@ -73,25 +73,16 @@ public:
         scratch.clear();
         l.body->read(scratch);
         if (l.body->reusable()) {
-            ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
-            l.body->recycle();
-            l.dead = true;
+            forget(l);
+            l.body->recycle();  // after leaving this epoll set: the pool may hand it out at once
         } else if (l.body->exhausted()) {
-            ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
-            l.dead = true;
+            forget(l);
         }
     }
-    // Past its deadline a body is closed: the backend took too long to end it.
-    void scan(Clock::time_point now, Clock::time_point& next_scan) {
-        for (auto& l : list_) {
-            if (l.dead) continue;
-            if (now >= l.deadline) {
-                ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
-                l.dead = true;
-            } else {
-                next_scan = std::min(next_scan, l.deadline);
-            }
-        }
+    // Its alarm came: the backend took too long to end the body, which is closed.
+    void expired(Handle& h) {
+        Linger& l = *static_cast<Linger*>(h.linger_body);
+        if (!l.dead) forget(l);
     }
     // Forgets (and so closes or has recycled) the bodies that are done, after a round of events.
     void sweep() { list_.remove_if([](const Linger& l) { return l.dead; }); }
@@ -99,25 +90,26 @@ public:
 private:
     struct Linger {
         std::unique_ptr<DetachedBody> body;
-        Clock::time_point deadline;
         Handle h{Handle::linger};
         bool dead = false;
     };
+    void forget(Linger& l) {
+        ::epoll_ctl(ep_, EPOLL_CTL_DEL, l.body->fd(), nullptr);
+        timers_.disarm(&l.h);
+        l.dead = true;
+    }
     static constexpr auto kLinger = milliseconds(20);
     int ep_;
+    Deadlines<Handle*>& timers_;
     std::list<Linger> list_;
 };
 
-// The hand-off between the threads that submit jobs and the loop: a list under a lock and an
-// eventfd that wakes the loop; flags for stop and cut. A submitter sleeps on its own slot until
-// the loop says it is done with it.
+// The hand-off between the threads that submit jobs and the loop: a list under a lock and a
+// wake-up (an eventfd) for the loop; flags for stop and cut. A submitter sleeps on its own slot
+// until the loop says it is done with it.
 class Inbox {
 public:
-    Inbox() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-        if (fd_ < 0) throw std::runtime_error(std::string("stream loop: ") + std::strerror(errno));
-    }
-    ~Inbox() { ::close(fd_); }
-    int fd() const { return fd_; }
+    int fd() const { return wake_.fd(); }
 
     // False when the loop is stopping (the job is not taken).
     bool submit(Slot& s) {
@@ -126,7 +118,7 @@ public:
             if (stopping_) return false;
             list_.push_back(&s);
         }
-        wake();
+        wake_.signal();
         return true;
     }
     static void wait_done(Slot& s) {
@@ -147,9 +139,7 @@ public:
         bool stopping, cutting;
     };
     Taken take() {
-        uint64_t v;
-        ssize_t r = ::read(fd_, &v, sizeof v);
-        (void)r;
+        wake_.clear();
         Taken t;
         std::lock_guard lock(m_);
         t.jobs.swap(list_);
@@ -164,15 +154,10 @@ private:
             std::lock_guard lock(m_);
             flag = true;
         }
-        wake();
-    }
-    void wake() {
-        uint64_t one = 1;
-        ssize_t n = ::write(fd_, &one, sizeof one);
-        (void)n;  // a full counter still wakes the loop
+        wake_.signal();
     }
 
-    int fd_;
+    Wakeup wake_;
     std::mutex m_;
     std::vector<Slot*> list_;
     bool stopping_ = false, cutting_ = false;
@@ -186,7 +171,7 @@ public:
         ep_ = ::epoll_create1(EPOLL_CLOEXEC);
         if (ep_ < 0) throw std::runtime_error(std::string("stream loop: ") + std::strerror(errno));
         watch(ep_, EPOLL_CTL_ADD, inbox_.fd(), EPOLLIN, &wake_);
-        lingering_ = std::make_unique<Lingering>(ep_);
+        lingering_ = std::make_unique<Lingering>(ep_, timers_);
         thread_ = std::thread([this] { main(); });
     }
 
@@ -217,12 +202,7 @@ private:
         ::pthread_setname_np(::pthread_self(), "pulse-relay");  // what `top -H` shows
         epoll_event evs[128];
         for (;;) {
-            int timeout = -1;
-            if (next_scan_ != Clock::time_point::max()) {
-                auto left = duration_cast<milliseconds>(next_scan_ - Clock::now()) + milliseconds(1);
-                timeout = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 10000));
-            }
-            int n = ::epoll_wait(ep_, evs, 128, timeout);
+            int n = ::epoll_wait(ep_, evs, 128, timers_.wait_ms(Clock::now()));
             if (n < 0 && errno != EINTR) {
                 log::error("relay", std::string("epoll_wait failed: ") + std::strerror(errno));
                 n = 0;
@@ -245,7 +225,7 @@ private:
                     case Handle::linger: lingering_->ready(*h, events_); break;
                 }
             }
-            if (Clock::now() >= next_scan_) scan();
+            on_alarms();
             if (stop) {
                 for (Slot* s : active_) lose(*s);
             }
@@ -279,7 +259,6 @@ private:
                 continue;
             }
             pump(*s);  // a response may already be whole (its body then lingers or is gone)
-            if (!s->over) next_scan_ = std::min({next_scan_, s->job->next_timer(), s->body->idle_deadline()});
         }
         if (in.cutting)
             for (Slot* s : active_)
@@ -314,10 +293,17 @@ private:
             out.send(scratch_);
         if (out.lost()) return lose(s);
         const size_t queued = out.unsent();
-        if (queued) next_scan_ = std::min(next_scan_, out.deadline());
         if ((queued > 0) != s.want_out) watch_out(s, queued > 0);
         if (!s.paused && queued > StreamLoop::kMaxClientBuffer) pause_upstream(s, true);
         else if (s.paused && queued <= StreamLoop::kMaxClientBuffer / 2) pause_upstream(s, false);
+        if (!s.over) timers_.arm(&s.up, next_deadline(s));
+    }
+
+    // The earliest of a stream's deadlines: the client's send timeout, the backend's silence
+    // limits (not while the loop itself holds the backend back), the job's keepalive.
+    static Clock::time_point next_deadline(Slot& s) {
+        const Clock::time_point idle = s.paused ? Clock::time_point::max() : s.body->idle_deadline();
+        return std::min({s.job->next_timer(), idle, s.client->out().deadline()});
     }
 
     // Stops (or resumes) reading the backend of a stream whose client is behind.
@@ -345,6 +331,7 @@ private:
     void end(Slot& s) {
         if (s.over) return;
         s.over = true;
+        timers_.disarm(&s.up);
         ::epoll_ctl(ep_, EPOLL_CTL_DEL, s.cfd, nullptr);
         if (!s.lost) {
             // The job's last output joins the client's queue; what the client has not taken
@@ -358,45 +345,38 @@ private:
             ::epoll_ctl(ep_, EPOLL_CTL_DEL, b.fd(), nullptr);
             b.recycle();
         } else if (b.ended() && !b.exhausted()) {
-            lingering_->add(std::move(s.body), next_scan_);
+            lingering_->add(std::move(s.body));
         } else {
             ::epoll_ctl(ep_, EPOLL_CTL_DEL, b.fd(), nullptr);
         }
         ended_.push_back(&s);
     }
 
-    // Timers of every stream: send timeouts, idle backends, keepalives, lingering bodies.
-    void scan() {
-        auto now = Clock::now();
-        next_scan_ = Clock::time_point::max();
-        for (size_t i = 0; i < active_.size(); ++i) {
-            Slot& s = *active_[i];
-            if (s.over) continue;
-            if (server::Outbox& out = s.client->out(); now >= out.deadline()) {
-                out.pump();  // decides: taken meanwhile, or waited too long
-                if (out.lost()) {
-                    lose(s);
-                    continue;
-                }
+    // The streams and lingering bodies whose alarm came: send timeouts, silent backends,
+    // keepalives, bodies that did not end in time.
+    void on_alarms() {
+        due_.clear();
+        timers_.take_due(Clock::now(), due_);
+        for (Handle* h : due_) {
+            if (h->kind == Handle::linger) {
+                lingering_->expired(*h);
+                continue;
             }
-            if (!s.paused && now >= s.body->idle_deadline()) {  // a paused backend is held back by us, not silent
-                if (auto failure = s.body->silence(now); failure && s.job->on_upstream(std::move(*failure))) {
-                    end(s);
-                    continue;
-                }
-            }
-            if (now >= s.job->next_timer()) {
-                if (s.job->on_timer()) {
-                    end(s);
-                    continue;
-                }
-                flush(s);
-                if (s.over) continue;
-            }
-            next_scan_ = std::min({next_scan_, s.job->next_timer(), s.body->idle_deadline()});
-            next_scan_ = std::min(next_scan_, s.client->out().deadline());
+            Slot& s = *h->slot;
+            if (!s.over) on_deadline(s, Clock::now());
         }
-        lingering_->scan(now, next_scan_);
+    }
+
+    void on_deadline(Slot& s, Clock::time_point now) {
+        if (server::Outbox& out = s.client->out(); now >= out.deadline()) {
+            out.pump();  // decides: taken meanwhile, or waited too long
+            if (out.lost()) return lose(s);
+        }
+        if (!s.paused && now >= s.body->idle_deadline()) {  // a paused backend is held back by us, not silent
+            if (auto failure = s.body->silence(now); failure && s.job->on_upstream(std::move(*failure))) return end(s);
+        }
+        if (now >= s.job->next_timer() && s.job->on_timer()) return end(s);
+        flush(s);  // sends what the timers produced; arms the next alarm
     }
 
     // Wakes the submitters of the jobs that ended this round and forgets them.
@@ -422,7 +402,8 @@ private:
     std::unique_ptr<Lingering> lingering_;
     std::vector<UpEvent> events_;
     std::string scratch_;  // a job's output on its way into the client's queue
-    Clock::time_point next_scan_ = Clock::time_point::max();
+    Deadlines<Handle*> timers_;  // each active stream's next deadline (its `up` handle); lingering bodies
+    std::vector<Handle*> due_;
 };
 
 StreamLoop::StreamLoop(int threads) {
