@@ -113,6 +113,15 @@ def idle(timeout=300):
 def log():
     return open(pulse_log).read()
 
+def logged(text, more_than, timeout=10):
+    """Waits until the log holds `text` more than `more_than` times. A response's record line is
+    written by its request thread after the stream loop has sent the client the terminal event,
+    so the client can read the log before the line is there."""
+    until = time.time() + timeout
+    while time.time() < until and log().count(text) <= more_than:
+        time.sleep(0.1)
+    return log().count(text) > more_than
+
 # 1. A long prefill is busy, not frozen: it completes on the only endpoint.
 long_prompt = " ".join(f"w{i}" for i in range(1500))   # about 6,600 tokens: 65 s here
 progress = []  # (processed, total) seen on /status.json while the prefill runs
@@ -239,7 +248,7 @@ after_stop = t_start + took - stopped_at[0] if stopped_at else -1
 print(f"engine stopped mid-prefill: {terminal} {after_stop:.1f} s after the stop", flush=True)
 check(bool(stopped_at), "the engine thread was stopped (ptrace)")
 check(terminal in ("response.completed", "response.incomplete"), f"served by the second endpoint after the engine stopped ({terminal})")
-check(log().count("model=pair endpoint=fast") > served_fast, "the second endpoint served it")
+check(logged("model=pair endpoint=fast", served_fast), "the second endpoint served it")
 check(0 <= after_stop < 24, f"within stall_after_s (20 s) of the last progress ({after_stop:.1f} s after the stop)")
 check(log().count("prefill stalled at") > before_stalled, "the log says the prefill stalled")
 check(log().count("stopped answering") == before_frozen, "the server, still answering, was not taken for a frozen one")
