@@ -197,11 +197,52 @@ bool Exchange::wait_client_gone(Clock::time_point until, int wake_fd) const {
 // ---------------------------------------------------------------------------------------------
 // The accept loop and the workers
 
+namespace {
+
+// One client connection while the loop owns it (between requests, or closing), or a worker
+// (serving a request). Closed when destroyed.
+struct Conn {
+    Conn() = default;
+    Conn(const Conn&) = delete;
+    Conn& operator=(const Conn&) = delete;
+    ~Conn() {
+        if (fd >= 0) ::close(fd);
+    }
+    int fd = -1;
+    Poco::Net::SocketAddress peer;
+    // sending: the accept loop sends what the client had not taken of the last answer, then
+    // reads the next request (keep_after) or lingers.
+    enum class State { idle, head, body, sending, linger } state = State::idle;
+    Clock::time_point deadline;
+    std::string in;       // received, not yet consumed (a head being read, or pipelined bytes)
+    size_t scanned = 0;   // how far `in` was searched for the head's end
+    std::optional<Poco::Net::HTTPRequest> req;
+    http::BodyDecoder framing{http::Framing::length, 0};
+    std::string body;
+    int64_t reserved = 0;  // body bytes counted against server.max_body_memory_bytes
+    bool chunked = false;
+    Clock::time_point body_start;  // when the head before the body was complete
+    int64_t body_received = 0;     // body bytes off the wire so far (framing included)
+    Outbox out{-1, {}};    // the answer's bytes the client has not taken yet
+    bool keep_after = false;
+    bool doomed = false;   // closed at the end of this round
+};
+struct Returned {
+    std::unique_ptr<Conn> conn;
+    bool keep_alive;
+    Outbox out;  // what the client had not taken when the handler returned
+};
+
+}  // namespace
+
 class HttpServer::Loop {
 public:
     Loop(const config::Server& cfg, const Handler& handler)
         : cfg_(cfg), handler_(handler), max_workers_(static_cast<int>(cfg.max_streams) + kSpareWorkers),
-          workers_({"pulse-worker", max_workers_}) {}
+          // Twice the requests: a worker that handed its connection back still counts in the
+          // pool until its task returns, and the loop may already have given that connection's
+          // next request to another worker.
+          workers_({"pulse-worker", 2 * max_workers_}) {}
 
     ~Loop() { stop(); }
 
@@ -234,40 +275,6 @@ public:
     uint16_t port() const { return port_; }
 
 private:
-    // One client connection while the loop owns it (between requests, or closing), or a worker
-    // (serving a request). Closed when destroyed.
-    struct Conn {
-        Conn() = default;
-        Conn(const Conn&) = delete;
-        Conn& operator=(const Conn&) = delete;
-        ~Conn() {
-            if (fd >= 0) ::close(fd);
-        }
-        int fd = -1;
-        Poco::Net::SocketAddress peer;
-        // sending: the accept loop sends what the client had not taken of the last answer, then
-        // reads the next request (keep_after) or lingers.
-        enum class State { idle, head, body, sending, linger } state = State::idle;
-        Clock::time_point deadline;
-        std::string in;       // received, not yet consumed (a head being read, or pipelined bytes)
-        size_t scanned = 0;   // how far `in` was searched for the head's end
-        std::optional<Poco::Net::HTTPRequest> req;
-        http::BodyDecoder framing{http::Framing::length, 0};
-        std::string body;
-        int64_t reserved = 0;  // body bytes counted against server.max_body_memory_bytes
-        bool chunked = false;
-        Clock::time_point body_start;  // when the head before the body was complete
-        int64_t body_received = 0;     // body bytes off the wire so far (framing included)
-        Outbox out{-1, {}};    // the answer's bytes the client has not taken yet
-        bool keep_after = false;
-        bool doomed = false;   // closed at the end of this round
-    };
-    struct Returned {
-        std::unique_ptr<Conn> conn;
-        bool keep_alive;
-        Outbox out;  // what the client had not taken when the handler returned
-    };
-
     static void raise_fd_limit() {
         // Every connection costs a descriptor, and load is shed with an answer only while one can
         // be had: take the hard limit, as servers do.
@@ -524,14 +531,21 @@ private:
     // thread submits, so a worker free now is free at submit().)
     void dispatch(Conn& c) {
         if (draining_) return refuse(c, 503, "draining", "the gateway is shutting down; retry shortly", 1, "draining");
-        if (workers_.in_flight() >= max_workers_)
+        if (serving_.load() >= max_workers_)
             return refuse(c, 503, "at_capacity",
                           "the gateway is at capacity (" + std::to_string(max_workers_) + " requests in flight); retry shortly", 1, "at_capacity");
         const int fd = c.fd;
         watch(fd, 0, EPOLL_CTL_DEL);
         timers_.disarm(fd);
         auto it = conns_.find(fd);
-        workers_.submit([this, conn = std::move(it->second)]() mutable { serve(std::move(conn)); });
+        ++serving_;
+        if (!workers_.submit([this, conn = std::move(it->second)]() mutable { serve(std::move(conn)); })) {
+            // Not while the loop runs (the pool has room for every request and stops after the
+            // loop): the connection was closed with the refused task.
+            --serving_;
+            connections_.add(-1);
+            log::error("http", "the worker pool refused a request: connection closed");
+        }
         conns_.erase(it);
     }
 
@@ -699,6 +713,8 @@ private:
             // The body is released here, with the exchange, before the connection goes back.
         }
         release(c);
+        // Done before the connection goes back: its next request may be dispatched at once.
+        --serving_;
         std::lock_guard lock(rm_);
         if (stopping_) {
             connections_.add(-1);
@@ -717,6 +733,7 @@ private:
     std::thread thread_;
     std::atomic<bool> stopping_{false}, draining_{false};
     std::atomic<int64_t> body_bytes_{0};
+    std::atomic<int> serving_{0};  // requests on workers: dispatched, connection not yet handed back
     metrics::Gauge& connections_ = metrics::global().gauge("pulse_http_connections", "client connections open");
     metrics::Counter& unfinished_ = metrics::global().counter(
         "pulse_http_unfinished_answers_total", "answers whose last bytes the client did not take within server.send_timeout_s after the request was done (connection closed)");

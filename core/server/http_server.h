@@ -92,10 +92,9 @@ public:
     Outbox& out() { return out_; }
     // The client hung up or stopped reading: the connection is closed, not kept alive.
     void give_up() { out_.lose(); }
-    // The client closed its end or the socket failed (checked without blocking).
-    bool client_gone() const { return wait_client_gone(std::chrono::steady_clock::time_point::min(), -1); }
-    // The same, waiting for it until `until` or until `wake_fd` (an eventfd; -1: none) is
-    // readable, whichever comes first: a request thread's sleep that a hang-up ends at once.
+    // Whether the client closed its end or the socket failed, waiting for it until `until` or
+    // until `wake_fd` (an eventfd; -1: none) is readable, whichever comes first: a request
+    // thread's sleep that a hang-up ends at once.
     bool wait_client_gone(std::chrono::steady_clock::time_point until, int wake_fd) const;
     bool lost() const { return out_.lost(); }
     bool responded() const { return responded_; }

@@ -12,7 +12,10 @@
 #include <atomic>
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -192,4 +195,50 @@ TEST_CASE("out of descriptors: connections wait in the kernel's queue, and accep
     while (got.find("small") == std::string::npos && steady_clock::now() < until) got += c.read_all(200);
     CHECK(got.find("HTTP/1.1 200 OK") == 0);
     CHECK(got.find("small") != std::string::npos);
+}
+
+TEST_CASE("at capacity, a keep-alive client's next request is served: a request counts as done before its connection goes back") {
+    // max_streams 1: 17 requests at once (1 + the spare workers). 16 wait in their handler; one
+    // client sends its requests one after another on one connection, each the only free place.
+    std::mutex m;
+    std::condition_variable cv;
+    bool release = false;
+    std::atomic<int> held{0};
+    config::Server cfg = Server::cfg(10);
+    cfg.max_streams = 1;
+    server::HttpServer srv(cfg, [&](server::Exchange& ex) {
+        if (ex.request().getURI() == "/hold") {
+            ++held;
+            std::unique_lock lock(m);
+            cv.wait_for(lock, seconds(60), [&] { return release; });
+        }
+        ex.respond(200, "text/plain", "small");
+    });
+    srv.start();
+    std::vector<std::unique_ptr<test::Raw>> holders;
+    for (int i = 0; i < 16; ++i) {
+        holders.push_back(std::make_unique<test::Raw>(srv.port()));
+        REQUIRE(holders.back()->send("GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"));
+    }
+    REQUIRE(test::eventually([&] { return held.load() == 16; }, 5000));
+    // Regression: the pool counted a request done after its worker had handed the connection
+    // back, so the loop could read the pipelined next request first and refuse it (503).
+    constexpr int kRequests = 400;
+    std::string requests;
+    for (int i = 0; i < kRequests; ++i) requests += "GET /small HTTP/1.1\r\nHost: x\r\n\r\n";
+    test::Raw c(srv.port());
+    REQUIRE(c.send(requests));
+    const std::string ok = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nsmall";
+    std::string got;
+    const auto until = steady_clock::now() + seconds(30);
+    while (got.size() < ok.size() * kRequests && got.find("503") == std::string::npos && steady_clock::now() < until)
+        got += c.read_all(100);
+    CHECK(got.find("at_capacity") == std::string::npos);
+    CHECK(got.size() == ok.size() * kRequests);
+    {
+        std::lock_guard lock(m);
+        release = true;
+    }
+    cv.notify_all();
+    srv.stop();
 }

@@ -47,7 +47,7 @@ EXCEPTIONS = {
     "core/gateway/snapshot.cpp:SnapshotBuilder::build": 81,
     # classes
     "plugins/runtime/controller.cpp:Controller::Impl": 743,
-    "core/server/http_server.cpp:HttpServer::Loop": 537,
+    "core/server/http_server.cpp:HttpServer::Loop": 516,
     "core/cli/doctor.cpp:Examiner": 347,
 }
 
