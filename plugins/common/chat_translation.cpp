@@ -79,6 +79,22 @@ std::string flat_name(const Options& opt, std::string_view ns, std::string_view 
     return ns.empty() ? std::string(name) : std::string(ns) + opt.ns_separator + std::string(name);
 }
 
+// A template switch's value, whichever JSON scalar it is.
+void write_scalar(Writer& w, const std::string& s) { w.string(s); }
+void write_scalar(Writer& w, bool b) { w.boolean(b); }
+void write_scalar(Writer& w, int64_t n) { w.i64(n); }
+void write_scalar(Writer& w, double x) { w.f64(x); }
+
+// chat_template_kwargs: the per-request thinking switch, then the profile's own switches.
+void write_template_kwargs(Writer& w, const Options& opt, bool thinking) {
+    w.key("chat_template_kwargs").begin_object().key("enable_thinking").boolean(thinking);
+    for (const auto& arg : opt.template_kwargs) {
+        w.key(arg.key);
+        std::visit([&](const auto& x) { write_scalar(w, x); }, arg.value);
+    }
+    w.end_object();
+}
+
 bool valid_json(const pulse_host_api_t* host, pulse_call_t* call, std::string_view text) {
     return host->json->parse(call, str(text)) != nullptr;
 }
@@ -200,14 +216,15 @@ Options Options::parse(const Json& cfg, std::string_view profile) {
             if (!v.is_object()) bad(key, "a table");
             for (size_t j = 0; j < v.size(); ++j) {
                 auto [k, x] = v.member_at(j);
-                std::string val;
-                if (auto s = x.string()) val = json_quote(*s);
-                else if (auto b = x.boolean()) val = *b ? "true" : "false";
-                else if (auto n = x.i64()) val = std::to_string(*n);
-                else if (auto f = x.f64()) val = std::to_string(*f);
-                else bad(std::string(key) + "." + std::string(k), "a string, number or boolean");
-                if (!o.template_kwargs_json.empty()) o.template_kwargs_json += ",";
-                o.template_kwargs_json += json_quote(k) + ":" + val;
+                const std::string name = std::string(key) + "." + std::string(k);
+                if (k == "enable_thinking") bad(name, "nothing: the profile option thinking sets it (\"effort\", \"on\" or \"off\")");
+                TemplateKwarg arg{std::string(k), {}};
+                if (auto s = x.string()) arg.value = std::string(*s);
+                else if (auto b = x.boolean()) arg.value = *b;
+                else if (auto n = x.i64()) arg.value = *n;
+                else if (auto f = x.f64()) arg.value = *f;
+                else bad(name, "a string, number or boolean");
+                o.template_kwargs.push_back(std::move(arg));
             }
         } else if (key == "cache_prompt") {
             auto b = v.boolean();
@@ -316,162 +333,190 @@ RequestInfo request_info(const Options& opt, const Json& req) {
 
 namespace {
 
-std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
-                                    const Log& log) {
-    std::vector<Message> out;
-    std::string system;
-    if (auto ins = req["instructions"].string(); ins && !ins->empty()) system = std::string(*ins);
-    bool leading = true;
-    std::string pending_reasoning;
-    std::vector<Part> pending_images;  // from tool outputs; sent after the run of tool messages
+// The Responses input (instructions, messages, reasoning, calls and their outputs) as Chat
+// Completions messages, item by item: reasoning waits for the assistant message it belongs to,
+// images a tool returned wait for the end of the run of tool messages, system text is gathered
+// into the one leading system message.
+class HistoryBuilder {
+public:
+    HistoryBuilder(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Log& log)
+        : host_(host), call_(call), opt_(opt), log_(log) {}
 
-    auto flush_images = [&] {
-        if (pending_images.empty()) return;
-        Message m;
-        m.role = "user";
-        m.parts.push_back(Part::made("Images returned by the tool calls above:"));
-        for (auto& p : pending_images) m.parts.push_back(std::move(p));
-        pending_images.clear();
-        out.push_back(std::move(m));
-    };
-    // The assistant message that tool calls attach to: the last message if it is an assistant
-    // message, else a new (empty) one.
-    auto assistant = [&]() -> Message& {
-        if (out.empty() || out.back().role != "assistant") {
+    std::vector<Message> build(const Json& req) {
+        if (auto ins = req["instructions"].string(); ins && !ins->empty()) system_ = std::string(*ins);
+        Json input = req["input"];
+        if (auto s = input.string()) {
             Message m;
-            m.role = "assistant";
-            out.push_back(std::move(m));
+            m.role = "user";
+            m.parts.push_back(Part::of_request(*s));
+            out_.push_back(std::move(m));
         }
-        Message& m = out.back();
-        if (!pending_reasoning.empty()) {
-            m.reasoning += pending_reasoning;
-            pending_reasoning.clear();
+        for (size_t i = 0; i < (input.is_array() ? input.size() : 0); ++i) add(input.at(i), i);
+        flush_images();
+        if (!system_.empty()) {
+            Message s;
+            s.role = "system";
+            s.parts.push_back(Part::made(std::move(system_)));
+            out_.insert(out_.begin(), std::move(s));
         }
-        return m;
-    };
-    auto tool_output_text = [&](const Json& output, std::vector<Part>& images) {
-        if (auto s = output.string()) return std::string(*s);
-        std::vector<Part> parts;
-        add_parts(opt, output, parts);
-        std::string text;
-        for (auto& p : parts) {
-            if (p.image) images.push_back(std::move(p));
-            else text += p.value();
-        }
-        if (text.empty() && !images.empty()) text = "(image output follows)";
-        return text;
-    };
-
-    Json input = req["input"];
-    if (auto s = input.string()) {
-        Message m;
-        m.role = "user";
-        m.parts.push_back(Part::of_request(*s));
-        out.push_back(std::move(m));
+        return std::move(out_);
     }
-    for (size_t i = 0; i < (input.is_array() ? input.size() : 0); ++i) {
-        Json item = input.at(i);
+
+private:
+    void add(const Json& item, size_t i) {
         std::string_view type = item["type"].string_or(item["role"].present() ? "message" : "");
         bool is_output = type == "function_call_output" || type == "custom_tool_call_output";
         if (!is_output) flush_images();
-
         if (type == "message") {
-            std::string_view role = item["role"].string_or("user");
-            if (role == "developer" || role == "system") {
-                std::string text = text_of(item["content"]);
-                if (leading) {
-                    if (!system.empty() && !text.empty()) system += "\n\n";
-                    system += text;
-                } else {
-                    // Qwen templates reject a system message that is not first: keep the
-                    // instruction, in order, as a user turn.
-                    Message m;
-                    m.role = "user";
-                    m.parts.push_back(Part::made("[" + std::string(role) + " message]\n" + text));
-                    out.push_back(std::move(m));
-                }
-                continue;
-            }
-            leading = false;
-            if (role == "assistant") {
-                std::string text = text_of(item["content"]);
-                if (!out.empty() && out.back().role == "assistant") {
-                    // Consecutive assistant messages (Codex keeps each partial answer of a
-                    // stream that broke off, then asks again): llama-server refuses two at the
-                    // end of the list, and no chat template means them as two turns. One
-                    // message: a retry that got further replaces the partial text before it, a
-                    // repeat is dropped, anything else is joined.
-                    Message& prev = out.back();
-                    std::string before = prev.text();
-                    if (text.rfind(before, 0) == 0) before = std::move(text);
-                    else if (before.rfind(text, 0) != 0) before += (before.empty() ? "" : "\n\n") + text;
-                    prev.parts.clear();
-                    prev.parts.push_back(Part::made(std::move(before)));
-                    prev.reasoning += pending_reasoning;
-                    pending_reasoning.clear();
-                    continue;
-                }
-                Message m;
-                m.role = "assistant";
-                m.parts.push_back(Part::made(std::move(text)));
-                m.reasoning = std::move(pending_reasoning);
-                pending_reasoning.clear();
-                out.push_back(std::move(m));
-            } else {
-                Message m;
-                m.role = "user";
-                add_parts(opt, item["content"], m.parts);
-                out.push_back(std::move(m));
-            }
+            add_message(item);
         } else if (type == "reasoning") {
             std::string text = text_of(item["content"]);
             if (text.empty()) text = text_of(item["summary"]);
-            pending_reasoning += text;
+            pending_reasoning_ += text;
         } else if (type == "function_call") {
-            leading = false;
+            leading_ = false;
             std::string args(item["arguments"].string_or("{}"));
             if (args.empty()) args = "{}";
-            if (!valid_json(host, call, args)) {
-                log(PULSE_LOG_WARN, "history function_call " + std::string(item["name"].string_or("")) +
-                                        " has arguments that are not JSON; replaying them as {} (backend would reject them)",
-                    call);
+            if (!valid_json(host_, call_, args)) {
+                log_(PULSE_LOG_WARN, "history function_call " + std::string(item["name"].string_or("")) +
+                                         " has arguments that are not JSON; replaying them as {} (backend would reject them)",
+                     call_);
                 args = "{}";
             }
             assistant().calls.push_back({std::string(item["call_id"].string_or("")),
-                                         flat_name(opt, item["namespace"].string_or(""), item["name"].string_or("")), args});
+                                         flat_name(opt_, item["namespace"].string_or(""), item["name"].string_or("")), args});
         } else if (type == "custom_tool_call") {
-            leading = false;
+            leading_ = false;
             assistant().calls.push_back({std::string(item["call_id"].string_or("")),
-                                         flat_name(opt, item["namespace"].string_or(""), item["name"].string_or("")),
+                                         flat_name(opt_, item["namespace"].string_or(""), item["name"].string_or("")),
                                          "{\"input\":" + json_quote(item["input"].string_or("")) + "}"});
         } else if (is_output) {
-            leading = false;
-            std::string call_id(item["call_id"].string_or(""));
-            if (call_id.empty()) {
-                // Output the client supplies without a call (Codex 0.171 sends its goal this
-                // way, as agent/goal_objective): Chat Completions has tool messages only as
-                // answers to calls, so the call is written before it, under the item's id.
-                call_id = std::string(item["id"].string_or(""));
-                if (call_id.empty()) call_id = "ctx_" + std::to_string(i);
-                assistant().calls.push_back(
-                    {call_id, flat_name(opt, item["namespace"].string_or(""), item["name"].string_or("")), "{}"});
-            }
-            Message m;
-            m.role = "tool";
-            m.tool_call_id = std::move(call_id);
-            m.parts.push_back(Part::made(tool_output_text(item["output"], pending_images)));
-            out.push_back(std::move(m));
+            add_output(item, i);
         }
         // The host has already rejected any other item type.
     }
-    flush_images();
-    if (!system.empty()) {
-        Message s;
-        s.role = "system";
-        s.parts.push_back(Part::made(std::move(system)));
-        out.insert(out.begin(), std::move(s));
+
+    void add_message(const Json& item) {
+        std::string_view role = item["role"].string_or("user");
+        if (role == "developer" || role == "system") {
+            std::string text = text_of(item["content"]);
+            if (leading_) {
+                if (!system_.empty() && !text.empty()) system_ += "\n\n";
+                system_ += text;
+            } else {
+                // Qwen templates reject a system message that is not first: keep the
+                // instruction, in order, as a user turn.
+                Message m;
+                m.role = "user";
+                m.parts.push_back(Part::made("[" + std::string(role) + " message]\n" + text));
+                out_.push_back(std::move(m));
+            }
+            return;
+        }
+        leading_ = false;
+        if (role != "assistant") {
+            Message m;
+            m.role = "user";
+            add_parts(opt_, item["content"], m.parts);
+            out_.push_back(std::move(m));
+            return;
+        }
+        std::string text = text_of(item["content"]);
+        if (!out_.empty() && out_.back().role == "assistant") {
+            // Consecutive assistant messages (Codex keeps each partial answer of a stream that
+            // broke off, then asks again): llama-server refuses two at the end of the list, and
+            // no chat template means them as two turns. One message: a retry that got further
+            // replaces the partial text before it, a repeat is dropped, anything else is joined.
+            Message& prev = out_.back();
+            std::string before = prev.text();
+            if (text.rfind(before, 0) == 0) before = std::move(text);
+            else if (before.rfind(text, 0) != 0) before += (before.empty() ? "" : "\n\n") + text;
+            prev.parts.clear();
+            prev.parts.push_back(Part::made(std::move(before)));
+            prev.reasoning += pending_reasoning_;
+            pending_reasoning_.clear();
+            return;
+        }
+        Message m;
+        m.role = "assistant";
+        m.parts.push_back(Part::made(std::move(text)));
+        m.reasoning = std::move(pending_reasoning_);
+        pending_reasoning_.clear();
+        out_.push_back(std::move(m));
     }
-    return out;
+
+    void add_output(const Json& item, size_t i) {
+        leading_ = false;
+        std::string call_id(item["call_id"].string_or(""));
+        if (call_id.empty()) {
+            // Output the client supplies without a call (Codex 0.171 sends its goal this way, as
+            // agent/goal_objective): Chat Completions has tool messages only as answers to
+            // calls, so the call is written before it, under the item's id.
+            call_id = std::string(item["id"].string_or(""));
+            if (call_id.empty()) call_id = "ctx_" + std::to_string(i);
+            assistant().calls.push_back({call_id, flat_name(opt_, item["namespace"].string_or(""), item["name"].string_or("")), "{}"});
+        }
+        Message m;
+        m.role = "tool";
+        m.tool_call_id = std::move(call_id);
+        m.parts.push_back(Part::made(tool_output_text(item["output"])));
+        out_.push_back(std::move(m));
+    }
+
+    // A tool's output as text; the images in it wait for the end of the run of tool messages.
+    std::string tool_output_text(const Json& output) {
+        if (auto s = output.string()) return std::string(*s);
+        std::vector<Part> parts;
+        add_parts(opt_, output, parts);
+        std::string text;
+        for (auto& p : parts) {
+            if (p.image) pending_images_.push_back(std::move(p));
+            else text += p.value();
+        }
+        if (text.empty() && !pending_images_.empty()) text = "(image output follows)";
+        return text;
+    }
+
+    void flush_images() {
+        if (pending_images_.empty()) return;
+        Message m;
+        m.role = "user";
+        m.parts.push_back(Part::made("Images returned by the tool calls above:"));
+        for (auto& p : pending_images_) m.parts.push_back(std::move(p));
+        pending_images_.clear();
+        out_.push_back(std::move(m));
+    }
+
+    // The assistant message that tool calls attach to: the last message if it is an assistant
+    // message, else a new (empty) one.
+    Message& assistant() {
+        if (out_.empty() || out_.back().role != "assistant") {
+            Message m;
+            m.role = "assistant";
+            out_.push_back(std::move(m));
+        }
+        Message& m = out_.back();
+        if (!pending_reasoning_.empty()) {
+            m.reasoning += pending_reasoning_;
+            pending_reasoning_.clear();
+        }
+        return m;
+    }
+
+    const pulse_host_api_t* host_;
+    pulse_call_t* call_;
+    const Options& opt_;
+    const Log& log_;
+    std::vector<Message> out_;
+    std::string system_;
+    bool leading_ = true;  // no message but system ones yet
+    std::string pending_reasoning_;
+    std::vector<Part> pending_images_;  // from tool outputs; sent after the run of tool messages
+};
+
+std::vector<Message> build_messages(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
+                                    const Log& log) {
+    return HistoryBuilder(host, call, opt, log).build(req);
 }
 
 }  // namespace
@@ -502,29 +547,25 @@ void write_sampling(const Options& opt, const Json& req, const Json& model, cons
     }
 }
 
-void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
-                   const Json& model, const RequestInfo& info, Writer& w, const Log& log, const Partial* resume, bool render_only) {
-    w.begin_object();
-    w.kv("model", model["upstream_model"].string_or(model["id"].string_or("")));
+namespace {
 
-    std::vector<Message> messages = build_messages(host, call, opt, req, log);
-    if (resume) {
-        // The partial answer is the message to continue. A history that already ends with an
-        // assistant message (one without calls: a partial answer Codex kept) gets it joined, as
-        // two assistant messages at the end are refused (llama-server) or read as two turns.
-        if (messages.empty() || messages.back().role != "assistant" || !messages.back().calls.empty()) {
-            Message m;
-            m.role = "assistant";
-            messages.push_back(std::move(m));
-        }
-        Message& last = messages.back();
-        std::string text = last.text() + resume->text;
-        last.parts.clear();
-        last.parts.push_back(Part::made(std::move(text)));
-        last.reasoning += resume->reasoning;
+// A resumed attempt: the partial answer is the message to continue. A history that already
+// ends with an assistant message (one without calls: a partial answer Codex kept) gets it
+// joined, as two assistant messages at the end are refused (llama-server) or read as two turns.
+void continue_partial(std::vector<Message>& messages, const Partial& resume) {
+    if (messages.empty() || messages.back().role != "assistant" || !messages.back().calls.empty()) {
+        Message m;
+        m.role = "assistant";
+        messages.push_back(std::move(m));
     }
+    Message& last = messages.back();
+    std::string text = last.text() + resume.text;
+    last.parts.clear();
+    last.parts.push_back(Part::made(std::move(text)));
+    last.reasoning += resume.reasoning;
+}
 
-    // messages
+void write_messages(Writer& w, const Options& opt, const std::vector<Message>& messages) {
     w.key("messages").begin_array();
     for (const auto& m : messages) {
         w.begin_object().kv("role", m.role);
@@ -549,73 +590,95 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
         w.end_object();
     }
     w.end_array();
+}
+
+// The request's tools as Chat Completions functions: custom tools take one string, namespaces
+// are flattened.
+void write_tools(Writer& w, const Options& opt, const Json& tools) {
+    w.key("tools").begin_array();
+    for (size_t i = 0; i < tools.size(); ++i) {
+        Json t = tools.at(i);
+        std::string_view type = t["type"].string_or("");
+        if (type == "function") {
+            Json params = t["parameters"];
+            write_function_tool(w, t["name"].string_or(""), t["description"].string_or(""), &params, {});
+        } else if (type == "custom") {
+            write_function_tool(w, t["name"].string_or(""), custom_description(t), nullptr, kCustomParams);
+        } else if (type == "namespace") {
+            std::string_view ns = t["name"].string_or("");
+            Json members = t["tools"];
+            for (size_t j = 0; j < members.size(); ++j) {
+                Json m = members.at(j);
+                if (m["name"].string_or("").empty()) continue;
+                Json params = m["parameters"];
+                std::string flat = flat_name(opt, ns, m["name"].string_or(""));
+                if (m["type"].string_or("function") == "custom")
+                    write_function_tool(w, flat, custom_description(m), nullptr, kCustomParams);
+                else
+                    write_function_tool(w, flat, m["description"].string_or(""), &params, {});
+            }
+        }
+    }
+    w.end_array();
+}
+
+// tool_choice "required" or named, enforced by a schema: vLLM accepts those choices without
+// always applying them, so the output is constrained to {"name": <tool>, "arguments": <its
+// schema>} and parsed back into a tool call (ChunkTranslator::finish).
+void write_forced_call_schema(Writer& w, const Options& opt, const Json& tools, const RequestInfo& info) {
+    w.kv("tool_choice", "none");
+    w.key("response_format").begin_object().kv("type", "json_schema").key("json_schema").begin_object();
+    w.kv("name", "tool_call").key("strict").boolean(true).key("schema").begin_object().key("anyOf").begin_array();
+    auto option = [&](std::string_view flat, const Json* params, bool custom) {
+        w.begin_object().kv("type", "object").key("properties").begin_object();
+        w.key("name").begin_object().kv("const", flat).end_object();
+        w.key("arguments");
+        if (custom) w.raw(kCustomParams);
+        else if (params && params->is_object()) w.copy(*params);
+        else w.raw(R"({"type":"object"})");
+        w.end_object().key("required").begin_array().string("name").string("arguments").end_array();
+        w.key("additionalProperties").boolean(false).end_object();
+    };
+    for (size_t i = 0; i < tools.size(); ++i) {
+        Json t = tools.at(i);
+        std::string_view type = t["type"].string_or("");
+        if (type == "function" || type == "custom") {
+            std::string flat(t["name"].string_or(""));
+            if (!info.forced.only.empty() && flat != info.forced.only) continue;
+            Json params = t["parameters"];
+            option(flat, &params, type == "custom");
+        } else if (type == "namespace") {
+            Json members = t["tools"];
+            for (size_t j = 0; j < members.size(); ++j) {
+                Json m = members.at(j);
+                std::string flat = flat_name(opt, t["name"].string_or(""), m["name"].string_or(""));
+                if (!info.forced.only.empty() && flat != info.forced.only) continue;
+                Json params = m["parameters"];
+                option(flat, &params, m["type"].string_or("function") == "custom");
+            }
+        }
+    }
+    w.end_array().end_object().end_object().end_object();
+}
+
+}  // namespace
+
+void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Options& opt, const Json& req,
+                   const Json& model, const RequestInfo& info, Writer& w, const Log& log, const Partial* resume, bool render_only) {
+    w.begin_object();
+    w.kv("model", model["upstream_model"].string_or(model["id"].string_or("")));
+
+    std::vector<Message> messages = build_messages(host, call, opt, req, log);
+    if (resume) continue_partial(messages, *resume);
+    write_messages(w, opt, messages);
 
     // tools
     bool forced_schema = info.forced.active && opt.force == ForceMode::schema;
     if (!info.tools.empty()) {
-        w.key("tools").begin_array();
         Json tools = req["tools"];
-        for (size_t i = 0; i < tools.size(); ++i) {
-            Json t = tools.at(i);
-            std::string_view type = t["type"].string_or("");
-            if (type == "function") {
-                Json params = t["parameters"];
-                write_function_tool(w, t["name"].string_or(""), t["description"].string_or(""), &params, {});
-            } else if (type == "custom") {
-                write_function_tool(w, t["name"].string_or(""), custom_description(t), nullptr, kCustomParams);
-            } else if (type == "namespace") {
-                std::string_view ns = t["name"].string_or("");
-                Json members = t["tools"];
-                for (size_t j = 0; j < members.size(); ++j) {
-                    Json m = members.at(j);
-                    if (m["name"].string_or("").empty()) continue;
-                    Json params = m["parameters"];
-                    std::string flat = flat_name(opt, ns, m["name"].string_or(""));
-                    if (m["type"].string_or("function") == "custom")
-                        write_function_tool(w, flat, custom_description(m), nullptr, kCustomParams);
-                    else
-                        write_function_tool(w, flat, m["description"].string_or(""), &params, {});
-                }
-            }
-        }
-        w.end_array();
+        write_tools(w, opt, tools);
         if (forced_schema) {
-            // vLLM accepts tool_choice "required"/named without always applying it: constrain
-            // the output ourselves to {"name": <tool>, "arguments": <its schema>} and parse it
-            // back into a tool call (ChunkTranslator::finish).
-            w.kv("tool_choice", "none");
-            w.key("response_format").begin_object().kv("type", "json_schema").key("json_schema").begin_object();
-            w.kv("name", "tool_call").key("strict").boolean(true).key("schema").begin_object().key("anyOf").begin_array();
-            auto option = [&](std::string_view flat, const Json* params, bool custom) {
-                w.begin_object().kv("type", "object").key("properties").begin_object();
-                w.key("name").begin_object().kv("const", flat).end_object();
-                w.key("arguments");
-                if (custom) w.raw(kCustomParams);
-                else if (params && params->is_object()) w.copy(*params);
-                else w.raw(R"({"type":"object"})");
-                w.end_object().key("required").begin_array().string("name").string("arguments").end_array();
-                w.key("additionalProperties").boolean(false).end_object();
-            };
-            for (size_t i = 0; i < tools.size(); ++i) {
-                Json t = tools.at(i);
-                std::string_view type = t["type"].string_or("");
-                if (type == "function" || type == "custom") {
-                    std::string flat(t["name"].string_or(""));
-                    if (!info.forced.only.empty() && flat != info.forced.only) continue;
-                    Json params = t["parameters"];
-                    option(flat, &params, type == "custom");
-                } else if (type == "namespace") {
-                    Json members = t["tools"];
-                    for (size_t j = 0; j < members.size(); ++j) {
-                        Json m = members.at(j);
-                        std::string flat = flat_name(opt, t["name"].string_or(""), m["name"].string_or(""));
-                        if (!info.forced.only.empty() && flat != info.forced.only) continue;
-                        Json params = m["parameters"];
-                        option(flat, &params, m["type"].string_or("function") == "custom");
-                    }
-                }
-            }
-            w.end_array().end_object().end_object().end_object();
+            write_forced_call_schema(w, opt, tools, info);
         } else if (info.forced.active) {
             if (info.forced.only.empty()) w.kv("tool_choice", "required");
             else
@@ -629,11 +692,8 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
 
     // thinking switch, from the reasoning effort unless the profile pins it
     const bool thinking = thinking_on(opt, req);
-    std::string kwargs = "{\"enable_thinking\":" + std::string(thinking ? "true" : "false");
-    if (!opt.template_kwargs_json.empty()) kwargs += "," + opt.template_kwargs_json;
-    kwargs += "}";
     if (render_only) {  // what the chat template needs, nothing else (vLLM's /tokenize)
-        w.key("chat_template_kwargs").raw(kwargs);
+        write_template_kwargs(w, opt, thinking);
         w.key("add_generation_prompt").boolean(true);
         w.end_object();
         if (!w.ok()) throw Error(PULSE_E_INTERNAL, "writing the upstream request failed");
@@ -654,7 +714,7 @@ void write_request(const pulse_host_api_t* host, pulse_call_t* call, const Optio
 
     if (auto budget = req["reasoning"]["budget_tokens"].i64(); budget && thinking && opt.budget_field && !opt.budget_field->empty())
         w.key(*opt.budget_field).i64(resume ? std::max<int64_t>(0, *budget - resume->reasoning_tokens) : *budget);
-    w.key("chat_template_kwargs").raw(kwargs);
+    write_template_kwargs(w, opt, thinking);
 
     if (opt.token_timings) w.key("timings_per_token").boolean(true);
     if (resume) w.key("continue_final_message").boolean(true).key("add_generation_prompt").boolean(false);
@@ -689,52 +749,64 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         // Counts that come with the deltas (not only with the final usage) are per token.
         if (choices.size() > 0) per_token_ = true;
     }
-    if (choices.size() > 0) {
-        Json choice = choices.at(0);
-        Json delta = choice["delta"];
-        // The first chunk of the answer proper (text or a call) ends the thinking: every token
-        // before its own (one a chunk, as llama-server streams) was thinking, the block's end
-        // and whatever produced no delta included.
-        if (!thought_ && per_token_ && (delta["content"].string_or("").size() > 0 || delta["tool_calls"].size() > 0))
-            thought_ = info_.thinking ? std::max<int64_t>(0, generated_ - 1) : 0;
-        // vLLM >= 0.12 says "reasoning"; older vLLM and llama-server say "reasoning_content".
-        for (std::string_view field : {"reasoning", "reasoning_content"}) {
-            if (auto r = delta[field].string(); r && !r->empty()) {
-                std::string fresh = echo_reasoning_.take(*r);
-                if (!fresh.empty())
-                    if (pulse_status_t s = d->reasoning(sink, str(fresh)); s != PULSE_OK) return s;
-                break;
-            }
+    if (choices.size() > 0)
+        if (pulse_status_t s = feed_choice(choices.at(0), sink); s != PULSE_OK) return s;
+    return feed_usage(chunk, sink);
+}
+
+// One choice's delta: reasoning, text and call fragments to the sink; its finish reason kept.
+pulse_status_t ChunkTranslator::feed_choice(const Json& choice, pulse_delta_sink_t* sink) {
+    const pulse_delta_api_t* d = host_->delta;
+    Json delta = choice["delta"];
+    // The first chunk of the answer proper (text or a call) ends the thinking: every token
+    // before its own (one a chunk, as llama-server streams) was thinking, the block's end
+    // and whatever produced no delta included.
+    if (!thought_ && per_token_ && (delta["content"].string_or("").size() > 0 || delta["tool_calls"].size() > 0))
+        thought_ = info_.thinking ? std::max<int64_t>(0, generated_ - 1) : 0;
+    // vLLM >= 0.12 says "reasoning"; older vLLM and llama-server say "reasoning_content".
+    for (std::string_view field : {"reasoning", "reasoning_content"}) {
+        if (auto r = delta[field].string(); r && !r->empty()) {
+            std::string fresh = echo_reasoning_.take(*r);
+            if (!fresh.empty())
+                if (pulse_status_t s = d->reasoning(sink, str(fresh)); s != PULSE_OK) return s;
+            break;
         }
-        if (auto c = delta["content"].string(); c && !c->empty()) {
-            std::string fresh = echo_text_.take(*c);
-            if (fresh.empty()) {
-            } else if (info_.forced.active) {
-                forced_content_ += fresh;
-            } else if (pulse_status_t s = d->text(sink, str(fresh)); s != PULSE_OK) {
-                return s;
-            }
-        }
-        Json tcs = delta["tool_calls"];
-        for (size_t i = 0; i < tcs.size(); ++i) {
-            Json tc = tcs.at(i);
-            uint32_t index = static_cast<uint32_t>(tc["index"].i64().value_or(static_cast<int64_t>(i)));
-            PendingCall& p = calls_[index];
-            if (auto id = tc["id"].string(); id && !id->empty()) p.id = std::string(*id);
-            if (auto n = tc["function"]["name"].string(); n && !n->empty()) p.name += std::string(*n);
-            if (auto a = tc["function"]["arguments"].string()) p.args += *a;
-        }
-        if (auto f = choice["finish_reason"].string()) finish_ = finish_from(*f);
     }
-    // With per-token counts, the thinking took every token so far until the answer proper began
-    // (or none, when the model does not think for this request).
-    auto thought = [&](int64_t output) -> int64_t {
-        if (!per_token_) return -1;
-        if (!info_.thinking) return 0;
-        return thought_ ? *thought_ : output;
-    };
+    if (auto c = delta["content"].string(); c && !c->empty()) {
+        std::string fresh = echo_text_.take(*c);
+        if (fresh.empty()) {
+        } else if (info_.forced.active) {
+            forced_content_ += fresh;
+        } else if (pulse_status_t s = d->text(sink, str(fresh)); s != PULSE_OK) {
+            return s;
+        }
+    }
+    Json tcs = delta["tool_calls"];
+    for (size_t i = 0; i < tcs.size(); ++i) {
+        Json tc = tcs.at(i);
+        uint32_t index = static_cast<uint32_t>(tc["index"].i64().value_or(static_cast<int64_t>(i)));
+        PendingCall& p = calls_[index];
+        if (auto id = tc["id"].string(); id && !id->empty()) p.id = std::string(*id);
+        if (auto n = tc["function"]["name"].string(); n && !n->empty()) p.name += std::string(*n);
+        if (auto a = tc["function"]["arguments"].string()) p.args += *a;
+    }
+    if (auto f = choice["finish_reason"].string()) finish_ = finish_from(*f);
+    return PULSE_OK;
+}
+
+// With per-token counts, the thinking took every token so far until the answer proper began
+// (or none, when the model does not think for this request); -1: not known.
+int64_t ChunkTranslator::thought_tokens(int64_t output) const {
+    if (!per_token_) return -1;
+    if (!info_.thinking) return 0;
+    return thought_ ? *thought_ : output;
+}
+
+// The usage a chunk reports, or (llama-server without usage) rebuilds from its timings.
+pulse_status_t ChunkTranslator::feed_usage(const Json& chunk, pulse_delta_sink_t* sink) {
+    const pulse_delta_api_t* d = host_->delta;
     Json u = chunk["usage"];
-    if (Json t = timings; !u.is_object() && t.is_object() && t["prompt_n"].is_number()) {
+    if (Json t = chunk["timings"]; !u.is_object() && t.is_object() && t["prompt_n"].is_number()) {
         // llama-server without usage: rebuild it from timings (prompt_n excludes the cached part).
         // With timings_per_token that is every chunk: the count is exact at any point, so an
         // answer cut off mid-stream has its tokens counted, not guessed from its deltas.
@@ -743,7 +815,7 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         usage.input_tokens = t["prompt_n"].i64().value_or(0) + cache_n;
         usage.cached_tokens = cache_n;
         usage.output_tokens = t["predicted_n"].i64().value_or(-1);
-        usage.reasoning_tokens = thought(usage.output_tokens);
+        usage.reasoning_tokens = thought_tokens(usage.output_tokens);
         if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;
     }
     if (u.is_object()) {
@@ -751,7 +823,7 @@ pulse_status_t ChunkTranslator::feed(pulse_call_t* call, std::string_view data, 
         usage.input_tokens = u["prompt_tokens"].i64().value_or(-1);
         usage.output_tokens = u["completion_tokens"].i64().value_or(-1);
         usage.cached_tokens = u["prompt_tokens_details"]["cached_tokens"].i64().value_or(-1);
-        usage.reasoning_tokens = u["completion_tokens_details"]["reasoning_tokens"].i64().value_or(thought(usage.output_tokens));
+        usage.reasoning_tokens = u["completion_tokens_details"]["reasoning_tokens"].i64().value_or(thought_tokens(usage.output_tokens));
         // llama-server: cached prompt tokens are in timings when usage lacks them.
         if (usage.cached_tokens < 0) usage.cached_tokens = chunk["timings"]["cache_n"].i64().value_or(-1);
         if (pulse_status_t s = d->usage(sink, &usage); s != PULSE_OK) return s;

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 namespace pulse::chat {
@@ -25,14 +26,20 @@ enum class Thinking { effort, on, off };
 // How tool_choice "required" / named is enforced.
 enum class ForceMode { schema, native };
 
+// A profile's chat_template_kwargs entry: a template switch and its scalar value.
+struct TemplateKwarg {
+    std::string key;
+    std::variant<std::string, bool, int64_t, double> value;
+};
+
 struct Options {
     Thinking thinking = Thinking::effort;
     ForceMode force = ForceMode::schema;
     std::string ns_separator = "__";
     bool pass_images = true;
-    // Extra chat_template_kwargs from the profile options (raw JSON object text), merged under
-    // the per-request enable_thinking.
-    std::string template_kwargs_json;
+    // Extra chat_template_kwargs from the profile options, written after the per-request
+    // enable_thinking (which they may not name).
+    std::vector<TemplateKwarg> template_kwargs;
     // Dialect: which field carries reasoning in history replays.
     std::string history_reasoning_field = "reasoning_content";
     // llama-server extras: "cache_prompt": true and a stable id_slot per prompt_cache_key.
@@ -158,6 +165,9 @@ public:
 
 private:
     pulse_status_t feed_raw(pulse_call_t* call, const Json& chunk, pulse_delta_sink_t* sink);
+    pulse_status_t feed_choice(const Json& choice, pulse_delta_sink_t* sink);
+    pulse_status_t feed_usage(const Json& chunk, pulse_delta_sink_t* sink);
+    int64_t thought_tokens(int64_t output) const;
     pulse_status_t finish_raw(pulse_call_t* call, pulse_delta_sink_t* sink);
     pulse_status_t raw_events(pulse_call_t* call, const std::vector<qwen::OutputParser::Event>& events, pulse_delta_sink_t* sink);
 

@@ -73,6 +73,39 @@ std::string render_tool_call(const rapidjson::Value& tc) {
 
 }  // namespace
 
+namespace {
+
+// Whether the request continues its last (assistant) message: continue_final_message, checked
+// as vLLM and llama-server check it.
+bool continues_last(const rapidjson::Value& req) {
+    if (!(req.HasMember("continue_final_message") && req["continue_final_message"].IsTrue())) return false;
+    const auto& msgs = req["messages"].GetArray();
+    if (!(req.HasMember("add_generation_prompt") && req["add_generation_prompt"].IsFalse()))
+        throw std::invalid_argument("continue_final_message needs add_generation_prompt: false");
+    if (msgs.Empty() || str(msgs[msgs.Size() - 1], "role") != "assistant")
+        throw std::invalid_argument("continue_final_message: the last message is not an assistant message");
+    const auto& last = msgs[msgs.Size() - 1];
+    if (last.HasMember("tool_calls") && last["tool_calls"].IsArray() && !last["tool_calls"].Empty())
+        throw std::invalid_argument("cannot continue an assistant message that contains tool calls");
+    return true;
+}
+
+// The system turn's text: the system/developer messages first, then the tool definitions.
+std::string system_turn(const rapidjson::Value& req) {
+    std::string system;
+    for (const auto& m : req["messages"].GetArray())
+        if (str(m, "role") == "system" || str(m, "role") == "developer") system += (system.empty() ? "" : "\n\n") + content_of(m);
+    if (req.HasMember("tools") && req["tools"].IsArray() && !req["tools"].Empty()) {
+        std::string t = kToolsPreamble;
+        for (const auto& tool : req["tools"].GetArray()) t += "\n" + dump(tool);
+        t += kToolsFormat;
+        system = system.empty() ? t.substr(2) : system + t;
+    }
+    return system;
+}
+
+}  // namespace
+
 std::string render_chat(const rapidjson::Value& req, bool* thinking_out) {
     if (!req.IsObject() || !req.HasMember("messages") || !req["messages"].IsArray())
         throw std::invalid_argument("the request has no messages array");
@@ -84,31 +117,11 @@ std::string render_chat(const rapidjson::Value& req, bool* thinking_out) {
     }
     // Continuing the last (assistant) message instead of answering after it, as vLLM and
     // llama-server do with continue_final_message (mid-stream resume sends this).
-    const bool cont = req.HasMember("continue_final_message") && req["continue_final_message"].IsTrue();
-    if (cont) {
-        if (!(req.HasMember("add_generation_prompt") && req["add_generation_prompt"].IsFalse()))
-            throw std::invalid_argument("continue_final_message needs add_generation_prompt: false");
-        if (msgs.Empty() || str(msgs[msgs.Size() - 1], "role") != "assistant")
-            throw std::invalid_argument("continue_final_message: the last message is not an assistant message");
-        const auto& last = msgs[msgs.Size() - 1];
-        if (last.HasMember("tool_calls") && last["tool_calls"].IsArray() && !last["tool_calls"].Empty())
-            throw std::invalid_argument("cannot continue an assistant message that contains tool calls");
-    }
+    const bool cont = continues_last(req);
     const size_t rendered = cont ? msgs.Size() - 1 : msgs.Size();
     if (thinking_out) *thinking_out = thinking;
     std::string out;
-    // System turn: the system/developer messages first, then the tool definitions.
-    std::string system;
-    for (const auto& m : msgs)
-        if (str(m, "role") == "system" || str(m, "role") == "developer") system += (system.empty() ? "" : "\n\n") + content_of(m);
-    bool tools = req.HasMember("tools") && req["tools"].IsArray() && !req["tools"].Empty();
-    if (tools) {
-        std::string t = kToolsPreamble;
-        for (const auto& tool : req["tools"].GetArray()) t += "\n" + dump(tool);
-        t += kToolsFormat;
-        system = system.empty() ? t.substr(2) : system + t;
-    }
-    if (!system.empty()) out += "<|im_start|>system\n" + system + "<|im_end|>\n";
+    if (std::string system = system_turn(req); !system.empty()) out += "<|im_start|>system\n" + system + "<|im_end|>\n";
     // Reasoning is kept only for assistant turns after the last user message (a tool loop in
     // progress), as the Qwen3.5 template does by default.
     size_t last_user = 0;

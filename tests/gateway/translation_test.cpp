@@ -414,6 +414,18 @@ TEST_CASE("reasoning effort switches thinking; max_output_tokens and request sam
     out = off.build(req2);
     CHECK(out["chat_template_kwargs"]["enable_thinking"].IsFalse());
     CHECK(out["chat_template_kwargs"]["preserve_thinking"].IsTrue());
+
+    // Every scalar kind keeps its value; regression: a number that is not an integer was
+    // written with six decimals (0.125 as 0.125000, 1e-9 as 0.000000).
+    Profile typed(R"({"chat_template_kwargs":{"name":"a \"b\"","n":3,"x":0.125,"tiny":1e-9,"on":false}})");
+    out = typed.build(req2);
+    const auto& kw = out["chat_template_kwargs"];
+    CHECK(std::string(kw["name"].GetString()) == "a \"b\"");
+    CHECK(kw["n"].GetInt64() == 3);
+    CHECK(kw["x"].GetDouble() == 0.125);
+    CHECK(kw["tiny"].GetDouble() == 1e-9);
+    CHECK(kw["on"].IsFalse());
+    CHECK(kw.MemberCount() == 6);  // and enable_thinking, once
 }
 
 TEST_CASE("instructions, mid-history developer messages, and broken history arguments") {
@@ -449,7 +461,10 @@ TEST_CASE("unknown profile options are rejected naming the key") {
              {R"({"thinkng":"on"})", "unknown profile option 'thinkng'"},
              {R"({"thinking":"maybe"})", "profile_options.thinking: expected \"effort\", \"on\" or \"off\""},
              {R"({"slots":4})", "llama-server options"},
-             {R"({"resume":"always"})", "profile_options.resume: expected \"tokens\" or \"text\""}}) {
+             {R"({"resume":"always"})", "profile_options.resume: expected \"tokens\" or \"text\""},
+             // The thinking switch is the profile option's (and the request's effort), not a kwarg:
+             // the body would carry enable_thinking twice.
+             {R"({"chat_template_kwargs":{"enable_thinking":true}})", "profile_options.chat_template_kwargs.enable_thinking: expected nothing"}}) {
         rapidjson::Document d;
         d.Parse(opts.c_str());
         pulse_call call;
