@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <string_view>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -22,10 +23,27 @@ using qwen::render_chat;
 
 namespace {
 
-std::string quote(const std::string& s) {
+using JsonWriter = rapidjson::Writer<rapidjson::StringBuffer>;
+
+void write_string(JsonWriter& w, std::string_view s) { w.String(s.data(), static_cast<rapidjson::SizeType>(s.size())); }
+
+// One chat.completion.chunk as an OpenAI-compatible server streams it: the response's id and
+// model, then what `rest` writes (its choices, and the usage in the last one).
+template <class Rest>
+std::string chunk_json(std::string_view id, std::string_view model, Rest&& rest) {
     rapidjson::StringBuffer b;
-    rapidjson::Writer<rapidjson::StringBuffer> w(b);
-    w.String(s.c_str(), static_cast<rapidjson::SizeType>(s.size()));
+    JsonWriter w(b);
+    w.StartObject();
+    w.Key("id");
+    write_string(w, id);
+    w.Key("object");
+    w.String("chat.completion.chunk");
+    w.Key("created");
+    w.Int(0);
+    w.Key("model");
+    write_string(w, model);
+    rest(w);
+    w.EndObject();
     return {b.GetString(), b.GetSize()};
 }
 
@@ -47,7 +65,7 @@ struct Engine::Active {
     int64_t chunk = 0;  // prompt tokens in the current step
     int32_t next = -1;  // the token the next step feeds (decoding)
     std::vector<float> logits;
-    std::string id, head;
+    std::string id, model;  // the chunks' response id and model name
     Sampler sampler;
     OutputParser parser;
     Utf8Stream utf8;
@@ -78,12 +96,58 @@ struct Engine::Active {
         job->chunks.push_back(std::move(chunk));
         job->cv.notify_all();
     }
-    void delta(const std::string& d, const char* finish_reason = nullptr) {
-        emit(head + "[{\"index\":0,\"delta\":" + d + ",\"finish_reason\":" + (finish_reason ? quote(finish_reason) : std::string("null")) + "}]}");
+    // A chunk with one choice: its delta's members (written by `members`) and finish reason.
+    template <class Members>
+    void delta(Members&& members, const char* finish_reason = nullptr) {
+        emit(chunk_json(id, model, [&](JsonWriter& w) {
+            w.Key("choices");
+            w.StartArray();
+            w.StartObject();
+            w.Key("index");
+            w.Int(0);
+            w.Key("delta");
+            w.StartObject();
+            members(w);
+            w.EndObject();
+            w.Key("finish_reason");
+            if (finish_reason) w.String(finish_reason);
+            else w.Null();
+            w.EndObject();
+            w.EndArray();
+        }));
+    }
+    void text_delta(const char* field, std::string_view text) {
+        delta([&](JsonWriter& w) {
+            w.Key(field);
+            write_string(w, text);
+        });
+    }
+    void call_delta(const OutputParser::Event& e) {
+        const std::string call_id = id + "-call-" + std::to_string(calls);
+        delta([&](JsonWriter& w) {
+            w.Key("tool_calls");
+            w.StartArray();
+            w.StartObject();
+            w.Key("index");
+            w.Int64(calls);
+            w.Key("id");
+            write_string(w, call_id);
+            w.Key("type");
+            w.String("function");
+            w.Key("function");
+            w.StartObject();
+            w.Key("name");
+            write_string(w, e.name);
+            w.Key("arguments");
+            write_string(w, e.arguments);
+            w.EndObject();
+            w.EndObject();
+            w.EndArray();
+        });
     }
     void send(const std::vector<OutputParser::Event>& events) {
         for (const auto& e : events) {
-            if (e.kind == OutputParser::Event::reasoning) delta("{\"reasoning_content\":" + quote(e.text) + "}");
+            if (e.kind == OutputParser::Event::reasoning) text_delta("reasoning_content", e.text);
             else if (e.kind == OutputParser::Event::content) {
                 std::string text = e.text;
                 if (!stops.empty()) {
@@ -95,11 +159,9 @@ struct Engine::Active {
                             stopped_by_string = true;
                         }
                 }
-                if (!text.empty()) delta("{\"content\":" + quote(text) + "}");
+                if (!text.empty()) text_delta("content", text);
             } else {
-                std::string call_id = id + "-call-" + std::to_string(calls);
-                delta("{\"tool_calls\":[{\"index\":" + std::to_string(calls) + ",\"id\":" + quote(call_id) +
-                      ",\"type\":\"function\",\"function\":{\"name\":" + quote(e.name) + ",\"arguments\":" + quote(e.arguments) + "}}]}");
+                call_delta(e);
                 ++calls;
             }
         }
@@ -451,11 +513,15 @@ std::unique_ptr<Engine::Active> Engine::admit(std::shared_ptr<Job> job) {
     sp.top_k = static_cast<int64_t>(num(req, "top_k", 0));
     sp.seed = static_cast<uint64_t>(num(req, "seed", static_cast<double>(std::random_device{}())));
     auto a = std::make_unique<Active>(std::move(job), sp);
-    const std::string model_name = req.HasMember("model") && req["model"].IsString() ? req["model"].GetString() : name_;
+    a->model = req.HasMember("model") && req["model"].IsString() ? req["model"].GetString() : name_;
     static std::atomic<uint64_t> counter{0};
     a->id = "chatcmpl-decoder-" + std::to_string(++counter);
-    a->head = "{\"id\":\"" + a->id + "\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":" + quote(model_name) + ",\"choices\":";
-    a->delta(R"({"role":"assistant","content":""})");
+    a->delta([](JsonWriter& w) {
+        w.Key("role");
+        w.String("assistant");
+        w.Key("content");
+        w.String("");
+    });
 
     // Prefix reuse: the longest checkpoint whose tokens start the prompt (and leave one to run).
     const auto& tokens = a->job->tokens;
@@ -578,10 +644,27 @@ void Engine::finish(Active& a) {
         if (static_cast<int64_t>(all.size()) == a.seq.n_past && covered > 0) remember(std::move(all), a);
     }
     if (a.calls > 0 && a.finish == "stop") a.finish = "tool_calls";
-    a.delta("{}", a.finish.c_str());
-    a.emit(a.head + "[],\"usage\":{\"prompt_tokens\":" + std::to_string(tokens.size()) + ",\"completion_tokens\":" +
-           std::to_string(a.generated.size() + a.eog) + ",\"total_tokens\":" + std::to_string(tokens.size() + a.generated.size() + a.eog) +
-           ",\"prompt_tokens_details\":{\"cached_tokens\":" + std::to_string(a.cached) + "}}}");
+    a.delta([](JsonWriter&) {}, a.finish.c_str());
+    const uint64_t generated = a.generated.size() + a.eog;
+    a.emit(chunk_json(a.id, a.model, [&](JsonWriter& w) {
+        w.Key("choices");
+        w.StartArray();
+        w.EndArray();
+        w.Key("usage");
+        w.StartObject();
+        w.Key("prompt_tokens");
+        w.Uint64(tokens.size());
+        w.Key("completion_tokens");
+        w.Uint64(generated);
+        w.Key("total_tokens");
+        w.Uint64(tokens.size() + generated);
+        w.Key("prompt_tokens_details");
+        w.StartObject();
+        w.Key("cached_tokens");
+        w.Uint64(a.cached);
+        w.EndObject();
+        w.EndObject();
+    }));
 }
 
 }  // namespace pulse::decoder

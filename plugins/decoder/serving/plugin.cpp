@@ -53,91 +53,117 @@ struct Stream {
     std::shared_ptr<pulse::decoder::Job> job;
 };
 
+// The endpoint's options (its `options` table in the config) as the engine's, checked: an
+// unknown or mistyped option, a value out of range, a device this build lacks is a config error.
+pulse::decoder::EngineOptions parse_options(const pulse::Json& cfg, bool& make_demo) {
+    pulse::decoder::EngineOptions o;
+    make_demo = false;
+    for (size_t i = 0; i < cfg.size(); ++i) {
+        auto [key, value] = cfg.member_at(i);
+        if (key == "model" && value.string()) o.model = std::string(*value.string());
+        else if (key == "threads" && value.i64() && *value.i64() >= 0) o.threads = static_cast<int>(*value.i64());
+        else if (key == "context" && value.i64() && *value.i64() > 0) o.context = *value.i64();
+        else if (key == "make_demo" && value.boolean()) make_demo = *value.boolean();
+        else if (key == "exact" && value.boolean()) o.exact = *value.boolean();
+        else if (key == "device" && value.string()) o.device = std::string(*value.string());
+        else if (key == "max_sequences" && value.i64()) {
+            if (*value.i64() < 1 || *value.i64() > pulse::decoder::EngineOptions::kMaxSequences)
+                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'max_sequences' must be 1 to " +
+                                                                 std::to_string(pulse::decoder::EngineOptions::kMaxSequences) + ", not " +
+                                                                 std::to_string(*value.i64()));
+            o.max_sequences = *value.i64();
+        } else if (key == "checkpoints" && value.i64()) {
+            if (*value.i64() < 0)
+                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'checkpoints' must be 0 (two per max_sequences) or more");
+            o.max_checkpoints = *value.i64();
+        } else if (key == "draft" && value.string()) {
+            try {
+                o.draft = pulse::decoder::DraftSetting::parse(std::string(*value.string()));
+            } catch (const std::invalid_argument& e) {
+                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, std::string("decoder: option ") + e.what());
+            }
+        } else if (key == "draft_k" && value.i64()) {
+            if (*value.i64() < 1 || *value.i64() > pulse::decoder::Speculator::kMaxDraft)
+                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'draft_k' must be 1 to " +
+                                                                 std::to_string(pulse::decoder::Speculator::kMaxDraft) + ", not " +
+                                                                 std::to_string(*value.i64()));
+            o.draft_k = static_cast<int>(*value.i64());
+        } else if (key == "draft_adaptive" && value.boolean()) {
+            o.draft_adaptive = *value.boolean();
+        } else if (key == "draft_vocab" && value.string()) {
+            o.draft_vocab = std::string(*value.string());
+        }
+        else if (key == "int8_prefill")
+            throw pulse::Error(PULSE_E_INVALID_ARGUMENT,
+                               "decoder: option 'int8_prefill' is gone: int8 activations are the default now; 'exact = true' turns them off");
+        else
+            throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
+                                                             "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N, draft = \"off\"|\"mtp\"|\"model:PATH\", draft_k = N, draft_adaptive = true|false, draft_vocab = \"/path/vocab.txt\"|\"first:N\")");
+    }
+    {  // fail fast: before reading (or writing) a model file
+        auto names = pulse::decoder::device_names();
+        if (!o.device.empty() && std::find(names.begin(), names.end(), o.device) == names.end()) {
+            std::string have;
+            for (const auto& n : names) have += (have.empty() ? "" : ", ") + n;
+            throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: device '" + o.device + "' is not in this build (it has: " + have + ")");
+        }
+    }
+    return o;
+}
+
+// The out-of-the-box model: random weights, said loudly, written where the config says when it
+// is not there. Where that place is not writable (a developer running as themselves), the
+// user's cache holds it and `o.model` points there.
+void ensure_demo_model(pulse::decoder::EngineOptions& o) {
+    std::error_code ec;
+    if (std::filesystem::exists(o.model, ec)) return;
+    auto write = [](const std::filesystem::path& p) {
+        std::error_code e;
+        std::filesystem::create_directories(p.parent_path(), e);
+        try {
+            pulse::decoder::write_demo_model(p);
+            return std::string();
+        } catch (const std::exception& x) {
+            return std::string(x.what());
+        }
+    };
+    std::string err = write(o.model);
+    if (!err.empty()) {
+        const char* home = std::getenv("HOME");
+        std::filesystem::path alt = std::filesystem::path(home && *home ? home : "/tmp") / ".cache" / "pulse-gateway" / o.model.filename();
+        if (std::filesystem::exists(alt, ec) || write(alt).empty()) {
+            pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: cannot write the demo model to " + o.model.string() + " (" + err +
+                                                          "); using " + alt.string());
+            o.model = alt;
+        } else {
+            throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: cannot write the demo model to " + o.model.string() + ": " + err);
+        }
+    }
+    pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: serving the demo model " + o.model.string() + " (RANDOM weights: its answers are random text)");
+}
+
+// What the engine runs on, and its speculation, said once at start.
+void log_engine(const pulse::decoder::EngineOptions& o, const pulse::decoder::Engine& engine) {
+    pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: " + engine.model().device_note());
+    if (o.draft.kind != pulse::decoder::DraftSetting::off)
+        pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: speculative decoding with " +
+                                                      (o.draft.kind == pulse::decoder::DraftSetting::mtp ? std::string("the MTP block") : "the draft model " + o.draft.path) +
+                                                      ", " + (o.draft_adaptive ? "up to " : "") + std::to_string(o.draft_k) + " drafts per step" +
+                                                      (o.draft_vocab.empty() ? std::string()
+                                                                             : ", drafting among the " + std::to_string(engine.model().mtp_vocab()) +
+                                                                                   " tokens of " + o.draft_vocab));
+    else if (engine.model().has_mtp())
+        pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: the file has an MTP block; draft = \"mtp\" turns on speculative decoding with it");
+}
+
 pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, void** out) {
     return pulse::guard(g_host, call, [&] {
         pulse::Json cfg(g_host->json, config);
-        pulse::decoder::EngineOptions o;
         bool make_demo = false;
-        for (size_t i = 0; i < cfg.size(); ++i) {
-            auto [key, value] = cfg.member_at(i);
-            if (key == "model" && value.string()) o.model = std::string(*value.string());
-            else if (key == "threads" && value.i64() && *value.i64() >= 0) o.threads = static_cast<int>(*value.i64());
-            else if (key == "context" && value.i64() && *value.i64() > 0) o.context = *value.i64();
-            else if (key == "make_demo" && value.boolean()) make_demo = *value.boolean();
-            else if (key == "exact" && value.boolean()) o.exact = *value.boolean();
-            else if (key == "device" && value.string()) o.device = std::string(*value.string());
-            else if (key == "max_sequences" && value.i64()) {
-                if (*value.i64() < 1 || *value.i64() > pulse::decoder::EngineOptions::kMaxSequences)
-                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'max_sequences' must be 1 to " +
-                                                                     std::to_string(pulse::decoder::EngineOptions::kMaxSequences) + ", not " +
-                                                                     std::to_string(*value.i64()));
-                o.max_sequences = *value.i64();
-            } else if (key == "checkpoints" && value.i64()) {
-                if (*value.i64() < 0)
-                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'checkpoints' must be 0 (two per max_sequences) or more");
-                o.max_checkpoints = *value.i64();
-            } else if (key == "draft" && value.string()) {
-                try {
-                    o.draft = pulse::decoder::DraftSetting::parse(std::string(*value.string()));
-                } catch (const std::invalid_argument& e) {
-                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, std::string("decoder: option ") + e.what());
-                }
-            } else if (key == "draft_k" && value.i64()) {
-                if (*value.i64() < 1 || *value.i64() > pulse::decoder::Speculator::kMaxDraft)
-                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'draft_k' must be 1 to " +
-                                                                     std::to_string(pulse::decoder::Speculator::kMaxDraft) + ", not " +
-                                                                     std::to_string(*value.i64()));
-                o.draft_k = static_cast<int>(*value.i64());
-            } else if (key == "draft_adaptive" && value.boolean()) {
-                o.draft_adaptive = *value.boolean();
-            } else if (key == "draft_vocab" && value.string()) {
-                o.draft_vocab = std::string(*value.string());
-            }
-            else if (key == "int8_prefill")
-                throw pulse::Error(PULSE_E_INVALID_ARGUMENT,
-                                   "decoder: option 'int8_prefill' is gone: int8 activations are the default now; 'exact = true' turns them off");
-            else
-                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: unknown or mistyped option '" + std::string(key) +
-                                                                 "' (allowed: model = \"/path/model.gguf\", threads = N, context = N, make_demo = true|false, exact = true|false, device = \"NAME\", max_sequences = N, checkpoints = N, draft = \"off\"|\"mtp\"|\"model:PATH\", draft_k = N, draft_adaptive = true|false, draft_vocab = \"/path/vocab.txt\"|\"first:N\")");
-        }
-        {  // fail fast: before reading (or writing) a model file
-            auto names = pulse::decoder::device_names();
-            if (!o.device.empty() && std::find(names.begin(), names.end(), o.device) == names.end()) {
-                std::string have;
-                for (const auto& n : names) have += (have.empty() ? "" : ", ") + n;
-                throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: device '" + o.device + "' is not in this build (it has: " + have + ")");
-            }
-        }
+        pulse::decoder::EngineOptions o = parse_options(cfg, make_demo);
         if (o.model.empty()) throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: option 'model' (the GGUF file) is required");
         auto b = std::make_unique<Backend>();
-        std::error_code ec;
-        if (make_demo && !std::filesystem::exists(o.model, ec)) {
-            // The out-of-the-box model: random weights, said loudly. Where the configured place
-            // is not writable (a developer running as themselves), the user's cache holds it.
-            auto write = [](const std::filesystem::path& p) {
-                std::error_code e;
-                std::filesystem::create_directories(p.parent_path(), e);
-                try {
-                    pulse::decoder::write_demo_model(p);
-                    return std::string();
-                } catch (const std::exception& x) {
-                    return std::string(x.what());
-                }
-            };
-            std::string err = write(o.model);
-            if (!err.empty()) {
-                const char* home = std::getenv("HOME");
-                std::filesystem::path alt = std::filesystem::path(home && *home ? home : "/tmp") / ".cache" / "pulse-gateway" / o.model.filename();
-                if (std::filesystem::exists(alt, ec) || write(alt).empty()) {
-                    pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: cannot write the demo model to " + o.model.string() + " (" + err +
-                                                                  "); using " + alt.string());
-                    o.model = alt;
-                } else {
-                    throw pulse::Error(PULSE_E_INVALID_ARGUMENT, "decoder: cannot write the demo model to " + o.model.string() + ": " + err);
-                }
-            }
-            pulse::Log(g_host, g_ctx)(PULSE_LOG_WARN, "decoder: serving the demo model " + o.model.string() + " (RANDOM weights: its answers are random text)");
-        }
+        if (make_demo) ensure_demo_model(o);
         o.on_speculation = count_speculation;
         // A model file that is not there (or not readable) yet: the endpoint cannot start now,
         // which is no config error (the gateway serves the rest and shows why; a reload once the
@@ -149,16 +175,7 @@ pulse_status_t create(void*, pulse_call_t* call, const pulse_json_t* config, voi
         } catch (const std::exception& e) {
             throw pulse::Error(PULSE_E_INVALID_ARGUMENT, std::string("decoder: ") + e.what());
         }
-        pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: " + b->engine->model().device_note());
-        if (o.draft.kind != pulse::decoder::DraftSetting::off)
-            pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: speculative decoding with " +
-                                                          (o.draft.kind == pulse::decoder::DraftSetting::mtp ? std::string("the MTP block") : "the draft model " + o.draft.path) +
-                                                          ", " + (o.draft_adaptive ? "up to " : "") + std::to_string(o.draft_k) + " drafts per step" +
-                                                          (o.draft_vocab.empty() ? std::string()
-                                                                                 : ", drafting among the " + std::to_string(b->engine->model().mtp_vocab()) +
-                                                                                       " tokens of " + o.draft_vocab));
-        else if (b->engine->model().has_mtp())
-            pulse::Log(g_host, g_ctx)(PULSE_LOG_INFO, "decoder: the file has an MTP block; draft = \"mtp\" turns on speculative decoding with it");
+        log_engine(o, *b->engine);
         *out = b.release();
         return PULSE_OK;
     });
