@@ -199,47 +199,35 @@ CLI::App* add_codex_command(CLI::App& pulse, CodexArgs& a) {
     return cmd;
 }
 
-int cmd_codex(const CodexArgs& opts, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of,
-              const std::function<std::string()>& find_config) {
-    std::optional<std::string> model = opts.model, gateway = opts.gateway, config = opts.config, codex = opts.codex;
-    const bool start = opts.start, keep = opts.keep, continuity = !opts.no_continuity;
-    std::vector<std::string> passthrough = opts.passthrough;
-    passthrough.insert(passthrough.end(), opts.passthrough_after_dashes.begin(), opts.passthrough_after_dashes.end());
-    if (!config)
-        if (std::string found = find_config(); !found.empty()) config = found;
-    std::string url;
-    try {
-        url = gateway ? *gateway : listen_of(config ? &*config : nullptr);
-    } catch (const std::exception& e) {
-        return fail(e.what()), 3;
-    }
-    while (!url.empty() && url.back() == '/') url.pop_back();
-    if (url.size() > 3 && url.substr(url.size() - 3) == "/v1") url.resize(url.size() - 3);
+namespace {
 
-    // 1. Is a gateway there? Start one if asked.
-    pid_t started = 0;  // the gateway this run started, if any
-    // Stops the gateway this run started (unless --keep-gateway): SIGTERM drains it; bounded.
-    auto stop_started = [&] {
-        if (started <= 0 || keep) return;
-        ::kill(started, SIGTERM);
+// The gateway a run started (--start-gateway), stopped when the run ends unless it is kept
+// (--keep-gateway): SIGTERM drains it, bounded.
+struct StartedGateway {
+    pid_t pid = 0;
+    bool keep = false;
+    StartedGateway() = default;
+    StartedGateway(const StartedGateway&) = delete;
+    StartedGateway& operator=(const StartedGateway&) = delete;
+    ~StartedGateway() {
+        if (pid <= 0 || keep) return;
+        ::kill(pid, SIGTERM);
         int st = 0;
-        for (int i = 0; i < 600 && ::waitpid(started, &st, WNOHANG) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        if (::waitpid(started, &st, WNOHANG) == 0) {
-            ::kill(started, SIGKILL);
-            ::waitpid(started, &st, 0);
+        for (int i = 0; i < 600 && ::waitpid(pid, &st, WNOHANG) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (::waitpid(pid, &st, WNOHANG) == 0) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &st, 0);
         }
-        std::fprintf(stderr, "pulse codex: stopped the gateway it started (pid %d)\n", started);
-    };
-    struct Stop {
-        std::function<void()> f;
-        ~Stop() { f(); }
-    } stop_on_return{stop_started};
-    Http health = get(url, "/health");
-    if (health.status == 0 && start) {
+        std::fprintf(stderr, "pulse codex: stopped the gateway it started (pid %d)\n", pid);
+    }
+
+    // `pulse serve` in a session of its own (it outlives this process's terminal), its output
+    // in `log`; then waits up to 60 s for its /health. The last /health answer.
+    Http start(const std::string& self_exe, const std::optional<std::string>& config, const std::string& url) {
         fs::path log = private_dir() / "gateway.log";
-        pid_t pid = ::fork();
-        if (pid == 0) {
-            ::setsid();  // outlives this process (codex replaces it below)
+        pid_t child = ::fork();
+        if (child == 0) {
+            ::setsid();
             int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
             if (fd >= 0) {
                 ::dup2(fd, 1);
@@ -253,98 +241,80 @@ int cmd_codex(const CodexArgs& opts, const std::string& self_exe, const std::fun
                 ::execl(self_exe.c_str(), self_exe.c_str(), "serve", static_cast<char*>(nullptr));
             ::_exit(127);
         }
-        started = pid;
-        std::fprintf(stderr, "pulse codex: started the gateway (pid %d, config %s, log %s)%s\n", pid,
+        pid = child;
+        std::fprintf(stderr, "pulse codex: started the gateway (pid %d, config %s, log %s)%s\n", child,
                      config ? config->c_str() : "built-in defaults", log.c_str(),
                      keep ? "; it keeps running after codex exits (stop it with `kill PID`)" : "; it stops when codex exits");
+        Http health = get(url, "/health");
         for (int i = 0; i < 600 && health.status == 0; ++i) {  // up to 60 s
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
             health = get(url, "/health");
         }
-        if (health.status == 0) return fail("the gateway did not come up at " + url + " within 60 s; see " + log.string());
+        if (health.status == 0) health.error = "the gateway did not come up at " + url + " within 60 s; see " + log.string();
+        return health;
     }
-    if (health.status == 0)
-        return fail("no Pulse gateway at " + url + " (" + health.error + "). Start one with `pulse serve" +
-                    (config ? " --config " + *config : std::string()) + "`, or run `pulse codex --start-gateway`");
-    Http models = get(url, "/v1/models");  // /v1 is where the key is checked
-    if (health.status == 401 || models.status == 401)
-        return fail("the gateway at " + url + " wants an API key: export PULSE_GATEWAY_API_KEY");
+};
 
-    // 2. The model, and a healthy backend for it.
-    rapidjson::Document h;
-    h.Parse(health.body.c_str());
-    if (!h.IsObject() || !h.HasMember("models") || !h["models"].IsArray())
-        return fail(url + "/health did not answer like a Pulse gateway (HTTP " + std::to_string(health.status) + ")");
+bool any_healthy(const rapidjson::Value& model) {
+    if (model.HasMember("endpoints") && model["endpoints"].IsArray())
+        for (const auto& e : model["endpoints"].GetArray())
+            if (e.HasMember("state") && e["state"].IsString() && std::string(e["state"].GetString()) == "healthy") return true;
+    return false;
+}
+bool is_demo(const rapidjson::Value& m) { return m.HasMember("demo") && m["demo"].IsBool() && m["demo"].GetBool(); }
+
+// The model to run from /health's list: the one named, else the first (config order) with a
+// healthy backend, else the first; never a demo model (random weights) unless named. Null and
+// `error` set when there is none; `why` says how it was chosen.
+const rapidjson::Value* choose_model(const rapidjson::Value& models, const std::optional<std::string>& name, std::string& why,
+                                     std::string& error) {
     const rapidjson::Value* m = nullptr;
     std::string known;
-    auto healthy = [](const rapidjson::Value& x) {
-        if (x.HasMember("endpoints") && x["endpoints"].IsArray())
-            for (const auto& e : x["endpoints"].GetArray())
-                if (e.HasMember("state") && e["state"].IsString() && std::string(e["state"].GetString()) == "healthy") return true;
-        return false;
-    };
-    for (const auto& x : h["models"].GetArray()) {
+    for (const auto& x : models.GetArray()) {
         std::string id = x["id"].GetString();
         known += (known.empty() ? "" : ", ") + id;
-        if (!m && model && *model == id) m = &x;
+        if (!m && name && *name == id) m = &x;
     }
-    // No --model: the first model (config order) with a healthy backend, else the first; never a
-    // demo model (random weights), which answers only when named.
-    auto demo = [](const rapidjson::Value& x) { return x.HasMember("demo") && x["demo"].IsBool() && x["demo"].GetBool(); };
-    std::string why = "named with --model";
-    if (!model) {
+    why = "named with --model";
+    if (!name) {
         std::string demos;
-        for (const auto& x : h["models"].GetArray()) {
-            if (demo(x)) demos += (demos.empty() ? "" : ", ") + std::string(x["id"].GetString());
-            else if (!m && healthy(x)) m = &x, why = "the first model in the config with a healthy backend";
+        for (const auto& x : models.GetArray()) {
+            if (is_demo(x)) demos += (demos.empty() ? "" : ", ") + std::string(x["id"].GetString());
+            else if (!m && any_healthy(x)) m = &x, why = "the first model in the config with a healthy backend";
         }
-        for (const auto& x : h["models"].GetArray())
-            if (!m && !demo(x)) m = &x, why = "the first model in the config (none has a healthy backend)";
-        if (!m && !demos.empty())
-            return fail("the gateway serves only the demo model " + demos +
-                        ", whose weights are random (it answers with random text); to use it anyway: pulse codex --model " +
-                        demos.substr(0, demos.find(',')));
+        for (const auto& x : models.GetArray())
+            if (!m && !is_demo(x)) m = &x, why = "the first model in the config (none has a healthy backend)";
+        if (!m && !demos.empty()) {
+            error = "the gateway serves only the demo model " + demos +
+                    ", whose weights are random (it answers with random text); to use it anyway: pulse codex --model " +
+                    demos.substr(0, demos.find(','));
+            return nullptr;
+        }
     }
-    if (!m) return fail(model ? "the gateway has no model '" + *model + "' (it has: " + (known.empty() ? "none" : known) + ")"
-                              : std::string("the gateway has no models configured"));
-    std::string id = (*m)["id"].GetString();
-    std::fprintf(stderr, "pulse codex: model %s (%s)%s\n", id.c_str(), why.c_str(),
-                 demo(*m) ? "; a demo model: its weights are random, it answers with random text" : "");
-    bool ready = false;
-    std::string states;
-    for (const auto& e : (*m)["endpoints"].GetArray()) {
-        std::string st = e["state"].GetString();
-        ready = ready || st == "healthy";
-        states += "\n  " + std::string(e["name"].GetString()) + " (" + e["url"].GetString() + "): " + st;
-        if (e.HasMember("last_error")) states += " - " + std::string(e["last_error"].GetString());
-    }
-    if (!ready) return fail("model '" + id + "' has no healthy backend right now:" + states);
+    if (!m)
+        error = name ? "the gateway has no model '" + *name + "' (it has: " + (known.empty() ? "none" : known) + ")"
+                     : std::string("the gateway has no models configured");
+    return m;
+}
 
-    // 3. Its context window (from /v1/models), then the catalog.
+// The model's context window from /v1/models (131072 when it says none).
+int64_t context_window_of(const Http& models, const std::string& id) {
     int64_t context = 131072;
-    if (models.status == 200) {
-        rapidjson::Document d;
-        d.Parse(models.body.c_str());
-        if (d.IsObject() && d.HasMember("data") && d["data"].IsArray())
-            for (const auto& x : d["data"].GetArray())
-                if (x.HasMember("id") && id == x["id"].GetString() && x.HasMember("context_window") && x["context_window"].IsInt64())
-                    context = x["context_window"].GetInt64();
-    }
-    // One catalog per run: concurrent runs (other models, other context windows) never share one.
-    fs::path catalog = private_dir() / ("codex-catalog-" + id + "-" + std::to_string(::getpid()) + ".json");
-    {
-        std::string text = catalog_json(id, context);
-        int fd = ::open(catalog.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
-            return fail("cannot write " + catalog.string() + ": " + std::strerror(errno));
-        ::close(fd);
-    }
+    if (models.status != 200) return context;
+    rapidjson::Document d;
+    d.Parse(models.body.c_str());
+    if (d.IsObject() && d.HasMember("data") && d["data"].IsArray())
+        for (const auto& x : d["data"].GetArray())
+            if (x.HasMember("id") && id == x["id"].GetString() && x.HasMember("context_window") && x["context_window"].IsInt64())
+                context = x["context_window"].GetInt64();
+    return context;
+}
 
-    // 4. Codex, with everything on the command line.
-    std::string bin = codex ? *codex : [] {
-        const char* b = std::getenv("PULSE_CODEX_BIN");
-        return std::string(b && *b ? b : "codex");
-    }();
+// Codex's command line: the provider, the catalog, the model and its window, the continuity
+// hooks, then what the user passed through.
+std::vector<std::string> codex_command(const std::string& bin, const std::string& url, const fs::path& catalog, const std::string& id,
+                                       int64_t context, bool continuity, const std::string& self_exe,
+                                       const std::vector<std::string>& passthrough) {
     std::string provider = "model_providers.pulse={name=\"pulse\",base_url=" + quote_toml(url + "/v1") + ",wire_api=\"responses\"";
     if (const char* key = std::getenv("PULSE_GATEWAY_API_KEY"); key && *key) provider += ",env_key=\"PULSE_GATEWAY_API_KEY\"";
     provider += ",stream_idle_timeout_ms=300000}";
@@ -376,19 +346,24 @@ int cmd_codex(const CodexArgs& opts, const std::string& self_exe, const std::fun
                      "pulse codex: warning: `codex exec` runs read-only unless told otherwise: it can answer but cannot edit "
                      "files (and still exits 0). Add --full-auto (or --sandbox workspace-write) after `exec` to let it write.\n");
     args.insert(args.end(), passthrough.begin(), passthrough.end());
+    return args;
+}
+
+// Codex runs as a child, so that what this run set up ends with it: the catalog file, and the
+// gateway it started. It shares the terminal: Ctrl-C and Ctrl-\ are its to handle. Its exit
+// status (128 + the signal that ended it).
+int run_codex(std::vector<std::string> args) {
     std::vector<char*> av;
     for (auto& a : args) av.push_back(a.data());
     av.push_back(nullptr);
     std::fflush(stdout);
     std::fflush(stderr);
-    // Codex runs as a child, so that what this run set up ends with it: the catalog file, and
-    // the gateway it started. It shares the terminal: Ctrl-C and Ctrl-\ are its to handle.
     pid_t child = ::fork();
     if (child < 0) return fail(std::string("fork: ") + std::strerror(errno));
     if (child == 0) {
-        ::execvp(bin.c_str(), av.data());
+        ::execvp(av[0], av.data());
         std::fprintf(stderr, "pulse codex: cannot run %s: %s (install it with `npm install -g @openai/codex`, or pass --codex PATH)\n",
-                     bin.c_str(), std::strerror(errno));
+                     av[0], std::strerror(errno));
         ::_exit(127);
     }
     g_codex = child;
@@ -403,9 +378,81 @@ int cmd_codex(const CodexArgs& opts, const std::string& self_exe, const std::fun
     while (::waitpid(child, &st, 0) < 0 && errno == EINTR) {
     }
     g_codex = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+}  // namespace
+
+int cmd_codex(const CodexArgs& opts, const std::string& self_exe, const std::function<std::string(const std::string*)>& listen_of,
+              const std::function<std::string()>& find_config) {
+    std::optional<std::string> config = opts.config;
+    std::vector<std::string> passthrough = opts.passthrough;
+    passthrough.insert(passthrough.end(), opts.passthrough_after_dashes.begin(), opts.passthrough_after_dashes.end());
+    if (!config)
+        if (std::string found = find_config(); !found.empty()) config = found;
+    std::string url;
+    try {
+        url = opts.gateway ? *opts.gateway : listen_of(config ? &*config : nullptr);
+    } catch (const std::exception& e) {
+        return fail(e.what()), 3;
+    }
+    while (!url.empty() && url.back() == '/') url.pop_back();
+    if (url.size() > 3 && url.substr(url.size() - 3) == "/v1") url.resize(url.size() - 3);
+
+    // 1. Is a gateway there? Start one if asked.
+    StartedGateway started;
+    started.keep = opts.keep;
+    Http health = get(url, "/health");
+    if (health.status == 0 && opts.start) {
+        health = started.start(self_exe, config, url);
+        if (health.status == 0) return fail(health.error);
+    }
+    if (health.status == 0)
+        return fail("no Pulse gateway at " + url + " (" + health.error + "). Start one with `pulse serve" +
+                    (config ? " --config " + *config : std::string()) + "`, or run `pulse codex --start-gateway`");
+    Http models = get(url, "/v1/models");  // /v1 is where the key is checked
+    if (health.status == 401 || models.status == 401)
+        return fail("the gateway at " + url + " wants an API key: export PULSE_GATEWAY_API_KEY");
+
+    // 2. The model, and a healthy backend for it.
+    rapidjson::Document h;
+    h.Parse(health.body.c_str());
+    if (!h.IsObject() || !h.HasMember("models") || !h["models"].IsArray())
+        return fail(url + "/health did not answer like a Pulse gateway (HTTP " + std::to_string(health.status) + ")");
+    std::string why, error;
+    const rapidjson::Value* m = choose_model(h["models"], opts.model, why, error);
+    if (!m) return fail(error);
+    std::string id = (*m)["id"].GetString();
+    std::fprintf(stderr, "pulse codex: model %s (%s)%s\n", id.c_str(), why.c_str(),
+                 is_demo(*m) ? "; a demo model: its weights are random, it answers with random text" : "");
+    std::string states;
+    for (const auto& e : (*m)["endpoints"].GetArray()) {
+        states += "\n  " + std::string(e["name"].GetString()) + " (" + e["url"].GetString() + "): " + e["state"].GetString();
+        if (e.HasMember("last_error")) states += " - " + std::string(e["last_error"].GetString());
+    }
+    if (!any_healthy(*m)) return fail("model '" + id + "' has no healthy backend right now:" + states);
+
+    // 3. Its context window, then the catalog: one per run, so concurrent runs (other models,
+    // other context windows) never share one.
+    const int64_t context = context_window_of(models, id);
+    fs::path catalog = private_dir() / ("codex-catalog-" + id + "-" + std::to_string(::getpid()) + ".json");
+    {
+        std::string text = catalog_json(id, context);
+        int fd = ::open(catalog.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+            return fail("cannot write " + catalog.string() + ": " + std::strerror(errno));
+        ::close(fd);
+    }
+
+    // 4. Codex, with everything on the command line.
+    std::string bin = opts.codex ? *opts.codex : [] {
+        const char* b = std::getenv("PULSE_CODEX_BIN");
+        return std::string(b && *b ? b : "codex");
+    }();
+    const int rc = run_codex(codex_command(bin, url, catalog, id, context, !opts.no_continuity, self_exe, passthrough));
     std::error_code ec;
     fs::remove(catalog, ec);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return rc;
 }
 
 }  // namespace pulse::cli

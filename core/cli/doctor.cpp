@@ -11,8 +11,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <optional>
+#include <stdexcept>
 
 #include "cli/codex_launcher.h"
 #include "http/client.h"
@@ -93,10 +95,83 @@ bool is_context_error(const std::string& m) {
            m.find("exceeds the available context") != std::string::npos;
 }
 
+// The probes' request bodies: each a fixed JSON shape, parsed, with what varies set through the
+// DOM, then written out (never spliced together as text).
+rapidjson::Document shape(const char* json) {
+    rapidjson::Document d;
+    d.Parse(json);
+    if (d.HasParseError() || !d.IsObject()) throw std::logic_error(std::string("doctor: a probe's shape is not a JSON object: ") + json);
+    return d;
+}
+// `shape` with the tools given (each a tool's JSON) as its "tools".
+rapidjson::Document shape_with_tools(const char* json, std::initializer_list<const char*> tools) {
+    rapidjson::Document d = shape(json);
+    auto& a = d.GetAllocator();
+    rapidjson::Value list(rapidjson::kArrayType);
+    for (const char* t : tools) list.PushBack(rapidjson::Value(shape(t), a), a);
+    d.AddMember("tools", list, a);
+    return d;
+}
+std::string to_text(const rapidjson::Value& v) {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    v.Accept(w);
+    return {b.GetString(), b.GetSize()};
+}
+
+constexpr const char* kProbeTool =
+    R"({"type":"function","function":{"name":"pulse_doctor_probe","description":"a check","parameters":{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}}})";
+constexpr const char* kShellTool =
+    R"({"type":"function","function":{"name":"shell","description":"run a command","parameters":{"type":"object","properties":{"command":{"type":"array","items":{"type":"string"}}},"required":["command"]}}})";
+// A tool-call turn as Codex sends it: two parallel calls and their results (tools added).
+constexpr const char* kToolTurn =
+    R"({"messages":[{"role":"user","content":"list the files"},)"
+    R"({"role":"assistant","content":null,"tool_calls":[)"
+    R"({"id":"call_1","type":"function","function":{"name":"shell","arguments":"{\"command\":[\"ls\"]}"}},)"
+    R"({"id":"call_2","type":"function","function":{"name":"pulse_doctor_probe","arguments":"{\"path\":\"a.txt\"}"}}]},)"
+    R"({"role":"tool","tool_call_id":"call_1","content":"a.txt"},{"role":"tool","tool_call_id":"call_2","content":"ok"}]})";
+// A request that names the tool to call (the probe tool added).
+constexpr const char* kForcedTurn =
+    R"({"messages":[{"role":"user","content":"check a.txt"}],"tool_choice":{"type":"function","function":{"name":"pulse_doctor_probe"}},)"
+    R"("chat_template_kwargs":{"enable_thinking":false}})";
+constexpr const char* kThinkTurn = R"({"messages":[{"role":"user","content":"Think, then say hi."}]})";
+// A long system prompt (its text set per run) and a short question.
+constexpr const char* kLongPromptTurn = R"({"messages":[{"role":"system","content":""},{"role":"user","content":"ok?"}]})";
+
 std::string fmt(const char* f, double v) {
     char b[64];
     std::snprintf(b, sizeof b, f, v);
     return b;
+}
+
+// The prompt tokens a server says it found in its prefix cache (vLLM: usage's details;
+// llama-server: timings.cache_n); nothing when it does not say.
+std::optional<int64_t> cached_of(const Reply& r) {
+    if (const auto* u = member(r.json, "usage"))
+        if (const auto* d = member(*u, "prompt_tokens_details"); d && member(*d, "cached_tokens")) return int_at(member(*d, "cached_tokens"));
+    if (const auto* t = member(r.json, "timings"); t && member(*t, "cache_n")) return int_at(member(*t, "cache_n"));
+    return std::nullopt;
+}
+
+// The prefill rate of a cold `prompt`-token answer (the server's own timing when it gives one,
+// else the wall clock), and what it means for a Codex first turn against the gateway's timeouts.
+Check prefill_speed(const Reply& cold, int64_t prompt, const DoctorSettings& s) {
+    double rate = 0;
+    if (const auto* t = member(cold.json, "timings")) rate = num_at(member(*t, "prompt_per_second"));
+    if (rate <= 0 && cold.seconds > 0) rate = static_cast<double>(prompt) / cold.seconds;
+    if (rate <= 0 || prompt <= 0) return {"prefill speed", Verdict::warn, "the server reported no prompt tokens: speed unknown", ""};
+    const double ttft = static_cast<double>(kFirstTurnTokens) / rate;
+    const std::string said = fmt("%.0f", rate) + " tokens/s on a " + std::to_string(prompt) + "-token prompt: an " +
+                             std::to_string(kFirstTurnTokens) + "-token Codex first turn waits ~" + fmt("%.1f s", ttft) + " for its first token";
+    if (ttft > s.head_timeout_s)
+        return {"prefill speed", Verdict::fail, said + ", longer than upstream.head_timeout_s (" + fmt("%g s", s.head_timeout_s) + ")",
+                "raise [upstream] head_timeout_s above " + fmt("%.0f", ttft * 1.5)};
+    if (ttft > kCodexIdleTimeout && s.keepalive_s <= 0)
+        return {"prefill speed", Verdict::fail, said + ", longer than Codex's stream idle timeout (300 s) with keepalives off",
+                "set [upstream] keepalive_s = 10"};
+    return {"prefill speed", Verdict::pass,
+            said + (s.keepalive_s > 0 ? " (the gateway keeps Codex's stream alive every " + fmt("%g s", s.keepalive_s) + " meanwhile)" : ""),
+            ""};
 }
 
 // One endpoint, asked over HTTP. `url` is its OpenAI base (…/v1); the server's own routes
@@ -149,9 +224,15 @@ private:
         if (r.json.HasParseError()) r.json.SetNull();
         return r;
     }
-    Reply chat(const std::string& fields, int max_tokens, double timeout_s = 120) {
-        std::string body = "{\"model\":" + json_quote(model_) + ",\"stream\":false,\"max_tokens\":" + std::to_string(max_tokens) + "," + fields + "}";
-        return ask("POST", base_ + "/chat/completions", body, timeout_s);
+    // A Chat Completions request for this model, not streamed: `fields` and max_tokens.
+    Reply chat(const rapidjson::Value& fields, int max_tokens, double timeout_s = 120) {
+        rapidjson::Document body(rapidjson::kObjectType);
+        auto& a = body.GetAllocator();
+        body.AddMember("model", rapidjson::Value(model_.c_str(), static_cast<rapidjson::SizeType>(model_.size()), a), a);
+        body.AddMember("stream", false, a);
+        body.AddMember("max_tokens", max_tokens, a);
+        for (const auto& m : fields.GetObject()) body.AddMember(rapidjson::Value(m.name, a), rapidjson::Value(m.value, a), a);
+        return ask("POST", base_ + "/chat/completions", to_text(body), timeout_s);
     }
     void add(std::string check, Verdict v, std::string why, std::string fix = {}) {
         checks.push_back({std::move(check), v, std::move(why), std::move(fix)});
@@ -261,25 +342,13 @@ private:
             std::to_string(window) + " tokens" + per + (t_.context_window ? ", config " + std::to_string(t_.context_window) : std::string()));
     }
 
-    static constexpr const char* kProbeTool =
-        R"({"type":"function","function":{"name":"pulse_doctor_probe","description":"a check","parameters":{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}}})";
-    static constexpr const char* kShellTool =
-        R"({"type":"function","function":{"name":"shell","description":"run a command","parameters":{"type":"object","properties":{"command":{"type":"array","items":{"type":"string"}}},"required":["command"]}}})";
-
     void tools() {
-        // A tool-call turn as Codex sends it: two parallel calls, their results, the tools.
-        const std::string turn =
-            std::string(R"("messages":[{"role":"user","content":"list the files"},)"
-                        R"({"role":"assistant","content":null,"tool_calls":[)"
-                        R"({"id":"call_1","type":"function","function":{"name":"shell","arguments":"{\"command\":[\"ls\"]}"}},)"
-                        R"({"id":"call_2","type":"function","function":{"name":"pulse_doctor_probe","arguments":"{\"path\":\"a.txt\"}"}}]},)"
-                        R"({"role":"tool","tool_call_id":"call_1","content":"a.txt"},{"role":"tool","tool_call_id":"call_2","content":"ok"}],)") +
-            R"("tools":[)" + kShellTool + "," + kProbeTool + "]";
+        const rapidjson::Document turn = shape_with_tools(kToolTurn, {kShellTool, kProbeTool});
         if (kind_ == Kind::llama_server) {
             // The template's own verdict, then the rendering itself: a template that ignores
             // tools renders the request without them, silently.
             const auto* caps = member(props_.json, "chat_template_caps");
-            Reply r = ask("POST", root_ + "/apply-template", "{" + turn + "}");
+            Reply r = ask("POST", root_ + "/apply-template", to_text(turn));
             const std::string prompt = str_at(member(r.json, "prompt"));
             const bool rendered = prompt.find("pulse_doctor_probe") != std::string::npos;
             if (caps && (!member(*caps, "supports_tools") || !member(*caps, "supports_tools")->IsTrue() || !rendered)) {
@@ -314,9 +383,7 @@ private:
     }
 
     void forced_tool_choice() {
-        Reply r = chat(std::string(R"("messages":[{"role":"user","content":"check a.txt"}],"tools":[)") + kProbeTool +
-                           R"(],"tool_choice":{"type":"function","function":{"name":"pulse_doctor_probe"}},"chat_template_kwargs":{"enable_thinking":false})",
-                       48);
+        Reply r = chat(shape_with_tools(kForcedTurn, {kProbeTool}), 48);
         if (!r.ok()) {
             add("forced tool_choice", Verdict::warn, "a request naming the tool to call was refused: " + message_of(r),
                 "set the profile option force_tool_choice = \"schema\" (Pulse forces the call with a JSON schema)");
@@ -341,7 +408,7 @@ private:
     }
 
     void reasoning() {
-        Reply r = chat(R"("messages":[{"role":"user","content":"Think, then say hi."}])", 24);
+        Reply r = chat(shape(kThinkTurn), 24);
         if (!r.ok()) return add("reasoning separated", Verdict::warn, "the request was refused: " + message_of(r));
         const rapidjson::Value* msg = nullptr;
         if (const auto* c = member(r.json, "choices"); c && c->IsArray() && !c->Empty()) msg = member((*c)[0], "message");
@@ -363,7 +430,8 @@ private:
         for (int i = 0; text.size() < chars; ++i)
             text += "Line " + std::to_string(i) + ": the repository keeps its sources under src and its tests under tests. ";
         text.resize(chars);
-        const std::string fields = R"("messages":[{"role":"system","content":)" + json_quote(text) + R"(},{"role":"user","content":"ok?"}])";
+        rapidjson::Document fields = shape(kLongPromptTurn);
+        fields["messages"][0]["content"].SetString(text.c_str(), static_cast<rapidjson::SizeType>(text.size()), fields.GetAllocator());
         Reply cold = chat(fields, 1, s_.head_timeout_s);
         if (!cold.ok()) {
             add("prefix cache", Verdict::warn, "a " + std::to_string(chars) + "-character prompt was refused: " + message_of(cold));
@@ -372,12 +440,6 @@ private:
         Reply warm = chat(fields, 1, s_.head_timeout_s);
         const auto* usage = member(cold.json, "usage");
         const int64_t prompt = usage ? int_at(member(*usage, "prompt_tokens")) : 0;
-        auto cached_of = [](const Reply& r) -> std::optional<int64_t> {
-            if (const auto* u = member(r.json, "usage"))
-                if (const auto* d = member(*u, "prompt_tokens_details"); d && member(*d, "cached_tokens")) return int_at(member(*d, "cached_tokens"));
-            if (const auto* t = member(r.json, "timings"); t && member(*t, "cache_n")) return int_at(member(*t, "cache_n"));
-            return std::nullopt;
-        };
         const auto cached = warm.ok() ? cached_of(warm) : std::nullopt;
         if (!cached) {
             add("prefix cache", Verdict::warn, "the server does not report cached prompt tokens: whether its prefix cache hits is unknown",
@@ -390,22 +452,7 @@ private:
         } else {
             add("prefix cache", Verdict::pass, std::to_string(*cached) + " of " + std::to_string(prompt) + " prompt tokens cached on the repeat");
         }
-        // The prefill rate: the server's own timing when it gives one, else the wall clock.
-        double rate = 0;
-        if (const auto* t = member(cold.json, "timings")) rate = num_at(member(*t, "prompt_per_second"));
-        if (rate <= 0 && cold.seconds > 0) rate = static_cast<double>(prompt) / cold.seconds;
-        if (rate <= 0 || prompt <= 0) return add("prefill speed", Verdict::warn, "the server reported no prompt tokens: speed unknown");
-        const double ttft = static_cast<double>(kFirstTurnTokens) / rate;
-        const std::string said = fmt("%.0f", rate) + " tokens/s on a " + std::to_string(prompt) + "-token prompt: an " +
-                                 std::to_string(kFirstTurnTokens) + "-token Codex first turn waits ~" + fmt("%.1f s", ttft) + " for its first token";
-        if (ttft > s_.head_timeout_s)
-            return add("prefill speed", Verdict::fail, said + ", longer than upstream.head_timeout_s (" + fmt("%g s", s_.head_timeout_s) + ")",
-                       "raise [upstream] head_timeout_s above " + fmt("%.0f", ttft * 1.5));
-        if (ttft > kCodexIdleTimeout && s_.keepalive_s <= 0)
-            return add("prefill speed", Verdict::fail, said + ", longer than Codex's stream idle timeout (300 s) with keepalives off",
-                       "set [upstream] keepalive_s = 10");
-        add("prefill speed", Verdict::pass,
-            said + (s_.keepalive_s > 0 ? " (the gateway keeps Codex's stream alive every " + fmt("%g s", s_.keepalive_s) + " meanwhile)" : ""));
+        checks.push_back(prefill_speed(cold, prompt, s_));
     }
 
     void speculative() {
@@ -452,12 +499,14 @@ private:
 // One Codex-shaped turn through the gateway: tools as Codex sends them (a function and the
 // custom apply_patch), not streamed, a few output tokens.
 Check through_gateway(const DoctorSettings& s, const std::string& model) {
-    std::string body = R"({"model":)" + json_quote(model) +
-                       R"(,"stream":false,"store":false,"max_output_tokens":16,"instructions":"You are a coding agent.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"Say hi."}]}],"tools":[{"type":"function","name":"shell","description":"run a command","strict":false,"parameters":{"type":"object","properties":{"command":{"type":"array","items":{"type":"string"}}},"required":["command"]}},{"type":"custom","name":"apply_patch","description":"edit files","format":{"type":"grammar","syntax":"lark","definition":"start: /.+/"}}],"tool_choice":"auto","parallel_tool_calls":true,"reasoning":{"effort":"low"}})";
+    rapidjson::Document body = shape(
+        R"({"stream":false,"store":false,"max_output_tokens":16,"instructions":"You are a coding agent.","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"Say hi."}]}],"tools":[{"type":"function","name":"shell","description":"run a command","strict":false,"parameters":{"type":"object","properties":{"command":{"type":"array","items":{"type":"string"}}},"required":["command"]}},{"type":"custom","name":"apply_patch","description":"edit files","format":{"type":"grammar","syntax":"lark","definition":"start: /.+/"}}],"tool_choice":"auto","parallel_tool_calls":true,"reasoning":{"effort":"low"}})");
+    body.AddMember("model", rapidjson::Value(model.c_str(), static_cast<rapidjson::SizeType>(model.size()), body.GetAllocator()), body.GetAllocator());
+    const std::string text = to_text(body);  // the request views it
     http::Request req;
     req.method = "POST";
     req.target = "/v1/responses";
-    req.body = body;
+    req.body = text;
     if (!s.api_key.empty()) req.fields.emplace_back("Authorization", "Bearer " + s.api_key);
     http::Answer a = http::fetch(s.gateway_url, req, http::Timeouts{3, 30, s.head_timeout_s + 30}, 4u << 20);
     const std::string what = "one Codex-shaped turn of '" + model + "' through " + s.gateway_url;
@@ -489,111 +538,118 @@ void write_check_json(rapidjson::Writer<rapidjson::StringBuffer>& w, const Check
     w.EndObject();
 }
 
-}  // namespace
-
-int run_doctor(const DoctorSettings& s) {
+// What every check found: per endpoint, the turns through the gateway, the config changes.
+struct Findings {
     struct Report {
         const DoctorTarget* target;
         std::unique_ptr<Examiner> ex;
     };
     std::vector<Report> reports;
+    std::vector<std::pair<std::string, Check>> turns;  // model, its turn through the gateway
     std::map<std::string, std::string> changes;
     int failures = 0, warnings = 0;
+    std::string catalog_note;
+
+    void count(const Check& c) { failures += c.verdict == Verdict::fail, warnings += c.verdict == Verdict::warn; }
+};
+
+Findings examine(const DoctorSettings& s) {
+    Findings f;
     for (const auto& t : s.targets) {
         auto ex = std::make_unique<Examiner>(t, s);
         ex->run();
-        for (const auto& c : ex->checks) failures += c.verdict == Verdict::fail, warnings += c.verdict == Verdict::warn;
-        changes.insert(ex->config_changes.begin(), ex->config_changes.end());
-        reports.push_back({&t, std::move(ex)});
+        for (const auto& c : ex->checks) f.count(c);
+        f.changes.insert(ex->config_changes.begin(), ex->config_changes.end());
+        f.reports.push_back({&t, std::move(ex)});
     }
     // The turn through the gateway, once per model.
-    std::vector<std::pair<std::string, Check>> turns;
     if (!s.gateway_url.empty()) {
         std::vector<std::string> models;
         for (const auto& t : s.targets)
             if (!t.model_id.empty() && std::find(models.begin(), models.end(), t.model_id) == models.end()) models.push_back(t.model_id);
         for (const auto& m : models) {
-            turns.emplace_back(m, through_gateway(s, m));
-            failures += turns.back().second.verdict == Verdict::fail, warnings += turns.back().second.verdict == Verdict::warn;
+            f.turns.emplace_back(m, through_gateway(s, m));
+            f.count(f.turns.back().second);
         }
     }
+    return f;
+}
 
-    // The catalog: the model's window is the smallest its endpoints take.
-    std::string catalog_note;
-    int rc = failures ? 1 : 0;
-    if (!s.write_catalog.empty()) {
-        std::string model = s.targets.empty() ? "" : s.targets.front().model_id;
-        int64_t window = 0;
-        for (const auto& r : reports)
-            if (r.target->model_id == model && r.ex->window > 0) window = window ? std::min(window, r.ex->window) : r.ex->window;
-        if (model.empty() && !reports.empty()) model = s.targets.front().upstream_model;
-        if (window <= 0 || model.empty()) {
-            catalog_note = "not written: no server said its context window";
-            rc = 3;
-        } else {
-            namespace fs = std::filesystem;
-            std::error_code ec;
-            const fs::path file = s.write_catalog, backup = s.write_catalog + ".bak";
-            if (fs::exists(file, ec)) fs::copy_file(file, backup, fs::copy_options::overwrite_existing, ec);
-            std::ofstream out(file, std::ios::trunc);
-            out << catalog_json(model, window) << '\n';
-            out.close();
-            if (ec || !out) {
-                catalog_note = "could not write " + file.string() + (ec ? ": " + ec.message() : std::string());
-                rc = 3;
-            } else {
-                catalog_note = "wrote " + file.string() + " for '" + model + "' with context_window " + std::to_string(window) +
-                               (fs::exists(backup) ? " (the previous one is " + backup.string() + ": mv it back to undo)" : "");
-            }
-        }
+// --write-catalog: the model's window is the smallest its endpoints take. False when it could
+// not be written (f.catalog_note says why).
+bool write_catalog(const DoctorSettings& s, Findings& f) {
+    std::string model = s.targets.empty() ? "" : s.targets.front().model_id;
+    int64_t window = 0;
+    for (const auto& r : f.reports)
+        if (r.target->model_id == model && r.ex->window > 0) window = window ? std::min(window, r.ex->window) : r.ex->window;
+    if (model.empty() && !f.reports.empty()) model = s.targets.front().upstream_model;
+    if (window <= 0 || model.empty()) {
+        f.catalog_note = "not written: no server said its context window";
+        return false;
     }
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path file = s.write_catalog, backup = s.write_catalog + ".bak";
+    if (fs::exists(file, ec)) fs::copy_file(file, backup, fs::copy_options::overwrite_existing, ec);
+    std::ofstream out(file, std::ios::trunc);
+    out << catalog_json(model, window) << '\n';
+    out.close();
+    if (ec || !out) {
+        f.catalog_note = "could not write " + file.string() + (ec ? ": " + ec.message() : std::string());
+        return false;
+    }
+    f.catalog_note = "wrote " + file.string() + " for '" + model + "' with context_window " + std::to_string(window) +
+                     (fs::exists(backup) ? " (the previous one is " + backup.string() + ": mv it back to undo)" : "");
+    return true;
+}
 
-    if (s.json) {
-        rapidjson::StringBuffer b;
-        rapidjson::Writer<rapidjson::StringBuffer> w(b);
+void print_json(const Findings& f) {
+    rapidjson::StringBuffer b;
+    rapidjson::Writer<rapidjson::StringBuffer> w(b);
+    w.StartObject();
+    w.Key("endpoints");
+    w.StartArray();
+    for (const auto& r : f.reports) {
         w.StartObject();
-        w.Key("endpoints");
+        w.Key("model");
+        w.String(r.target->model_id.c_str());
+        w.Key("endpoint");
+        w.String(r.target->endpoint.c_str());
+        w.Key("url");
+        w.String(r.target->url.c_str());
+        w.Key("server");
+        w.String(r.ex->server.c_str());
+        w.Key("context_window");
+        w.Int64(r.ex->window);
+        w.Key("checks");
         w.StartArray();
-        for (const auto& r : reports) {
-            w.StartObject();
-            w.Key("model");
-            w.String(r.target->model_id.c_str());
-            w.Key("endpoint");
-            w.String(r.target->endpoint.c_str());
-            w.Key("url");
-            w.String(r.target->url.c_str());
-            w.Key("server");
-            w.String(r.ex->server.c_str());
-            w.Key("context_window");
-            w.Int64(r.ex->window);
-            w.Key("checks");
-            w.StartArray();
-            for (const auto& c : r.ex->checks) write_check_json(w, c);
-            w.EndArray();
-            w.EndObject();
-        }
+        for (const auto& c : r.ex->checks) write_check_json(w, c);
         w.EndArray();
-        w.Key("gateway");
-        w.StartArray();
-        for (const auto& [m, c] : turns) write_check_json(w, c);
-        w.EndArray();
-        w.Key("config_changes");
-        w.StartArray();
-        for (const auto& [line, why] : changes) w.String(line.c_str());
-        w.EndArray();
-        if (!catalog_note.empty()) {
-            w.Key("catalog");
-            w.String(catalog_note.c_str());
-        }
-        w.Key("failures");
-        w.Int(failures);
-        w.Key("warnings");
-        w.Int(warnings);
         w.EndObject();
-        std::printf("%s\n", b.GetString());
-        return rc;
     }
-    for (const auto& r : reports) {
+    w.EndArray();
+    w.Key("gateway");
+    w.StartArray();
+    for (const auto& [m, c] : f.turns) write_check_json(w, c);
+    w.EndArray();
+    w.Key("config_changes");
+    w.StartArray();
+    for (const auto& [line, why] : f.changes) w.String(line.c_str());
+    w.EndArray();
+    if (!f.catalog_note.empty()) {
+        w.Key("catalog");
+        w.String(f.catalog_note.c_str());
+    }
+    w.Key("failures");
+    w.Int(f.failures);
+    w.Key("warnings");
+    w.Int(f.warnings);
+    w.EndObject();
+    std::printf("%s\n", b.GetString());
+}
+
+void print_text(const DoctorSettings& s, const Findings& f) {
+    for (const auto& r : f.reports) {
         std::printf("%s%s (%s)\n", r.target->model_id.empty() ? "" : ("model " + r.target->model_id + ", endpoint ").c_str(), r.target->endpoint.c_str(),
                     r.target->url.c_str());
         for (const auto& c : r.ex->checks) {
@@ -601,16 +657,26 @@ int run_doctor(const DoctorSettings& s) {
             if (!c.fix.empty() && (c.verdict == Verdict::fail || c.verdict == Verdict::warn)) std::printf("        %-22s fix: %s\n", "", c.fix.c_str());
         }
     }
-    for (const auto& [m, c] : turns) {
+    for (const auto& [m, c] : f.turns) {
         std::printf("gateway (%s)\n  %s  %-22s %s\n", s.gateway_url.c_str(), name(c.verdict), c.check.c_str(), c.why.c_str());
         if (!c.fix.empty() && c.verdict != Verdict::pass) std::printf("        %-22s fix: %s\n", "", c.fix.c_str());
     }
-    if (!changes.empty()) {
+    if (!f.changes.empty()) {
         std::printf("\nconfig lines to change%s:\n", s.config_path.empty() ? "" : (" in " + s.config_path).c_str());
-        for (const auto& [line, why] : changes) std::printf("  %-56s # %s\n", line.c_str(), why.c_str());
+        for (const auto& [line, why] : f.changes) std::printf("  %-56s # %s\n", line.c_str(), why.c_str());
     }
-    if (!catalog_note.empty()) std::printf("\ncatalog: %s\n", catalog_note.c_str());
-    std::printf("\n%d failure%s, %d warning%s\n", failures, failures == 1 ? "" : "s", warnings, warnings == 1 ? "" : "s");
+    if (!f.catalog_note.empty()) std::printf("\ncatalog: %s\n", f.catalog_note.c_str());
+    std::printf("\n%d failure%s, %d warning%s\n", f.failures, f.failures == 1 ? "" : "s", f.warnings, f.warnings == 1 ? "" : "s");
+}
+
+}  // namespace
+
+int run_doctor(const DoctorSettings& s) {
+    Findings f = examine(s);
+    int rc = f.failures ? 1 : 0;
+    if (!s.write_catalog.empty() && !write_catalog(s, f)) rc = 3;
+    if (s.json) print_json(f);
+    else print_text(s, f);
     return rc;
 }
 

@@ -109,6 +109,31 @@ std::vector<std::string> SnapshotBuilder::check_components(const config::Config&
     return out;
 }
 
+namespace {
+
+// The model as its profile sees it: id, upstream name, window, sampling defaults.
+void model_view(const config::Model& m, rapidjson::Document& v) {
+    auto& a = v.GetAllocator();
+    v.SetObject();
+    v.AddMember("id", rapidjson::Value(m.id.c_str(), a), a);
+    v.AddMember("upstream_model", rapidjson::Value(m.upstream_model.c_str(), a), a);
+    v.AddMember("context_window", m.context_window, a);
+    rapidjson::Value sampling(rapidjson::kObjectType);
+    auto num = [&](const char* k, const auto& opt) {
+        if (opt) sampling.AddMember(rapidjson::StringRef(k), rapidjson::Value(*opt), a);
+    };
+    num("temperature", m.sampling.temperature);
+    num("top_p", m.sampling.top_p);
+    num("min_p", m.sampling.min_p);
+    num("presence_penalty", m.sampling.presence_penalty);
+    num("repetition_penalty", m.sampling.repetition_penalty);
+    num("top_k", m.sampling.top_k);
+    num("max_output_tokens", m.sampling.max_output_tokens);
+    v.AddMember("sampling", sampling, a);
+}
+
+}  // namespace
+
 std::unique_ptr<Snapshot> SnapshotBuilder::build(config::Config cfg, Backends backends) {
     auto snap = std::make_unique<Snapshot>();
     snap->cfg = std::move(cfg);
@@ -121,25 +146,7 @@ std::unique_ptr<Snapshot> SnapshotBuilder::build(config::Config cfg, Backends ba
         rt->reasoning = m.reasoning_output == "raw"    ? ReasoningOutput::raw
                         : m.reasoning_output == "both" ? ReasoningOutput::both
                                                        : ReasoningOutput::summary;
-        // The model as the profile sees it.
-        auto& v = rt->view;
-        auto& a = v.GetAllocator();
-        v.SetObject();
-        v.AddMember("id", rapidjson::Value(m.id.c_str(), a), a);
-        v.AddMember("upstream_model", rapidjson::Value(m.upstream_model.c_str(), a), a);
-        v.AddMember("context_window", m.context_window, a);
-        rapidjson::Value sampling(rapidjson::kObjectType);
-        auto num = [&](const char* k, const auto& opt) {
-            if (opt) sampling.AddMember(rapidjson::StringRef(k), rapidjson::Value(*opt), a);
-        };
-        num("temperature", m.sampling.temperature);
-        num("top_p", m.sampling.top_p);
-        num("min_p", m.sampling.min_p);
-        num("presence_penalty", m.sampling.presence_penalty);
-        num("repetition_penalty", m.sampling.repetition_penalty);
-        num("top_k", m.sampling.top_k);
-        num("max_output_tokens", m.sampling.max_output_tokens);
-        v.AddMember("sampling", sampling, a);
+        model_view(m, rt->view);
 
         rapidjson::Document opts;
         opts.Parse(m.profile_options_json.c_str());

@@ -22,12 +22,10 @@ EXCEPTIONS = {
     "plugins/decoder/model/model.cpp:Model::load": 254,
     "plugins/decoder/tools/tool.cpp:cmd_decode": 222,
     "plugins/runtime/controller.cpp:Impl::run_up": 216,
-    "core/cli/codex_launcher.cpp:cmd_codex": 208,
     "plugins/decoder/device/cpu/device_cpu.cpp:CpuDevice::attention": 188,
     "plugins/decoder/tools/synthetic.cpp:write_synthetic": 159,
     "plugins/decoder/format/quants.cpp:quantize": 142,
     "plugins/decoder/tools/tool.cpp:decode_streams": 130,
-    "core/cli/doctor.cpp:run_doctor": 122,
     "plugins/decoder/device/cpu/device_cpu.cpp:CpuDevice::deltanet": 118,
     "plugins/decoder/serving/engine.cpp:Engine::run_step": 109,
     "plugins/decoder/tools/distill.cpp:collect_hidden": 106,
@@ -38,11 +36,10 @@ EXCEPTIONS = {
     "plugins/decoder/format/quants.cpp:dequantize_row": 82,
     "plugins/decoder/device/cpu/device_cpu.cpp:matmats_i8": 82,
     "plugins/runtime/catalog.cpp:load_family": 81,
-    "core/gateway/snapshot.cpp:SnapshotBuilder::build": 81,
     # classes
     "plugins/runtime/controller.cpp:Controller::Impl": 743,
     "core/server/http_server.cpp:HttpServer::Loop": 516,
-    "core/cli/doctor.cpp:Examiner": 347,
+    "core/cli/doctor.cpp:Examiner": 319,
 }
 
 ANON = re.compile(r"^__anon[0-9a-f]+$")
