@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -27,6 +28,37 @@ std::string read_file(const fs::path& p) {
 }
 
 // Reads one family's runtime.toml; problems are appended to `errors`.
+// One [keys.NAME] table of a runtime.toml: what a recipe's key holds and allows. Nothing when
+// it is not a table or not a valid name (reported to `problems`).
+std::optional<KeySpec> read_key_spec(std::string name, const toml::node& v, toml_reader::Problems& problems) {
+    KeySpec spec;
+    spec.name = std::move(name);
+    const std::string at = "keys." + spec.name;
+    const toml::table* kt = v.as_table();
+    if (!kt || !valid_key(spec.name)) {
+        problems.add(v.source(), "'" + at + "' must be a table and a valid variable name");
+        return std::nullopt;
+    }
+    toml_reader::Table t(*kt, at, problems);
+    std::string type = "string";
+    t.str("type", type);
+    static const std::map<std::string, KeyType> types = {{"string", KeyType::string}, {"int", KeyType::integer},
+                                                         {"bool", KeyType::boolean}, {"path", KeyType::path},
+                                                         {"json", KeyType::json},     {"choice", KeyType::choice}};
+    if (auto it = types.find(type); it != types.end()) spec.type = it->second;
+    else t.fail(*kt->get("type"), "'" + at + ".type' = '" + type + "' is not one of string, int, bool, path, json, choice");
+    t.boolean("required", spec.required);
+    t.boolean("sample", spec.in_sample);
+    int64_t bound = 0;
+    if (t.integer("min", bound, INT64_MIN, INT64_MAX)) spec.min = bound;
+    if (t.integer("max", bound, INT64_MIN, INT64_MAX)) spec.max = bound;
+    t.str("doc", spec.doc);
+    t.strings("choices", spec.choices);
+    t.reject_unknown();
+    if (spec.type == KeyType::choice && spec.choices.empty()) t.fail_here("'" + at + "': type \"choice\" needs choices = [...]");
+    return spec;
+}
+
 std::unique_ptr<Family> load_family(const fs::path& dir, std::vector<std::string>& errors) {
     auto fam = std::make_unique<Family>();
     fam->name = dir.filename().string();
@@ -74,32 +106,7 @@ std::unique_ptr<Family> load_family(const fs::path& dir, std::vector<std::string
     if (!keys) problems.add("[keys.NAME] tables are required (the recipe's key schema)");
     static const toml::table none;
     for (const auto& [k, v] : keys ? *keys : none) {
-        KeySpec spec;
-        spec.name = std::string(k.str());
-        const std::string at = "keys." + spec.name;
-        const toml::table* kt = v.as_table();
-        if (!kt || !valid_key(spec.name)) {
-            problems.add(v.source(), "'" + at + "' must be a table and a valid variable name");
-            continue;
-        }
-        toml_reader::Table t(*kt, at, problems);
-        std::string type = "string";
-        t.str("type", type);
-        static const std::map<std::string, KeyType> types = {{"string", KeyType::string}, {"int", KeyType::integer},
-                                                             {"bool", KeyType::boolean}, {"path", KeyType::path},
-                                                             {"json", KeyType::json},     {"choice", KeyType::choice}};
-        if (auto it = types.find(type); it != types.end()) spec.type = it->second;
-        else t.fail(*kt->get("type"), "'" + at + ".type' = '" + type + "' is not one of string, int, bool, path, json, choice");
-        t.boolean("required", spec.required);
-        t.boolean("sample", spec.in_sample);
-        int64_t bound = 0;
-        if (t.integer("min", bound, INT64_MIN, INT64_MAX)) spec.min = bound;
-        if (t.integer("max", bound, INT64_MIN, INT64_MAX)) spec.max = bound;
-        t.str("doc", spec.doc);
-        t.strings("choices", spec.choices);
-        t.reject_unknown();
-        if (spec.type == KeyType::choice && spec.choices.empty()) t.fail_here("'" + at + "': type \"choice\" needs choices = [...]");
-        fam->keys.push_back(std::move(spec));
+        if (auto spec = read_key_spec(std::string(k.str()), v, problems)) fam->keys.push_back(std::move(*spec));
     }
     for (const std::string* k : {&fam->port_key, &fam->served_model_key})
         if (!k->empty() && !fam->key(*k)) problems.add("'" + *k + "' is not in [keys]");

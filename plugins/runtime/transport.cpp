@@ -53,6 +53,30 @@ ssize_t write_no_sigpipe(int fd, const char* data, size_t len) {
     return k;
 }
 
+// Forks and runs argv with `stdin_fd` as its input and `output_fd` as its stdout and stderr, in a
+// process group of its own (a timeout kills everything it started in the foreground). -1 (errno
+// set) when it could not fork.
+pid_t start_child(const std::vector<std::string>& argv, int stdin_fd, int output_fd) {
+    std::vector<char*> cargv;
+    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    pid_t pid = ::fork();
+    if (pid != 0) {
+        if (pid > 0) ::setpgid(pid, pid);
+        return pid;
+    }
+    ::setpgid(0, 0);
+    ::dup2(stdin_fd, 0);
+    ::dup2(output_fd, 1);
+    ::dup2(output_fd, 2);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::execvp(cargv[0], cargv.data());
+    const char msg[] = "cannot execute the transport command\n";
+    ssize_t n = ::write(2, msg, sizeof msg - 1);
+    (void)n;
+    ::_exit(127);
+}
+
 }  // namespace
 
 RunResult run_process(const std::vector<std::string>& argv, const std::string& input, double timeout_s) {
@@ -64,27 +88,11 @@ RunResult run_process(const std::vector<std::string>& argv, const std::string& i
         ::close(in[1]);
         return r.spawn_error = std::strerror(errno), r;
     }
-    std::vector<char*> cargv;
-    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    pid_t pid = ::fork();
+    const pid_t pid = start_child(argv, in[0], out[1]);
     if (pid < 0) {
         for (int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
         return r.spawn_error = std::strerror(errno), r;
     }
-    if (pid == 0) {
-        ::setpgid(0, 0);  // its own group, so a timeout kills everything it started in the foreground
-        ::dup2(in[0], 0);
-        ::dup2(out[1], 1);
-        ::dup2(out[1], 2);
-        ::signal(SIGPIPE, SIG_DFL);
-        ::execvp(cargv[0], cargv.data());
-        const char msg[] = "cannot execute the transport command\n";
-        ssize_t n = ::write(2, msg, sizeof msg - 1);
-        (void)n;
-        ::_exit(127);
-    }
-    ::setpgid(pid, pid);
     ::close(in[0]);
     ::close(out[1]);
     ::fcntl(in[1], F_SETFL, O_NONBLOCK);

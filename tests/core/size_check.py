@@ -21,7 +21,6 @@ EXCEPTIONS = {
     # functions
     "plugins/decoder/model/model.cpp:Model::load": 254,
     "plugins/decoder/tools/tool.cpp:cmd_decode": 222,
-    "plugins/runtime/controller.cpp:Impl::run_up": 216,
     "plugins/decoder/device/cpu/device_cpu.cpp:CpuDevice::attention": 188,
     "plugins/decoder/tools/synthetic.cpp:write_synthetic": 159,
     "plugins/decoder/format/quants.cpp:quantize": 142,
@@ -32,12 +31,9 @@ EXCEPTIONS = {
     "plugins/decoder/tools/synthetic.cpp:write_scripted_model": 102,
     "plugins/decoder/format/hadamard.cpp:read_hadamard": 91,
     "plugins/decoder/tools/distill.cpp:export_head": 86,
-    "plugins/runtime/transport.cpp:run_process": 82,
     "plugins/decoder/format/quants.cpp:dequantize_row": 82,
     "plugins/decoder/device/cpu/device_cpu.cpp:matmats_i8": 82,
-    "plugins/runtime/catalog.cpp:load_family": 81,
     # classes
-    "plugins/runtime/controller.cpp:Controller::Impl": 743,
     "core/server/http_server.cpp:HttpServer::Loop": 516,
     "core/cli/doctor.cpp:Examiner": 319,
 }

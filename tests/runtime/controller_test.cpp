@@ -19,6 +19,7 @@
 #include "catalog.h"
 #include "controller.h"
 #include "env_file.h"
+#include "node_scripts.h"
 #include "nodes.h"
 #include "support/temp_dir.h"
 #include "transport.h"
@@ -196,6 +197,20 @@ TEST_CASE("env: sample keys include commented-out optional keys, not prose") {
 }
 
 // ---- profiles ----------------------------------------------------------------------------------
+
+TEST_CASE("node scripts: a models probe's answer is read from its marked-up output") {
+    auto up = scripts::read_probe("HTTP 200\nBODY_BEGIN\n{\"data\":[]}\nBODY_END\n");
+    CHECK(up.code == "200");
+    CHECK(up.body == "{\"data\":[]}\n");
+    CHECK(up.start_exit.empty());
+    // Not listening yet, the start command failed: its exit and its last lines, indented.
+    auto down = scripts::read_probe("HTTP 000\nSTART_EXIT 3\nLOG boom\nLOG bye\r\n");
+    CHECK(down.code == "000");
+    CHECK(down.body.empty());
+    CHECK(down.start_exit == "3");
+    CHECK(down.log_tail == "        boom\n        bye\n");
+    CHECK(scripts::read_probe("curl: not found\n").code.empty());
+}
 
 TEST_CASE("profiles: the shipped qwen38 profiles load, validate and say what they are") {
     auto cat = Catalog::load(fs::path(PULSE_SOURCE_ROOT) / "profiles");
